@@ -1,0 +1,1 @@
+"""trainium-operator: distributed PyTorch training on AWS Trainium, compiled, profiled."""
