@@ -1,0 +1,128 @@
+"""The job as builders see it: identity, parsed spec, and every derived name and path.
+
+Names are deterministic from job name, stage, attempt and rank, so a repeated reconcile
+finds what exists instead of creating twins (shared/design.md, "Shared names").
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from trainium_operator.api import spec as spec_model
+from trainium_operator.api.spec import TrainingJobSpec
+
+APP_NAME = "trainium-operator"
+LABEL_JOB_NAME = "trainium.dev/job-name"
+LABEL_STAGE = "trainium.dev/stage"
+LABEL_NODE_RANK = "trainium.dev/node-rank"
+LABEL_ATTEMPT = "trainium.dev/attempt"
+# Volcano reads this annotation to put a pod in its PodGroup.
+VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+DEFAULT_DATA_SUBDIR = "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128"
+
+
+class Stage(enum.StrEnum):
+    COMPILE = "compile"
+    TRAIN = "train"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRef:
+    """A TrainingJob's identity plus its validated spec."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    spec: TrainingJobSpec
+
+    # -- names -------------------------------------------------------------------------
+    @property
+    def service_name(self) -> str:
+        return self.name
+
+    def podgroup_name(self, stage: Stage) -> str:
+        return f"{self.name}-{stage.value}"
+
+    def pod_name(self, stage: Stage, attempt: int, rank: int) -> str:
+        if stage is Stage.COMPILE:
+            return f"{self.name}-compile-{attempt}-{rank}"
+        return f"{self.name}-train-{attempt}-{rank}"
+
+    @staticmethod
+    def pod_hostname(stage: Stage, rank: int) -> str:
+        # Stable across attempts so the rank-0 rendezvous address never changes.
+        return f"{stage.value}-{rank}"
+
+    # -- paths on the shared volume ----------------------------------------------------
+    @property
+    def mount_path(self) -> str:
+        return self.spec.storage.mount_path.rstrip("/") or "/"
+
+    def _under_mount(self, *parts: str) -> str:
+        return "/".join([self.mount_path.rstrip("/"), *parts])
+
+    @property
+    def data_dir(self) -> str:
+        return self.spec.data_dir or self._under_mount(DEFAULT_DATA_SUBDIR)
+
+    @property
+    def output_dir(self) -> str:
+        return self.spec.output_dir or self._under_mount("output", self.namespace, self.name)
+
+    @property
+    def cache_root(self) -> str:
+        return self.spec.compile.cache_dir or self._under_mount("neuron_cache")
+
+    @property
+    def cache_set(self) -> str:
+        return self.spec.compile.cache_set or self.name
+
+    def neuron_cache_dir(self, rank: int) -> str:
+        # One cache per node rank: the Neuron cache breaks with concurrent writers on
+        # Lustre/NFS, and compile pod r warms exactly what training pod r reads.
+        return f"{self.cache_root.rstrip('/')}/{self.cache_set}_{rank}"
+
+    def transformers_cache_dir(self, rank: int) -> str:
+        return self._under_mount("transformers_cache", f"{self.cache_set}_{rank}")
+
+    def profile_dir(self, attempt: int) -> str:
+        root = self.spec.profile.output_dir or self._under_mount("profiles")
+        return f"{root.rstrip('/')}/{self.namespace}/{self.name}/{attempt}"
+
+    def rendezvous_id(self, stage: Stage, attempt: int) -> str:
+        # Unique per gang so a restarted gang never joins a stale rendezvous.
+        return f"{self.uid[:8]}-{stage.value}-{attempt}"
+
+    # -- metadata ----------------------------------------------------------------------
+    def labels(self, stage: Stage | None = None) -> dict[str, str]:
+        labels = {
+            "app.kubernetes.io/name": APP_NAME,
+            "app.kubernetes.io/managed-by": APP_NAME,
+            "app.kubernetes.io/instance": self.name,
+            LABEL_JOB_NAME: self.name,
+        }
+        if stage is not None:
+            labels["app.kubernetes.io/component"] = stage.value
+            labels[LABEL_STAGE] = stage.value
+        return labels
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": spec_model.API_VERSION,
+            "kind": spec_model.KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    def metadata(self, name: str, stage: Stage | None = None) -> dict[str, Any]:
+        return {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": self.labels(stage),
+            "ownerReferences": [self.owner_reference()],
+        }

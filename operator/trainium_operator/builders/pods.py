@@ -1,0 +1,236 @@
+"""Pure builders for the job's children: PodGroup, headless Service, compile and training pods."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainium_operator.api.instance_types import (
+    EFA_RESOURCE,
+    INSTANCE_TYPE_LABEL,
+    INSTANCE_TYPES,
+    NEURON_RESOURCE,
+)
+from trainium_operator.api.spec import Precision, RendezvousBackend
+from trainium_operator.api.training_flags import (
+    DATA_DIR_FLAG,
+    OUTPUT_DIR_FLAG,
+    RESUME_FLAG,
+    STEPS_THIS_RUN_FLAG,
+)
+from trainium_operator.builders.job import (
+    LABEL_ATTEMPT,
+    LABEL_NODE_RANK,
+    VOLCANO_GROUP_ANNOTATION,
+    JobRef,
+    Stage,
+)
+
+Obj = dict[str, Any]
+
+CONTAINER_NAME = "trainer"
+SHM_VOLUME = "dshm"
+DATA_VOLUME = "shared-data"
+NEURON_PARALLEL_COMPILE = "neuron_parallel_compile"
+# Taints used on Trainium node groups (Neuron device plugin and EFA docs); tolerating a
+# taint a node does not have is harmless.
+TRAINIUM_TOLERATIONS: tuple[Obj, ...] = (
+    {"key": NEURON_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+    {"key": EFA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
+)
+
+
+def podgroup(job: JobRef, stage: Stage) -> Obj:
+    spec: Obj = {"minMember": job.spec.nodes, "queue": job.spec.scheduling.queue}
+    if job.spec.scheduling.priority_class_name:
+        spec["priorityClassName"] = job.spec.scheduling.priority_class_name
+    return {
+        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "kind": "PodGroup",
+        "metadata": job.metadata(job.podgroup_name(stage), stage),
+        "spec": spec,
+    }
+
+
+def headless_service(job: JobRef) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": job.metadata(job.service_name),
+        "spec": {
+            "clusterIP": "None",
+            # Rendezvous happens before any pod is Ready.
+            "publishNotReadyAddresses": True,
+            "selector": job.labels(),
+            "ports": [
+                {
+                    "name": "rendezvous",
+                    "port": job.spec.rendezvous.port,
+                    "targetPort": job.spec.rendezvous.port,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def rendezvous_endpoint(job: JobRef, stage: Stage) -> str:
+    rdzv = job.spec.rendezvous
+    if rdzv.backend is RendezvousBackend.ETCD:
+        assert rdzv.endpoint is not None  # guaranteed by spec validation
+        return rdzv.endpoint
+    host = f"{job.pod_hostname(stage, 0)}.{job.service_name}.{job.namespace}.svc"
+    return f"{host}:{rdzv.port}"
+
+
+def torchrun_command(job: JobRef, stage: Stage, attempt: int) -> list[str]:
+    """The torchrun argv; the compile stage wraps the same command in neuron_parallel_compile.
+
+    neuron_parallel_compile needs the command to match the real run except for
+    --steps_this_run, so both stages share this function.
+    """
+    spec = job.spec
+    argv = [
+        "torchrun",
+        f"--nnodes={spec.nodes}",
+        f"--nproc_per_node={spec.effective_processes_per_node}",
+        f"--rdzv_backend={spec.rendezvous.backend.value}",
+        f"--rdzv_endpoint={rendezvous_endpoint(job, stage)}",
+        f"--rdzv_id={job.rendezvous_id(stage, attempt)}",
+        f"--rdzv_conf=timeout={spec.rendezvous.timeout_seconds}",
+        # The operator restarts the whole gang; torchrun restarting ranks alone hangs
+        # the collectives of the others.
+        "--max_restarts=0",
+        spec.command.script,
+        *spec.command.args,
+        DATA_DIR_FLAG,
+        job.data_dir,
+        OUTPUT_DIR_FLAG,
+        job.output_dir,
+    ]
+    if stage is Stage.COMPILE:
+        return [
+            NEURON_PARALLEL_COMPILE,
+            *argv,
+            STEPS_THIS_RUN_FLAG,
+            str(spec.compile.steps),
+            *spec.compile.extra_args,
+        ]
+    if attempt > 0:
+        argv.append(RESUME_FLAG)
+    return argv
+
+
+def _operator_env(job: JobRef, stage: Stage, rank: int, attempt: int) -> list[Obj]:
+    spec = job.spec
+    env: list[Obj] = [
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        # EFA and Neuron collectives settings from the AWS Trainium EKS sample.
+        {"name": "FI_PROVIDER", "value": "efa"},
+        {"name": "FI_EFA_USE_DEVICE_RDMA", "value": "1"},
+        {"name": "FI_EFA_FORK_SAFE", "value": "1"},
+        {"name": "CCOM_SOCKET_IFNAME", "value": "eth0"},
+        {"name": "NEURON_RT_RESET_CORES", "value": "1"},
+        {"name": "XLA_TRANSFER_SEED_ASYNC", "value": "1"},
+        {"name": "NEURON_CC_FLAGS", "value": f"--cache_dir={job.neuron_cache_dir(rank)}"},
+        {"name": "HF_HOME", "value": job.transformers_cache_dir(rank)},
+        {"name": "TRAINIUM_JOB_NAME", "value": job.name},
+        {"name": "TRAINIUM_STAGE", "value": stage.value},
+        {"name": "TRAINIUM_ATTEMPT", "value": str(attempt)},
+        {"name": "TRAINIUM_PRECISION", "value": spec.precision.value},
+        {"name": "TRAINIUM_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+    ]
+    if spec.precision is Precision.BF16:
+        # XLA_DOWNCAST_BF16 is deprecated since torch-xla 2.4; the script casts the model
+        # to bf16 (TRAINIUM_PRECISION) and the runtime rounds stochastically.
+        env.append({"name": "NEURON_RT_STOCHASTIC_ROUNDING_EN", "value": "1"})
+    if stage is Stage.TRAIN and spec.profile.enabled:
+        profile_dir = job.profile_dir(attempt)
+        env += [
+            {"name": "TRAINIUM_PROFILE", "value": "1"},
+            {"name": "TRAINIUM_PROFILE_DIR", "value": profile_dir},
+            {
+                "name": "TRAINIUM_PROFILE_STEPS",
+                "value": f"{spec.profile.start_step}:{spec.profile.end_step}",
+            },
+        ]
+        if spec.profile.neuron_device_profile:
+            env += [
+                {"name": "NEURON_RT_INSPECT_ENABLE", "value": "1"},
+                {"name": "NEURON_RT_INSPECT_DEVICE_PROFILE", "value": "1"},
+                {"name": "NEURON_RT_INSPECT_OUTPUT_DIR", "value": f"{profile_dir}/neuron"},
+            ]
+    return env
+
+
+def container_env(job: JobRef, stage: Stage, rank: int, attempt: int) -> list[Obj]:
+    """Operator defaults, then the user's env; a user name replaces the default of that name."""
+    user = [e.model_dump(by_alias=True, exclude_none=True) for e in job.spec.env]
+    user_names = {e["name"] for e in user}
+    defaults = [e for e in _operator_env(job, stage, rank, attempt) if e["name"] not in user_names]
+    return defaults + user
+
+
+def container_resources(job: JobRef) -> Obj:
+    shape = INSTANCE_TYPES[job.spec.instance_type.value]
+    # Extended resources must be in limits (requests default to them).
+    limits: dict[str, str] = {job.spec.neuron_resource_name.value: str(shape.neuron_devices)}
+    if shape.efa_interfaces:
+        limits[EFA_RESOURCE] = str(shape.efa_interfaces)
+    limits.update(job.spec.resources.limits)
+    resources: Obj = {"limits": limits}
+    if job.spec.resources.requests:
+        resources["requests"] = dict(job.spec.resources.requests)
+    return resources
+
+
+def pod(job: JobRef, stage: Stage, attempt: int, rank: int) -> Obj:
+    spec = job.spec
+    name = job.pod_name(stage, attempt, rank)
+    metadata = job.metadata(name, stage)
+    metadata["labels"] = {
+        **spec.pod_metadata.labels,
+        **metadata["labels"],
+        LABEL_NODE_RANK: str(rank),
+        LABEL_ATTEMPT: str(attempt),
+    }
+    metadata["annotations"] = {
+        **spec.pod_metadata.annotations,
+        VOLCANO_GROUP_ANNOTATION: job.podgroup_name(stage),
+    }
+    pod_spec: Obj = {
+        "restartPolicy": "Never",
+        "schedulerName": spec.scheduling.scheduler_name,
+        "hostname": job.pod_hostname(stage, rank),
+        "subdomain": job.service_name,
+        "nodeSelector": {**spec.node_selector, INSTANCE_TYPE_LABEL: spec.instance_type.value},
+        "tolerations": [*TRAINIUM_TOLERATIONS, *spec.tolerations],
+        "containers": [
+            {
+                "name": CONTAINER_NAME,
+                "image": spec.image,
+                "imagePullPolicy": spec.image_pull_policy,
+                "command": torchrun_command(job, stage, attempt),
+                "env": container_env(job, stage, rank, attempt),
+                "resources": container_resources(job),
+                "volumeMounts": [
+                    {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
+                    {"name": DATA_VOLUME, "mountPath": job.mount_path},
+                ],
+            }
+        ],
+        "volumes": [
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}},
+            {"name": DATA_VOLUME, "persistentVolumeClaim": {"claimName": spec.storage.claim_name}},
+        ],
+    }
+    if spec.scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
+    if spec.service_account_name:
+        pod_spec["serviceAccountName"] = spec.service_account_name
+    if spec.affinity:
+        pod_spec["affinity"] = spec.affinity
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def stage_pods(job: JobRef, stage: Stage, attempt: int) -> list[Obj]:
+    return [pod(job, stage, attempt, rank) for rank in range(job.spec.nodes)]

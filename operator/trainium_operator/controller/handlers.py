@@ -1,0 +1,188 @@
+"""kopf wiring: watches feed the work queue; workers run the reconciler in threads.
+
+Only `on.event` handlers are used, so kopf adds no finalizers and no progress annotations:
+deleting a TrainingJob never waits for the operator, and garbage collection removes its
+children through owner references.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from aiohttp import web
+
+from trainium_operator.api import spec as spec_model
+from trainium_operator.builders.job import LABEL_JOB_NAME
+from trainium_operator.controller.reconciler import Reconciler
+from trainium_operator.controller.workqueue import Key, WorkQueue
+from trainium_operator.k8s.client import Cluster, load_api_client
+
+log = logging.getLogger(__name__)
+RESYNC_SECONDS = 120.0
+
+
+@dataclass
+class Runtime:
+    """Operator-wide state shared by the handlers (passed to kopf as `memo`)."""
+
+    kubeconfig: str | None = None
+    workers: int = 4
+    metrics_port: int | None = None
+    queue: WorkQueue | None = None
+    cluster: Cluster | None = None
+    reconciler: Reconciler | None = None
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    node_ready: dict[str, bool] = field(default_factory=dict)
+    reconciles: int = 0
+    reconcile_errors: int = 0
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+def _runtime(memo: Any) -> Runtime:
+    runtime = memo.runtime
+    assert isinstance(runtime, Runtime)
+    return runtime
+
+
+def _queue(memo: Any) -> WorkQueue:
+    queue = _runtime(memo).queue
+    if queue is None:
+        raise RuntimeError("the work queue starts in the startup handler")
+    return queue
+
+
+@kopf.on.startup()
+async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    runtime = _runtime(memo)
+    settings.posting.level = logging.WARNING  # our own Events describe the job
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.error_backoffs = [1, 2, 5, 10]
+    runtime.queue = WorkQueue()
+    runtime.cluster = Cluster(load_api_client(runtime.kubeconfig))
+    runtime.reconciler = Reconciler(runtime.cluster, nodes=lambda: list(runtime.nodes.values()))
+    queue, reconciler = runtime.queue, runtime.reconciler
+
+    async def process(key: Key) -> float | None:
+        runtime.reconciles += 1
+        try:
+            result = await asyncio.to_thread(reconciler.reconcile, *key)
+        except Exception:
+            runtime.reconcile_errors += 1
+            raise
+        return result.requeue_after
+
+    for _index in range(runtime.workers):
+        runtime.tasks.append(asyncio.create_task(queue.run_worker(process)))
+    runtime.tasks.append(asyncio.create_task(_resync(queue)))
+    if runtime.metrics_port:
+        runtime.tasks.append(asyncio.create_task(_serve_metrics(runtime, runtime.metrics_port)))
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    runtime = _runtime(memo)
+    for task in runtime.tasks:
+        task.cancel()
+    await asyncio.gather(*runtime.tasks, return_exceptions=True)
+
+
+async def _resync(queue: WorkQueue) -> None:
+    # A safety net for anything a watch missed; reconciles are idempotent.
+    while True:
+        await asyncio.sleep(RESYNC_SECONDS)
+        for key in list(queue.known):
+            queue.add(key)
+
+
+@kopf.on.event(spec_model.GROUP, spec_model.VERSION, spec_model.PLURAL)
+def training_job_event(
+    type: str | None, namespace: str | None, name: str, memo: Any, **_: Any
+) -> None:
+    queue = _queue(memo)
+    if namespace is None:
+        return
+    if type == "DELETED":
+        queue.forget((namespace, name))
+    else:
+        queue.add((namespace, name))
+
+
+@kopf.on.event("", "v1", "pods", labels={LABEL_JOB_NAME: kopf.PRESENT})
+def pod_event(labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any) -> None:
+    if namespace is not None:
+        _queue(memo).add((namespace, labels[LABEL_JOB_NAME]))
+
+
+@kopf.on.event("", "v1", "nodes")
+def node_event(type: str | None, body: kopf.Body, name: str, memo: Any, **_: Any) -> None:
+    runtime = _runtime(memo)
+    if type == "DELETED":
+        runtime.nodes.pop(name, None)
+        ready = False
+    else:
+        node = {"metadata": {"name": name}, "status": dict(body.get("status", {}))}
+        runtime.nodes[name] = node
+        conditions = node["status"].get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    changed = runtime.node_ready.get(name) != ready
+    runtime.node_ready[name] = ready
+    if changed and runtime.queue is not None and type is not None:
+        # A node going NotReady (or away) may doom a gang: look at every job now.
+        for key in list(runtime.queue.known):
+            runtime.queue.add(key)
+
+
+@kopf.on.probe(id="queue")
+def queue_probe(memo: kopf.Memo, **_: Any) -> dict[str, int]:
+    runtime = _runtime(memo)
+    return {
+        "known_jobs": len(runtime.queue.known) if runtime.queue else 0,
+        "reconciles": runtime.reconciles,
+        "reconcile_errors": runtime.reconcile_errors,
+    }
+
+
+def metrics_text(runtime: Runtime) -> str:
+    """Prometheus text exposition of the operator's counters."""
+    lines = [
+        "# HELP trainium_operator_reconciles_total Reconcile passes run.",
+        "# TYPE trainium_operator_reconciles_total counter",
+        f"trainium_operator_reconciles_total {runtime.reconciles}",
+        "# HELP trainium_operator_reconcile_errors_total Reconcile passes that raised.",
+        "# TYPE trainium_operator_reconcile_errors_total counter",
+        f"trainium_operator_reconcile_errors_total {runtime.reconcile_errors}",
+        "# HELP trainium_operator_known_jobs TrainingJobs the operator watches.",
+        "# TYPE trainium_operator_known_jobs gauge",
+        f"trainium_operator_known_jobs {len(runtime.queue.known) if runtime.queue else 0}",
+        "# HELP trainium_operator_api_requests_total Kubernetes API requests by verb and resource.",
+        "# TYPE trainium_operator_api_requests_total counter",
+    ]
+    counts = dict(runtime.cluster.counter.counts) if runtime.cluster else {}
+    for key, value in sorted(counts.items()):
+        verb, resource = key.split(" ", 1)
+        lines.append(
+            f'trainium_operator_api_requests_total{{verb="{verb}",resource="{resource}"}} {value}'
+        )
+    return "\n".join(lines) + "\n"
+
+
+async def _serve_metrics(runtime: Runtime, port: int) -> None:
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(text=metrics_text(runtime), content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "0.0.0.0", port)
+    await site.start()
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

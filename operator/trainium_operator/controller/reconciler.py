@@ -1,0 +1,140 @@
+"""One reconcile pass: read the job and its children, decide, apply. Thin by design.
+
+All judgement lives in `lifecycle.machine.decide`; this module only fetches, filters
+children by owner UID (a re-created job with the same name must not adopt its
+predecessor's pods that garbage collection has not removed yet), and applies the decision
+in a safe order: deletions, creations, events, then one status write if anything changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from trainium_operator.api.spec import TrainingJobSpec
+from trainium_operator.builders.job import LABEL_JOB_NAME, JobRef
+from trainium_operator.k8s.client import Cluster, EventPoster
+from trainium_operator.lifecycle import machine
+from trainium_operator.lifecycle.observed import observe
+
+Obj = dict[str, Any]
+log = logging.getLogger(__name__)
+
+
+def validation_problems(error: ValidationError) -> list[str]:
+    """Pydantic errors as `spec.<camelCase path>: <message>` lines."""
+    problems = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in ("spec", *item["loc"]))
+        message = item["msg"].removeprefix("Value error, ")
+        problems.append(f"{path}: {message}" if item["loc"] else message)
+    return problems
+
+
+def parse_job(body: Obj) -> JobRef | list[str]:
+    """The job's identity and validated spec, or the list of problems with its spec."""
+    meta = body["metadata"]
+    try:
+        spec = TrainingJobSpec.model_validate(body.get("spec") or {})
+    except ValidationError as error:
+        return validation_problems(error)
+    return JobRef(
+        name=meta["name"],
+        namespace=meta["namespace"],
+        uid=meta["uid"],
+        generation=int(meta.get("generation", 1)),
+        spec=spec,
+    )
+
+
+def _owned_by(obj: Obj, uid: str) -> bool:
+    return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+@dataclass
+class ReconcileResult:
+    requeue_after: float | None
+    status_written: bool
+    created: int
+    deleted: int
+
+
+class Reconciler:
+    def __init__(
+        self,
+        cluster: Cluster,
+        nodes: Callable[[], list[Obj]],
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ):
+        self.cluster = cluster
+        self.events = EventPoster(cluster)
+        self.nodes = nodes
+        self.clock = clock
+
+    def reconcile(self, namespace: str, name: str) -> ReconcileResult:
+        body = self.cluster.get_training_job(namespace, name)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            # Garbage collection removes the children through their owner references.
+            return ReconcileResult(None, False, 0, 0)
+        now = self.clock()
+        current_status: Obj = body.get("status") or {}
+        parsed = parse_job(body)
+        if isinstance(parsed, list):
+            decision = machine.invalid(
+                current_status, int(body["metadata"].get("generation", 1)), parsed, now
+            )
+            return self._apply(body, None, current_status, decision)
+        job = parsed
+        selector = f"{LABEL_JOB_NAME}={job.name}"
+        pods = [p for p in self.cluster.list_pods(namespace, selector) if _owned_by(p, job.uid)]
+        podgroups = self.cluster.list_podgroup_names(namespace, selector)
+        observed = observe(
+            pods=pods,
+            podgroup_names=podgroups,
+            service_exists=self.cluster.service_exists(namespace, job.service_name),
+            nodes=self.nodes(),
+            now=now,
+        )
+        decision = machine.decide(job, current_status, observed)
+        return self._apply(body, job, current_status, decision)
+
+    def _apply(
+        self,
+        body: Obj,
+        job: JobRef | None,
+        current_status: Obj,
+        decision: machine.Decision,
+    ) -> ReconcileResult:
+        meta = body["metadata"]
+        namespace = meta["namespace"]
+        for deletion in decision.delete_pods:
+            self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
+        for podgroup in decision.delete_podgroups:
+            self.cluster.delete_podgroup(namespace, podgroup)
+        created = sum(1 for obj in decision.create if self.cluster.create(obj))
+        status_written = False
+        if decision.status != current_status:
+            # resourceVersion makes a stale pass fail with 409 and retry, never overwrite;
+            # events follow the status so a retried pass does not post them twice.
+            self.cluster.patch_training_job_status(
+                namespace, meta["name"], decision.status, meta.get("resourceVersion")
+            )
+            status_written = True
+        now = self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+        for event in decision.events:
+            log.info("%s/%s %s: %s", namespace, meta["name"], event.reason, event.message)
+            self.events.post(body, event.type, event.reason, event.message, now)
+        if decision.delete_job:
+            log.info("%s/%s: ttlSecondsAfterFinished elapsed, deleting", namespace, meta["name"])
+            self.cluster.delete_training_job(namespace, meta["name"], meta["uid"])
+        return ReconcileResult(
+            decision.requeue_after,
+            status_written,
+            created,
+            len(decision.delete_pods) + len(decision.delete_podgroups),
+        )

@@ -1,0 +1,84 @@
+"""A keyed work queue: each job is reconciled by one worker at a time, never twice at once.
+
+Watch events for a job, its pods and nodes only mark the job dirty; a burst of pod events
+becomes one reconcile. Failed passes retry with capped exponential backoff, so bad luck
+with the API server never crashes the operator or spins it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+Key = tuple[str, str]  # (namespace, name)
+log = logging.getLogger(__name__)
+
+MAX_BACKOFF_SECONDS = 60.0
+
+
+class WorkQueue:
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._queued: set[Key] = set()
+        self._active: set[Key] = set()
+        self._dirty_while_active: set[Key] = set()
+        self._timers: dict[Key, asyncio.TimerHandle] = {}
+        self._failures: dict[Key, int] = {}
+        self.known: set[Key] = set()
+
+    def add(self, key: Key) -> None:
+        self.known.add(key)
+        if key in self._active:
+            self._dirty_while_active.add(key)
+            return
+        if key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def add_after(self, key: Key, seconds: float) -> None:
+        timer = self._timers.get(key)
+        loop = asyncio.get_running_loop()
+        when = loop.time() + seconds
+        if timer is not None and timer.when() <= when:
+            return  # an earlier wake-up is already planned
+        if timer is not None:
+            timer.cancel()
+        self._timers[key] = loop.call_at(when, self._fire, key)
+
+    def _fire(self, key: Key) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    def forget(self, key: Key) -> None:
+        self.known.discard(key)
+        self._failures.pop(key, None)
+        timer = self._timers.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+
+    async def run_worker(self, process: Callable[[Key], Awaitable[float | None]]) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            self._active.add(key)
+            try:
+                requeue_after = await process(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                failures = self._failures.get(key, 0) + 1
+                self._failures[key] = failures
+                delay = min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** (failures - 1))
+                log.exception("reconcile of %s/%s failed; retrying in %.1fs", *key, delay)
+                self.add_after(key, delay)
+            else:
+                self._failures.pop(key, None)
+                if requeue_after is not None:
+                    self.add_after(key, requeue_after)
+            finally:
+                self._active.discard(key)
+                if key in self._dirty_while_active:
+                    self._dirty_while_active.discard(key)
+                    self.add(key)
+                self._queue.task_done()

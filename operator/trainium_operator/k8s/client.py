@@ -1,0 +1,241 @@
+"""The one place that talks to the Kubernetes API (besides kopf's own watches).
+
+Everything returns and takes plain dicts in API (camelCase) form, the same shape the
+builders produce, so the lifecycle never sees client model classes. Creation is idempotent
+(AlreadyExists is success) and deletion tolerant (NotFound is success).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from trainium_operator.api import spec as spec_model
+
+Obj = dict[str, Any]
+
+VOLCANO_GROUP = "scheduling.volcano.sh"
+VOLCANO_VERSION = "v1beta1"
+PODGROUPS = "podgroups"
+
+
+@dataclass
+class RequestCounter:
+    """Counts API requests by verb and resource, for the benchmark and metrics."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, verb: str, resource: str) -> None:
+        with self._lock:
+            self.counts[f"{verb} {resource}"] += 1
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return sum(self.counts.values())
+
+
+def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """In-cluster config when running in a pod, else the kubeconfig (path or $KUBECONFIG)."""
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(client_configuration=configuration)
+    except config.ConfigException:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    return client.ApiClient(configuration)
+
+
+class Cluster:
+    """Typed-enough operations the operator needs, over one ApiClient."""
+
+    def __init__(self, api_client: client.ApiClient, counter: RequestCounter | None = None):
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.counter = counter or RequestCounter()
+
+    def _to_dict(self, obj: Any) -> Obj:
+        result: Obj = self.api_client.sanitize_for_serialization(obj)
+        return result
+
+    # -- TrainingJobs ------------------------------------------------------------------
+    def get_training_job(self, namespace: str, name: str) -> Obj | None:
+        self.counter.add("get", spec_model.PLURAL)
+        try:
+            result: Obj = self.custom.get_namespaced_custom_object(
+                spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, name
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return result
+
+    def list_training_jobs(self, namespace: str | None = None) -> list[Obj]:
+        self.counter.add("list", spec_model.PLURAL)
+        if namespace:
+            result = self.custom.list_namespaced_custom_object(
+                spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL
+            )
+        else:
+            result = self.custom.list_cluster_custom_object(
+                spec_model.GROUP, spec_model.VERSION, spec_model.PLURAL
+            )
+        items: list[Obj] = result.get("items", [])
+        return items
+
+    def patch_training_job_status(
+        self, namespace: str, name: str, status: Obj, resource_version: str | None
+    ) -> Obj | None:
+        """Replace the status; with resource_version set, a concurrent writer makes this fail
+        with 409 instead of being silently overwritten."""
+        self.counter.add("patch", f"{spec_model.PLURAL}/status")
+        body: Obj = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        try:
+            result: Obj = self.custom.patch_namespaced_custom_object_status(
+                spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, name, body
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return result
+
+    def delete_training_job(self, namespace: str, name: str, uid: str) -> None:
+        self.counter.add("delete", spec_model.PLURAL)
+        try:
+            self.custom.delete_namespaced_custom_object(
+                spec_model.GROUP,
+                spec_model.VERSION,
+                namespace,
+                spec_model.PLURAL,
+                name,
+                body={"preconditions": {"uid": uid}, "propagationPolicy": "Background"},
+            )
+        except ApiException as error:
+            if error.status not in (404, 409):
+                raise
+
+    # -- children ----------------------------------------------------------------------
+    def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
+        self.counter.add("list", "pods")
+        result = self.core.list_namespaced_pod(namespace, label_selector=label_selector)
+        return [self._to_dict(p) for p in result.items]
+
+    def list_podgroup_names(self, namespace: str, label_selector: str) -> list[str]:
+        self.counter.add("list", PODGROUPS)
+        result = self.custom.list_namespaced_custom_object(
+            VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, label_selector=label_selector
+        )
+        return [item["metadata"]["name"] for item in result.get("items", [])]
+
+    def service_exists(self, namespace: str, name: str) -> bool:
+        self.counter.add("get", "services")
+        try:
+            self.core.read_namespaced_service(name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
+    def list_nodes(self) -> list[Obj]:
+        self.counter.add("list", "nodes")
+        return [self._to_dict(n) for n in self.core.list_node().items]
+
+    def create(self, obj: Obj) -> bool:
+        """Create a child; False when it already exists (a repeated reconcile)."""
+        kind = obj["kind"]
+        namespace = obj["metadata"]["namespace"]
+        self.counter.add("create", kind.lower() + "s")
+        try:
+            if kind == "Pod":
+                self.core.create_namespaced_pod(namespace, obj)
+            elif kind == "Service":
+                self.core.create_namespaced_service(namespace, obj)
+            elif kind == "PodGroup":
+                self.custom.create_namespaced_custom_object(
+                    VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, obj
+                )
+            else:
+                raise ValueError(f"the operator does not create {kind} objects")
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+    def delete_pod(self, namespace: str, name: str, *, force: bool) -> None:
+        self.counter.add("delete", "pods")
+        try:
+            self.core.delete_namespaced_pod(
+                name, namespace, grace_period_seconds=0 if force else None
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def delete_podgroup(self, namespace: str, name: str) -> None:
+        self.counter.add("delete", PODGROUPS)
+        try:
+            self.custom.delete_namespaced_custom_object(
+                VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, name
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+
+def _event_name(involved: Obj, reason: str) -> str:
+    import secrets
+
+    return f"{involved['metadata']['name']}.{reason.lower()}.{secrets.token_hex(4)}"
+
+
+class EventPoster:
+    """Posts core/v1 Events about a TrainingJob (what `kubectl describe tj` shows)."""
+
+    def __init__(self, cluster: Cluster, component: str = "trainium-operator"):
+        self.cluster = cluster
+        self.component = component
+
+    def post(self, involved: Obj, event_type: str, reason: str, message: str, now: str) -> None:
+        meta = involved["metadata"]
+        self.cluster.counter.add("create", "events")
+        body: Obj = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": _event_name(involved, reason), "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": involved["apiVersion"],
+                "kind": involved["kind"],
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+                "resourceVersion": meta.get("resourceVersion"),
+            },
+            "type": event_type,
+            "reason": reason,
+            # The API rejects event messages over 1 KiB.
+            "message": message[:1000],
+            "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "reportingInstance": self.component,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            self.cluster.core.create_namespaced_event(meta["namespace"], body)
+        except ApiException as error:
+            # An event lost is not worth failing a reconcile over.
+            if error.status not in (403, 404, 409, 422):
+                raise

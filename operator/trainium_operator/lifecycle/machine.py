@@ -1,0 +1,525 @@
+"""The TrainingJob state machine: (job, status, observed cluster) -> Decision. Pure.
+
+Pending -> Compiling -> Training -> Succeeded | Failed, with Restarting between gangs and
+Suspended on request. Everything the operator does follows from this function's output, so
+a reconcile repeated after an operator restart computes the same decision from the same
+observations (children have deterministic names; counters live in the status).
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from trainium_operator.api.spec import CleanPodPolicy
+from trainium_operator.builders import pods as pod_builders
+from trainium_operator.builders.job import JobRef, Stage
+from trainium_operator.lifecycle.observed import Observed, PodView, parse_time
+
+Obj = dict[str, Any]
+
+
+class Phase(enum.StrEnum):
+    PENDING = "Pending"
+    COMPILING = "Compiling"
+    TRAINING = "Training"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
+STAGE_PHASE = {Stage.COMPILE: Phase.COMPILING, Stage.TRAIN: Phase.TRAINING}
+
+
+class FailureClass(enum.StrEnum):
+    APPLICATION = "Application"
+    INFRASTRUCTURE = "Infrastructure"
+
+
+@dataclass(frozen=True, slots=True)
+class PodDeletion:
+    name: str
+    force: bool  # grace period 0: the pod's node is gone and will never confirm
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(slots=True)
+class Decision:
+    create: list[Obj] = field(default_factory=list)
+    delete_pods: list[PodDeletion] = field(default_factory=list)
+    delete_podgroups: list[str] = field(default_factory=list)
+    delete_job: bool = False
+    status: Obj = field(default_factory=dict)
+    events: list[EventRecord] = field(default_factory=list)
+    requeue_after: float | None = None
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 1.0)
+        self.requeue_after = (
+            seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    klass: FailureClass
+    stage: Stage
+    pod: str
+    node: str | None
+    rank: int
+    exit_code: int | None
+    reason: str
+    message: str
+
+    def as_status(self, now: datetime) -> Obj:
+        out: Obj = {
+            "class": self.klass.value,
+            "stage": self.stage.value,
+            "pod": self.pod,
+            "rank": self.rank,
+            "reason": self.reason,
+            "message": self.message,
+            "time": _ts(now),
+        }
+        if self.node:
+            out["node"] = self.node
+        if self.exit_code is not None:
+            out["exitCode"] = self.exit_code
+        return out
+
+
+def _ts(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class _Status:
+    """A mutable copy of the job's status with helpers that record transitions once."""
+
+    def __init__(self, current: Obj, generation: int, now: datetime, decision: Decision):
+        self.data: Obj = copy.deepcopy(current) if current else {}
+        self.generation = generation
+        self.now = now
+        self.decision = decision
+
+    @property
+    def phase(self) -> Phase | None:
+        value = self.data.get("phase")
+        return Phase(value) if value else None
+
+    @property
+    def attempt(self) -> int:
+        return int(self.data.get("attempt", 0))
+
+    def stage_time(self, stage: Stage, key: str) -> str | None:
+        section = "compile" if stage is Stage.COMPILE else "training"
+        value = self.data.get(section, {}).get(key)
+        return str(value) if value else None
+
+    def mark_stage(self, stage: Stage, key: str) -> None:
+        section = "compile" if stage is Stage.COMPILE else "training"
+        self.data.setdefault(section, {}).setdefault(key, _ts(self.now))
+
+    def transition(self, phase: Phase, reason: str, message: str, *, warning: bool = False) -> None:
+        if self.phase is not phase or self.data.get("reason") != reason:
+            self.decision.events.append(
+                EventRecord("Warning" if warning else "Normal", reason, message)
+            )
+        self.data["phase"] = phase.value
+        self.data["reason"] = reason
+        self.data["message"] = message
+
+    def condition(self, ctype: str, status: bool, reason: str, message: str) -> None:
+        conditions: list[Obj] = self.data.setdefault("conditions", [])
+        wanted = "True" if status else "False"
+        for cond in conditions:
+            if cond["type"] == ctype:
+                if cond["status"] != wanted:
+                    cond["lastTransitionTime"] = _ts(self.now)
+                cond.update(
+                    status=wanted,
+                    reason=reason,
+                    message=message,
+                    observedGeneration=self.generation,
+                )
+                return
+        conditions.append(
+            {
+                "type": ctype,
+                "status": wanted,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": _ts(self.now),
+                "observedGeneration": self.generation,
+            }
+        )
+
+    def has_condition(self, ctype: str) -> bool:
+        return any(
+            c["type"] == ctype and c["status"] == "True" for c in self.data.get("conditions", [])
+        )
+
+    def finish(self, phase: Phase, reason: str, message: str) -> None:
+        self.transition(phase, reason, message, warning=phase is Phase.FAILED)
+        self.data.setdefault("completionTime", _ts(self.now))
+        succeeded = phase is Phase.SUCCEEDED
+        self.condition("Succeeded" if succeeded else "Failed", True, reason, message)
+        self.condition("Running", False, reason, message)
+        self.condition("Restarting", False, reason, message)
+
+
+def _failure_of(pod: PodView, observed: Observed, grace: float) -> Failure | None:
+    """Why this pod of the current gang counts as failed, if it does."""
+    node = observed.nodes.get(pod.node) if pod.node else None
+    if pod.node and not pod.terminal:
+        node_gone = node is None
+        lost_for = (
+            (observed.now - node.not_ready_since).total_seconds()
+            if node is not None and not node.ready and node.not_ready_since is not None
+            else None
+        )
+        if node_gone or (lost_for is not None and lost_for >= grace):
+            return Failure(
+                FailureClass.INFRASTRUCTURE,
+                pod.stage,
+                pod.name,
+                pod.node,
+                pod.rank,
+                None,
+                "NodeLost",
+                f"node {pod.node} is {'gone' if node_gone else 'NotReady'}; "
+                f"pod {pod.name} (rank {pod.rank}) lost",
+            )
+    if pod.phase == "Failed":
+        klass = (
+            FailureClass.INFRASTRUCTURE if pod.infrastructure_failure else FailureClass.APPLICATION
+        )
+        reason = pod.reason or ("Error" if klass is FailureClass.APPLICATION else "Disrupted")
+        detail = f"exit code {pod.exit_code}" if pod.exit_code is not None else reason
+        message = f"pod {pod.name} (rank {pod.rank}) on {pod.node or 'no node'} failed: {detail}"
+        if pod.message:
+            message += f": {pod.message}"
+        return Failure(
+            klass, pod.stage, pod.name, pod.node, pod.rank, pod.exit_code, reason, message
+        )
+    if pod.deleting and not pod.terminal:
+        return Failure(
+            FailureClass.INFRASTRUCTURE,
+            pod.stage,
+            pod.name,
+            pod.node,
+            pod.rank,
+            None,
+            "PodDeleted",
+            f"pod {pod.name} (rank {pod.rank}) was deleted while running",
+        )
+    return None
+
+
+def _node_lost_requeue(gang: dict[int, PodView], observed: Observed, grace: float) -> float | None:
+    waits = []
+    for pod in gang.values():
+        node = observed.nodes.get(pod.node) if pod.node else None
+        if node is not None and not node.ready and node.not_ready_since is not None:
+            waits.append(grace - (observed.now - node.not_ready_since).total_seconds())
+    return min(waits) if waits else None
+
+
+def _is_lost(pod: PodView, observed: Observed) -> bool:
+    node = observed.nodes.get(pod.node) if pod.node else None
+    return bool(pod.node) and (node is None or not node.ready)
+
+
+def _delete_gang(decision: Decision, pods: list[PodView], observed: Observed) -> None:
+    for pod in pods:
+        lost = _is_lost(pod, observed)
+        if lost or not pod.deleting:
+            # Force only where the kubelet cannot confirm, so nothing hangs in Terminating.
+            decision.delete_pods.append(PodDeletion(pod.name, force=lost))
+
+
+def _cleanup_on_finish(job: JobRef, decision: Decision, observed: Observed) -> None:
+    policy = job.spec.run_policy.clean_pod_policy
+    if policy is CleanPodPolicy.NONE:
+        return
+    doomed = [
+        p
+        for p in observed.pods
+        if (policy is CleanPodPolicy.ALL or not p.terminal)
+        and (not p.deleting or _is_lost(p, observed))
+    ]
+    _delete_gang(decision, doomed, observed)
+
+
+def _workers(gang: dict[int, PodView], total: int) -> Obj:
+    ready = sum(1 for p in gang.values() if p.phase == "Running" and p.ready and not p.deleting)
+    return {
+        "ready": ready,
+        "total": total,
+        "succeeded": sum(1 for p in gang.values() if p.phase == "Succeeded"),
+        "failed": sum(1 for p in gang.values() if p.phase == "Failed"),
+        "summary": f"{ready}/{total}",
+    }
+
+
+def invalid(current_status: Obj, generation: int, problems: list[str], now: datetime) -> Decision:
+    """The job's spec cannot be run: fail it once, with every problem named."""
+    decision = Decision()
+    status = _Status(current_status, generation, now, decision)
+    message = "invalid spec: " + "; ".join(problems)
+    if status.phase is not Phase.FAILED or status.data.get("message") != message:
+        status.finish(Phase.FAILED, "InvalidSpec", message)
+    status.data["observedGeneration"] = generation
+    decision.status = status.data
+    return decision
+
+
+def decide(job: JobRef, current_status: Obj, observed: Observed) -> Decision:
+    decision = Decision()
+    status = _Status(current_status, job.generation, observed.now, decision)
+    status.data["observedGeneration"] = job.generation
+    run_policy = job.spec.run_policy
+    phase = status.phase
+
+    if phase in TERMINAL_PHASES:
+        _cleanup_on_finish(job, decision, observed)
+        ttl = run_policy.ttl_seconds_after_finished
+        finished = parse_time(status.data.get("completionTime"))
+        if ttl is not None and finished is not None:
+            remaining = ttl - (observed.now - finished).total_seconds()
+            if remaining <= 0:
+                decision.delete_job = True
+            else:
+                decision.requeue(remaining)
+        decision.status = status.data
+        return decision
+
+    compile_done = not job.spec.compile.enabled or status.stage_time(
+        Stage.COMPILE, "completionTime"
+    )
+    stage = Stage.TRAIN if compile_done else Stage.COMPILE
+
+    if run_policy.suspend:
+        if phase is not Phase.SUSPENDED:
+            status.transition(Phase.SUSPENDED, "Suspended", "job suspended: pods deleted")
+            status.condition("Suspended", True, "Suspended", "spec.runPolicy.suspend is true")
+            status.condition("Running", False, "Suspended", "job suspended")
+        _delete_gang(decision, [p for p in observed.pods if not p.terminal], observed)
+        decision.delete_podgroups.extend(sorted(observed.podgroups))
+        status.data["workers"] = _workers({}, job.spec.nodes)
+        decision.status = status.data
+        return decision
+
+    attempt = status.attempt
+    if phase is Phase.SUSPENDED:
+        # Resume as a new gang that continues from the last checkpoint.
+        if status.data.get("startTime"):
+            attempt += 1
+            status.data["attempt"] = attempt
+        status.data["startTime"] = _ts(observed.now)
+        status.condition("Suspended", False, "Resumed", "spec.runPolicy.suspend is false")
+        status.transition(Phase.PENDING, "Resumed", f"resuming the {stage.value} stage")
+
+    started = parse_time(status.data.get("startTime"))
+    if run_policy.active_deadline_seconds is not None and started is not None:
+        remaining = run_policy.active_deadline_seconds - (observed.now - started).total_seconds()
+        if remaining <= 0:
+            status.finish(
+                Phase.FAILED,
+                "DeadlineExceeded",
+                f"job was active longer than spec.runPolicy.activeDeadlineSeconds "
+                f"({run_policy.active_deadline_seconds}s)",
+            )
+            _cleanup_on_finish(job, decision, observed)
+            decision.status = status.data
+            return decision
+        decision.requeue(remaining)
+
+    gang = observed.gang(stage, attempt)
+    grace = float(run_policy.node_lost_grace_period_seconds)
+    failures = [f for f in (_failure_of(p, observed, grace) for p in gang.values()) if f]
+    if failures:
+        _handle_failures(
+            job,
+            status=status,
+            decision=decision,
+            observed=observed,
+            stage=stage,
+            attempt=attempt,
+            failures=failures,
+        )
+        decision.status = status.data
+        return decision
+
+    if gang and len(gang) == job.spec.nodes and all(p.phase == "Succeeded" for p in gang.values()):
+        status.mark_stage(stage, "completionTime")
+        if stage is Stage.TRAIN:
+            status.data["workers"] = _workers(gang, job.spec.nodes)
+            status.finish(
+                Phase.SUCCEEDED,
+                "TrainingSucceeded",
+                f"all {job.spec.nodes} training pods succeeded",
+            )
+            _cleanup_on_finish(job, decision, observed)
+            decision.status = status.data
+            return decision
+        status.condition(
+            "Compiled", True, "CompileSucceeded", "neuron_parallel_compile filled the compile cache"
+        )
+        decision.events.append(
+            EventRecord("Normal", "CompileSucceeded", "compile stage finished; starting training")
+        )
+        stage = Stage.TRAIN
+        gang = observed.gang(stage, attempt)
+
+    if stage is Stage.COMPILE:
+        status.condition("Compiled", False, "Compiling", "compile stage running")
+    _ensure_gang(
+        job,
+        status=status,
+        decision=decision,
+        observed=observed,
+        stage=stage,
+        attempt=attempt,
+        gang=gang,
+    )
+    wait = _node_lost_requeue(gang, observed, grace)
+    if wait is not None:
+        decision.requeue(wait)
+    decision.status = status.data
+    return decision
+
+
+def _ensure_gang(
+    job: JobRef,
+    *,
+    status: _Status,
+    decision: Decision,
+    observed: Observed,
+    stage: Stage,
+    attempt: int,
+    gang: dict[int, PodView],
+) -> None:
+    status.data.setdefault("startTime", _ts(observed.now))
+    status.data.setdefault("attempt", attempt)
+    status.data.setdefault("restarts", {"total": 0, "application": 0, "infrastructure": 0})
+    status.mark_stage(stage, "startTime")
+    if not observed.service_exists:
+        decision.create.append(pod_builders.headless_service(job))
+    if job.podgroup_name(stage) not in observed.podgroups:
+        decision.create.append(pod_builders.podgroup(job, stage))
+    for rank in range(job.spec.nodes):
+        if rank not in gang:
+            decision.create.append(pod_builders.pod(job, stage, attempt, rank))
+    if stage is Stage.TRAIN and job.spec.profile.enabled:
+        status.data["profile"] = {
+            "path": job.profile_dir(attempt),
+            "claimName": job.spec.storage.claim_name,
+        }
+    workers = _workers(gang, job.spec.nodes)
+    status.data["workers"] = workers
+    all_running = workers["ready"] == job.spec.nodes
+    if all_running:
+        status.transition(
+            STAGE_PHASE[stage],
+            "GangRunning",
+            f"all {job.spec.nodes} {stage.value} pods running (attempt {attempt})",
+        )
+        status.condition("Running", True, "GangRunning", f"{stage.value} stage running")
+        status.condition("Restarting", False, "GangRunning", f"attempt {attempt} running")
+    elif status.phase is not Phase.RESTARTING:
+        scheduled = sum(1 for p in gang.values() if p.node)
+        status.transition(
+            Phase.PENDING,
+            "WaitingForGang",
+            f"{stage.value} stage: {scheduled}/{job.spec.nodes} pods scheduled, "
+            f"{workers['ready']}/{job.spec.nodes} ready (queue {job.spec.scheduling.queue})",
+        )
+
+
+def _handle_failures(
+    job: JobRef,
+    *,
+    status: _Status,
+    decision: Decision,
+    observed: Observed,
+    stage: Stage,
+    attempt: int,
+    failures: list[Failure],
+) -> None:
+    # An application failure explains more than the infrastructure noise it causes.
+    failures.sort(key=lambda f: (f.klass is not FailureClass.APPLICATION, f.rank))
+    first = failures[0]
+    status.data["lastFailure"] = first.as_status(observed.now)
+    for failure in failures:
+        decision.events.append(EventRecord("Warning", failure.reason, failure.message))
+    policy = job.spec.run_policy
+    restarts = dict(
+        status.data.get("restarts") or {"total": 0, "application": 0, "infrastructure": 0}
+    )
+    if first.klass is FailureClass.APPLICATION:
+        used, limit, budget = restarts.get("application", 0), policy.backoff_limit, "backoffLimit"
+    else:
+        used, limit = restarts.get("infrastructure", 0), policy.infrastructure_backoff_limit
+        budget = "infrastructureBackoffLimit"
+
+    if stage is Stage.COMPILE and first.klass is FailureClass.APPLICATION:
+        status.condition("Compiled", False, "CompileFailed", first.message)
+        status.finish(Phase.FAILED, "CompileFailed", f"compile stage failed: {first.message}")
+        _cleanup_on_finish(job, decision, observed)
+        return
+    if used >= limit:
+        reason = (
+            "BackoffLimitExceeded"
+            if first.klass is FailureClass.APPLICATION
+            else "InfrastructureBackoffLimitExceeded"
+        )
+        status.finish(
+            Phase.FAILED,
+            reason,
+            f"{first.message}; spec.runPolicy.{budget} ({limit}) exhausted",
+        )
+        _cleanup_on_finish(job, decision, observed)
+        return
+
+    key = "application" if first.klass is FailureClass.APPLICATION else "infrastructure"
+    restarts[key] = used + 1
+    restarts["total"] = restarts.get("total", 0) + 1
+    status.data["restarts"] = restarts
+    new_attempt = attempt + 1
+    status.data["attempt"] = new_attempt
+    # torchrun ranks cannot rejoin alone: stop the whole gang. Keep this attempt's failed
+    # pods for their logs; drop failed pods of older attempts.
+    old = [
+        p
+        for p in observed.pods
+        if p.attempt <= attempt and (not p.terminal or (p.stage is stage and p.attempt < attempt))
+    ]
+    _delete_gang(decision, old, observed)
+    status.transition(
+        Phase.RESTARTING,
+        "GangRestart",
+        f"restarting all {job.spec.nodes} {stage.value} pods as attempt {new_attempt} after "
+        f"{first.reason}: {first.message}",
+        warning=True,
+    )
+    status.condition("Restarting", True, first.reason, first.message)
+    status.condition("Running", False, "GangRestart", f"attempt {new_attempt} starting")
+    for rank in range(job.spec.nodes):
+        decision.create.append(pod_builders.pod(job, stage, new_attempt, rank))
+    status.data["workers"] = _workers({}, job.spec.nodes)
+    if stage is Stage.TRAIN and job.spec.profile.enabled:
+        status.data["profile"] = {
+            "path": job.profile_dir(new_attempt),
+            "claimName": job.spec.storage.claim_name,
+        }

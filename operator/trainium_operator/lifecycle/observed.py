@@ -1,0 +1,143 @@
+"""What the state machine sees of the cluster, reduced from raw API objects by pure functions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from trainium_operator.builders.job import LABEL_ATTEMPT, LABEL_NODE_RANK, LABEL_STAGE, Stage
+
+Obj = dict[str, Any]
+
+# Pod failure reasons that are the platform's doing, not the training script's.
+INFRASTRUCTURE_POD_REASONS = frozenset(
+    {
+        "Evicted",
+        "Preempting",
+        "NodeLost",
+        "NodeShutdown",
+        "Terminated",
+        "Shutdown",
+        "UnexpectedAdmissionError",
+    }
+)
+
+
+def parse_time(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True, slots=True)
+class PodView:
+    name: str
+    stage: Stage
+    attempt: int
+    rank: int
+    phase: str  # Pending | Running | Succeeded | Failed | Unknown
+    ready: bool
+    node: str | None
+    deleting: bool
+    exit_code: int | None
+    reason: str | None
+    message: str | None
+    disrupted: bool  # DisruptionTarget condition: evicted, preempted, node drained
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+    @property
+    def infrastructure_failure(self) -> bool:
+        return self.disrupted or (self.reason or "") in INFRASTRUCTURE_POD_REASONS
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    name: str
+    ready: bool
+    not_ready_since: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    pods: tuple[PodView, ...]
+    podgroups: frozenset[str]
+    service_exists: bool
+    nodes: dict[str, NodeView]
+    now: datetime
+
+    def gang(self, stage: Stage, attempt: int) -> dict[int, PodView]:
+        return {p.rank: p for p in self.pods if p.stage is stage and p.attempt == attempt}
+
+
+def _terminated_state(pod: Obj) -> Obj:
+    for status in pod.get("status", {}).get("containerStatuses") or []:
+        state = status.get("state") or {}
+        if "terminated" in state:
+            return dict(state["terminated"])
+        last = status.get("lastState") or {}
+        if "terminated" in last:
+            return dict(last["terminated"])
+    return {}
+
+
+def pod_view(pod: Obj) -> PodView | None:
+    """Reduce a pod to what the lifecycle needs; None for pods without our labels."""
+    meta = pod.get("metadata", {})
+    labels = meta.get("labels") or {}
+    try:
+        stage = Stage(labels[LABEL_STAGE])
+        attempt = int(labels[LABEL_ATTEMPT])
+        rank = int(labels[LABEL_NODE_RANK])
+    except (KeyError, ValueError):
+        return None
+    status = pod.get("status") or {}
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    terminated = _terminated_state(pod)
+    exit_code = terminated.get("exitCode")
+    return PodView(
+        name=meta["name"],
+        stage=stage,
+        attempt=attempt,
+        rank=rank,
+        phase=status.get("phase") or "Pending",
+        ready=(conditions.get("Ready") or {}).get("status") == "True",
+        node=(pod.get("spec") or {}).get("nodeName"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        exit_code=int(exit_code) if exit_code is not None else None,
+        reason=status.get("reason") or terminated.get("reason"),
+        message=status.get("message") or terminated.get("message"),
+        disrupted=(conditions.get("DisruptionTarget") or {}).get("status") == "True",
+    )
+
+
+def node_view(node: Obj) -> NodeView:
+    conditions = {c.get("type"): c for c in (node.get("status") or {}).get("conditions") or []}
+    ready = conditions.get("Ready") or {}
+    is_ready = ready.get("status") == "True"
+    return NodeView(
+        name=node["metadata"]["name"],
+        ready=is_ready,
+        not_ready_since=None if is_ready else parse_time(ready.get("lastTransitionTime")),
+    )
+
+
+def observe(
+    *,
+    pods: list[Obj],
+    podgroup_names: list[str],
+    service_exists: bool,
+    nodes: list[Obj],
+    now: datetime,
+) -> Observed:
+    views = tuple(v for v in (pod_view(p) for p in pods) if v is not None)
+    return Observed(
+        pods=views,
+        podgroups=frozenset(podgroup_names),
+        service_exists=service_exists,
+        nodes={n.name: n for n in (node_view(o) for o in nodes)},
+        now=now,
+    )
