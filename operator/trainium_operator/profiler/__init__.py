@@ -1,1 +1,48 @@
-"""profiler layer."""
+"""Low-overhead profiler for training ranks: host annotations, step markers, device activity.
+
+    from trainium_operator import profiler
+
+    profiler.start_profiling()            # reads TRAINIUM_PROFILE* / RANK ... from the env
+    for i, batch in enumerate(loader):
+        profiler.step(i)
+        with profiler.annotate("forward"):
+            loss = model(batch)
+    profiler.stop_profiling()             # returns at once; a background thread writes the file
+
+Everything is a cheap no-op while profiling is off. This package imports nothing else from
+trainium_operator, nor kopf/kubernetes, and imports torch only lazily (torch source).
+"""
+
+from trainium_operator.profiler.capture import (
+    Annotation,
+    AnnotationHandle,
+    annotate,
+    annotation_begin,
+    annotation_end,
+    current_config,
+    is_capturing_detail,
+    is_enabled,
+    start_profiling,
+    step,
+    stop_profiling,
+    wait_for_flush,
+)
+from trainium_operator.profiler.config import ProfilerConfig, ProfilerConfigError, StepWindow
+
+__all__ = [
+    "Annotation",
+    "AnnotationHandle",
+    "ProfilerConfig",
+    "ProfilerConfigError",
+    "StepWindow",
+    "annotate",
+    "annotation_begin",
+    "annotation_end",
+    "current_config",
+    "is_capturing_detail",
+    "is_enabled",
+    "start_profiling",
+    "step",
+    "stop_profiling",
+    "wait_for_flush",
+]

@@ -1,0 +1,610 @@
+"""Host-side capture: the hot path (annotations, step markers) and the background threads.
+
+Each thread records into its own fixed-size ring of records (a preallocated list whose
+slots hold one small tuple each). Only the owning thread writes a ring and only the flusher
+thread reads it, so the GIL is the only synchronisation: the writer stores the slot before it
+advances `head`, the reader copies up to the `head` it saw and then advances `tail`. A full
+ring drops the new record and counts it.
+
+Names are stored as the caller's string objects; interning into the file's string table
+happens on the flusher thread, off the training thread. Timestamps are
+`time.monotonic_ns()`; clock sync points map them to wall-clock time.
+
+With profiling off, `annotate` costs one global read in `__enter__`/`__exit__` and `step()`
+returns after one global read.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Final, ParamSpec, TypeVar
+
+from trainium_operator.profiler import sampler as sampler_mod
+from trainium_operator.profiler.clock import take_sync_point
+from trainium_operator.profiler.config import ProfilerConfig
+from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind
+from trainium_operator.profiler.format import RankFileWriter, RankHeader
+from trainium_operator.profiler.manifest import (
+    ProfileManifest,
+    manifest_from_rank_files,
+    now_iso,
+    write_manifest,
+)
+from trainium_operator.profiler.sources.base import ActivitySource, SourceBatch, SourceContext
+
+log = logging.getLogger("trainium_operator.profiler")
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_monotonic_ns: Final = time.monotonic_ns
+_ANNOTATION: Final = int(EventKind.ANNOTATION)
+_STEP: Final = int(EventKind.STEP)
+_KINDS: Final = {int(k): k for k in EventKind}
+
+STEP_EVENT_NAME: Final = "step"
+COUNTER_THREAD: Final = 0
+"""thread_id of sampled counters (CPU, memory): they belong to the process, not a thread."""
+
+# A record is (kind, name, start_ns, end_ns, depth, value[, thread_id override]).
+Record = tuple[Any, ...]
+
+
+class ThreadRing:
+    """One thread's ring of records. Written by its thread, drained by the flusher."""
+
+    __slots__ = (
+        "buf",
+        "capacity",
+        "depth",
+        "dropped",
+        "head",
+        "mask",
+        "tail",
+        "thread",
+        "thread_id",
+    )
+
+    def __init__(self, capacity: int, thread: threading.Thread, thread_id: int) -> None:
+        self.buf: list[Record | None] = [None] * capacity
+        self.capacity = capacity
+        self.mask = capacity - 1
+        self.head = 0  # records written (owner thread only)
+        self.tail = 0  # records drained (flusher only)
+        self.dropped = 0  # records lost to a full ring (owner thread only)
+        self.depth = 0  # open annotations on this thread
+        self.thread = thread
+        self.thread_id = thread_id
+
+    def push(self, record: Record) -> None:
+        head = self.head
+        if head - self.tail >= self.capacity:
+            self.dropped += 1
+            return
+        self.buf[head & self.mask] = record
+        self.head = head + 1
+
+    def drain(self) -> list[Record]:
+        """Take every record written so far (flusher thread only)."""
+        head = self.head
+        tail = self.tail
+        if head == tail:
+            return []
+        first = tail & self.mask
+        last = head & self.mask
+        buf = self.buf
+        taken = buf[first:last] if first < last else buf[first:] + buf[:last]
+        self.tail = head
+        return [r for r in taken if r is not None]
+
+
+class _Session:
+    """One profiling run in this process: from start_profiling() to the final flush."""
+
+    def __init__(self, config: ProfilerConfig, sources: list[ActivitySource] | None) -> None:
+        assert config.output_dir is not None
+        self.config = config
+        self.pid = os.getpid()
+        self.start_sync = take_sync_point()
+        self.local = threading.local()
+        self.rings: list[ThreadRing] = []
+        self.rings_lock = threading.Lock()
+        self.step_number: int | None = None
+        self.step_start_ns = 0
+        self.detail = False
+        self.stopping = threading.Event()
+        self.flushed = threading.Event()
+        self.failed: BaseException | None = None
+        self.node_dir = config.output_dir / config.node
+        self.context = SourceContext(
+            config=config, node_dir=self.node_dir, pid=self.pid, start_sync=self.start_sync
+        )
+        self.sources = list(sources) if sources is not None else default_sources(self.context)
+        self.source_dropped = 0
+        self.flusher = threading.Thread(
+            target=self._flush_main, name="trainium-profiler-flush", daemon=True
+        )
+        self.sampler = sampler_mod.Sampler(
+            record=self._record_sample,
+            interval_s=config.sample_interval_s,
+            idle_interval_s=max(config.sample_interval_s * 10, 1.0),
+            node_wide=config.local_rank == 0,
+            detail=lambda: self.detail,
+        )
+
+    # -- called on the training thread -----------------------------------------------------
+
+    def ring(self) -> ThreadRing:
+        try:
+            ring: ThreadRing = self.local.ring
+        except AttributeError:
+            thread = threading.current_thread()
+            ring = ThreadRing(self.config.ring_events, thread, threading.get_native_id())
+            with self.rings_lock:
+                self.rings.append(ring)
+            self.local.ring = ring
+        return ring
+
+    def on_step(self, number: int) -> None:
+        now = _monotonic_ns()
+        if self.step_number is not None:
+            self.ring().push((_STEP, STEP_EVENT_NAME, self.step_start_ns, now, 0, self.step_number))
+        self.step_number = number
+        self.step_start_ns = now
+        window = self.config.steps
+        self.set_detail(window is None or window.contains(number))
+
+    def set_detail(self, on: bool) -> None:
+        global _detail  # noqa: PLW0603 - module globals are the hot path's one-read state
+        if on == self.detail:
+            return
+        self.detail = on
+        _detail = self if on else None
+        for source in self.sources:
+            try:
+                if on:
+                    source.start_window()
+                else:
+                    source.stop_window()
+            except Exception:
+                log.exception(
+                    "profiler source %s failed to %s", source.name, "start" if on else "stop"
+                )
+
+    def begin_stop(self) -> None:
+        now = _monotonic_ns()
+        if self.step_number is not None:
+            self.ring().push((_STEP, STEP_EVENT_NAME, self.step_start_ns, now, 0, self.step_number))
+            self.step_number = None
+        self.set_detail(False)
+        self.stopping.set()
+
+    def start(self) -> None:
+        self.flusher.start()
+        if self.config.sample_interval_s > 0:
+            self.sampler.start()
+        if self.config.steps is None:
+            self.set_detail(True)
+
+    # -- sampler thread --------------------------------------------------------------------
+
+    def _record_sample(self, kind: EventKind, name: str, at_ns: int, value: int) -> None:
+        self.ring().push((int(kind), name, at_ns, at_ns, 0, value, COUNTER_THREAD))
+
+    # -- flusher thread --------------------------------------------------------------------
+
+    def _header(self) -> RankHeader:
+        c = self.config
+        return RankHeader(
+            rank=c.rank,
+            world_size=c.world_size,
+            local_rank=c.local_rank,
+            group_rank=c.group_rank,
+            node=c.node,
+            hostname=socket.gethostname(),
+            pid=self.pid,
+            job_name=c.job_name,
+            namespace=c.namespace,
+            job_uid=c.job_uid,
+            attempt=c.attempt,
+            step_window=(c.steps.first, c.steps.last) if c.steps else None,
+            sources=("host", *sorted(s.name for s in self.sources)),
+            clock_sync=(self.start_sync,),
+        )
+
+    def _manifest(self, finished: bool) -> ProfileManifest:
+        c = self.config
+        return ProfileManifest(
+            job_name=c.job_name,
+            namespace=c.namespace,
+            uid=c.job_uid,
+            attempt=c.attempt,
+            created=now_iso(),
+            world_size=c.world_size,
+            step_window=(c.steps.first, c.steps.last) if c.steps else None,
+            clock_sync=(self.start_sync,) if not finished else (self.start_sync, take_sync_point()),
+            finished=finished,
+        )
+
+    def _flush_main(self) -> None:
+        writer: RankFileWriter | None = None
+        try:
+            path = self.config.rank_file
+            assert path is not None
+            writer = RankFileWriter(path, self._header())
+            writer.name_track(COUNTER_THREAD, HOST_DEVICE, "process counters")
+            if self.config.rank == 0:
+                self._write_manifest(finished=False)
+            self._flush_loop(writer)
+        except BaseException as exc:
+            self.failed = exc
+            log.exception("profiler flusher failed; this rank's profile is incomplete")
+        finally:
+            self.sampler.stop()
+            if writer is not None:
+                try:
+                    writer.close(dropped_events=self.dropped_events())
+                except Exception:
+                    log.exception("profiler could not close %s", writer.path)
+            for source in self.sources:
+                try:
+                    source.close()
+                except Exception:
+                    log.exception("profiler source %s failed to close", source.name)
+            if self.config.rank == 0 and self.failed is None:
+                try:
+                    self._write_manifest(finished=True)
+                except Exception:
+                    log.exception("profiler could not write the profile manifest")
+            self.flushed.set()
+
+    def _flush_loop(self, writer: RankFileWriter) -> None:
+        c = self.config
+        pending: list[Event] = []
+        last_write = last_sync = time.monotonic()
+        max_age = c.sync_interval_s
+        while True:
+            stopping = self.stopping.wait(c.flush_interval_s)
+            if stopping:
+                self.sampler.stop()  # its last samples land in its ring before the final drain
+            pending.extend(self._drain_rings(writer))
+            pending.extend(self._collect_sources(writer))
+            now = time.monotonic()
+            if pending and (stopping or len(pending) >= 4096 or now - last_write >= max_age):
+                pending.sort(key=_track_order)
+                writer.write_events(pending)
+                pending = []
+                last_write = now
+            if stopping or now - last_sync >= c.sync_interval_s:
+                writer.write_sync_points([take_sync_point()])
+                last_sync = now
+            if stopping:
+                return
+
+    def _drain_rings(self, writer: RankFileWriter) -> list[Event]:
+        with self.rings_lock:
+            rings = list(self.rings)
+        events: list[Event] = []
+        for ring in rings:
+            records = ring.drain()
+            if records:
+                writer.name_track(ring.thread_id, HOST_DEVICE, ring.thread.name)
+                events.extend(records_to_events(records, ring.thread_id))
+        return events
+
+    def _collect_sources(self, writer: RankFileWriter) -> list[Event]:
+        events: list[Event] = []
+        for source in self.sources:
+            try:
+                batch: SourceBatch = source.collect()
+            except Exception:
+                log.exception("profiler source %s failed to convert its output", source.name)
+                continue
+            for (thread_id, device), name in batch.track_names.items():
+                writer.name_track(thread_id, device, name)
+            self.source_dropped += batch.dropped_events
+            events.extend(batch.events)
+        return events
+
+    def dropped_events(self) -> int:
+        with self.rings_lock:
+            return sum(r.dropped for r in self.rings) + self.source_dropped
+
+    def _write_manifest(self, finished: bool) -> None:
+        assert self.config.output_dir is not None
+        manifest = manifest_from_rank_files(self.config.output_dir, self._manifest(finished))
+        write_manifest(self.config.output_dir, manifest)
+
+
+def _track_order(ev: Event) -> tuple[int, int, int]:
+    return (ev.device, ev.thread_id, ev.start_ns)
+
+
+def records_to_events(records: list[Record], thread_id: int) -> list[Event]:
+    kinds = _KINDS
+    out = []
+    for rec in records:
+        start = rec[2]
+        out.append(
+            Event(
+                kind=kinds[rec[0]],
+                name=rec[1],
+                start_ns=start,
+                duration_ns=rec[3] - start,
+                thread_id=rec[6] if len(rec) > 6 else thread_id,
+                depth=rec[4],
+                value=rec[5],
+            )
+        )
+    return out
+
+
+def default_sources(context: SourceContext) -> list[ActivitySource]:
+    """The device sources the config asks for and this process can support."""
+    found: list[ActivitySource] = []
+    wanted = context.config.sources
+    if "torch" in wanted:
+        from trainium_operator.profiler.sources import torch_source
+
+        src = torch_source.create(context)
+        if src is not None:
+            found.append(src)
+    if "neuron" in wanted:
+        from trainium_operator.profiler.sources import neuron
+
+        nsrc = neuron.create(context)
+        if nsrc is not None:
+            found.append(nsrc)
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Module state read by the hot path. `_session` is the running session (step markers go to it
+# even outside the detailed window); `_detail` is the same session while the window is open.
+
+_session: _Session | None = None
+_detail: _Session | None = None
+_last_stopped: _Session | None = None
+_lifecycle_lock = threading.Lock()
+
+
+def start_profiling(
+    config: ProfilerConfig | None = None, *, sources: list[ActivitySource] | None = None
+) -> bool:
+    """Start capturing; returns False (and does nothing) when profiling is off.
+
+    With no config, settings come from the environment (`TRAINIUM_PROFILE=1` etc.).
+    `sources` replaces the device sources the config would choose. Calling it again while
+    running is a no-op that returns True.
+    """
+    global _session  # noqa: PLW0603 - module globals are the hot path's one-read state
+    cfg = ProfilerConfig.from_env() if config is None else config
+    if not cfg.enabled:
+        return False
+    with _lifecycle_lock:
+        if _session is not None:
+            return True
+        session = _Session(cfg, sources)
+        _session = session
+        session.start()
+    return True
+
+
+def stop_profiling(*, wait: bool = False, timeout: float | None = None) -> bool:
+    """Stop capturing. Returns at once: the final flush runs on the background thread.
+
+    wait=True blocks until the rank file is complete (or `timeout` passes) and returns whether
+    it completed. Returns True without waiting.
+    """
+    global _session, _detail, _last_stopped  # noqa: PLW0603 - module globals are the hot path's one-read state
+    with _lifecycle_lock:
+        session = _session
+        if session is None:
+            return True
+        session.begin_stop()
+        _session = None
+        _detail = None
+        _last_stopped = session
+    if wait:
+        return session.flushed.wait(timeout)
+    return True
+
+
+def is_enabled() -> bool:
+    """True while profiling runs (step markers are recorded), in or out of the step window."""
+    return _session is not None
+
+
+def is_capturing_detail() -> bool:
+    """True while annotations are recorded (inside the step window)."""
+    return _detail is not None
+
+
+def current_config() -> ProfilerConfig | None:
+    session = _session
+    return session.config if session is not None else None
+
+
+def step(number: int) -> None:
+    """Mark the start of training step `number` (and the end of the previous one).
+
+    Steps are recorded for the whole run; the step window only limits detailed capture.
+    Call it from the training loop's thread.
+    """
+    session = _session
+    if session is not None:
+        session.on_step(number)
+
+
+class Annotation:
+    """A named host range: `with annotate("forward"):` or `@annotate("forward")`.
+
+    An instance used as a context manager records one range per `with`; used as a decorator
+    it records one range per call and can be shared by threads.
+    """
+
+    __slots__ = ("_depth", "_ring", "_start", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._ring: ThreadRing | None = None
+        self._start = 0
+        self._depth = 0
+
+    def __enter__(self) -> Annotation:
+        session = _detail
+        if session is None:
+            return self
+        try:
+            ring: ThreadRing = session.local.ring
+        except AttributeError:
+            ring = session.ring()
+        depth = ring.depth
+        ring.depth = depth + 1
+        self._ring = ring
+        self._depth = depth
+        self._start = _monotonic_ns()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        ring = self._ring
+        if ring is None:
+            return
+        end = _monotonic_ns()
+        self._ring = None
+        depth = self._depth
+        ring.depth = depth
+        head = ring.head
+        if head - ring.tail >= ring.capacity:
+            ring.dropped += 1
+            return
+        ring.buf[head & ring.mask] = (_ANNOTATION, self.name, self._start, end, depth, 0)
+        ring.head = head + 1
+
+    def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
+        name = self.name
+
+        @functools.wraps(fn)
+        def annotated(*args: P.args, **kwargs: P.kwargs) -> R:
+            session = _detail
+            if session is None:
+                return fn(*args, **kwargs)
+            try:
+                ring: ThreadRing = session.local.ring
+            except AttributeError:
+                ring = session.ring()
+            depth = ring.depth
+            ring.depth = depth + 1
+            start = _monotonic_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                end = _monotonic_ns()
+                ring.depth = depth
+                ring.push((_ANNOTATION, name, start, end, depth, 0))
+
+        return annotated
+
+
+annotate = Annotation
+"""`annotate(name)`: context manager and decorator recording a named host range."""
+
+
+class AnnotationHandle:
+    """An open range from `annotation_begin`; close it with `annotation_end`, on any thread."""
+
+    __slots__ = ("_depth", "_ring", "_start", "name")
+
+    def __init__(self, name: str, ring: ThreadRing | None, start: int, depth: int) -> None:
+        self.name = name
+        self._ring = ring
+        self._start = start
+        self._depth = depth
+
+
+_NULL_HANDLE: Final = AnnotationHandle("", None, 0, 0)
+
+
+def annotation_begin(name: str) -> AnnotationHandle:
+    """Open a named range that may end in another function (or thread)."""
+    session = _detail
+    if session is None:
+        return _NULL_HANDLE
+    ring = session.ring()
+    depth = ring.depth
+    ring.depth = depth + 1
+    return AnnotationHandle(name, ring, _monotonic_ns(), depth)
+
+
+def annotation_end(handle: AnnotationHandle) -> None:
+    """Close a range opened by `annotation_begin`. Ending a handle twice records it once."""
+    ring = handle._ring
+    if ring is None:
+        return
+    end = _monotonic_ns()
+    handle._ring = None
+    ring.depth = max(ring.depth - 1, 0)
+    record = (_ANNOTATION, handle.name, handle._start, end, handle._depth, 0, ring.thread_id)
+    session = _detail or _session
+    if ring.thread is threading.current_thread():
+        ring.push(record)
+    elif session is not None:
+        # Another thread owns `ring`; writing it here would race its owner.
+        session.ring().push(record)
+
+
+def wait_for_flush(timeout: float | None = None) -> bool:
+    """Block until the last stopped session has written its file (for tests and scripts)."""
+    session = _last_stopped
+    return True if session is None else session.flushed.wait(timeout)
+
+
+def _stop_at_exit() -> None:
+    # The flusher is a daemon thread (so a script that never stops profiling can still exit);
+    # at interpreter exit give it a bounded time to finish the file.
+    session = _session
+    stop_profiling()
+    target = session or _last_stopped
+    if target is not None:
+        target.flushed.wait(30.0)
+
+
+def _forget_session_in_child() -> None:
+    # A forked child (e.g. a DataLoader worker) inherits the parent's state but not its
+    # threads: it must not write into the parent's rings or file.
+    global _session, _detail, _last_stopped  # noqa: PLW0603 - module globals are the hot path's one-read state
+    _session = None
+    _detail = None
+    _last_stopped = None
+
+
+atexit.register(_stop_at_exit)
+os.register_at_fork(after_in_child=_forget_session_in_child)
+
+__all__ = [
+    "Annotation",
+    "AnnotationHandle",
+    "annotate",
+    "annotation_begin",
+    "annotation_end",
+    "current_config",
+    "is_capturing_detail",
+    "is_enabled",
+    "start_profiling",
+    "step",
+    "stop_profiling",
+    "wait_for_flush",
+]

@@ -1,0 +1,706 @@
+"""The compact per-rank profile file (`rank-<RANK>.trnprof`): writer and streaming reader.
+
+Layout (all integers little-endian):
+
+    file header   magic b"\\x89TRNPRF\\n" | u16 major | u16 minor | u32 json length | u32 crc32
+                  | json (the RankHeader as written at start)
+    block*        b"BK" | u8 type | u8 codec | u32 stored length | u32 raw length
+                  | u32 crc32(type..raw length + stored bytes) | stored bytes
+
+Block types: EVENTS (a self-contained batch of records), SYNC (clock sync points), END (final
+counts; its absence means the writer did not finish). Unknown block types are skipped, so a
+newer minor version stays readable; a different major version is refused.
+
+An EVENTS payload introduces the strings and tracks it uses for the first time (ids are
+global to the file), then the records. Each record is
+
+    u8 kind | u8 field mask | varint name id | zigzag varint start delta
+    | [varint track] [varint duration] [zigzag flow delta] [zigzag value] [u8 precision]
+    | [varint depth]
+
+where the delta is against the previous record's start and absent fields mean "zero" (or,
+for the track, "same as the previous record"). A typical host range is 8-11 bytes before
+compression. Deltas restart at every block, so any block decodes with only the string and
+track tables that precede it; damage therefore loses the damaged block and what follows,
+never what came before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Final
+
+from trainium_operator.profiler.clock import ClockSyncPoint
+from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind, Precision
+
+MAGIC: Final = b"\x89TRNPRF\n"
+FORMAT_MAJOR: Final = 1
+FORMAT_MINOR: Final = 0
+FORMAT_VERSION: Final = (FORMAT_MAJOR, FORMAT_MINOR)
+RANK_FILE_SUFFIX: Final = ".trnprof"
+
+BLOCK_EVENTS: Final = 1
+BLOCK_SYNC: Final = 2
+BLOCK_END: Final = 3
+
+CODEC_NONE: Final = 0
+CODEC_ZLIB: Final = 1
+
+DEFAULT_BLOCK_EVENTS: Final = 32768
+"""Records per EVENTS block: bounds the reader's memory and the data lost to one bad block."""
+
+_FILE_PREFIX = struct.Struct("<8sHHII")
+_BLOCK_HEADER = struct.Struct("<2sBBIII")
+_BLOCK_MARK = b"BK"
+_MAX_BLOCK_BYTES = 1 << 30  # a length above this is corruption, not data
+
+# Field-mask bits of one record.
+_HAS_TRACK = 0x01
+_HAS_DURATION = 0x02
+_HAS_FLOW = 0x04
+_HAS_VALUE = 0x08
+_HAS_PRECISION = 0x10
+_HAS_DEPTH = 0x20
+
+_KINDS: Final = {int(k): k for k in EventKind}
+_PRECISIONS: Final = {int(p): p for p in Precision}
+
+
+class ProfileFormatError(ValueError):
+    """A rank file cannot be read past some byte offset; says which file and where."""
+
+    def __init__(self, path: str | os.PathLike[str], offset: int, reason: str) -> None:
+        self.path = os.fspath(path)
+        self.offset = offset
+        self.reason = reason
+        super().__init__(f"{self.path}: byte {offset}: {reason}")
+
+
+class TruncatedProfileError(ProfileFormatError):
+    """The file ends in the middle of its header or a block (or before its END block)."""
+
+
+class CorruptProfileError(ProfileFormatError):
+    """Bytes that fail a checksum or do not decode."""
+
+
+class UnsupportedVersionError(ProfileFormatError):
+    """The file was written by an incompatible (different major) format version."""
+
+
+class NotAProfileError(ProfileFormatError):
+    """The file does not start with the rank-file magic."""
+
+
+@dataclass(frozen=True)
+class RankHeader:
+    """Identity of the rank that wrote a file, and what the reader learned from the file.
+
+    The writer stores everything at start; `clock_sync`, `dropped_events`, `event_count` and
+    `complete` are completed by the reader from the SYNC and END blocks.
+    """
+
+    rank: int
+    world_size: int = 1
+    local_rank: int = 0
+    group_rank: int = 0
+    node: str = ""
+    hostname: str = ""
+    pid: int = 0
+    job_name: str = ""
+    namespace: str = ""
+    job_uid: str = ""
+    attempt: int = 0
+    step_window: tuple[int, int] | None = None
+    sources: tuple[str, ...] = ()
+    clock_sync: tuple[ClockSyncPoint, ...] = ()
+    dropped_events: int = 0
+    event_count: int = 0
+    complete: bool = False
+    format_version: tuple[int, int] = FORMAT_VERSION
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RankProfile:
+    """A whole rank file in memory. `damage` is set when a lenient read stopped early."""
+
+    path: Path
+    header: RankHeader
+    events: list[Event]
+    track_names: dict[tuple[int, int], str]
+    damage: ProfileFormatError | None = None
+
+
+def header_to_json(header: RankHeader) -> dict[str, Any]:
+    data = dataclasses.asdict(header)
+    data["clock_sync"] = [[p.monotonic_ns, p.wall_ns, p.uncertainty_ns] for p in header.clock_sync]
+    data["step_window"] = list(header.step_window) if header.step_window else None
+    data["sources"] = list(header.sources)
+    data["format_version"] = list(header.format_version)
+    data["extra"] = dict(header.extra)
+    return data
+
+
+def header_from_json(data: Mapping[str, Any]) -> RankHeader:
+    known = {f.name for f in dataclasses.fields(RankHeader)}
+    values = {k: v for k, v in data.items() if k in known}
+    window = values.get("step_window")
+    values["step_window"] = (int(window[0]), int(window[1])) if window else None
+    values["clock_sync"] = tuple(ClockSyncPoint(*map(int, p)) for p in values.get("clock_sync", ()))
+    values["sources"] = tuple(values.get("sources", ()))
+    values["format_version"] = tuple(values.get("format_version", FORMAT_VERSION))
+    values["extra"] = dict(values.get("extra", {}))
+    return RankHeader(**values)
+
+
+# ---------------------------------------------------------------------------------------------
+# Varints
+
+
+def _put_varint(out: bytearray, value: int) -> None:
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _zigzag(value: int) -> int:
+    return (value << 1) if value >= 0 else ((-value << 1) - 1)
+
+
+def _unzigzag(value: int) -> int:
+    return (value >> 1) if not value & 1 else -((value + 1) >> 1)
+
+
+class _Cursor:
+    """Reads varints and bytes from one block payload; raises IndexError past the end."""
+
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def varint(self) -> int:
+        data = self.data
+        pos = self.pos
+        byte = data[pos]
+        pos += 1
+        if byte < 0x80:
+            self.pos = pos
+            return byte
+        result = byte & 0x7F
+        shift = 7
+        while True:
+            byte = data[pos]
+            pos += 1
+            result |= (byte & 0x7F) << shift
+            if byte < 0x80:
+                self.pos = pos
+                return result
+            shift += 7
+            if shift > 70:
+                raise ValueError("varint longer than 10 bytes")
+
+    def take(self, n: int) -> bytes:
+        end = self.pos + n
+        if end > len(self.data):
+            raise IndexError("string runs past the end of the block")
+        chunk = self.data[self.pos : end]
+        self.pos = end
+        return chunk
+
+
+# ---------------------------------------------------------------------------------------------
+# Writer
+
+
+class _Tables:
+    """The file's interned strings and tracks; each block carries the entries it adds."""
+
+    def __init__(self) -> None:
+        self.string_ids: dict[str, int] = {"": 0}
+        self.track_ids: dict[tuple[int, int], int] = {}
+        self.track_names: dict[tuple[int, int], str] = {}
+        self.new_strings: list[str] = []
+        self.new_tracks: list[tuple[int, int, int]] = []
+
+    def string(self, text: str) -> int:
+        sid = self.string_ids.get(text)
+        if sid is None:
+            sid = len(self.string_ids)
+            self.string_ids[text] = sid
+            self.new_strings.append(text)
+        return sid
+
+    def track(self, thread_id: int, device: int) -> int:
+        key = (thread_id, device)
+        tid = self.track_ids.get(key)
+        if tid is None:
+            tid = len(self.track_ids)
+            self.track_ids[key] = tid
+            name_id = self.string(self.track_names.get(key, ""))
+            self.new_tracks.append((thread_id, device, name_id))
+        return tid
+
+
+def encode_events_payload(tables: _Tables, events: Sequence[Event]) -> bytes:
+    """Encode one EVENTS block payload (uncompressed), updating the file's tables."""
+    records = bytearray()
+    put = _put_varint
+    string = tables.string
+    track = tables.track
+    prev_start = 0
+    prev_track = -1
+    prev_flow = 0
+    for ev in events:
+        name_id = string(ev.name)
+        track_id = track(ev.thread_id, ev.device)
+        mask = 0
+        if track_id != prev_track:
+            mask |= _HAS_TRACK
+        if ev.duration_ns:
+            mask |= _HAS_DURATION
+        if ev.flow_id:
+            mask |= _HAS_FLOW
+        if ev.value:
+            mask |= _HAS_VALUE
+        if ev.precision:
+            mask |= _HAS_PRECISION
+        if ev.depth:
+            mask |= _HAS_DEPTH
+        records.append(ev.kind)
+        records.append(mask)
+        put(records, name_id)
+        delta = ev.start_ns - prev_start
+        put(records, (delta << 1) if delta >= 0 else ((-delta << 1) - 1))
+        prev_start = ev.start_ns
+        if mask & _HAS_TRACK:
+            put(records, track_id)
+            prev_track = track_id
+        if mask & _HAS_DURATION:
+            if ev.duration_ns < 0:
+                raise ValueError(f"negative duration in {ev!r}")
+            put(records, ev.duration_ns)
+        if mask & _HAS_FLOW:
+            delta = ev.flow_id - prev_flow
+            put(records, (delta << 1) if delta >= 0 else ((-delta << 1) - 1))
+            prev_flow = ev.flow_id
+        if mask & _HAS_VALUE:
+            put(records, _zigzag(ev.value))
+        if mask & _HAS_PRECISION:
+            records.append(ev.precision)
+        if mask & _HAS_DEPTH:
+            put(records, ev.depth)
+
+    out = bytearray()
+    put(out, len(tables.new_strings))
+    for text in tables.new_strings:
+        raw = text.encode("utf-8")
+        put(out, len(raw))
+        out += raw
+    put(out, len(tables.new_tracks))
+    for thread_id, device, name_id in tables.new_tracks:
+        put(out, _zigzag(thread_id))
+        put(out, _zigzag(device))
+        put(out, name_id)
+    put(out, len(events))
+    out += records
+    tables.new_strings.clear()
+    tables.new_tracks.clear()
+    return bytes(out)
+
+
+class RankFileWriter:
+    """Streams one rank's events into a rank file, block by block.
+
+    Not thread-safe: the profiler drives it from its single flusher thread. Every block is
+    flushed to the OS as soon as it is written, so a crash loses at most the unwritten tail.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        header: RankHeader,
+        *,
+        codec: int = CODEC_ZLIB,
+        compression_level: int = 6,
+        block_events: int = DEFAULT_BLOCK_EVENTS,
+    ) -> None:
+        if codec not in (CODEC_NONE, CODEC_ZLIB):
+            raise ValueError(f"unknown codec {codec}")
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._codec = codec
+        self._level = compression_level
+        self._block_events = block_events
+        self._tables = _Tables()
+        self._file: IO[bytes] | None = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        self.event_count = 0
+        self.raw_bytes = 0  # encoded record bytes before compression, for size reporting
+        header_json = json.dumps(header_to_json(header), separators=(",", ":")).encode("utf-8")
+        prefix = _FILE_PREFIX.pack(
+            MAGIC, FORMAT_MAJOR, FORMAT_MINOR, len(header_json), zlib.crc32(header_json)
+        )
+        self._write(prefix + header_json)
+
+    def name_track(self, thread_id: int, device: int, name: str) -> None:
+        """Give a track (thread, device stream) a display name; call before its first event."""
+        self._tables.track_names[(thread_id, device)] = name
+
+    def write_events(self, events: Sequence[Event]) -> None:
+        for start in range(0, len(events), self._block_events):
+            chunk = events[start : start + self._block_events]
+            if chunk:
+                payload = encode_events_payload(self._tables, chunk)
+                self.raw_bytes += len(payload)
+                self.event_count += len(chunk)
+                self._write_block(BLOCK_EVENTS, payload)
+
+    def write_sync_points(self, points: Iterable[ClockSyncPoint]) -> None:
+        out = bytearray()
+        pts = list(points)
+        _put_varint(out, len(pts))
+        for p in pts:
+            _put_varint(out, p.monotonic_ns)
+            _put_varint(out, p.wall_ns)
+            _put_varint(out, p.uncertainty_ns)
+        self._write_block(BLOCK_SYNC, bytes(out))
+
+    def close(self, *, dropped_events: int = 0) -> None:
+        """Write the END block and close; the file is `complete` only after this."""
+        if self._file is None:
+            return
+        end = {"dropped_events": dropped_events, "event_count": self.event_count}
+        self._write_block(BLOCK_END, json.dumps(end).encode("utf-8"))
+        self._file.close()
+        self._file = None
+
+    def __enter__(self) -> RankFileWriter:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _write_block(self, block_type: int, payload: bytes) -> None:
+        codec = self._codec
+        stored = zlib.compress(payload, self._level) if codec == CODEC_ZLIB else payload
+        meta = struct.pack("<BBII", block_type, codec, len(stored), len(payload))
+        crc = zlib.crc32(stored, zlib.crc32(meta))
+        self._write(_BLOCK_MARK + meta + struct.pack("<I", crc) + stored)
+
+    def _write(self, data: bytes) -> None:
+        if self._file is None:
+            raise ValueError(f"{self.path}: writer is closed")
+        self._file.write(data)
+        self._file.flush()
+
+
+def write_rank_file(
+    path: str | os.PathLike[str],
+    header: RankHeader,
+    events: Iterable[Event],
+    *,
+    track_names: Mapping[tuple[int, int], str] | None = None,
+    codec: int = CODEC_ZLIB,
+    dropped_events: int | None = None,
+) -> int:
+    """Write a complete rank file in one go; returns its size in bytes."""
+    with RankFileWriter(path, header, codec=codec) as writer:
+        for (thread_id, device), name in (track_names or {}).items():
+            writer.name_track(thread_id, device, name)
+        if header.clock_sync:
+            writer.write_sync_points(header.clock_sync)
+        batch: list[Event] = []
+        for ev in events:
+            batch.append(ev)
+            if len(batch) >= DEFAULT_BLOCK_EVENTS:
+                writer.write_events(batch)
+                batch = []
+        writer.write_events(batch)
+        writer.close(
+            dropped_events=header.dropped_events if dropped_events is None else dropped_events
+        )
+    return Path(path).stat().st_size
+
+
+# ---------------------------------------------------------------------------------------------
+# Reader
+
+
+class RankFileReader:
+    """Reads a rank file block by block.
+
+    `header` is available after construction (it raises for a bad magic, a version mismatch
+    or a damaged header). Iterating `events()` yields every record of every good block and then
+    raises a ProfileFormatError at the first damage; `clock_sync`, `dropped_events` and
+    `complete` reflect the blocks read so far.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._file: IO[bytes] = open(self.path, "rb")  # noqa: SIM115 - closed in close()
+        try:
+            self._initial_header = self._read_header()
+        except BaseException:
+            self._file.close()
+            raise
+        self.clock_sync: list[ClockSyncPoint] = list(self._initial_header.clock_sync)
+        self.dropped_events = 0
+        self.end_event_count = 0
+        self.complete = False
+        self.events_read = 0
+        self.strings: list[str] = [""]
+        self.tracks: list[tuple[int, int]] = []
+        self.track_names: dict[tuple[int, int], str] = {}
+
+    @property
+    def header(self) -> RankHeader:
+        return dataclasses.replace(
+            self._initial_header,
+            clock_sync=tuple(self.clock_sync),
+            dropped_events=self.dropped_events,
+            event_count=self.end_event_count if self.complete else self.events_read,
+            complete=self.complete,
+        )
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> RankFileReader:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _error(self, cls: type[ProfileFormatError], offset: int, reason: str) -> ProfileFormatError:
+        return cls(self.path, offset, reason)
+
+    def _read_header(self) -> RankHeader:
+        prefix = self._file.read(_FILE_PREFIX.size)
+        if len(prefix) < len(MAGIC) or prefix[: len(MAGIC)] != MAGIC[: len(prefix)]:
+            raise self._error(NotAProfileError, 0, "not a trainium profile rank file (bad magic)")
+        if len(prefix) < _FILE_PREFIX.size:
+            raise self._error(TruncatedProfileError, len(prefix), "file ends inside its header")
+        _, major, minor, length, crc = _FILE_PREFIX.unpack(prefix)
+        if major != FORMAT_MAJOR:
+            raise self._error(
+                UnsupportedVersionError,
+                len(MAGIC),
+                f"format version {major}.{minor} is not supported by this reader "
+                f"(reads {FORMAT_MAJOR}.x)",
+            )
+        body = self._file.read(length)
+        if len(body) < length:
+            raise self._error(
+                TruncatedProfileError, _FILE_PREFIX.size + len(body), "file ends inside its header"
+            )
+        if zlib.crc32(body) != crc:
+            raise self._error(CorruptProfileError, _FILE_PREFIX.size, "header checksum mismatch")
+        try:
+            data = json.loads(body)
+            header = header_from_json(data)
+        except (ValueError, TypeError) as exc:
+            raise self._error(CorruptProfileError, _FILE_PREFIX.size, f"bad header: {exc}") from exc
+        return dataclasses.replace(header, format_version=(major, minor))
+
+    def blocks(self) -> Iterator[tuple[int, int, bytes]]:
+        """Yield (offset, type, payload) for each intact block; raise at the first damage."""
+        f = self._file
+        while True:
+            offset = f.tell()
+            head = f.read(_BLOCK_HEADER.size)
+            if not head:
+                if not self.complete:
+                    raise self._error(
+                        TruncatedProfileError,
+                        offset,
+                        "file ends without its END block (writer still running or crashed)",
+                    )
+                return
+            if len(head) < _BLOCK_HEADER.size:
+                raise self._error(TruncatedProfileError, offset, "file ends inside a block header")
+            mark, block_type, codec, stored_len, raw_len, crc = _BLOCK_HEADER.unpack(head)
+            if mark != _BLOCK_MARK:
+                raise self._error(CorruptProfileError, offset, "block marker missing")
+            if stored_len > _MAX_BLOCK_BYTES or raw_len > _MAX_BLOCK_BYTES:
+                raise self._error(CorruptProfileError, offset, "implausible block length")
+            stored = f.read(stored_len)
+            if len(stored) < stored_len:
+                raise self._error(
+                    TruncatedProfileError,
+                    offset,
+                    f"file ends inside a block ({len(stored)} of {stored_len} bytes present)",
+                )
+            if zlib.crc32(stored, zlib.crc32(head[2:12])) != crc:
+                raise self._error(CorruptProfileError, offset, "block checksum mismatch")
+            if codec == CODEC_ZLIB:
+                try:
+                    payload = zlib.decompress(stored)
+                except zlib.error as exc:
+                    raise self._error(CorruptProfileError, offset, f"bad zlib data: {exc}") from exc
+            elif codec == CODEC_NONE:
+                payload = stored
+            else:
+                raise self._error(CorruptProfileError, offset, f"unknown codec {codec}")
+            if len(payload) != raw_len:
+                raise self._error(CorruptProfileError, offset, "block size mismatch")
+            yield offset, block_type, payload
+
+    def events(self) -> Iterator[Event]:
+        for offset, block_type, payload in self.blocks():
+            try:
+                if block_type == BLOCK_EVENTS:
+                    batch = self._decode_events(payload)
+                elif block_type == BLOCK_SYNC:
+                    self._decode_sync(payload)
+                    continue
+                elif block_type == BLOCK_END:
+                    end = json.loads(payload)
+                    self.dropped_events = int(end.get("dropped_events", 0))
+                    self.end_event_count = int(end.get("event_count", self.events_read))
+                    self.complete = True
+                    continue
+                else:
+                    continue  # a block type from a newer minor version
+            except (IndexError, ValueError, KeyError, TypeError) as exc:
+                raise self._error(
+                    CorruptProfileError, offset, f"undecodable block: {exc!r}"
+                ) from exc
+            self.events_read += len(batch)
+            yield from batch
+
+    def _decode_sync(self, payload: bytes) -> None:
+        cur = _Cursor(payload)
+        for _ in range(cur.varint()):
+            self.clock_sync.append(ClockSyncPoint(cur.varint(), cur.varint(), cur.varint()))
+
+    def _decode_events(self, payload: bytes) -> list[Event]:
+        cur = _Cursor(payload)
+        varint = cur.varint
+        strings = self.strings
+        for _ in range(varint()):
+            strings.append(cur.take(varint()).decode("utf-8"))
+        tracks = self.tracks
+        for _ in range(varint()):
+            thread_id = _unzigzag(varint())
+            device = _unzigzag(varint())
+            name = strings[varint()]
+            tracks.append((thread_id, device))
+            if name:
+                self.track_names[(thread_id, device)] = name
+        count = varint()
+        data = payload
+        kinds = _KINDS
+        out: list[Event] = []
+        append = out.append
+        prev_start = 0
+        prev_flow = 0
+        thread_id, device = 0, HOST_DEVICE
+        for _ in range(count):
+            pos = cur.pos
+            kind = kinds[data[pos]]
+            mask = data[pos + 1]
+            cur.pos = pos + 2
+            name = strings[varint()]
+            delta = varint()
+            prev_start += (delta >> 1) if not delta & 1 else -((delta + 1) >> 1)
+            duration = flow = value = depth = 0
+            precision = Precision.UNKNOWN
+            if mask:
+                if mask & _HAS_TRACK:
+                    thread_id, device = tracks[varint()]
+                if mask & _HAS_DURATION:
+                    duration = varint()
+                if mask & _HAS_FLOW:
+                    delta = varint()
+                    prev_flow += (delta >> 1) if not delta & 1 else -((delta + 1) >> 1)
+                    flow = prev_flow
+                if mask & _HAS_VALUE:
+                    value = _unzigzag(varint())
+                if mask & _HAS_PRECISION:
+                    precision = _PRECISIONS[data[cur.pos]]
+                    cur.pos += 1
+                if mask & _HAS_DEPTH:
+                    depth = varint()
+            append(
+                Event(
+                    kind,
+                    name,
+                    prev_start,
+                    duration,
+                    thread_id,
+                    device,
+                    flow,
+                    value,
+                    precision,
+                    depth,
+                )
+            )
+        if cur.pos != len(payload):
+            raise ValueError(f"{len(payload) - cur.pos} trailing bytes after the records")
+        return out
+
+
+def iter_events(path: str | os.PathLike[str]) -> Iterator[Event]:
+    """Stream the events of a rank file; raises ProfileFormatError after the last good block."""
+    with RankFileReader(path) as reader:
+        yield from reader.events()
+
+
+def read_rank_file(path: str | os.PathLike[str], *, strict: bool = True) -> RankProfile:
+    """Read a whole rank file.
+
+    strict=True raises ProfileFormatError on any damage (including a missing END block).
+    strict=False returns everything readable before the damage, with `damage` set; a file
+    whose header itself is unreadable still raises.
+    """
+    events: list[Event] = []
+    damage: ProfileFormatError | None = None
+    with RankFileReader(path) as reader:
+        try:
+            events.extend(reader.events())
+        except ProfileFormatError as exc:
+            if strict:
+                raise
+            damage = exc
+        return RankProfile(
+            path=Path(path),
+            header=reader.header,
+            events=events,
+            track_names=dict(reader.track_names),
+            damage=damage,
+        )
+
+
+def read_rank_header(path: str | os.PathLike[str]) -> RankHeader:
+    """The header as written at start (no sync points after the first, no final counts)."""
+    with RankFileReader(path) as reader:
+        return reader.header
+
+
+__all__ = [
+    "FORMAT_VERSION",
+    "RANK_FILE_SUFFIX",
+    "CorruptProfileError",
+    "NotAProfileError",
+    "ProfileFormatError",
+    "RankFileReader",
+    "RankFileWriter",
+    "RankHeader",
+    "RankProfile",
+    "TruncatedProfileError",
+    "UnsupportedVersionError",
+    "iter_events",
+    "read_rank_file",
+    "read_rank_header",
+    "write_rank_file",
+]
