@@ -1,0 +1,146 @@
+from __future__ import annotations
+
+from typing import Any
+
+from trainium_operator.builders import pods
+from trainium_operator.builders.job import Stage
+from unit.jobs import UID, job_ref
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return {
+        e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]
+    }
+
+
+def test_training_pod_requests_all_neuron_devices_and_efa_of_the_instance_type() -> None:
+    job = job_ref(instanceType="trn1n.32xlarge")
+    resources = pods.pod(job, Stage.TRAIN, 0, 1)["spec"]["containers"][0]["resources"]
+    assert resources["limits"] == {"aws.amazon.com/neuron": "16", "vpc.amazonaws.com/efa": "16"}
+
+
+def test_trn1_2xlarge_has_no_efa_request_and_two_processes() -> None:
+    job = job_ref(instanceType="trn1.2xlarge")
+    pod = pods.pod(job, Stage.TRAIN, 0, 0)
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {"aws.amazon.com/neuron": "1"}
+    assert "--nproc_per_node=2" in pod["spec"]["containers"][0]["command"]
+
+
+def test_neurondevice_resource_name_is_configurable() -> None:
+    job = job_ref(neuronResourceName="aws.amazon.com/neurondevice")
+    limits = pods.container_resources(job)["limits"]
+    assert limits["aws.amazon.com/neurondevice"] == "16"
+    assert "aws.amazon.com/neuron" not in limits
+
+
+def test_pod_is_gang_scheduled_by_volcano_on_trainium_nodes() -> None:
+    job = job_ref()
+    pod = pods.pod(job, Stage.TRAIN, 2, 1)
+    assert pod["metadata"]["name"] == "bert-train-2-1"
+    assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "bert-train"
+    assert pod["spec"]["schedulerName"] == "volcano"
+    assert pod["spec"]["nodeSelector"] == {"node.kubernetes.io/instance-type": "trn1.32xlarge"}
+    assert {t["key"] for t in pod["spec"]["tolerations"]} == {
+        "aws.amazon.com/neuron",
+        "vpc.amazonaws.com/efa",
+    }
+    assert pod["spec"]["restartPolicy"] == "Never"
+    labels = pod["metadata"]["labels"]
+    assert labels["trainium.dev/stage"] == "train"
+    assert labels["trainium.dev/node-rank"] == "1"
+    assert labels["trainium.dev/attempt"] == "2"
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == UID
+
+
+def test_pod_mounts_shared_claim_and_memory_backed_shm() -> None:
+    job = job_ref(storage={"claimName": "fsx", "mountPath": "/fsx"})
+    spec = pods.pod(job, Stage.TRAIN, 0, 0)["spec"]
+    mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"] == {"medium": "Memory"}
+    assert volumes[mounts["/fsx"]]["persistentVolumeClaim"] == {"claimName": "fsx"}
+
+
+def test_compile_stage_wraps_the_same_torchrun_command_in_neuron_parallel_compile() -> None:
+    job = job_ref(compile={"steps": 7, "extraArgs": ["--x"]})
+    compile_cmd = pods.torchrun_command(job, Stage.COMPILE, 0)
+    train_cmd = pods.torchrun_command(job, Stage.TRAIN, 0)
+    assert compile_cmd[0] == "neuron_parallel_compile"
+    assert compile_cmd[-3:] == ["--steps_this_run", "7", "--x"]
+
+    def without_gang_identity(command: list[str]) -> list[str]:
+        return [a for a in command if not a.startswith(("--rdzv_endpoint", "--rdzv_id"))]
+
+    assert without_gang_identity(compile_cmd[1 : 1 + len(train_cmd)]) == without_gang_identity(
+        train_cmd
+    )
+
+
+def test_resume_flag_is_added_on_every_attempt_after_the_first() -> None:
+    job = job_ref()
+    assert "--resume" not in pods.torchrun_command(job, Stage.TRAIN, 0)
+    assert pods.torchrun_command(job, Stage.TRAIN, 1)[-1] == "--resume"
+    assert "--resume" not in pods.torchrun_command(job, Stage.COMPILE, 1)
+
+
+def test_c10d_rendezvous_points_at_rank0_through_the_headless_service() -> None:
+    job = job_ref()
+    command = pods.torchrun_command(job, Stage.TRAIN, 3)
+    assert "--rdzv_backend=c10d" in command
+    assert "--rdzv_endpoint=train-0.bert.team-a.svc:29400" in command
+    assert f"--rdzv_id={UID[:8]}-train-3" in command
+    assert "--max_restarts=0" in command
+    service = pods.headless_service(job)
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    pod = pods.pod(job, Stage.TRAIN, 3, 0)
+    assert (pod["spec"]["hostname"], pod["spec"]["subdomain"]) == ("train-0", "bert")
+
+
+def test_etcd_rendezvous_uses_the_given_endpoint() -> None:
+    job = job_ref(rendezvous={"backend": "etcd", "endpoint": "etcd-server:2379"})
+    command = pods.torchrun_command(job, Stage.TRAIN, 0)
+    assert "--rdzv_backend=etcd" in command
+    assert "--rdzv_endpoint=etcd-server:2379" in command
+
+
+def test_environment_has_efa_neuron_settings_and_a_per_rank_compile_cache() -> None:
+    job = job_ref(compile={"cacheSet": "bert-large"})
+    env = env_of(pods.pod(job, Stage.TRAIN, 0, 1))
+    assert env["FI_PROVIDER"] == "efa"
+    assert env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert env["FI_EFA_FORK_SAFE"] == "1"
+    assert env["CCOM_SOCKET_IFNAME"] == "eth0"
+    assert env["NEURON_RT_RESET_CORES"] == "1"
+    assert env["XLA_TRANSFER_SEED_ASYNC"] == "1"
+    assert env["NEURON_CC_FLAGS"] == "--cache_dir=/data/neuron_cache/bert-large_1"
+    assert env["NEURON_RT_STOCHASTIC_ROUNDING_EN"] == "1"
+    assert env["TRAINIUM_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+
+
+def test_user_env_replaces_a_default_without_duplicating_it() -> None:
+    job = job_ref(
+        env=[{"name": "CCOM_SOCKET_IFNAME", "value": "ens5"}, {"name": "X", "value": "1"}]
+    )
+    names = [e["name"] for e in pods.pod(job, Stage.TRAIN, 0, 0)["spec"]["containers"][0]["env"]]
+    assert names.count("CCOM_SOCKET_IFNAME") == 1
+    assert env_of(pods.pod(job, Stage.TRAIN, 0, 0))["CCOM_SOCKET_IFNAME"] == "ens5"
+
+
+def test_profiling_env_points_into_the_attempts_profile_directory() -> None:
+    job = job_ref(profile={"enabled": True, "startStep": 3, "endStep": 9})
+    env = env_of(pods.pod(job, Stage.TRAIN, 2, 0))
+    assert env["TRAINIUM_PROFILE"] == "1"
+    assert env["TRAINIUM_PROFILE_DIR"] == "/data/profiles/team-a/bert/2"
+    assert env["TRAINIUM_PROFILE_STEPS"] == "3:9"
+    assert "TRAINIUM_PROFILE" not in env_of(pods.pod(job, Stage.COMPILE, 0, 0))
+
+
+def test_podgroup_requires_the_whole_gang_in_the_queue() -> None:
+    group = pods.podgroup(job_ref(nodes=16, scheduling={"queue": "test"}), Stage.TRAIN)
+    assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
+    assert group["spec"] == {"minMember": 16, "queue": "test"}
+
+
+def test_builders_are_deterministic() -> None:
+    assert pods.stage_pods(job_ref(), Stage.TRAIN, 1) == pods.stage_pods(job_ref(), Stage.TRAIN, 1)

@@ -1,0 +1,219 @@
+"""The state machine, driven through whole job histories with hand-made observations."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from trainium_operator.builders.job import JobRef, Stage
+from trainium_operator.lifecycle import machine
+from trainium_operator.lifecycle.observed import NodeView, Observed, PodView
+from unit.jobs import job_ref
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+NODES = {f"n{i}": NodeView(f"n{i}", True, None) for i in range(4)}
+
+
+def pod(
+    job: JobRef, stage: Stage, attempt: int, rank: int, phase: str = "Running", **kw: Any
+) -> PodView:
+    defaults: dict[str, Any] = {
+        "ready": phase == "Running",
+        "node": f"n{rank}",
+        "deleting": False,
+        "exit_code": None,
+        "reason": None,
+        "message": None,
+        "disrupted": False,
+    }
+    defaults.update(kw)
+    return PodView(job.pod_name(stage, attempt, rank), stage, attempt, rank, phase, **defaults)
+
+
+def observed(*pods: PodView, now: datetime = T0, nodes: dict[str, NodeView] = NODES) -> Observed:
+    return Observed(
+        pods=pods,
+        podgroups=frozenset({"bert-compile", "bert-train"}),
+        service_exists=True,
+        nodes=nodes,
+        now=now,
+    )
+
+
+def gang(job: JobRef, stage: Stage, attempt: int, phase: str = "Running") -> list[PodView]:
+    return [pod(job, stage, attempt, r, phase) for r in range(job.spec.nodes)]
+
+
+def names(objs: list[dict[str, Any]]) -> list[str]:
+    return [o["metadata"]["name"] for o in objs]
+
+
+def test_new_job_creates_service_podgroup_and_compile_gang_and_waits_pending() -> None:
+    job = job_ref()
+    decision = machine.decide(job, {}, Observed((), frozenset(), False, NODES, T0))
+    assert names(decision.create) == [
+        "bert",
+        "bert-compile",
+        "bert-compile-0-0",
+        "bert-compile-0-1",
+    ]
+    assert decision.status["phase"] == "Pending"
+    assert decision.status["workers"]["summary"] == "0/2"
+
+
+def test_compile_gang_running_means_compiling_then_success_starts_training() -> None:
+    job = job_ref()
+    running = machine.decide(job, {}, observed(*gang(job, Stage.COMPILE, 0)))
+    assert running.status["phase"] == "Compiling"
+    assert running.create == []
+    done = machine.decide(job, running.status, observed(*gang(job, Stage.COMPILE, 0, "Succeeded")))
+    assert names(done.create) == ["bert-train-0-0", "bert-train-0-1"]
+    assert done.status["compile"]["completionTime"] == "2026-11-30T12:00:00Z"
+    assert any(c["type"] == "Compiled" and c["status"] == "True" for c in done.status["conditions"])
+    assert "CompileSucceeded" in [e.reason for e in done.events]
+
+
+def test_training_success_finishes_the_job_and_keeps_finished_pods() -> None:
+    job = job_ref(compile={"enabled": False})
+    status = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    assert status["phase"] == "Training"
+    final = machine.decide(job, status, observed(*gang(job, Stage.TRAIN, 0, "Succeeded")))
+    assert final.status["phase"] == "Succeeded"
+    assert final.status["completionTime"]
+    assert final.delete_pods == []
+
+
+def test_compile_failure_fails_the_job_with_the_pod_and_exit_code() -> None:
+    job = job_ref()
+    status = machine.decide(job, {}, observed(*gang(job, Stage.COMPILE, 0))).status
+    failed = pod(job, Stage.COMPILE, 0, 1, "Failed", exit_code=2, message="graph error")
+    decision = machine.decide(job, status, observed(pod(job, Stage.COMPILE, 0, 0), failed))
+    assert decision.status["phase"] == "Failed"
+    assert decision.status["reason"] == "CompileFailed"
+    assert "exit code 2" in decision.status["message"]
+    assert decision.status["lastFailure"]["exitCode"] == 2
+    assert [d.name for d in decision.delete_pods] == ["bert-compile-0-0"]
+
+
+def test_worker_failure_restarts_the_whole_gang_with_resume_and_counts_it() -> None:
+    job = job_ref(compile={"enabled": False})
+    status = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    failed = pod(job, Stage.TRAIN, 0, 0, "Failed", exit_code=137, reason="Error")
+    decision = machine.decide(job, status, observed(failed, pod(job, Stage.TRAIN, 0, 1)))
+    assert decision.status["phase"] == "Restarting"
+    assert decision.status["attempt"] == 1
+    assert decision.status["restarts"] == {"total": 1, "application": 1, "infrastructure": 0}
+    assert [d.name for d in decision.delete_pods] == ["bert-train-0-1"]  # failed pod kept for logs
+    assert names(decision.create) == ["bert-train-1-0", "bert-train-1-1"]
+    assert decision.create[0]["spec"]["containers"][0]["command"][-1] == "--resume"
+    assert decision.status["lastFailure"]["pod"] == "bert-train-0-0"
+
+
+def test_repeating_a_pass_after_a_restart_decision_is_idempotent() -> None:
+    job = job_ref(compile={"enabled": False})
+    status = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    failed = pod(job, Stage.TRAIN, 0, 0, "Failed", exit_code=1)
+    after = machine.decide(job, status, observed(failed, pod(job, Stage.TRAIN, 0, 1))).status
+    # The operator restarted before seeing the new pods: same world, no second restart.
+    again = machine.decide(job, after, observed(failed, pod(job, Stage.TRAIN, 0, 1, deleting=True)))
+    assert again.status["attempt"] == 1
+    assert again.status["restarts"]["total"] == 1
+    assert names(again.create) == ["bert-train-1-0", "bert-train-1-1"]
+
+
+def test_backoff_limit_exhaustion_fails_the_job() -> None:
+    job = job_ref(compile={"enabled": False}, runPolicy={"backoffLimit": 1})
+    status = {"phase": "Training", "attempt": 1, "restarts": {"total": 1, "application": 1}}
+    failed = pod(job, Stage.TRAIN, 1, 1, "Failed", exit_code=1)
+    decision = machine.decide(job, status, observed(pod(job, Stage.TRAIN, 1, 0), failed))
+    assert decision.status["phase"] == "Failed"
+    assert decision.status["reason"] == "BackoffLimitExceeded"
+    assert "backoffLimit (1) exhausted" in decision.status["message"]
+
+
+def test_lost_node_force_deletes_its_pods_and_uses_the_infrastructure_budget() -> None:
+    job = job_ref(compile={"enabled": False}, runPolicy={"nodeLostGracePeriodSeconds": 30})
+    status = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    nodes = {**NODES, "n1": NodeView("n1", False, T0)}
+    early = machine.decide(job, status, observed(*gang(job, Stage.TRAIN, 0), nodes=nodes))
+    assert early.delete_pods == []
+    assert early.requeue_after == 30
+    late = machine.decide(
+        job,
+        status,
+        observed(*gang(job, Stage.TRAIN, 0), nodes=nodes, now=T0 + timedelta(seconds=31)),
+    )
+    assert late.status["restarts"] == {"total": 1, "application": 0, "infrastructure": 1}
+    assert late.status["lastFailure"]["reason"] == "NodeLost"
+    deletions = {d.name: d.force for d in late.delete_pods}
+    assert deletions == {"bert-train-0-0": False, "bert-train-0-1": True}
+
+
+def test_evicted_pod_is_an_infrastructure_failure() -> None:
+    job = job_ref(compile={"enabled": False})
+    status = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    evicted = pod(job, Stage.TRAIN, 0, 0, "Failed", reason="Evicted")
+    decision = machine.decide(job, status, observed(evicted, pod(job, Stage.TRAIN, 0, 1)))
+    assert decision.status["restarts"]["infrastructure"] == 1
+
+
+def test_active_deadline_fails_the_job_and_stops_running_pods() -> None:
+    job = job_ref(compile={"enabled": False}, runPolicy={"activeDeadlineSeconds": 60})
+    status = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    decision = machine.decide(
+        job, status, observed(*gang(job, Stage.TRAIN, 0), now=T0 + timedelta(seconds=61))
+    )
+    assert decision.status["reason"] == "DeadlineExceeded"
+    assert len(decision.delete_pods) == 2
+
+
+def test_suspend_deletes_pods_and_podgroups_and_resume_starts_a_new_attempt() -> None:
+    job = job_ref(compile={"enabled": False})
+    status = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    suspended_job = replace(
+        job,
+        spec=job.spec.model_copy(
+            update={"run_policy": job.spec.run_policy.model_copy(update={"suspend": True})}
+        ),
+    )
+    suspended = machine.decide(suspended_job, status, observed(*gang(job, Stage.TRAIN, 0)))
+    assert suspended.status["phase"] == "Suspended"
+    assert len(suspended.delete_pods) == 2
+    assert set(suspended.delete_podgroups) == {"bert-compile", "bert-train"}
+    resumed = machine.decide(job, suspended.status, Observed((), frozenset(), True, NODES, T0))
+    assert resumed.status["attempt"] == 1
+    assert names(resumed.create)[-2:] == ["bert-train-1-0", "bert-train-1-1"]
+
+
+def test_ttl_after_finished_deletes_the_job_when_due() -> None:
+    job = job_ref(runPolicy={"ttlSecondsAfterFinished": 100})
+    status = {"phase": "Succeeded", "completionTime": "2026-11-30T12:00:00Z"}
+    assert machine.decide(job, status, observed()).requeue_after == 100
+    assert machine.decide(job, status, observed(now=T0 + timedelta(seconds=100))).delete_job
+
+
+def test_clean_pod_policy_all_deletes_finished_pods_too() -> None:
+    job = job_ref(runPolicy={"cleanPodPolicy": "All"})
+    status = {"phase": "Succeeded", "completionTime": "2026-11-30T12:00:00Z"}
+    decision = machine.decide(job, status, observed(*gang(job, Stage.TRAIN, 0, "Succeeded")))
+    assert len(decision.delete_pods) == 2
+
+
+def test_unchanged_world_changes_nothing() -> None:
+    job = job_ref()
+    first = machine.decide(job, {}, observed(*gang(job, Stage.COMPILE, 0)))
+    second = machine.decide(job, first.status, observed(*gang(job, Stage.COMPILE, 0)))
+    assert second.status == first.status
+    assert second.events == []
+    assert second.create == []
+
+
+def test_invalid_spec_fails_once_with_every_problem() -> None:
+    decision = machine.invalid({}, 1, ["spec.nodes: bad", "spec.image: bad"], T0)
+    assert decision.status["phase"] == "Failed"
+    assert decision.status["reason"] == "InvalidSpec"
+    assert decision.status["message"] == "invalid spec: spec.nodes: bad; spec.image: bad"
+    again = machine.invalid(decision.status, 1, ["spec.nodes: bad", "spec.image: bad"], T0)
+    assert again.status == decision.status
+    assert again.events == []

@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import pytest
+
+from trainium_operator.builders.job import JobRef
+from trainium_operator.controller.reconciler import parse_job
+from unit.jobs import job_document
+
+
+def problems_of(**spec: object) -> list[str]:
+    parsed = parse_job(job_document(**spec))
+    assert not isinstance(parsed, JobRef), "expected the spec to be refused"
+    return parsed
+
+
+def test_processes_per_node_defaults_from_the_instance_type() -> None:
+    for instance_type, expected in [
+        ("trn1.32xlarge", 32),
+        ("trn1n.32xlarge", 32),
+        ("trn1.2xlarge", 2),
+    ]:
+        parsed = parse_job(job_document(instanceType=instance_type))
+        assert isinstance(parsed, JobRef)
+        assert parsed.spec.effective_processes_per_node == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        pytest.param(
+            {"nodes": 0}, "spec.nodes: Input should be greater than or equal to 1", id="nodes"
+        ),
+        pytest.param(
+            {"instanceType": "p4d.24xlarge"}, "spec.instanceType: Input should be", id="type"
+        ),
+        pytest.param({"processesPerNode": 64}, "spec.processesPerNode cannot exceed", id="procs"),
+        pytest.param(
+            {"rendezvous": {"backend": "etcd"}}, "spec.rendezvous.endpoint is required", id="etcd"
+        ),
+        pytest.param(
+            {"env": [{"name": "WORLD_SIZE", "value": "4"}]}, "(got WORLD_SIZE)", id="reserved-env"
+        ),
+        pytest.param({"env": [{"name": "PET_NNODES", "value": "4"}]}, "(got PET_NNODES)", id="pet"),
+        pytest.param(
+            {"profile": {"startStep": 5, "endStep": 1}}, "spec.profile.endStep must be", id="steps"
+        ),
+        pytest.param(
+            {"compile": {"cacheSet": "a/b"}},
+            "spec.compile.cacheSet: String should match",
+            id="cacheset",
+        ),
+        pytest.param({"replicas": 2}, "spec.replicas: Extra inputs are not permitted", id="typo"),
+        pytest.param(
+            {"runPolicy": {"cleanPodPolicy": "Some"}}, "spec.runPolicy.cleanPodPolicy", id="policy"
+        ),
+    ],
+)
+def test_invalid_specs_are_refused_naming_the_field(spec: dict[str, object], expected: str) -> None:
+    problems = problems_of(**spec)
+    assert any(expected in p for p in problems), problems
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    problems = problems_of(nodes=0, instanceType="x", image="")
+    assert len(problems) == 3, problems
+
+
+def test_user_env_may_override_operator_defaults_but_not_torchrun_names() -> None:
+    parsed = parse_job(job_document(env=[{"name": "CCOM_SOCKET_IFNAME", "value": "ens5"}]))
+    assert isinstance(parsed, JobRef)
