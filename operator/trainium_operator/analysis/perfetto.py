@@ -275,30 +275,30 @@ class PerfettoExporter:
         columns = index.columns
         positions = self._positions(track)
         rows = index.depth[positions]
-        for lane in (positions if track.kind != "device" else positions[rows == row],):
-            # Parents begin before their children at equal starts: longest first.
-            lane = lane[np.lexsort((-index.duration[lane], index.start[lane]))]
-            track_field = _uint(_TE_TRACK_UUID, self._uuid(track, row))
-            open_ends: list[int] = []
-            for position in lane.tolist():
-                start = int(index.start[position])
-                while open_ends and open_ends[-1] <= start:
-                    yield self._end(open_ends.pop(), track_field)
-                column = int(index.order[position])
-                duration = int(index.duration[position])
-                end = start + duration
-                if open_ends and end > open_ends[-1]:
-                    end = open_ends[-1]  # improperly nested input: clip to stay a tree
-                event = track_field + self._annotations(column) + self._flow(column)
-                name_id = int(columns.name[column])
-                self.slices += 1
-                if duration == 0:
-                    yield start, _uint(_TE_TYPE, _TYPE_INSTANT) + event, name_id
-                    continue
-                yield start, _uint(_TE_TYPE, _TYPE_SLICE_BEGIN) + event, name_id
-                open_ends.append(end)
-            while open_ends:
+        lane = positions if track.kind != "device" else positions[rows == row]
+        # Parents begin before their children at equal starts: longest first.
+        lane = lane[np.lexsort((-index.duration[lane], index.start[lane]))]
+        track_field = _uint(_TE_TRACK_UUID, self._uuid(track, row))
+        open_ends: list[int] = []
+        for position in lane.tolist():
+            start = int(index.start[position])
+            while open_ends and open_ends[-1] <= start:
                 yield self._end(open_ends.pop(), track_field)
+            column = int(index.order[position])
+            duration = int(index.duration[position])
+            end = start + duration
+            if open_ends and end > open_ends[-1]:
+                end = open_ends[-1]  # improperly nested input: clip to stay a tree
+            event = track_field + self._annotations(column) + self._flow(column)
+            name_id = int(columns.name[column])
+            self.slices += 1
+            if duration == 0:
+                yield start, _uint(_TE_TYPE, _TYPE_INSTANT) + event, name_id
+                continue
+            yield start, _uint(_TE_TYPE, _TYPE_SLICE_BEGIN) + event, name_id
+            open_ends.append(end)
+        while open_ends:
+            yield self._end(open_ends.pop(), track_field)
 
     def _end(self, end: int, track_field: bytes) -> _Pending:
         return end, _uint(_TE_TYPE, _TYPE_SLICE_END) + track_field, -1
