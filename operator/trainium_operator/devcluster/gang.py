@@ -43,7 +43,9 @@ OVERCOMMIT_FACTOR = Fraction(12, 10)
 Obj = Mapping[str, Any]
 PodKey = tuple[str, str]  # (namespace, name)
 
-_QUANTITY = re.compile(r"^([+-]?[0-9]*\.?[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+_QUANTITY = re.compile(
+    r"^([+-]?[0-9]*\.?[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$"
+)
 _SUFFIX = {
     "Ki": Fraction(2**10),
     "Mi": Fraction(2**20),
@@ -203,12 +205,9 @@ def matches_node_selection(pod: Obj, node: Obj) -> bool:
     for key, value in (spec.get("nodeSelector") or {}).items():
         if labels.get(key) != value:
             return False
-    required = (
-        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-            "requiredDuringSchedulingIgnoredDuringExecution"
-        )
-        or {}
-    )
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
     terms = required.get("nodeSelectorTerms")
     if terms is None:
         return True
@@ -346,7 +345,11 @@ def _unbound_claims(pod: Obj, bound_claims: set[PodKey]) -> list[str]:
 
 
 def _fits_within(request: Resources, available: Resources, factor: Fraction) -> bool:
-    return all(amount <= available.get(name, Fraction(0)) * factor for name, amount in request.items() if amount > 0)
+    return all(
+        amount <= available.get(name, Fraction(0)) * factor
+        for name, amount in request.items()
+        if amount > 0
+    )
 
 
 def _condition(kind: str, status: str, reason: str, message: str, now: str) -> dict[str, Any]:
@@ -366,7 +369,9 @@ def _merge_conditions(
     merged = {c.get("type"): dict(c) for c in existing}
     for update in updates:
         old = merged.get(update["type"])
-        if old is not None and all(old.get(k) == update[k] for k in ("status", "reason", "message")):
+        if old is not None and all(
+            old.get(k) == update[k] for k in ("status", "reason", "message")
+        ):
             continue
         merged[update["type"]] = update
     return [merged[key] for key in sorted(merged, key=str)]
@@ -420,9 +425,7 @@ def plan_scheduling(
         pending = [p for p in group_pods if is_pending_unbound(p)]
         phase_of = [(p.get("status") or {}).get("phase", "Pending") for p in group_pods]
         bound_active = [
-            p
-            for p in group_pods
-            if (p.get("spec") or {}).get("nodeName") and not is_terminal(p)
+            p for p in group_pods if (p.get("spec") or {}).get("nodeName") and not is_terminal(p)
         ]
         succeeded = phase_of.count("Succeeded")
         conditions: list[dict[str, Any]] = []
@@ -434,8 +437,12 @@ def plan_scheduling(
         unschedulable = False
 
         if queue_state != QUEUE_OPEN:
-            message = f"queue {queue_name!r} is {'missing' if queue_state == 'NotFound' else queue_state}"
-            conditions.append(_condition(UNSCHEDULABLE_CONDITION, "True", QUEUE_NOT_OPEN, message, now))
+            message = (
+                f"queue {queue_name!r} is {'missing' if queue_state == 'NotFound' else queue_state}"
+            )
+            conditions.append(
+                _condition(UNSCHEDULABLE_CONDITION, "True", QUEUE_NOT_OPEN, message, now)
+            )
             unschedulable = True
             for pod in pending:
                 plan.unschedulable_pods[pod_key(pod)] = message
@@ -475,7 +482,7 @@ def plan_scheduling(
                         placeable.append(pod)
                 trial, remaining = place_pods(placeable, nodes, free)
                 failures = {**claim_failures, **trial.failures}
-                ready = len(bound_active) + succeeded
+                ready = len(bound_active) + succeeded  # Volcano ReadyTaskNum: no Failed
                 if ready + len(trial.bindings) >= min_member:
                     newly_bound = trial.bindings
                     free = remaining
@@ -486,7 +493,7 @@ def plan_scheduling(
                     origin = (
                         f"{first_failure[0][1]}: {first_failure[1]}"
                         if first_failure
-                        else "not enough pods created yet"
+                        else f"{len(group_pods)} of minMember {min_member} pods exist"
                     )
                     message = gang_message(
                         min_member=min_member,
@@ -497,13 +504,17 @@ def plan_scheduling(
                         origin=origin,
                     )
                     conditions.append(
-                        _condition(UNSCHEDULABLE_CONDITION, "True", NOT_ENOUGH_RESOURCES, message, now)
+                        _condition(
+                            UNSCHEDULABLE_CONDITION, "True", NOT_ENOUGH_RESOURCES, message, now
+                        )
                     )
                     unschedulable = True
                     for pod in pending:
                         plan.unschedulable_pods[pod_key(pod)] = message
                     plan.events.append(
-                        EventIntent("PodGroup", key[0], key[1], "Warning", UNSCHEDULABLE_CONDITION, message)
+                        EventIntent(
+                            "PodGroup", key[0], key[1], "Warning", UNSCHEDULABLE_CONDITION, message
+                        )
                     )
             plan.bindings.update(newly_bound)
 
@@ -511,11 +522,15 @@ def plan_scheduling(
         if running and unschedulable:
             phase = "Unknown"
         else:
-            allocated = len(bound_active) + len(newly_bound) + succeeded
+            # Volcano's jobStatus: finished pods count as allocated; all finished is Completed.
+            finished = succeeded + phase_of.count("Failed")
+            allocated = len(bound_active) + len(newly_bound) + finished
             if allocated >= min_member:
-                phase = "Completed" if succeeded == allocated else "Running"
+                phase = "Completed" if finished == allocated else "Running"
                 if not unschedulable:
-                    conditions.append(_condition(SCHEDULED_CONDITION, "True", SCHEDULED_REASON, "", now))
+                    conditions.append(
+                        _condition(SCHEDULED_CONDITION, "True", SCHEDULED_REASON, "", now)
+                    )
                     conditions.append(
                         _condition(UNSCHEDULABLE_CONDITION, "False", SCHEDULED_REASON, "", now)
                     )
@@ -525,7 +540,9 @@ def plan_scheduling(
         if not any(c.get("type") == UNSCHEDULABLE_CONDITION for c in existing_conditions):
             # Nothing to clear if the group was never unschedulable.
             conditions = [
-                c for c in conditions if not (c["type"] == UNSCHEDULABLE_CONDITION and c["status"] == "False")
+                c
+                for c in conditions
+                if not (c["type"] == UNSCHEDULABLE_CONDITION and c["status"] == "False")
             ]
         desired = {
             **status,
@@ -540,7 +557,9 @@ def plan_scheduling(
             plan.podgroup_status[key] = desired
 
     for pod_id, message in plan.unschedulable_pods.items():
-        plan.events.append(EventIntent("Pod", pod_id[0], pod_id[1], "Warning", "FailedScheduling", message))
+        plan.events.append(
+            EventIntent("Pod", pod_id[0], pod_id[1], "Warning", "FailedScheduling", message)
+        )
     plan.queue_status = _queue_statuses(queues, podgroups, phases, pods, plan.bindings)
     return plan
 

@@ -366,7 +366,11 @@ def pod_stages() -> list[dict[str, Any]]:
                     ]
                 },
                 "next": {
-                    "event": {"type": "Normal", "reason": "Started", "message": "Started container"},
+                    "event": {
+                        "type": "Normal",
+                        "reason": "Started",
+                        "message": "Started container",
+                    },
                     "statusTemplate": POD_READY_TEMPLATE,
                 },
             },
@@ -389,7 +393,9 @@ def pod_stages() -> list[dict[str, Any]]:
         _outcome_stage(
             "pod-succeeded",
             OUTCOME_SUCCEEDED,
-            _pod_outcome_template(phase="Succeeded", default_exit_code=0, default_reason="Completed"),
+            _pod_outcome_template(
+                phase="Succeeded", default_exit_code=0, default_reason="Completed"
+            ),
         ),
         _outcome_stage(
             "pod-failed",

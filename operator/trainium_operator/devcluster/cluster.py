@@ -1,0 +1,383 @@
+"""`dev up` / `dev down` / `dev status`: a kwokctl binary-runtime cluster plus our set-up.
+
+`up` is idempotent: it starts (or reuses) the control plane, then creates only what is missing:
+Volcano CRDs and queues, fake Trainium nodes, the FSx volume and claim, and the gang scheduler.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainium_operator.devcluster import build, gang, objects, paths, sim, stages, versions
+from trainium_operator.devcluster.clients import Clients, clients_for, is_status
+
+Echo = Callable[[str], None]
+CREATE_TIMEOUT = "120s"
+
+
+class ClusterError(RuntimeError):
+    """The dev cluster could not be brought up or inspected; the message says where to look."""
+
+
+@dataclass
+class StepTimer:
+    steps: list[tuple[str, float]] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        yield
+        self.steps.append((name, time.monotonic() - started))
+
+    @property
+    def total(self) -> float:
+        return sum(seconds for _, seconds in self.steps)
+
+
+def _kwokctl_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["KWOK_WORKDIR"] = str(paths.kwok_workdir())
+    return env
+
+
+def _kwokctl(toolchain: build.Toolchain, *args: str, log: Path | None = None) -> str:
+    command = [str(toolchain.binary("kwokctl")), *args]
+    result = subprocess.run(command, env=_kwokctl_env(), capture_output=True, text=True)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as handle:
+            handle.write(f"$ {' '.join(command)}\n{result.stdout}{result.stderr}\n")
+    if result.returncode != 0:
+        raise ClusterError(
+            f"`kwokctl {' '.join(args)}` failed (exit {result.returncode}):\n"
+            f"{result.stderr.strip()[-3000:]}"
+        )
+    return result.stdout
+
+
+def _pid_alive(pid_file: Path) -> int | None:
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        return pid
+    # A zombie or a recycled pid of another program is not our process.
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return pid
+    return pid if b"gang_scheduler" in cmdline or b"kube-apiserver" in cmdline else None
+
+
+def apiserver_running(cluster: paths.ClusterPaths) -> bool:
+    return _pid_alive(cluster.kwok_dir / "pids" / "kube-apiserver.pid") is not None
+
+
+def write_kwokctl_config(cluster: paths.ClusterPaths, toolchain: build.Toolchain) -> Path:
+    documents = stages.kwokctl_config_documents(
+        binaries=toolchain.binaries,
+        kube_version=versions.KUBERNETES_VERSION,
+        etcd_version=versions.ETCD_VERSION,
+        kwok_version=versions.KWOK_VERSION,
+    )
+    cluster.state_dir.mkdir(parents=True, exist_ok=True)
+    cluster.kwokctl_config.write_text(stages.dump_documents(documents))
+    return cluster.kwokctl_config
+
+
+def start_control_plane(cluster: paths.ClusterPaths, toolchain: build.Toolchain) -> str:
+    """Creates the kwokctl cluster, restarts a stopped one, or leaves a running one alone."""
+    if apiserver_running(cluster) and cluster.kubeconfig.exists():
+        return "reused"
+    config = write_kwokctl_config(cluster, toolchain)
+    if cluster.kwok_dir.exists():
+        _kwokctl(toolchain, "start", "cluster", "--name", cluster.name, log=cluster.kwokctl_log)
+        return "restarted"
+    _kwokctl(
+        toolchain,
+        "create",
+        "cluster",
+        "--name",
+        cluster.name,
+        "--runtime",
+        "binary",
+        "--config",
+        str(config),
+        "--wait",
+        CREATE_TIMEOUT,
+        log=cluster.kwokctl_log,
+    )
+    return "created"
+
+
+def _create_if_missing(create: Callable[[], Any]) -> bool:
+    try:
+        create()
+    except Exception as error:
+        if is_status(error, 409):
+            return False
+        raise
+    return True
+
+
+def _apply_crd(clients: Clients, crd: dict[str, Any]) -> None:
+    name = crd["metadata"]["name"]
+    try:
+        existing = clients.apiextensions.read_custom_resource_definition(name)
+    except Exception as error:
+        if not is_status(error, 404):
+            raise
+        clients.apiextensions.create_custom_resource_definition(crd)
+        return
+    body = {
+        **crd,
+        "metadata": {**crd["metadata"], "resourceVersion": existing.metadata.resource_version},
+    }
+    clients.apiextensions.replace_custom_resource_definition(name, body)
+
+
+def load_volcano_crds(crd_dir: Path) -> list[dict[str, Any]]:
+    crds = []
+    for manifest in sorted(crd_dir.glob("*.yaml")):
+        crds += [doc for doc in yaml.safe_load_all(manifest.read_text()) if doc]
+    if not crds:
+        raise ClusterError(f"no CRD manifests in {crd_dir}; run `trainium-operator dev build`")
+    return crds
+
+
+def install_volcano_api(clients: Clients, crd_dir: Path) -> None:
+    crds = load_volcano_crds(crd_dir)
+    for crd in crds:
+        _apply_crd(clients, crd)
+    for crd in crds:
+        name = crd["metadata"]["name"]
+        sim.wait_for(
+            lambda name=name: clients.apiextensions.read_custom_resource_definition(name),
+            until=lambda found: any(
+                c.type == "Established" and c.status == "True"
+                for c in (found.status.conditions or [])
+            ),
+            timeout=30,
+            description=f"CRD {name} established",
+        )
+    for queue in objects.volcano_queues():
+        _create_if_missing(
+            lambda queue=queue: clients.custom.create_cluster_custom_object(
+                objects.VOLCANO_GROUP, objects.VOLCANO_VERSION, "queues", queue
+            )
+        )
+
+
+def create_nodes(clients: Clients, nodes: list[dict[str, Any]]) -> list[str]:
+    created = []
+    for node in nodes:
+        if _create_if_missing(lambda node=node: clients.core.create_node(node)):
+            created.append(node["metadata"]["name"])
+    return created
+
+
+def create_shared_storage(clients: Clients) -> None:
+    _create_if_missing(lambda: clients.storage.create_csi_driver(objects.fsx_csi_driver()))
+    _create_if_missing(
+        lambda: clients.core.create_persistent_volume(objects.fsx_persistent_volume())
+    )
+    claim = objects.fsx_persistent_volume_claim()
+    _create_if_missing(
+        lambda: clients.core.create_namespaced_persistent_volume_claim(
+            claim["metadata"]["namespace"], claim
+        )
+    )
+
+
+def start_gang_scheduler(cluster: paths.ClusterPaths) -> tuple[int, bool]:
+    """Starts the gang scheduler in its own session (it outlives `dev up`); returns (pid, started)."""
+    pid = _pid_alive(cluster.gang_scheduler_pid)
+    if pid is not None:
+        return pid, False
+    cluster.state_dir.mkdir(parents=True, exist_ok=True)
+    with cluster.gang_scheduler_log.open("a") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainium_operator.devcluster.gang_scheduler",
+                "--kubeconfig",
+                str(cluster.kubeconfig),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    cluster.gang_scheduler_pid.write_text(f"{process.pid}\n")
+    return process.pid, True
+
+
+def stop_gang_scheduler(cluster: paths.ClusterPaths, *, timeout: float = 10.0) -> bool:
+    pid = _pid_alive(cluster.gang_scheduler_pid)
+    if pid is None:
+        cluster.gang_scheduler_pid.unlink(missing_ok=True)
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _pid_alive(cluster.gang_scheduler_pid) is not None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.1)
+    if _pid_alive(cluster.gang_scheduler_pid) is not None:
+        os.kill(pid, signal.SIGKILL)
+    cluster.gang_scheduler_pid.unlink(missing_ok=True)
+    return True
+
+
+def wait_until_ready(clients: Clients, node_names: list[str], *, timeout: float = 60) -> None:
+    for name in node_names:
+        sim.wait_for(
+            lambda name=name: clients.core.read_node(name),
+            until=lambda node: gang.node_is_ready(
+                clients.api_client.sanitize_for_serialization(node)
+            ),
+            timeout=timeout,
+            description=f"node {name} Ready",
+        )
+    sim.wait_for(
+        lambda: (
+            clients.core.read_namespaced_persistent_volume_claim(
+                objects.FSX_CLAIM_NAME, objects.FSX_CLAIM_NAMESPACE
+            ).status.phase
+        ),
+        until=lambda phase: phase == "Bound",
+        timeout=timeout,
+        description=f"PVC {objects.FSX_CLAIM_NAMESPACE}/{objects.FSX_CLAIM_NAME} Bound",
+    )
+    sim.wait_for(
+        lambda: clients.custom.get_cluster_custom_object(
+            objects.VOLCANO_GROUP, objects.VOLCANO_VERSION, "queues", objects.TUTORIAL_QUEUE
+        ).get("status", {}),
+        until=lambda status: status.get("state") == gang.QUEUE_OPEN,
+        timeout=timeout,
+        description=f"queue {objects.TUTORIAL_QUEUE} Open (set by the gang scheduler)",
+    )
+    sim.wait_for(
+        lambda: clients.core.read_namespaced_service_account("default", "default"),
+        timeout=timeout,
+        description="ServiceAccount default/default",
+    )
+
+
+@dataclass
+class UpReport:
+    name: str
+    kubeconfig: Path
+    control_plane: str
+    nodes_created: list[str]
+    gang_scheduler_pid: int
+    timer: StepTimer
+
+
+def up(
+    name: str,
+    *,
+    nodes: int,
+    instance_type: str,
+    neuron_taint: bool,
+    echo: Echo,
+) -> UpReport:
+    toolchain = build.require_toolchain()
+    node_objects = objects.fake_nodes(nodes, instance_type, neuron_taint=neuron_taint)
+    cluster = paths.ClusterPaths(name)
+    timer = StepTimer()
+    with timer.step("control plane"):
+        echo(f"starting control plane {name!r} (kwokctl, binary runtime) ...")
+        how = start_control_plane(cluster, toolchain)
+    clients = clients_for(cluster.kubeconfig)
+    with timer.step("volcano api"):
+        install_volcano_api(clients, toolchain.volcano_crd_dir)
+    with timer.step("nodes and storage"):
+        created = create_nodes(clients, node_objects)
+        create_shared_storage(clients)
+    with timer.step("gang scheduler"):
+        pid, _ = start_gang_scheduler(cluster)
+    with timer.step("ready"):
+        wait_until_ready(clients, [node["metadata"]["name"] for node in node_objects])
+    return UpReport(name, cluster.kubeconfig, how, created, pid, timer)
+
+
+def down(name: str, *, echo: Echo) -> None:
+    cluster = paths.ClusterPaths(name)
+    if stop_gang_scheduler(cluster):
+        echo("stopped the gang scheduler")
+    toolchain = build.expected_toolchain()
+    if cluster.kwok_dir.exists():
+        if os.access(toolchain.binary("kwokctl"), os.X_OK):
+            _kwokctl(toolchain, "delete", "cluster", "--name", name, log=cluster.kwokctl_log)
+            echo(f"deleted cluster {name!r}")
+        else:
+            raise ClusterError(
+                f"kwokctl is not built; cannot stop cluster {name!r} in {cluster.kwok_dir}"
+            )
+    else:
+        echo(f"no cluster {name!r} under {paths.kwok_workdir()}")
+    for leftover in (cluster.kwokctl_config, cluster.gang_scheduler_pid):
+        leftover.unlink(missing_ok=True)
+
+
+@dataclass
+class ClusterStatus:
+    name: str
+    kubeconfig: Path
+    apiserver_running: bool
+    gang_scheduler_pid: int | None
+    nodes: list[tuple[str, str, bool]]  # name, instance type, ready
+    fsx_claim_phase: str | None
+
+
+def status(name: str) -> ClusterStatus:
+    cluster = paths.ClusterPaths(name)
+    running = apiserver_running(cluster)
+    node_rows: list[tuple[str, str, bool]] = []
+    claim_phase = None
+    if running and cluster.kubeconfig.exists():
+        clients = clients_for(cluster.kubeconfig)
+        for node in clients.core.list_node().items:
+            node_dict = clients.api_client.sanitize_for_serialization(node)
+            labels = node_dict["metadata"].get("labels") or {}
+            node_rows.append(
+                (
+                    node.metadata.name,
+                    labels.get("node.kubernetes.io/instance-type", "?"),
+                    gang.node_is_ready(node_dict),
+                )
+            )
+        try:
+            claim_phase = clients.core.read_namespaced_persistent_volume_claim(
+                objects.FSX_CLAIM_NAME, objects.FSX_CLAIM_NAMESPACE
+            ).status.phase
+        except Exception as error:
+            if not is_status(error, 404):
+                raise
+    return ClusterStatus(
+        name=name,
+        kubeconfig=cluster.kubeconfig,
+        apiserver_running=running,
+        gang_scheduler_pid=_pid_alive(cluster.gang_scheduler_pid),
+        nodes=node_rows,
+        fsx_claim_phase=claim_phase,
+    )

@@ -1,0 +1,170 @@
+"""`trainium-operator dev ...`: build, start, inspect and stop the local simulated Trainium cluster."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+import time
+
+import click
+
+from trainium_operator.api import instance_types
+from trainium_operator.devcluster import build, cluster, paths
+
+
+def _echo(message: str) -> None:
+    click.echo(message, err=True)
+
+
+name_option = click.option(
+    "--name",
+    default=lambda: os.environ.get("TRAINIUM_DEV_CLUSTER", paths.DEFAULT_CLUSTER_NAME),
+    show_default=f"$TRAINIUM_DEV_CLUSTER or {paths.DEFAULT_CLUSTER_NAME}",
+    help="Cluster name (several can run side by side).",
+)
+
+
+@click.group()
+def dev() -> None:
+    """The local control plane: real kube-apiserver, controller-manager, etcd; KWOK Trainium nodes."""
+
+
+@dev.command("build")
+@click.option(
+    "--jobs", "-j", type=int, default=build.default_jobs, show_default=True, help="go build -p"
+)
+@click.option(
+    "--only",
+    multiple=True,
+    type=click.Choice(["kubernetes", "etcd", "kwok", "controller-gen", "crds", "helm"]),
+    help="Build just these components (repeatable).",
+)
+@click.option(
+    "--print-path", is_flag=True, help="Print the binary directories (PATH order) and exit."
+)
+def build_command(jobs: int, only: tuple[str, ...], print_path: bool) -> None:
+    """Build (or find cached) every binary; a warm cache makes this a no-op."""
+    if print_path:
+        click.echo(os.pathsep.join(str(d) for d in build.expected_toolchain().bin_dirs))
+        return
+    started = time.monotonic()
+    try:
+        results = build.build_all(jobs=jobs, echo=_echo, only=only)
+    except build.BuildError as error:
+        raise click.ClickException(str(error)) from error
+    for result in results:
+        state = f"built in {result.seconds:6.1f}s" if result.built else "cached"
+        click.echo(f"{result.component:<40} {result.version:<9} {state:<18} {result.location}")
+    click.echo(f"total {time.monotonic() - started:.1f}s (cache {paths.cache_root()})")
+
+
+@dev.command()
+@name_option
+@click.option("--nodes", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option(
+    "--instance-type",
+    type=click.Choice(sorted(instance_types.INSTANCE_TYPES)),
+    default=instance_types.DEFAULT_INSTANCE_TYPE,
+    show_default=True,
+)
+@click.option(
+    "--taint", is_flag=True, help="Taint the nodes aws.amazon.com/neuron=present:NoSchedule."
+)
+def up(name: str, nodes: int, instance_type: str, taint: bool) -> None:
+    """Start (or complete) a dev cluster; safe to re-run on a running cluster."""
+    try:
+        report = cluster.up(
+            name, nodes=nodes, instance_type=instance_type, neuron_taint=taint, echo=_echo
+        )
+    except (build.ToolchainMissing, cluster.ClusterError) as error:
+        raise click.ClickException(str(error)) from error
+    for step, seconds in report.timer.steps:
+        _echo(f"  {step:<20} {seconds:5.1f}s")
+    _echo(
+        f"cluster {name!r} ready in {report.timer.total:.1f}s (control plane {report.control_plane}; "
+        f"{len(report.nodes_created)} node(s) created; gang scheduler pid {report.gang_scheduler_pid})"
+    )
+    _echo(f"kubeconfig: {report.kubeconfig}")
+    _echo(f'use it:     eval "$(trainium-operator dev env --name {name})"')
+
+
+@dev.command()
+@name_option
+def down(name: str) -> None:
+    """Stop the gang scheduler and delete the cluster (kwokctl delete cluster)."""
+    started = time.monotonic()
+    try:
+        cluster.down(name, echo=_echo)
+    except cluster.ClusterError as error:
+        raise click.ClickException(str(error)) from error
+    _echo(f"down in {time.monotonic() - started:.1f}s")
+
+
+@dev.command()
+@name_option
+def status(name: str) -> None:
+    """Control plane, gang scheduler, nodes and the FSx claim at a glance."""
+    state = cluster.status(name)
+    click.echo(f"cluster          {state.name}")
+    click.echo(f"kube-apiserver   {'running' if state.apiserver_running else 'not running'}")
+    pid = state.gang_scheduler_pid
+    click.echo(f"gang scheduler   {f'running (pid {pid})' if pid else 'not running'}")
+    click.echo(f"kubeconfig       {state.kubeconfig}")
+    click.echo(f"fsx-claim        {state.fsx_claim_phase or '-'}")
+    for node, instance_type, ready in state.nodes:
+        click.echo(
+            f"node             {node:<24} {instance_type:<16} {'Ready' if ready else 'NotReady'}"
+        )
+    if not state.apiserver_running:
+        sys.exit(1)
+
+
+@dev.command()
+@name_option
+def kubeconfig(name: str) -> None:
+    """Print the kubeconfig path of the cluster."""
+    click.echo(str(paths.ClusterPaths(name).kubeconfig))
+
+
+@dev.command()
+@name_option
+def env(name: str) -> None:
+    """Print shell lines that point kubectl/helm at the cluster: eval "$(trainium-operator dev env)"."""
+    bin_path = os.pathsep.join(str(d) for d in build.expected_toolchain().bin_dirs)
+    click.echo(f"export KUBECONFIG={shlex.quote(str(paths.ClusterPaths(name).kubeconfig))}")
+    click.echo(f"export TRAINIUM_DEV_CLUSTER={shlex.quote(name)}")
+    click.echo(f'export PATH={shlex.quote(bin_path)}"{os.pathsep}$PATH"')
+
+
+@dev.command("gang-scheduler")
+@click.option(
+    "--kubeconfig", "kubeconfig_path", type=click.Path(exists=True, dir_okay=False), required=True
+)
+def gang_scheduler_command(kubeconfig_path: str) -> None:
+    """Run the Volcano-compatible gang scheduler in the foreground (`dev up` starts it for you)."""
+    from pathlib import Path
+
+    from trainium_operator.devcluster import gang_scheduler
+
+    gang_scheduler.main(["--kubeconfig", str(Path(kubeconfig_path))])
+
+
+@dev.command("lose-node")
+@name_option
+@click.argument("node")
+def lose_node(name: str, node: str) -> None:
+    """Stop NODE's heartbeat, as if its kubelet died (NotReady after ~16 s)."""
+    from trainium_operator.devcluster import clients, sim
+
+    sim.simulate_node_loss(clients.clients_for(paths.ClusterPaths(name).kubeconfig).core, node)
+
+
+@dev.command("restore-node")
+@name_option
+@click.argument("node")
+def restore_node(name: str, node: str) -> None:
+    """Give NODE its heartbeat back."""
+    from trainium_operator.devcluster import clients, sim
+
+    sim.restore_node(clients.clients_for(paths.ClusterPaths(name).kubeconfig).core, node)
