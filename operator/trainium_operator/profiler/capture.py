@@ -276,7 +276,7 @@ class _Session:
             if stopping:
                 self.sampler.stop()  # its last samples land in its ring before the final drain
             pending.extend(self._drain_rings(writer))
-            pending.extend(self._collect_sources(writer))
+            pending.extend(self._collect_sources(writer, final=stopping))
             now = time.monotonic()
             if pending and (stopping or len(pending) >= 4096 or now - last_write >= max_age):
                 pending.sort(key=_track_order)
@@ -300,11 +300,11 @@ class _Session:
                 events.extend(records_to_events(records, ring.thread_id))
         return events
 
-    def _collect_sources(self, writer: RankFileWriter) -> list[Event]:
+    def _collect_sources(self, writer: RankFileWriter, final: bool) -> list[Event]:
         events: list[Event] = []
         for source in self.sources:
             try:
-                batch: SourceBatch = source.collect()
+                batch: SourceBatch = source.collect(final)
             except Exception:
                 log.exception("profiler source %s failed to convert its output", source.name)
                 continue

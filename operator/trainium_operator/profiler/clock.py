@@ -78,3 +78,30 @@ class MonotonicToWall:
         o0, o1 = offsets[i - 1], offsets[i]
         offset = o0 + (o1 - o0) * (monotonic_ns - m0) // (m1 - m0)
         return monotonic_ns + offset
+
+
+class WallToMonotonic:
+    """The inverse of MonotonicToWall: places wall-clock times (e.g. from another profiler
+    that reports Unix nanoseconds) on a rank's monotonic clock."""
+
+    __slots__ = ("_offsets", "_walls")
+
+    def __init__(self, points: Sequence[ClockSyncPoint]) -> None:
+        if not points:
+            raise ValueError("at least one clock sync point is needed to map wall-clock time")
+        ordered = sorted(points, key=lambda p: p.wall_ns)
+        self._walls = [p.wall_ns for p in ordered]
+        self._offsets = [p.offset_ns for p in ordered]
+
+    def __call__(self, wall_ns: int) -> int:
+        walls = self._walls
+        offsets = self._offsets
+        i = bisect.bisect_right(walls, wall_ns)
+        if i == 0:
+            return wall_ns - offsets[0]
+        if i == len(walls):
+            return wall_ns - offsets[-1]
+        w0, w1 = walls[i - 1], walls[i]
+        o0, o1 = offsets[i - 1], offsets[i]
+        offset = o0 + (o1 - o0) * (wall_ns - w0) // (w1 - w0)
+        return wall_ns - offset

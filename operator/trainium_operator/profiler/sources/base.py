@@ -5,8 +5,9 @@ The capture session drives a source through one profiling run:
 - `start_window()` / `stop_window()` on the thread that calls `step()` (or start/stop) when
   the detailed step window opens and closes. They must be quick: no parsing, no file I/O
   beyond what the underlying profiler itself needs to stop.
-- `collect()` on the profiler's background flusher thread, repeatedly: returns the events
+- `collect(final)` on the profiler's background flusher thread, repeatedly: returns the events
   converted since the previous call. Conversion work belongs here, off the training thread.
+  `final` is True for the last call, after the run's last window closed.
 - `close()` once on the flusher thread after the final `collect()`.
 """
 
@@ -47,6 +48,6 @@ class ActivitySource(Protocol):
 
     def stop_window(self) -> None: ...
 
-    def collect(self) -> SourceBatch: ...
+    def collect(self, final: bool) -> SourceBatch: ...
 
     def close(self) -> None: ...

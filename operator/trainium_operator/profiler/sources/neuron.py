@@ -1,10 +1,522 @@
-"""A device-activity source on the Neuron runtime's system/device profiles; filled in below."""
+"""Trainium device activity from the Neuron runtime's system (and device) profiles.
+
+UNVERIFIED ON HARDWARE. Written against the Neuron Profiler 2.0 user guide (aws-neuron-sdk
+`tools/profiler/neuron-profiler-2-0-beta-user-guide.rst`) and the Neuron Explorer schema
+reference, and tested only on hand-made fixtures that follow them.
+
+Capture. The runtime captures when the process starts with `NEURON_RT_INSPECT_ENABLE=1`;
+`neuron_inspect_env()` gives the variables, pointing `NEURON_RT_INSPECT_OUTPUT_DIR` inside the
+profile directory (`<profile dir>/<node>/neuron`). The runtime writes one directory per
+process, `<instance id>_pid_<pid>/`, holding `ntrace.pb`, `trace_info.pb`, `cpu_util.pb`,
+`host_mem.pb` and, with device profiles, `.neff` / `.ntff` pairs.
+
+Conversion. The `.pb` schemas are not documented; the documented, scriptable form is the JSON
+that `neuron-profile view -d <dir> --output-format json` writes (`system_profile.json`, with
+`trace_events`, `mem_usage` and `cpu_util`). Its runtime events carry `name`, `timestamp` (Unix
+ns; device events already moved to the CPU time domain by the runtime's timestamp sync points),
+`duration`, `group` (`nrt-nc-<lnc>` or `framework-<tid>`), `lnc_idx`, `process_id`,
+`thread_id`, `type` (99999 = framework) and event attributes such as `size`. They become:
+
+| Neuron event | our kind | track |
+|---|---|---|
+| `nrt_execute` | LAUNCH | host thread |
+| `nc_exec_running` | KERNEL | NeuronCore `lnc_idx`, stream 0 |
+| `cc_running` | COLLECTIVE | NeuronCore `lnc_idx`, stream 1 |
+| `cc_exec_barrier` | SYNC | NeuronCore `lnc_idx`, stream 1 |
+| `nrt_tensor_write` / `_read` / `_copy` | MEMCPY (value = bytes) | host thread |
+| other hardware events (`nrt_model_switch`, `hw_notify`) | KERNEL | NeuronCore, stream 0 |
+| `numerical_err` | COUNTER (value 1) | NeuronCore |
+| `timestamp_sync_point` | dropped (already applied) | |
+| other runtime / framework events | HOST_OP | host thread |
+
+Launch-to-run links: an event's `flow_id` list (newer runtimes; the Explorer schema documents
+it) when present, else a shared `exec_id`, else the latest unlinked `nrt_execute` on the same
+NeuronCore that started before the execution (a heuristic).
+
+Because the runtime may write its files only when the process exits, conversion normally runs
+after training: `python -m trainium_operator.profiler.sources.neuron <profile dir>` merges each
+process's events into its rank file (matched by pid). The in-process source does the same at
+stop time when the JSON is already there.
+"""
 
 from __future__ import annotations
 
-from trainium_operator.profiler.sources.base import ActivitySource, SourceContext
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from trainium_operator.profiler.clock import ClockSyncPoint, WallToMonotonic
+from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind
+from trainium_operator.profiler.format import (
+    ProfileFormatError,
+    RankFileWriter,
+    RankHeader,
+    read_rank_file,
+)
+from trainium_operator.profiler.manifest import discover_rank_files
+from trainium_operator.profiler.sources.base import ActivitySource, SourceBatch, SourceContext
+
+log = logging.getLogger("trainium_operator.profiler")
+
+SOURCE_NAME = "neuron"
+NEURON_SUBDIR = "neuron"
+SYSTEM_PROFILE_JSON = "system_profile.json"
+FRAMEWORK_EVENT_TYPE = 99999
+FLOW_ID_BASE = 1 << 31  # keeps these flows apart from the torch source's (which count from 1)
+
+EXEC_STREAM = 0
+CC_STREAM = 1
+
+HARDWARE_EVENTS = frozenset(
+    {
+        "nc_exec_running",
+        "cc_running",
+        "cc_exec_barrier",
+        "numerical_err",
+        "nrt_model_switch",
+        "nc_model_switch",
+        "timestamp_sync_point",
+        "hw_notify",
+    }
+)
+_MEMCPY_EVENTS = frozenset({"nrt_tensor_write", "nrt_tensor_read", "nrt_tensor_copy"})
+
+
+def neuron_inspect_env(
+    profile_dir: str,
+    node: str = "$(TRAINIUM_NODE_NAME)",
+    *,
+    device_profile: bool = False,
+    max_events_per_nc: int | None = None,
+) -> dict[str, str]:
+    """The runtime variables that capture into `<profile_dir>/<node>/neuron`.
+
+    The default `node` is a Kubernetes dependent-variable reference, for pod specs that
+    define TRAINIUM_NODE_NAME first. Must be in the environment before the runtime starts.
+    """
+    env = {
+        "NEURON_RT_INSPECT_ENABLE": "1",
+        "NEURON_RT_INSPECT_OUTPUT_DIR": f"{profile_dir.rstrip('/')}/{node}/{NEURON_SUBDIR}",
+        "NEURON_RT_INSPECT_SYSTEM_PROFILE": "1",
+        "NEURON_RT_INSPECT_DEVICE_PROFILE": "1" if device_profile else "0",
+    }
+    if max_events_per_nc is not None:
+        env["NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC"] = str(max_events_per_nc)
+    return env
+
+
+class NeuronProfileError(ValueError):
+    """A Neuron system profile that cannot be read; names the file."""
+
+
+@dataclass
+class NeuronConversion:
+    """Events converted from one process's system profile."""
+
+    events: list[Event] = field(default_factory=list)
+    track_names: dict[tuple[int, int], str] = field(default_factory=dict)
+    skipped: int = 0  # events of other processes or of no use to us
+    heuristic_links: int = 0  # launch-to-run links found by timing alone
+
+
+def load_system_profile(path: Path) -> dict[str, Any]:
+    """Read `system_profile.json`; accepts the documented object or a bare event list."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise NeuronProfileError(f"{path}: unreadable Neuron system profile: {exc}") from exc
+    if isinstance(data, list):
+        return {"trace_events": data}
+    if not isinstance(data, dict) or not isinstance(data.get("trace_events", []), list):
+        raise NeuronProfileError(f"{path}: no trace_events list in Neuron system profile")
+    return data
+
+
+def _int(value: Any, default: int = 0) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _source_of(raw: Mapping[str, Any]) -> str:
+    explicit = raw.get("trace_event_source")
+    if isinstance(explicit, str) and explicit:
+        return explicit
+    if _int(raw.get("type"), -1) == FRAMEWORK_EVENT_TYPE or str(raw.get("group", "")).startswith(
+        "framework"
+    ):
+        return "framework"
+    return "neuron_hw" if raw.get("name") in HARDWARE_EVENTS else "neuron_rt"
+
+
+def _nc_index(raw: Mapping[str, Any]) -> int:
+    if "lnc_idx" in raw:
+        return _int(raw["lnc_idx"])
+    if "nc_idx" in raw:
+        return _int(raw["nc_idx"])
+    group = str(raw.get("group", ""))
+    if group.startswith("nrt-nc-"):
+        return _int(group.rsplit("-", 1)[-1])
+    return 0
+
+
+def _flow_keys(raw: Mapping[str, Any]) -> list[str]:
+    flows = raw.get("flow_id")
+    if flows is None or flows == "":
+        return []
+    if isinstance(flows, list):
+        return [str(f) for f in flows]
+    return [str(flows)]
+
+
+def classify(raw: Mapping[str, Any]) -> tuple[EventKind, int, int] | None:
+    """(kind, device, stream-or-thread) for a runtime event, or None to drop it."""
+    name = str(raw.get("name", ""))
+    source = _source_of(raw)
+    if source == "neuron_hw":
+        nc = _nc_index(raw)
+        if name == "timestamp_sync_point":
+            return None
+        if name == "cc_running":
+            return EventKind.COLLECTIVE, nc, CC_STREAM
+        if name == "cc_exec_barrier":
+            return EventKind.SYNC, nc, CC_STREAM
+        if name == "numerical_err":
+            return EventKind.COUNTER, nc, EXEC_STREAM
+        return EventKind.KERNEL, nc, EXEC_STREAM
+    thread_id = _int(raw.get("thread_id"))
+    if source == "framework":
+        return EventKind.HOST_OP, HOST_DEVICE, thread_id
+    if name == "nrt_execute":
+        return EventKind.LAUNCH, HOST_DEVICE, thread_id
+    if name in _MEMCPY_EVENTS:
+        return EventKind.MEMCPY, HOST_DEVICE, thread_id
+    return EventKind.HOST_OP, HOST_DEVICE, thread_id
+
+
+def convert_system_profile(
+    data: Mapping[str, Any], pid: int, to_monotonic: WallToMonotonic
+) -> NeuronConversion:
+    """This process's events from a system profile, on its monotonic clock (pure)."""
+    result = NeuronConversion()
+    rows: list[tuple[Mapping[str, Any], EventKind, int, int]] = []
+    for raw in data.get("trace_events", []):
+        if not isinstance(raw, Mapping) or _int(raw.get("process_id"), -1) != pid:
+            result.skipped += 1
+            continue
+        placed = classify(raw)
+        if placed is None:
+            result.skipped += 1
+            continue
+        rows.append((raw, *placed))
+
+    flow_of, heuristic = _link_launches(rows)
+    result.heuristic_links = heuristic
+    for index, (raw, kind, device, thread) in enumerate(rows):
+        value = 0
+        if kind in (EventKind.MEMCPY, EventKind.COLLECTIVE):
+            value = _int(raw.get("size"))
+        elif kind == EventKind.COUNTER:
+            value = 1
+        if device != HOST_DEVICE:
+            label = "collectives" if thread == CC_STREAM else "executions"
+            result.track_names.setdefault((thread, device), f"NeuronCore {device} {label}")
+        result.events.append(
+            Event(
+                kind=kind,
+                name=str(raw.get("name", "")),
+                start_ns=to_monotonic(_int(raw.get("timestamp"))),
+                duration_ns=max(_int(raw.get("duration")), 0),
+                thread_id=thread,
+                device=device,
+                flow_id=flow_of.get(index, 0),
+                value=value,
+            )
+        )
+    return result
+
+
+def _link_launches(
+    rows: Sequence[tuple[Mapping[str, Any], EventKind, int, int]],
+) -> tuple[dict[int, int], int]:
+    """Flow id per row index linking nrt_execute to its nc_exec_running; and heuristic count."""
+    flow_of: dict[int, int] = {}
+    next_flow = FLOW_ID_BASE
+    launches = [i for i, (raw, kind, _, _) in enumerate(rows) if kind == EventKind.LAUNCH]
+    runs = [i for i, (raw, _, _, _) in enumerate(rows) if raw.get("name") == "nc_exec_running"]
+
+    def link(a: int, b: int) -> None:
+        nonlocal next_flow
+        flow_of[a] = flow_of[b] = next_flow
+        next_flow += 1
+
+    # 1. Explicit flow ids shared by both ends.
+    by_flow: dict[str, int] = {}
+    for i in launches:
+        for key in _flow_keys(rows[i][0]):
+            by_flow.setdefault(key, i)
+    for i in runs:
+        for key in _flow_keys(rows[i][0]):
+            launch = by_flow.get(key)
+            if launch is not None and launch not in flow_of and i not in flow_of:
+                link(launch, i)
+                break
+
+    # 2. A shared execution id on the same NeuronCore.
+    by_exec: dict[tuple[int, str], int] = {}
+    for i in launches:
+        raw = rows[i][0]
+        if i not in flow_of and "exec_id" in raw:
+            by_exec.setdefault((_nc_index(raw), str(raw["exec_id"])), i)
+    for i in runs:
+        raw = rows[i][0]
+        if i in flow_of or "exec_id" not in raw:
+            continue
+        launch = by_exec.get((_nc_index(raw), str(raw["exec_id"])))
+        if launch is not None and launch not in flow_of:
+            link(launch, i)
+
+    # 3. Timing: the latest unlinked launch on that NeuronCore that started before the run.
+    heuristic = 0
+    pending: dict[int, list[int]] = {}
+    for i in sorted(launches, key=lambda i: _int(rows[i][0].get("timestamp"))):
+        if i not in flow_of:
+            pending.setdefault(_nc_index(rows[i][0]), []).append(i)
+    for i in sorted(runs, key=lambda i: _int(rows[i][0].get("timestamp"))):
+        if i in flow_of:
+            continue
+        start = _int(rows[i][0].get("timestamp"))
+        candidates = pending.get(_nc_index(rows[i][0]), [])
+        best = None
+        for pos in range(len(candidates) - 1, -1, -1):
+            if _int(rows[candidates[pos]][0].get("timestamp")) <= start:
+                best = pos
+                break
+        if best is not None:
+            link(candidates.pop(best), i)
+            heuristic += 1
+    return flow_of, heuristic
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding and producing the runtime's output
+
+
+def capture_dirs(neuron_dir: Path, pid: int) -> list[Path]:
+    """The runtime's per-process output directories (`<instance>_pid_<pid>`) for `pid`."""
+    if not neuron_dir.is_dir():
+        return []
+    suffix = f"_pid_{pid}"
+    return sorted(p for p in neuron_dir.iterdir() if p.is_dir() and p.name.endswith(suffix))
+
+
+def device_profiles(capture_dir: Path) -> list[Path]:
+    return sorted(capture_dir.glob("*.ntff"))
+
+
+def find_neuron_profile_cli() -> str | None:
+    found = shutil.which("neuron-profile")
+    if found:
+        return found
+    default = Path("/opt/aws/neuron/bin/neuron-profile")
+    return str(default) if default.exists() else None
+
+
+def system_profile_json(
+    capture_dir: Path, cli: str | None, timeout_s: float = 600.0
+) -> Path | None:
+    """`system_profile.json` for a capture directory, running `neuron-profile view` if needed."""
+    existing = capture_dir / SYSTEM_PROFILE_JSON
+    if existing.exists():
+        return existing
+    if cli is None or not (capture_dir / "ntrace.pb").exists():
+        return None
+    cmd = [
+        cli,
+        "view",
+        "-d",
+        str(capture_dir),
+        "--output-format",
+        "json",
+        "--ignore-device-profile",
+    ]
+    try:
+        subprocess.run(cmd, cwd=capture_dir, check=True, capture_output=True, timeout=timeout_s)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("neuron-profile view failed for %s: %s", capture_dir, exc)
+        return None
+    return existing if existing.exists() else None
+
+
+def convert_capture(
+    capture_dir: Path, pid: int, sync: Sequence[ClockSyncPoint], cli: str | None
+) -> NeuronConversion | None:
+    path = system_profile_json(capture_dir, cli)
+    if path is None:
+        return None
+    return convert_system_profile(load_system_profile(path), pid, WallToMonotonic(sync))
+
+
+# ---------------------------------------------------------------------------------------------
+# Merging into rank files after the run
+
+
+def merge_into_rank_file(
+    rank_path: Path,
+    events: Iterable[Event],
+    track_names: Mapping[tuple[int, int], str],
+    source: str,
+    extra: Mapping[str, str] | None = None,
+) -> None:
+    """Rewrite a complete rank file with more events (atomically: write, then rename)."""
+    profile = read_rank_file(rank_path)
+    header: RankHeader = replace(
+        profile.header,
+        sources=tuple(dict.fromkeys((*profile.header.sources, source))),
+        extra={**profile.header.extra, **(extra or {})},
+    )
+    merged = sorted([*profile.events, *events], key=lambda e: (e.device, e.thread_id, e.start_ns))
+    tmp = rank_path.with_name(f".{rank_path.name}.merge")
+    with RankFileWriter(tmp, replace(header, clock_sync=header.clock_sync[:1])) as writer:
+        for (thread_id, device), name in {**profile.track_names, **track_names}.items():
+            writer.name_track(thread_id, device, name)
+        writer.write_sync_points(header.clock_sync[1:])
+        writer.write_events(merged)
+        writer.close(dropped_events=header.dropped_events)
+    os.replace(tmp, rank_path)
+
+
+@dataclass
+class MergeReport:
+    merged: list[Path] = field(default_factory=list)
+    missing: list[Path] = field(default_factory=list)  # rank files with no Neuron capture found
+    already: list[Path] = field(default_factory=list)
+    damaged: list[tuple[Path, str]] = field(default_factory=list)  # unreadable rank/Neuron files
+
+
+def merge_profile_dir(
+    profile_dir: Path, node: str | None = None, cli: str | None = None
+) -> MergeReport:
+    """Merge every rank's Neuron system profile into its rank file (idempotent)."""
+    report = MergeReport()
+    cli = cli or find_neuron_profile_cli()
+    for ref in discover_rank_files(profile_dir):
+        if node is not None and ref.node != node:
+            continue
+        try:
+            header = read_rank_file(ref.path).header
+        except ProfileFormatError as exc:
+            report.damaged.append((ref.path, str(exc)))
+            continue
+        if SOURCE_NAME in header.sources:
+            report.already.append(ref.path)
+            continue
+        neuron_dir = ref.path.parent / NEURON_SUBDIR
+        converted: NeuronConversion | None = None
+        used: Path | None = None
+        for capture in capture_dirs(neuron_dir, header.pid):
+            try:
+                converted = convert_capture(capture, header.pid, header.clock_sync, cli)
+            except NeuronProfileError as exc:
+                report.damaged.append((capture, str(exc)))
+                continue
+            if converted is not None:
+                used = capture
+                break
+        if converted is None or used is None:
+            report.missing.append(ref.path)
+            continue
+        extra = {
+            "neuron_capture_dir": used.relative_to(profile_dir).as_posix(),
+            "neuron_device_profiles": str(len(device_profiles(used))),
+        }
+        merge_into_rank_file(ref.path, converted.events, converted.track_names, SOURCE_NAME, extra)
+        report.merged.append(ref.path)
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# The in-process source
+
+
+class NeuronRuntimeSource:
+    """Converts this process's Neuron system profile at stop, when the runtime has written it.
+
+    Most runtimes write at process exit; then this source adds nothing and the post-run merge
+    (`merge_profile_dir`) does the work.
+    """
+
+    name = SOURCE_NAME
+
+    def __init__(self, context: SourceContext, neuron_dir: Path) -> None:
+        self._context = context
+        self._neuron_dir = neuron_dir
+        self._done = False
+
+    def start_window(self) -> None:
+        return None
+
+    def stop_window(self) -> None:
+        return None
+
+    def collect(self, final: bool) -> SourceBatch:
+        # Only at the end of the run: the runtime's output is complete by then, if ever.
+        if self._done or not final:
+            return SourceBatch()
+        self._done = True
+        from trainium_operator.profiler.clock import take_sync_point
+
+        sync = [self._context.start_sync, take_sync_point()]
+        for capture in capture_dirs(self._neuron_dir, self._context.pid):
+            path = capture / SYSTEM_PROFILE_JSON
+            if path.exists():
+                converted = convert_system_profile(
+                    load_system_profile(path), self._context.pid, WallToMonotonic(sync)
+                )
+                return SourceBatch(events=converted.events, track_names=converted.track_names)
+        return SourceBatch()
+
+    def close(self) -> None:
+        return None
 
 
 def create(context: SourceContext) -> ActivitySource | None:
-    """The Neuron source, or None when the Neuron runtime inspection is not configured."""
-    return None
+    """The Neuron source when the runtime is capturing into this rank's node directory."""
+    if os.environ.get("NEURON_RT_INSPECT_ENABLE", "0") != "1":
+        return None
+    out = os.environ.get("NEURON_RT_INSPECT_OUTPUT_DIR", "./output")
+    return NeuronRuntimeSource(context, Path(out))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainium_operator.profiler.sources.neuron",
+        description="Merge Neuron runtime system profiles into the rank files of a profile.",
+    )
+    parser.add_argument("profile_dir", type=Path)
+    parser.add_argument("--node", help="only this node's directory")
+    parser.add_argument("--neuron-profile", dest="cli", help="path of the neuron-profile tool")
+    args = parser.parse_args(argv)
+    report = merge_profile_dir(args.profile_dir, node=args.node, cli=args.cli)
+    for path in report.merged:
+        print(f"merged   {path}")
+    for path in report.already:
+        print(f"had it   {path}")
+    for path in report.missing:
+        print(f"no data  {path}", file=sys.stderr)
+    for path, reason in report.damaged:
+        print(f"damaged  {path}: {reason}", file=sys.stderr)
+    return 0 if report.merged or report.already or not report.missing else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
