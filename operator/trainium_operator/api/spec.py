@@ -234,11 +234,11 @@ _CROSS_FIELD_RULES: list[dict[str, str]] = [
         "fieldPath": ".profile.endStep",
     },
     {
-        "rule": "!has(self.processesPerNode) || self.processesPerNode <= "
+        "rule": "!has(self.processesPerNode) || self.processesPerNode <= ("
         + " : ".join(
             f"self.instanceType == '{t.name}' ? {t.neuron_cores}" for t in INSTANCE_TYPES.values()
         )
-        + " : 0",
+        + " : 0)",
         "message": "spec.processesPerNode cannot exceed the NeuronCores of spec.instanceType "
         "(trn1.2xlarge: 2, trn1.32xlarge and trn1n.32xlarge: 32)",
         "fieldPath": ".processesPerNode",

@@ -1,0 +1,265 @@
+"""Runs the operator as a real process against the dev cluster, plus job helpers for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from trainium_operator.devcluster.sim import simulate_pod_outcome, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingjobs"
+JOB_LABEL = "trainium.dev/job-name"
+
+
+@dataclass
+class OperatorProcess:
+    """`trainium-operator run` in a subprocess, watching one namespace."""
+
+    kubeconfig: Path
+    namespace: str
+    log_path: Path
+    extra_args: tuple[str, ...] = ()
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+
+    def start(self) -> None:
+        self.starts += 1
+        log = self.log_path.open("ab")
+        log.write(f"\n===== operator start #{self.starts} =====\n".encode())
+        log.flush()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainium_operator.cli",
+                "run",
+                "--kubeconfig",
+                str(self.kubeconfig),
+                "--namespace",
+                self.namespace,
+                "--verbose",
+                *self.extra_args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **self.env},
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: the operator dies mid-work without any cleanup."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def assert_alive(self) -> None:
+        assert self.process is not None
+        assert self.process.poll() is None, f"operator exited:\n{self.log()[-4000:]}"
+
+
+@pytest.fixture
+def operator(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    ensure_shared_claim(dev_cluster.clients, namespace)
+    proc = OperatorProcess(
+        kubeconfig=Path(dev_cluster.kubeconfig),
+        namespace=namespace,
+        log_path=tmp_path / "operator.log",
+    )
+    proc.start()
+    yield proc
+    alive = proc.process is not None and proc.process.poll() is None
+    proc.stop()
+    print(proc.log()[-6000:])
+    assert alive or proc.starts > 1, "the operator crashed during the test"
+    assert "Traceback" not in proc.log(), "the operator logged an unhandled exception"
+
+
+def install_crds(clients: Any) -> None:
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            if not crd:
+                continue
+            try:
+                clients.apiextensions.create_custom_resource_definition(crd)
+            except Exception as error:
+                if getattr(error, "status", None) != 409:
+                    raise
+                existing = clients.apiextensions.read_custom_resource_definition(
+                    crd["metadata"]["name"]
+                )
+                crd["metadata"]["resourceVersion"] = existing.metadata.resource_version
+                clients.apiextensions.replace_custom_resource_definition(
+                    crd["metadata"]["name"], crd
+                )
+    for path in sorted((ROOT / "crds").glob("*.yaml")):
+        for crd in yaml.safe_load_all(path.read_text()):
+            if crd:
+                wait_for(
+                    lambda name=crd["metadata"]["name"]: _crd_established(clients, name),
+                    timeout=30,
+                    description=f"CRD {crd['metadata']['name']} Established",
+                )
+
+
+def _crd_established(clients: Any, name: str) -> bool:
+    crd = clients.apiextensions.read_custom_resource_definition(name)
+    return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
+
+
+def job_manifest(name: str, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "image": "example.com/trainium/training:test",
+        "command": {"script": "/opt/trainium/trainium_training/pretrain.py", "args": []},
+        "nodes": 2,
+        "scheduling": {"queue": "test"},
+        "runPolicy": {"nodeLostGracePeriodSeconds": 5},
+    }
+    for key, value in spec.items():
+        if isinstance(value, dict) and isinstance(body.get(key), dict):
+            body[key] = {**body[key], **value}
+        else:
+            body[key] = value
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainingJob",
+        "metadata": {"name": name},
+        "spec": body,
+    }
+
+
+def create_job(clients: Any, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = clients.custom.create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, manifest
+    )
+    return result
+
+
+def get_job(clients: Any, namespace: str, name: str) -> dict[str, Any]:
+    result: dict[str, Any] = clients.custom.get_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, name
+    )
+    return result
+
+
+def patch_job(clients: Any, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    clients.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
+
+
+def wait_phase(
+    clients: Any, namespace: str, name: str, phase: str, timeout: float = 90
+) -> dict[str, Any]:
+    return wait_for(
+        lambda: get_job(clients, namespace, name),
+        until=lambda job: (job.get("status") or {}).get("phase") == phase,
+        timeout=timeout,
+        description=f"TrainingJob {namespace}/{name} phase {phase}",
+    )
+
+
+def job_pods(
+    clients: Any, namespace: str, name: str, stage: str | None = None, attempt: int | None = None
+) -> list[Any]:
+    selector = f"{JOB_LABEL}={name}"
+    if stage:
+        selector += f",trainium.dev/stage={stage}"
+    if attempt is not None:
+        selector += f",trainium.dev/attempt={attempt}"
+    pods = clients.core.list_namespaced_pod(namespace, label_selector=selector).items
+    return sorted(pods, key=lambda p: p.metadata.name)
+
+
+def wait_gang_running(
+    clients: Any, namespace: str, name: str, stage: str, attempt: int, nodes: int = 2
+) -> list[Any]:
+    def running() -> list[Any]:
+        pods = [
+            p
+            for p in job_pods(clients, namespace, name, stage, attempt)
+            if p.metadata.deletion_timestamp is None
+        ]
+        ok = len(pods) == nodes and all(p.status.phase == "Running" for p in pods)
+        return pods if ok else []
+
+    return wait_for(
+        running,
+        timeout=90,
+        description=f"{nodes} {stage} pods of attempt {attempt} Running for {namespace}/{name}",
+    )
+
+
+def finish_pods(
+    clients: Any, namespace: str, pods: list[Any], *, succeeded: bool = True, **outcome: Any
+) -> None:
+    for pod in pods:
+        simulate_pod_outcome(
+            clients.core, namespace, pod.metadata.name, succeeded=succeeded, **outcome
+        )
+
+
+def job_events(clients: Any, namespace: str, name: str) -> list[tuple[str, str, str]]:
+    events = clients.core.list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name},involvedObject.kind=TrainingJob"
+    ).items
+    return [(e.type, e.reason, e.message) for e in events]
+
+
+def eventually(check: Any, timeout: float = 30, description: str = "condition") -> Any:
+    return wait_for(check, timeout=timeout, description=description)
+
+
+def sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def ensure_shared_claim(clients: Any, namespace: str) -> None:
+    """An `fsx-claim` in the test namespace, bound to a static FSx-shaped volume of its own
+    (a claim is namespaced and a static PV binds one claim, as on EKS)."""
+    from trainium_operator.devcluster import objects
+
+    volume = objects.fsx_persistent_volume()
+    volume["metadata"]["name"] = f"fsx-pv-{namespace}"
+    volume["spec"]["claimRef"] = {"namespace": namespace, "name": objects.FSX_CLAIM_NAME}
+    claim = objects.fsx_persistent_volume_claim()
+    claim["metadata"]["namespace"] = namespace
+    claim["spec"]["volumeName"] = volume["metadata"]["name"]
+    for create in (
+        lambda: clients.core.create_persistent_volume(volume),
+        lambda: clients.core.create_namespaced_persistent_volume_claim(namespace, claim),
+    ):
+        try:
+            create()
+        except Exception as error:
+            if getattr(error, "status", None) != 409:
+                raise
+    wait_for(
+        lambda: (
+            clients.core.read_namespaced_persistent_volume_claim(
+                objects.FSX_CLAIM_NAME, namespace
+            ).status.phase
+        ),
+        until=lambda phase: phase == "Bound",
+        timeout=30,
+        description=f"{namespace}/fsx-claim Bound",
+    )

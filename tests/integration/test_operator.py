@@ -1,0 +1,348 @@
+"""The operator, running as a process, against the real local control plane (KWOK nodes,
+Volcano-compatible gang scheduler): the tutorial job end to end and every failure path."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from integration.operator_harness import (  # noqa: F401  (operator is a fixture)
+    ROOT,
+    OperatorProcess,
+    create_job,
+    finish_pods,
+    get_job,
+    install_crds,
+    job_events,
+    job_manifest,
+    job_pods,
+    operator,
+    patch_job,
+    wait_gang_running,
+    wait_phase,
+)
+from trainium_operator.devcluster.sim import restore_node, simulate_node_loss, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module", autouse=True)
+def crds(dev_cluster: Any) -> None:
+    install_crds(dev_cluster.clients)
+
+
+def _env(container: Any) -> dict[str, Any]:
+    return {e.name: e.value for e in container.env}
+
+
+def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    clients = dev_cluster.clients
+    manifest = yaml.safe_load((ROOT / "examples/bert-large-pretrain.yaml").read_text())
+    create_job(clients, namespace, manifest)
+    name = manifest["metadata"]["name"]
+
+    compile_pods = wait_gang_running(clients, namespace, name, "compile", 0)
+    job = wait_phase(clients, namespace, name, "Compiling")
+    assert job["status"]["workers"]["summary"] == "2/2"
+    assert len({p.spec.node_name for p in compile_pods}) == 2, "gang spread over two nodes"
+    command = compile_pods[0].spec.containers[0].command
+    assert command[:2] == ["neuron_parallel_compile", "torchrun"]
+    assert command[-2:] == ["--steps_this_run", "10"]
+
+    finish_pods(clients, namespace, compile_pods)
+    train_pods = wait_gang_running(clients, namespace, name, "train", 0)
+    job = wait_phase(clients, namespace, name, "Training")
+    assert len({p.spec.node_name for p in train_pods}) == 2, "one training pod per node"
+
+    for rank, pod in enumerate(train_pods):
+        container = pod.spec.containers[0]
+        assert pod.metadata.annotations["scheduling.k8s.io/group-name"] == f"{name}-train"
+        assert pod.metadata.labels["trainium.dev/node-rank"] == str(rank)
+        assert pod.metadata.owner_references[0].kind == "TrainingJob"
+        assert pod.spec.scheduler_name == "volcano"
+        assert pod.spec.restart_policy == "Never"
+        assert pod.spec.node_selector == {"node.kubernetes.io/instance-type": "trn1.32xlarge"}
+        assert container.resources.limits == {
+            "aws.amazon.com/neuron": "16",
+            "vpc.amazonaws.com/efa": "8",
+        }
+        assert container.command[0] == "torchrun"
+        assert "--nnodes=2" in container.command
+        assert "--nproc_per_node=32" in container.command
+        assert "--rdzv_backend=etcd" in container.command
+        assert "--rdzv_endpoint=etcd-server:2379" in container.command
+        assert "--steps_this_run" not in container.command
+        env = _env(container)
+        assert env["FI_PROVIDER"] == "efa"
+        assert env["NEURON_CC_FLAGS"] == f"--cache_dir=/data/neuron_cache/bert-large_{rank}"
+        assert env["TRAINIUM_PROFILE_DIR"] == f"/data/profiles/{namespace}/{name}/0"
+        volumes = {v.name: v for v in pod.spec.volumes}
+        mounts = {m.mount_path: m.name for m in container.volume_mounts}
+        assert volumes[mounts["/data"]].persistent_volume_claim.claim_name == "fsx-claim"
+        assert volumes[mounts["/dev/shm"]].empty_dir.medium == "Memory"
+
+    podgroup = clients.custom.get_namespaced_custom_object(
+        "scheduling.volcano.sh", "v1beta1", namespace, "podgroups", f"{name}-train"
+    )
+    assert podgroup["spec"]["minMember"] == 2
+    assert podgroup["spec"]["queue"] == "test"
+
+    finish_pods(clients, namespace, train_pods)
+    job = wait_phase(clients, namespace, name, "Succeeded")
+    assert job["status"]["restarts"]["total"] == 0
+    assert job["status"]["compile"]["completionTime"]
+    assert job["status"]["training"]["completionTime"]
+    assert job["status"]["profile"]["path"] == f"/data/profiles/{namespace}/{name}/0"
+    reasons = [reason for _, reason, _ in job_events(clients, namespace, name)]
+    assert "CompileSucceeded" in reasons
+    assert "TrainingSucceeded" in reasons
+
+    table = subprocess.run(
+        [dev_cluster.kubectl, "--kubeconfig", str(dev_cluster.kubeconfig), "-n", namespace]
+        + ["get", "tj", "-o", "wide"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    header, row = table.splitlines()[:2]
+    assert header.split()[:6] == ["NAME", "PHASE", "NODES", "WORKERS", "RESTARTS", "AGE"]
+    assert row.split()[:5] == [name, "Succeeded", "2", "0/2", "0"]
+    assert "TrainingSucceeded" in row
+
+
+def test_compile_failure_fails_the_job_with_the_exit_code(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    clients = dev_cluster.clients
+    create_job(clients, namespace, job_manifest("cf"))
+    pods = wait_gang_running(clients, namespace, "cf", "compile", 0)
+    finish_pods(clients, namespace, pods[1:], succeeded=False, exit_code=2, message="neuronx-cc")
+    job = wait_phase(clients, namespace, "cf", "Failed")
+    assert job["status"]["reason"] == "CompileFailed"
+    assert job["status"]["lastFailure"]["exitCode"] == 2
+    assert job["status"]["lastFailure"]["pod"] == "cf-compile-0-1"
+    assert "exit code 2" in job["status"]["message"]
+    assert not job_pods(clients, namespace, "cf", "train")
+    wait_for(
+        lambda: [p for p in job_pods(clients, namespace, "cf") if p.status.phase == "Running"],
+        until=lambda running: not running,
+        timeout=30,
+        description="the still-running compile pod deleted (cleanPodPolicy Running)",
+    )
+
+
+def test_worker_failure_restarts_the_whole_gang_with_resume_then_succeeds(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    clients = dev_cluster.clients
+    create_job(clients, namespace, job_manifest("wf", compile={"enabled": False}))
+    first = wait_gang_running(clients, namespace, "wf", "train", 0)
+    finish_pods(clients, namespace, first[:1], succeeded=False, exit_code=137, reason="Error")
+    second = wait_gang_running(clients, namespace, "wf", "train", 1)
+    for pod in second:
+        assert pod.spec.containers[0].command[-1] == "--resume"
+    job = wait_phase(clients, namespace, "wf", "Training")
+    assert job["status"]["restarts"] == {"total": 1, "application": 1, "infrastructure": 0}
+    assert job["status"]["lastFailure"]["exitCode"] == 137
+    # The failed pod stays for its logs; its running peer was stopped.
+    old = {p.metadata.name: p for p in job_pods(clients, namespace, "wf", "train", 0)}
+    assert list(old) == ["wf-train-0-0"]
+    finish_pods(clients, namespace, second)
+    wait_phase(clients, namespace, "wf", "Succeeded")
+
+
+def test_node_loss_force_deletes_its_pods_and_restarts_the_gang_elsewhere(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    clients = dev_cluster.clients
+    create_job(clients, namespace, job_manifest("nl", compile={"enabled": False}))
+    pods = wait_gang_running(clients, namespace, "nl", "train", 0)
+    lost_node = pods[1].spec.node_name
+    simulate_node_loss(clients.core, lost_node)
+    try:
+        job = wait_for(
+            lambda: get_job(clients, namespace, "nl"),
+            until=lambda j: (j.get("status") or {}).get("attempt") == 1,
+            timeout=90,
+            description="a gang restart after the node loss",
+        )
+        assert job["status"]["restarts"]["infrastructure"] == 1
+        assert job["status"]["restarts"]["application"] == 0
+        assert job["status"]["lastFailure"]["reason"] == "NodeLost"
+        assert job["status"]["lastFailure"]["node"] == lost_node
+        # Force-deleted: never stuck in Terminating on the dead node.
+        wait_for(
+            lambda: job_pods(clients, namespace, "nl", "train", 0),
+            until=lambda old: not old,
+            timeout=30,
+            description="attempt-0 pods gone",
+        )
+    finally:
+        restore_node(clients.core, lost_node)
+    wait_gang_running(clients, namespace, "nl", "train", 1)
+    wait_phase(clients, namespace, "nl", "Training")
+
+
+def test_backoff_limit_exhaustion_fails_the_job(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    clients = dev_cluster.clients
+    manifest = job_manifest("bo", compile={"enabled": False}, runPolicy={"backoffLimit": 1})
+    create_job(clients, namespace, manifest)
+    for attempt in (0, 1):
+        pods = wait_gang_running(clients, namespace, "bo", "train", attempt)
+        finish_pods(clients, namespace, pods[:1], succeeded=False, exit_code=1)
+    job = wait_phase(clients, namespace, "bo", "Failed")
+    assert job["status"]["reason"] == "BackoffLimitExceeded"
+    assert job["status"]["restarts"]["application"] == 1
+    assert "backoffLimit (1) exhausted" in job["status"]["message"]
+    warnings = [r for t, r, _ in job_events(clients, namespace, "bo") if t == "Warning"]
+    assert "BackoffLimitExceeded" in warnings
+
+
+def test_active_deadline_fails_the_job_and_stops_its_pods(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    clients = dev_cluster.clients
+    manifest = job_manifest("dl", runPolicy={"activeDeadlineSeconds": 8})
+    create_job(clients, namespace, manifest)
+    wait_gang_running(clients, namespace, "dl", "compile", 0)
+    job = wait_phase(clients, namespace, "dl", "Failed", timeout=60)
+    assert job["status"]["reason"] == "DeadlineExceeded"
+    wait_for(
+        lambda: [
+            p for p in job_pods(clients, namespace, "dl") if not p.metadata.deletion_timestamp
+        ],
+        until=lambda pods: not pods,
+        timeout=30,
+        description="running pods deleted after the deadline",
+    )
+
+
+def test_suspend_deletes_pods_and_resume_continues_with_a_new_attempt(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    clients = dev_cluster.clients
+    create_job(clients, namespace, job_manifest("sr", compile={"enabled": False}))
+    wait_gang_running(clients, namespace, "sr", "train", 0)
+    patch_job(clients, namespace, "sr", {"spec": {"runPolicy": {"suspend": True}}})
+    wait_phase(clients, namespace, "sr", "Suspended")
+    wait_for(
+        lambda: job_pods(clients, namespace, "sr"),
+        until=lambda pods: not pods,
+        timeout=30,
+        description="pods deleted on suspend",
+    )
+    groups = clients.custom.list_namespaced_custom_object(
+        "scheduling.volcano.sh", "v1beta1", namespace, "podgroups"
+    )["items"]
+    assert groups == []
+    patch_job(clients, namespace, "sr", {"spec": {"runPolicy": {"suspend": False}}})
+    pods = wait_gang_running(clients, namespace, "sr", "train", 1)
+    assert pods[0].spec.containers[0].command[-1] == "--resume"
+    job = wait_phase(clients, namespace, "sr", "Training")
+    assert job["status"]["restarts"]["total"] == 0, "a resume is not a failure"
+
+
+def test_deleting_a_job_removes_everything_it_created(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    clients = dev_cluster.clients
+    create_job(clients, namespace, job_manifest("del"))
+    wait_gang_running(clients, namespace, "del", "compile", 0)
+    clients.custom.delete_namespaced_custom_object(
+        "trainium.dev", "v1alpha1", namespace, "trainingjobs", "del"
+    )
+
+    def leftovers() -> list[str]:
+        pods = [p.metadata.name for p in job_pods(clients, namespace, "del")]
+        services = [s.metadata.name for s in clients.core.list_namespaced_service(namespace).items]
+        groups = clients.custom.list_namespaced_custom_object(
+            "scheduling.volcano.sh", "v1beta1", namespace, "podgroups"
+        )["items"]
+        return pods + services + [g["metadata"]["name"] for g in groups]
+
+    wait_for(leftovers, until=lambda left: not left, timeout=60, description="children deleted")
+
+
+def test_operator_killed_mid_training_resumes_without_duplicating_pods(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    clients = dev_cluster.clients
+    create_job(clients, namespace, job_manifest("rs", compile={"enabled": False}))
+    pods = wait_gang_running(clients, namespace, "rs", "train", 0)
+    wait_phase(clients, namespace, "rs", "Training")
+    uids = {p.metadata.uid for p in pods}
+    operator.kill()
+    operator.start()
+    finish_pods(clients, namespace, pods[:1], succeeded=False, exit_code=1)
+    new = wait_gang_running(clients, namespace, "rs", "train", 1)
+    everything = job_pods(clients, namespace, "rs")
+    assert len([p for p in everything if p.metadata.labels["trainium.dev/attempt"] == "1"]) == 2
+    assert uids.isdisjoint({p.metadata.uid for p in new})
+    job = wait_phase(clients, namespace, "rs", "Training")
+    assert job["status"]["restarts"]["total"] == 1
+    finish_pods(clients, namespace, new)
+    wait_phase(clients, namespace, "rs", "Succeeded")
+    operator.assert_alive()
+
+
+INVALID_SPECS = [
+    pytest.param({"nodes": 0}, "spec.nodes", id="zero-nodes"),
+    pytest.param({"instanceType": "p4d.24xlarge"}, "spec.instanceType", id="unknown-instance"),
+    pytest.param({"processesPerNode": 64}, "spec.processesPerNode cannot exceed", id="procs"),
+    pytest.param(
+        {"rendezvous": {"backend": "etcd"}}, "spec.rendezvous.endpoint is required", id="etcd"
+    ),
+    pytest.param(
+        {"env": [{"name": "MASTER_ADDR", "value": "x"}]}, "reserved names", id="reserved-env"
+    ),
+    pytest.param({"profile": {"startStep": 9, "endStep": 2}}, "endStep must be", id="window"),
+    pytest.param({"compile": {"cacheSet": "a b"}}, "spec.compile.cacheSet", id="cache-set"),
+    pytest.param({"runPolicy": {"backoffLimit": -1}}, "spec.runPolicy.backoffLimit", id="backoff"),
+    pytest.param({"precision": "fp8"}, "spec.precision", id="precision"),
+]
+
+
+@pytest.mark.parametrize(("spec", "message"), INVALID_SPECS)
+def test_invalid_specs_are_refused_by_the_api_server_naming_the_field(
+    dev_cluster: Any, namespace: str, spec: dict[str, Any], message: str
+) -> None:
+    manifest = job_manifest("bad", **spec)
+    with pytest.raises(Exception) as refused:  # noqa: PT011 - ApiException; checked below
+        create_job(dev_cluster.clients, namespace, manifest)
+    assert getattr(refused.value, "status", None) == 422
+    assert message in str(getattr(refused.value, "body", "")), refused.value
+
+
+def test_immutable_fields_cannot_change_under_a_running_job(
+    dev_cluster: Any, namespace: str
+) -> None:
+    clients = dev_cluster.clients
+    create_job(clients, namespace, job_manifest("imm"))
+    with pytest.raises(Exception) as refused:  # noqa: PT011
+        patch_job(clients, namespace, "imm", {"spec": {"nodes": 4}})
+    assert "spec.nodes is immutable" in str(getattr(refused.value, "body", ""))
+
+
+def test_kubectl_apply_of_a_typo_is_refused_with_the_field_name(
+    dev_cluster: Any, namespace: str, tmp_path: Path
+) -> None:
+    manifest = job_manifest("typo")
+    manifest["spec"]["nodez"] = 2
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    result = subprocess.run(
+        [dev_cluster.kubectl, "--kubeconfig", str(dev_cluster.kubeconfig), "-n", namespace]
+        + ["apply", "-f", str(path)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode != 0
+    assert 'unknown field "spec.nodez"' in result.stderr
