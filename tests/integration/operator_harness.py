@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from trainium_operator.devcluster.sim import simulate_pod_outcome, wait_for
@@ -79,8 +79,10 @@ class OperatorProcess:
         assert self.process.poll() is None, f"operator exited:\n{self.log()[-4000:]}"
 
 
-@pytest.fixture
-def operator(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+@contextlib.contextmanager
+def running_operator(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The operator watching `namespace` for the duration of a test; fails the test if it
+    crashed or logged an unhandled exception."""
     ensure_shared_claim(dev_cluster.clients, namespace)
     proc = OperatorProcess(
         kubeconfig=Path(dev_cluster.kubeconfig),
@@ -88,11 +90,13 @@ def operator(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[Opera
         log_path=tmp_path / "operator.log",
     )
     proc.start()
-    yield proc
-    alive = proc.process is not None and proc.process.poll() is None
-    proc.stop()
-    print(proc.log()[-6000:])
-    assert alive or proc.starts > 1, "the operator crashed during the test"
+    try:
+        yield proc
+    finally:
+        alive = proc.process is not None and proc.process.poll() is None
+        proc.stop()
+        print(proc.log()[-6000:])
+    assert alive, "the operator crashed during the test"
     assert "Traceback" not in proc.log(), "the operator logged an unhandled exception"
 
 
@@ -191,7 +195,7 @@ def job_pods(
 
 
 def wait_gang_running(
-    clients: Any, namespace: str, name: str, stage: str, attempt: int, nodes: int = 2
+    clients: Any, namespace: str, name: str, stage: str, attempt: int, *, nodes: int = 2
 ) -> list[Any]:
     def running() -> list[Any]:
         pods = [
@@ -262,4 +266,14 @@ def ensure_shared_claim(clients: Any, namespace: str) -> None:
         until=lambda phase: phase == "Bound",
         timeout=30,
         description=f"{namespace}/fsx-claim Bound",
+    )
+
+
+def kubectl(dev_cluster: Any, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real kubectl binary against the dev cluster; the caller checks the return code."""
+    return subprocess.run(
+        [dev_cluster.kubectl, "--kubeconfig", str(dev_cluster.kubeconfig), "-n", namespace, *args],
+        capture_output=True,
+        text=True,
+        check=False,
     )

@@ -3,14 +3,14 @@ Volcano-compatible gang scheduler): the tutorial job end to end and every failur
 
 from __future__ import annotations
 
-import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from integration.operator_harness import (  # noqa: F401  (operator is a fixture)
+from integration.operator_harness import (
     ROOT,
     OperatorProcess,
     create_job,
@@ -20,8 +20,9 @@ from integration.operator_harness import (  # noqa: F401  (operator is a fixture
     job_events,
     job_manifest,
     job_pods,
-    operator,
+    kubectl,
     patch_job,
+    running_operator,
     wait_gang_running,
     wait_phase,
 )
@@ -33,6 +34,12 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module", autouse=True)
 def crds(dev_cluster: Any) -> None:
     install_crds(dev_cluster.clients)
+
+
+@pytest.fixture
+def operator(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    with running_operator(dev_cluster, namespace, tmp_path) as proc:
+        yield proc
 
 
 def _env(container: Any) -> dict[str, Any]:
@@ -103,13 +110,9 @@ def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
     assert "CompileSucceeded" in reasons
     assert "TrainingSucceeded" in reasons
 
-    table = subprocess.run(
-        [dev_cluster.kubectl, "--kubeconfig", str(dev_cluster.kubeconfig), "-n", namespace]
-        + ["get", "tj", "-o", "wide"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    listing = kubectl(dev_cluster, namespace, "get", "tj", "-o", "wide")
+    assert listing.returncode == 0, listing.stderr
+    table = listing.stdout
     header, row = table.splitlines()[:2]
     assert header.split()[:6] == ["NAME", "PHASE", "NODES", "WORKERS", "RESTARTS", "AGE"]
     assert row.split()[:5] == [name, "Succeeded", "2", "0/2", "0"]
@@ -338,11 +341,6 @@ def test_kubectl_apply_of_a_typo_is_refused_with_the_field_name(
     manifest["spec"]["nodez"] = 2
     path = tmp_path / "typo.yaml"
     path.write_text(yaml.safe_dump(manifest))
-    result = subprocess.run(
-        [dev_cluster.kubectl, "--kubeconfig", str(dev_cluster.kubeconfig), "-n", namespace]
-        + ["apply", "-f", str(path)],
-        capture_output=True,
-        text=True,
-    )
+    result = kubectl(dev_cluster, namespace, "apply", "-f", str(path))
     assert result.returncode != 0
     assert 'unknown field "spec.nodez"' in result.stderr
