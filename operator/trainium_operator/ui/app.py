@@ -1,0 +1,211 @@
+"""The profile web UI: an aiohttp app serving the static single-page UI and a JSON API.
+
+Every number the browser shows comes from the analysis layer on the server; the browser
+gets dashboards as small JSON documents and the timeline as windowed, level-of-detail
+queries, never the raw profile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from trainium_operator.analysis.report import annotation
+from trainium_operator.ui.profiles import (
+    JobInfo,
+    JobLister,
+    ProfileStore,
+    UnknownProfileError,
+    profile_id,
+)
+
+log = logging.getLogger(__name__)
+
+STORE_KEY = web.AppKey("store", ProfileStore)
+
+
+@dataclass(frozen=True)
+class _Jobs:
+    lister: JobLister | None
+
+
+JOBS_KEY = web.AppKey("jobs", _Jobs)
+STATIC_DIR = Path(str(resources.files("trainium_operator.ui") / "static"))
+_SECURITY_HEADERS = {
+    # Everything is served from here; nothing may load from elsewhere (offline by design).
+    "Content-Security-Policy": (
+        "default-src 'self'; img-src 'self' data:; style-src 'self' 'unsafe-inline'; "
+        "connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def _store(request: web.Request) -> ProfileStore:
+    return request.app[STORE_KEY]
+
+
+def _param(request: web.Request, name: str) -> str:
+    value = request.query.get(name)
+    if value is None or value == "":
+        raise web.HTTPBadRequest(text=f"missing query parameter {name!r}")
+    return value
+
+
+def _int_param(request: web.Request, name: str) -> int:
+    try:
+        return int(float(_param(request, name)))
+    except ValueError as exc:
+        raise web.HTTPBadRequest(text=f"{name} must be a number") from exc
+
+
+async def _profile_entry(request: web.Request) -> Any:
+    identifier = _param(request, "id")
+    try:
+        return await _store(request).wait_loaded(identifier)
+    except UnknownProfileError as exc:
+        raise web.HTTPNotFound(text=f"profile {identifier!r} is not loaded") from exc
+
+
+async def index(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(STATIC_DIR / "index.html")
+
+
+async def list_profiles(request: web.Request) -> web.Response:
+    store = _store(request)
+    profiles = await asyncio.to_thread(store.listing)
+    body: dict[str, Any] = {"root": str(store.root), "profiles": profiles, "jobs": None}
+    lister = request.app[JOBS_KEY].lister
+    if lister is not None:
+        try:
+            jobs = await lister()
+        except Exception as exc:  # the profile list is still useful without the cluster
+            log.warning("listing TrainingJobs failed: %s", exc)
+            body["jobs_error"] = f"{type(exc).__name__}: {exc}"
+        else:
+            body["jobs"] = [_job_row(store, job) for job in jobs]
+    return web.json_response(body)
+
+
+def _job_row(store: ProfileStore, job: JobInfo) -> dict[str, Any]:
+    row = {
+        "name": job.name,
+        "namespace": job.namespace,
+        "created": job.created,
+        "status": job.status,
+        "profile_id": None,
+    }
+    if job.profile_path:
+        try:
+            row["profile_id"] = profile_id(store.root, store.resolve(job.profile_path))
+        except (UnknownProfileError, ValueError):
+            row["profile_id"] = None  # not written yet, or outside what this UI serves
+    return row
+
+
+async def load(request: web.Request) -> web.Response:
+    identifier = _param(request, "id")
+    try:
+        slot = await _store(request).load(identifier)
+    except UnknownProfileError as exc:
+        raise web.HTTPNotFound(text=f"no profile {identifier!r}") from exc
+    if request.query.get("wait") == "1" and slot.task is not None:
+        await asyncio.shield(slot.task)
+    return web.json_response({"id": identifier, "state": slot.state, "error": slot.error})
+
+
+async def unload(request: web.Request) -> web.Response:
+    identifier = _param(request, "id")
+    return web.json_response({"id": identifier, "unloaded": _store(request).unload(identifier)})
+
+
+async def get_dashboard(request: web.Request) -> web.Response:
+    entry = await _profile_entry(request)
+    return web.json_response(entry.dashboard)
+
+
+async def get_annotation(request: web.Request) -> web.Response:
+    entry = await _profile_entry(request)
+    name = _param(request, "name")
+    return web.json_response(await asyncio.to_thread(annotation, entry.profile, name))
+
+
+async def get_tracks(request: web.Request) -> web.Response:
+    entry = await _profile_entry(request)
+    index = entry.index
+    return web.json_response(
+        {
+            "names": list(index.columns.names),
+            "nodes": index.tree(),
+            "end_ns": entry.profile.end_ns,
+            "origin_wall_ns": entry.profile.origin_wall_ns,
+            "steps": [
+                {"step": row["step"], "start_ns": row["start_ns"], "end_ns": row["end_ns"]}
+                for row in entry.dashboard["steps"]["rows"]
+            ],
+        }
+    )
+
+
+async def get_window(request: web.Request) -> web.Response:
+    entry = await _profile_entry(request)
+    start = _int_param(request, "start")
+    end = _int_param(request, "end")
+    width = _int_param(request, "width")
+    raw_tracks = request.query.get("tracks", "")
+    try:
+        track_ids = [int(part) for part in raw_tracks.split(",") if part]
+    except ValueError as exc:
+        raise web.HTTPBadRequest(text="tracks must be comma-separated integers") from exc
+    result = await asyncio.to_thread(entry.index.window, start, end, width, track_ids)
+    return web.json_response(result)
+
+
+async def get_event(request: web.Request) -> web.Response:
+    entry = await _profile_entry(request)
+    detail = entry.index.event(_int_param(request, "event"))
+    if detail is None:
+        raise web.HTTPNotFound(text="no such event")
+    return web.json_response(detail)
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+@web.middleware
+async def security_headers(request: web.Request, handler: Any) -> web.StreamResponse:
+    response: web.StreamResponse = await handler(request)
+    response.headers.update(_SECURITY_HEADERS)
+    if request.path.startswith("/api/"):
+        response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+def create_app(
+    root: str | Path, job_lister: JobLister | None = None, workers: int | None = None
+) -> web.Application:
+    """The UI for profiles under `root`. `job_lister` lists TrainingJobs with profiling on
+    (injected so this module never imports the Kubernetes client)."""
+    app = web.Application(middlewares=[security_headers])
+    app[STORE_KEY] = ProfileStore(Path(root), workers=workers)
+    app[JOBS_KEY] = _Jobs(job_lister)
+    app.router.add_get("/", index)
+    app.router.add_get("/api/profiles", list_profiles)
+    app.router.add_post("/api/profiles/load", load)
+    app.router.add_post("/api/profiles/unload", unload)
+    app.router.add_get("/api/dashboard", get_dashboard)
+    app.router.add_get("/api/annotation", get_annotation)
+    app.router.add_get("/api/tracks", get_tracks)
+    app.router.add_get("/api/window", get_window)
+    app.router.add_get("/api/event", get_event)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_static("/static/", STATIC_DIR, follow_symlinks=False)
+    return app

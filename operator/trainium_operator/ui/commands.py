@@ -1,0 +1,125 @@
+"""`trainium-operator profile ...`: summarise, export, browse and list profiles."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import click
+
+PROFILE_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+
+
+def _parse_ranks(text: str | None) -> frozenset[int] | None:
+    if not text:
+        return None
+    ranks: set[int] = set()
+    for part in text.split(","):
+        low, sep, high = part.strip().partition("-")
+        try:
+            ranks.update(range(int(low), int(high) + 1) if sep else {int(low)})
+        except ValueError as exc:
+            raise click.BadParameter(f"{part!r} is not a rank or a range like 0-7") from exc
+    return frozenset(ranks)
+
+
+@click.group()
+def profile() -> None:
+    """Analyse profiles written by the trainium profiler."""
+
+
+@profile.command()
+@click.argument("directory", type=PROFILE_DIR)
+@click.option("--top", default=15, show_default=True, help="Kernels listed.")
+@click.option(
+    "--workers", type=int, default=None, help="Decoding processes (default: CPUs, max 4)."
+)
+def summary(directory: Path, top: int, workers: int | None) -> None:
+    """Print a text report of the profile in DIRECTORY."""
+    from trainium_operator.analysis.loading import ProfileLoadError, load_profile
+    from trainium_operator.analysis.report import text_report
+
+    try:
+        loaded = load_profile(directory, workers=workers)
+    except ProfileLoadError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(text_report(loaded, top=top), nl=False)
+
+
+@profile.command()
+@click.argument("directory", type=PROFILE_DIR)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Trace file to write (e.g. trace.perfetto-trace).",
+)
+@click.option("--from-step", type=int, default=None, help="First step to include.")
+@click.option("--to-step", type=int, default=None, help="Last step to include.")
+@click.option("--ranks", default=None, help="Ranks to include, e.g. 0-7,32.")
+@click.option("--workers", type=int, default=None, help="Decoding processes.")
+def export(
+    directory: Path,
+    output: Path,
+    *,
+    from_step: int | None,
+    to_step: int | None,
+    ranks: str | None,
+    workers: int | None,
+) -> None:
+    """Export DIRECTORY as a Perfetto trace (open it at ui.perfetto.dev)."""
+    from trainium_operator.analysis.loading import ProfileLoadError, load_profile
+    from trainium_operator.analysis.perfetto import ExportOptions, export_perfetto
+    from trainium_operator.analysis.timeline import TimelineIndex
+
+    began = time.perf_counter()
+    try:
+        loaded = load_profile(directory, workers=workers)
+    except ProfileLoadError as exc:
+        raise click.ClickException(str(exc)) from exc
+    options = ExportOptions(from_step, to_step, _parse_ranks(ranks))
+    try:
+        result = export_perfetto(TimelineIndex(loaded), output, options)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(
+        f"wrote {result.path}: {result.bytes_written:,} bytes, {result.slices:,} slices, "
+        f"{result.counters:,} counter samples, {result.flows:,} flows, {result.tracks} tracks "
+        f"in {time.perf_counter() - began:.1f} s"
+    )
+
+
+@profile.command()
+@click.argument("directory", type=PROFILE_DIR)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--port", default=8265, show_default=True, type=int)
+@click.option("--workers", type=int, default=None, help="Decoding processes per load.")
+def serve(directory: Path, host: str, port: int, workers: int | None) -> None:
+    """Serve the profile web UI for every profile under DIRECTORY."""
+    from aiohttp import web
+
+    from trainium_operator.ui.app import create_app
+
+    app = create_app(directory, workers=workers)
+    click.echo(f"profile UI for {directory.resolve()} on http://{host}:{port}/", err=True)
+    web.run_app(app, host=host, port=port, print=None)
+
+
+@profile.command(name="ls")
+@click.argument("directory", type=PROFILE_DIR)
+def list_profiles(directory: Path) -> None:
+    """List the profiles under DIRECTORY."""
+    from trainium_operator.ui.profiles import ProfileStore
+
+    rows = ProfileStore(directory).listing()
+    if not rows:
+        click.echo(f"no profiles under {directory}", err=True)
+        sys.exit(1)
+    for row in rows:
+        click.echo(
+            f"{row['id']}\t{row['namespace']}/{row['job_name']}\tattempt {row['attempt']}\t"
+            f"{row['created'] or '-'}\t{row['nodes']} nodes\t{row['ranks']} ranks\t"
+            f"{row['bytes'] / 1e6:.1f} MB"
+        )
