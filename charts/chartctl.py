@@ -71,7 +71,7 @@ def parse_value_docs(text: str) -> list[ValueDoc]:
     continue it, and a blank line in between drops it.
     """
     docs: list[ValueDoc] = []
-    stack: list[tuple[int, str]] = []
+    stack: list[tuple[int, str | None]] = []
     buffer: list[str] | None = None
     for line in text.splitlines():
         stripped = line.strip()
@@ -85,17 +85,25 @@ def parse_value_docs(text: str) -> list[ValueDoc]:
             if buffer is not None:
                 buffer.append(stripped[1:].strip())
             continue
-        match = _KEY_LINE.match(line)
-        if match is None or stripped.startswith("-"):
+        indent = len(line) - len(line.lstrip())
+        if stripped.startswith("-"):
+            # A list item: whatever is nested in it is data, not a values key.
+            while stack and stack[-1][0] >= indent:
+                stack.pop()
+            stack.append((indent, None))
             buffer = None
             continue
-        indent = len(match.group("indent"))
+        match = _KEY_LINE.match(line)
+        if match is None:
+            buffer = None
+            continue
         while stack and stack[-1][0] >= indent:
             stack.pop()
-        path = (*(key for _, key in stack), match.group("key"))
-        if buffer is not None:
+        keys = [key for _, key in stack]
+        if buffer is not None and None not in keys:
+            path = (*(key for key in keys if key is not None), match.group("key"))
             docs.append(ValueDoc(path, " ".join(part for part in buffer if part)))
-            buffer = None
+        buffer = None
         stack.append((indent, match.group("key")))
     return docs
 

@@ -1,0 +1,496 @@
+"""The chart rendered by the real helm binary: lint, Kubernetes schema validity, each switch."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from chart.chart_harness import (
+    CHART_DIR,
+    EVERYTHING,
+    FSX_ON,
+    FULLNAME,
+    RELEASE_NAMESPACE,
+    SCENARIOS,
+    SKIPPED_KINDS,
+    SWITCHES,
+    Manifest,
+    find,
+    helm,
+    one,
+    render,
+    template_args,
+    validate_manifest,
+    values_file,
+)
+
+OPERATOR_ONLY_KINDS = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Deployment",
+    "Service",
+    "ServiceAccount",
+}
+
+
+def operator_container(manifests: list[Manifest]) -> dict[str, Any]:
+    deployment = one(manifests, "Deployment", FULLNAME)
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert [c["name"] for c in containers] == ["operator"]
+    container: dict[str, Any] = containers[0]
+    return container
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_helm_lint_strict_passes(scenario: str, tmp_path: Path) -> None:
+    path = values_file(SCENARIOS[scenario], tmp_path)
+    result = helm("lint", "--strict", str(CHART_DIR), "--values", str(path), check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_rendered_object_validates_against_kubernetes_1_35(
+    scenario: str, tmp_path: Path
+) -> None:
+    manifests = render(SCENARIOS[scenario], tmp_path)
+    assert manifests
+    for manifest in manifests:
+        validate_manifest(manifest)
+
+
+def test_the_chart_crds_validate_as_custom_resource_definitions() -> None:
+    crds = [
+        doc
+        for path in sorted((CHART_DIR / "crds").glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    ]
+    names = {crd["metadata"]["name"] for crd in crds}
+    assert {
+        "trainingjobs.trainium.dev",
+        "kopfpeerings.kopf.dev",
+        "clusterkopfpeerings.kopf.dev",
+    } <= names
+    for crd in crds:
+        validate_manifest(crd)
+
+
+def test_schema_validation_catches_an_invalid_object() -> None:
+    # The validator itself must be able to fail: a Deployment with a misspelled field.
+    broken = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "x"},
+        "spec": {"selector": {}, "template": {"spec": {"containers": []}}, "replica": 1},
+    }
+    with pytest.raises(AssertionError, match="replica"):
+        validate_manifest(broken)
+
+
+@pytest.mark.parametrize(
+    "manifest",
+    [
+        pytest.param(
+            {
+                "apiVersion": "scheduling.volcano.sh/v1beta1",
+                "kind": "Queue",
+                "metadata": {"name": "q"},
+                "spec": {"wieght": 1},
+            },
+            id="volcano-queue",
+        ),
+        pytest.param(
+            {
+                "apiVersion": "kopf.dev/v1",
+                "kind": "ClusterKopfPeering",
+                "metadata": {"name": "p"},
+                "spec": {"priority": 1},
+            },
+            id="kopf-peering",
+        ),
+    ],
+)
+def test_custom_resources_are_checked_against_their_crd(manifest: Manifest) -> None:
+    with pytest.raises(AssertionError, match="Additional properties"):
+        validate_manifest(manifest)
+
+
+def test_only_the_service_monitor_skips_schema_validation() -> None:
+    assert set(SKIPPED_KINDS) == {("monitoring.coreos.com/v1", "ServiceMonitor")}
+
+
+def test_defaults_render_only_the_operator(tmp_path: Path) -> None:
+    manifests = render({}, tmp_path)
+    assert {m["kind"] for m in manifests} == OPERATOR_ONLY_KINDS
+    assert {
+        (m["kind"], m["metadata"].get("namespace"))
+        for m in manifests
+        if m["kind"] in {"Deployment", "Service", "ServiceAccount"}
+    } == {
+        ("Deployment", RELEASE_NAMESPACE),
+        ("Service", RELEASE_NAMESPACE),
+        ("ServiceAccount", RELEASE_NAMESPACE),
+    }
+
+
+def test_operator_pod_is_locked_down(tmp_path: Path) -> None:
+    manifests = render({}, tmp_path)
+    pod = one(manifests, "Deployment", FULLNAME)["spec"]["template"]["spec"]
+    container = operator_container(manifests)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["privileged"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert container["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
+    assert container["resources"]["limits"]["memory"] == "512Mi"
+    # The only writable path is an emptyDir at /tmp.
+    assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert pod["serviceAccountName"] == FULLNAME
+
+
+def test_operator_runs_the_contracted_command_line(tmp_path: Path) -> None:
+    container = operator_container(render({}, tmp_path))
+    assert container["command"] == ["trainium-operator"]
+    assert container["args"] == [
+        "run",
+        "--liveness-endpoint=http://0.0.0.0:8080/healthz",
+        "--metrics-port=8081",
+        "--log-format=json",
+    ]
+    assert container["image"] == "trainium-operator:0.1.0"
+
+
+def test_probes_use_kopfs_health_endpoint(tmp_path: Path) -> None:
+    container = operator_container(render({}, tmp_path))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 8081}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_image_digest_wins_over_the_tag(tmp_path: Path) -> None:
+    digest = "sha256:" + "ab" * 32
+    values = {"image": {"repository": "123.dkr.ecr.us-west-2.amazonaws.com/op", "digest": digest}}
+    container = operator_container(render(values, tmp_path))
+    assert container["image"] == f"123.dkr.ecr.us-west-2.amazonaws.com/op@{digest}"
+
+
+def test_watch_namespaces_become_namespace_options(tmp_path: Path) -> None:
+    container = operator_container(render({"watchNamespaces": ["team-a", "team-b"]}, tmp_path))
+    assert container["args"][:3] == ["run", "--namespace=team-a", "--namespace=team-b"]
+
+
+def test_standalone_operator_is_one_replica_replaced_not_rolled(tmp_path: Path) -> None:
+    manifests = render({}, tmp_path)
+    deployment = one(manifests, "Deployment", FULLNAME)
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert not find(manifests, "PodDisruptionBudget")
+    assert not any("--peering" in arg for arg in operator_container(manifests)["args"])
+
+
+def test_peering_runs_two_replicas_with_a_cluster_peering_object(tmp_path: Path) -> None:
+    manifests = render(SWITCHES["peering"], tmp_path)
+    deployment = one(manifests, "Deployment", FULLNAME)
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert "--peering=trainium-operator" in operator_container(manifests)["args"]
+    peering = one(manifests, "ClusterKopfPeering", "trainium-operator")
+    assert peering["apiVersion"] == "kopf.dev/v1"
+    assert one(manifests, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+
+
+def test_namespaced_peering_creates_a_peering_object_per_namespace(tmp_path: Path) -> None:
+    values = {"peering": {"enabled": True, "name": "ops"}, "watchNamespaces": ["a", "b"]}
+    manifests = render(values, tmp_path)
+    assert not find(manifests, "ClusterKopfPeering")
+    peerings = find(manifests, "KopfPeering", "ops")
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["a", "b"]
+
+
+def test_several_replicas_without_peering_are_refused(tmp_path: Path) -> None:
+    result = helm(*template_args({"replicaCount": 2}, tmp_path), check=False)
+    assert result.returncode != 0
+    assert "needs peering.enabled=true" in result.stderr
+
+
+def test_metrics_service_and_service_monitor_point_at_the_metrics_port(tmp_path: Path) -> None:
+    manifests = render(
+        {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
+        tmp_path,
+    )
+    service = one(manifests, "Service", f"{FULLNAME}-metrics")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    pod_labels = one(manifests, "Deployment", FULLNAME)["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    monitor = one(manifests, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [RELEASE_NAMESPACE]}
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s", "scrapeTimeout": "10s"}
+    ]
+
+
+def test_service_monitor_without_the_service_is_refused(tmp_path: Path) -> None:
+    values = {"metrics": {"service": {"enabled": False}, "serviceMonitor": {"enabled": True}}}
+    result = helm(*template_args(values, tmp_path), check=False)
+    assert result.returncode != 0
+    assert "needs metrics.service.enabled=true" in result.stderr
+
+
+def test_volcano_queue_has_the_tutorials_settings(tmp_path: Path) -> None:
+    queue = one(render(SWITCHES["volcano-queue"], tmp_path), "Queue", "test")
+    assert queue["apiVersion"] == "scheduling.volcano.sh/v1beta1"
+    assert "namespace" not in queue["metadata"]
+    assert queue["spec"] == {"weight": 1, "reclaimable": False, "capability": {"cpu": "2"}}
+
+
+def test_etcd_serves_the_v2_api_at_etcd_server_2379(tmp_path: Path) -> None:
+    manifests = render({**SWITCHES["etcd"], "workloadNamespace": "default"}, tmp_path)
+    deployment = one(manifests, "Deployment", "etcd-server")
+    assert deployment["metadata"]["namespace"] == "default"
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == "quay.io/coreos/etcd:v3.5.21"
+    assert "--enable-v2=true" in container["command"]
+    assert "--advertise-client-urls=http://etcd-server:2379" in container["command"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    service = one(manifests, "Service", "etcd-server")
+    assert service["metadata"]["namespace"] == "default"
+    assert {p["port"] for p in service["spec"]["ports"]} == {2379, 2380}
+    assert service["spec"]["selector"].items() <= (
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+
+
+def test_fsx_storage_class_and_claim_have_the_tutorials_settings(tmp_path: Path) -> None:
+    manifests = render({**SWITCHES["fsx"], "workloadNamespace": "default"}, tmp_path)
+    storage_class = one(manifests, "StorageClass", "fsx-sc")
+    assert storage_class["provisioner"] == "fsx.csi.aws.com"
+    assert storage_class["mountOptions"] == ["flock"]
+    assert storage_class["parameters"] == {
+        "subnetId": "subnet-0a1b2c3d",
+        "securityGroupIds": "sg-0123abcd",
+        "deploymentType": "PERSISTENT_1",
+        "perUnitStorageThroughput": "200",
+        "automaticBackupRetentionDays": "1",
+        "fileSystemTypeVersion": "2.12",
+        "dataCompressionType": "NONE",
+    }
+    claim = one(manifests, "PersistentVolumeClaim", "fsx-claim")
+    assert claim["metadata"]["namespace"] == "default"
+    assert claim["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim["spec"]["storageClassName"] == "fsx-sc"
+    assert claim["spec"]["resources"] == {"requests": {"storage": "1200Gi"}}
+
+
+def test_scratch_file_systems_get_no_persistent_only_parameters(tmp_path: Path) -> None:
+    fsx = {**FSX_ON, "storageClass": {**FSX_ON["storageClass"], "deploymentType": "SCRATCH_2"}}
+    storage_class = one(render({"fsx": fsx}, tmp_path), "StorageClass")
+    assert storage_class["parameters"]["deploymentType"] == "SCRATCH_2"
+    assert "perUnitStorageThroughput" not in storage_class["parameters"]
+    assert "automaticBackupRetentionDays" not in storage_class["parameters"]
+
+
+def test_fsx_claim_can_use_an_existing_storage_class(tmp_path: Path) -> None:
+    values = {"fsx": {"enabled": True, "storageClass": {"create": False, "name": "lustre"}}}
+    manifests = render(values, tmp_path)
+    assert not find(manifests, "StorageClass")
+    assert one(manifests, "PersistentVolumeClaim")["spec"]["storageClassName"] == "lustre"
+
+
+def _daemonset_pod(manifests: list[Manifest], component: str) -> dict[str, Any]:
+    (daemonset,) = [
+        m
+        for m in find(manifests, "DaemonSet")
+        if m["metadata"]["labels"]["app.kubernetes.io/component"] == component
+    ]
+    assert daemonset["metadata"]["namespace"] == "kube-system"
+    pod: dict[str, Any] = daemonset["spec"]["template"]["spec"]
+    return pod
+
+
+def _affinity_instance_types(pod: dict[str, Any]) -> list[str]:
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    (expression,) = term["matchExpressions"]
+    assert expression["key"] == "node.kubernetes.io/instance-type"
+    assert expression["operator"] == "In"
+    values: list[str] = expression["values"]
+    return values
+
+
+def test_neuron_device_plugin_runs_on_neuron_nodes_only(tmp_path: Path) -> None:
+    manifests = render(SWITCHES["neuron-device-plugin"], tmp_path)
+    pod = _daemonset_pod(manifests, "neuron-device-plugin")
+    (container,) = pod["containers"]
+    assert container["image"] == "public.ecr.aws/neuron/neuron-device-plugin:2.28.27.0"
+    assert {"trn1.32xlarge", "trn1n.32xlarge"} <= set(_affinity_instance_types(pod))
+    assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["priorityClassName"] == "system-node-critical"
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/var/lib/kubelet/device-plugins" in mounts
+    binding = one(manifests, "ClusterRoleBinding", f"{FULLNAME}-neuron-device-plugin")
+    assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
+
+
+def test_efa_device_plugin_runs_on_efa_trainium_nodes_only(tmp_path: Path) -> None:
+    pod = _daemonset_pod(render(SWITCHES["efa-device-plugin"], tmp_path), "efa-device-plugin")
+    (container,) = pod["containers"]
+    assert container["image"].endswith("/eks/aws-efa-k8s-device-plugin:v0.5.5")
+    assert _affinity_instance_types(pod) == ["trn1.32xlarge", "trn1n.32xlarge"]
+    assert {"key": "aws.amazon.com/efa", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["hostNetwork"] is True
+    assert pod["automountServiceAccountToken"] is False
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert {"/var/lib/kubelet/device-plugins", "/dev/infiniband"} <= mounts
+
+
+def test_profile_ui_mounts_the_shared_claim_read_only(tmp_path: Path) -> None:
+    values = {**SWITCHES["profile-ui"], "workloadNamespace": "default"}
+    manifests = render(values, tmp_path)
+    deployment = one(manifests, "Deployment", f"{FULLNAME}-profile-ui")
+    assert deployment["metadata"]["namespace"] == "default"
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["command"] == ["trainium-operator"]
+    assert container["args"] == [
+        "profile",
+        "serve",
+        "/data/profiles",
+        "--port=8090",
+        "--host=0.0.0.0",
+    ]
+    assert {"name": "shared", "mountPath": "/data", "readOnly": True} in container["volumeMounts"]
+    (shared,) = [v for v in pod["volumes"] if v["name"] == "shared"]
+    assert shared["persistentVolumeClaim"] == {"claimName": "fsx-claim", "readOnly": True}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    service = one(manifests, "Service", f"{FULLNAME}-profile-ui")
+    assert service["spec"]["ports"][0]["port"] == 8090
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        pytest.param({"workloadNamespace": ""}, RELEASE_NAMESPACE, id="release-namespace"),
+        pytest.param({"workloadNamespace": "jobs"}, "jobs", id="explicit"),
+    ],
+)
+def test_workload_add_ons_go_to_the_workload_namespace(
+    values: dict[str, Any], expected: str, tmp_path: Path
+) -> None:
+    manifests = render({**values, **SWITCHES["etcd"], "fsx": FSX_ON}, tmp_path)
+    for kind, name in [
+        ("Deployment", "etcd-server"),
+        ("Service", "etcd-server"),
+        ("PersistentVolumeClaim", "fsx-claim"),
+    ]:
+        assert one(manifests, kind, name)["metadata"]["namespace"] == expected
+    # The operator itself always stays in the release namespace.
+    assert one(manifests, "Deployment", FULLNAME)["metadata"]["namespace"] == RELEASE_NAMESPACE
+
+
+@pytest.mark.parametrize(
+    ("flag", "offending_key"),
+    [
+        pytest.param("resouces.limits.cpu=1", "resouces", id="top-level"),
+        pytest.param("image.tagg=1.0", "tagg", id="image"),
+        pytest.param("fsx.storageClass.deploymentTyp=SCRATCH_2", "deploymentTyp", id="fsx"),
+        pytest.param(
+            "securityContext.readOnlyRootFileSystem=false",
+            "readOnlyRootFileSystem",
+            id="k8s-object",
+        ),
+        pytest.param("tolerations[0].efect=NoSchedule", "efect", id="k8s-list-item"),
+        pytest.param("profileUI.enable=true", "enable", id="switch"),
+    ],
+)
+def test_a_misspelled_value_is_refused_naming_the_key(
+    flag: str, offending_key: str, tmp_path: Path
+) -> None:
+    result = helm(*template_args({}, tmp_path), "--set", flag, check=False)
+    assert result.returncode != 0
+    assert "schema" in result.stderr
+    assert offending_key in result.stderr
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        pytest.param("operator.logFormat=xml", id="enum"),
+        pytest.param("image.tag=latest", id="latest-tag"),
+        pytest.param("metrics.port=70000", id="port-range"),
+        pytest.param("watchNamespaces[0]=Not_A_Namespace", id="namespace-name"),
+        pytest.param("fsx.enabled=true", id="fsx-without-subnet"),
+    ],
+)
+def test_an_invalid_value_is_refused_by_the_schema(flag: str, tmp_path: Path) -> None:
+    result = helm(*template_args({}, tmp_path), "--set", flag, check=False)
+    assert result.returncode != 0
+    assert "schema" in result.stderr
+
+
+def render_notes(values: dict[str, Any], tmp_path: Path) -> str:
+    """NOTES.txt as `helm install` prints it. helm 3 renders NOTES only when it can reach a
+    cluster, so a copy of the chart renders the same template text into a ConfigMap."""
+    chart = tmp_path / "chart"
+    shutil.copytree(CHART_DIR, chart)
+    notes = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "NOTES.txt").unlink()
+    (chart / "templates" / "_notes_under_test.tpl").write_text(
+        '{{- define "notes-under-test" -}}\n' + notes + "{{- end }}\n"
+    )
+    (chart / "templates" / "notes-under-test.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\n"
+        'data:\n  notes: {{ include "notes-under-test" . | quote }}\n'
+    )
+    output = helm(
+        "template",
+        "trn",
+        str(chart),
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--values",
+        str(values_file(values, tmp_path)),
+        "--show-only",
+        "templates/notes-under-test.yaml",
+    ).stdout
+    text: str = yaml.safe_load(output)["data"]["notes"]
+    return text
+
+
+def test_install_notes_tell_the_next_step(tmp_path: Path) -> None:
+    notes = render_notes({"workloadNamespace": "default"}, tmp_path)
+    assert f"kubectl -n {RELEASE_NAMESPACE} rollout status deployment/{FULLNAME}" in notes
+    assert "kubectl apply -n default -f examples/bert-large-pretrain.yaml" in notes
+    assert "kubectl get trainingjobs -n default -w" in notes
+    assert "this release installs no device plugins" in notes
+    assert "port-forward" not in notes
+
+
+def test_install_notes_follow_the_enabled_add_ons(tmp_path: Path) -> None:
+    notes = render_notes({**EVERYTHING, "workloadNamespace": "default"}, tmp_path)
+    assert "kubectl -n default get pvc fsx-claim -w" in notes
+    assert 'queue "test" created' in notes
+    assert "endpoint: etcd-server:2379" in notes
+    assert f"port-forward service/{FULLNAME}-profile-ui 8090:8090" in notes
+    assert "this release installs no device plugins" not in notes
