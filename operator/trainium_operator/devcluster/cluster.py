@@ -7,6 +7,7 @@ Volcano CRDs and queues, fake Trainium nodes, the FSx volume and claim, and the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -53,7 +54,9 @@ def _kwokctl_env() -> dict[str, str]:
 
 def _kwokctl(toolchain: build.Toolchain, *args: str, log: Path | None = None) -> str:
     command = [str(toolchain.binary("kwokctl")), *args]
-    result = subprocess.run(command, env=_kwokctl_env(), capture_output=True, text=True)
+    result = subprocess.run(
+        command, env=_kwokctl_env(), capture_output=True, text=True, check=False
+    )
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("a") as handle:
@@ -168,7 +171,7 @@ def install_volcano_api(clients: Clients, crd_dir: Path) -> None:
     for crd in crds:
         name = crd["metadata"]["name"]
         sim.wait_for(
-            lambda name=name: clients.apiextensions.read_custom_resource_definition(name),
+            functools.partial(clients.apiextensions.read_custom_resource_definition, name),
             until=lambda found: any(
                 c.type == "Established" and c.status == "True"
                 for c in (found.status.conditions or [])
@@ -178,8 +181,12 @@ def install_volcano_api(clients: Clients, crd_dir: Path) -> None:
         )
     for queue in objects.volcano_queues():
         _create_if_missing(
-            lambda queue=queue: clients.custom.create_cluster_custom_object(
-                objects.VOLCANO_GROUP, objects.VOLCANO_VERSION, "queues", queue
+            functools.partial(
+                clients.custom.create_cluster_custom_object,
+                objects.VOLCANO_GROUP,
+                objects.VOLCANO_VERSION,
+                "queues",
+                queue,
             )
         )
 
@@ -187,7 +194,7 @@ def install_volcano_api(clients: Clients, crd_dir: Path) -> None:
 def create_nodes(clients: Clients, nodes: list[dict[str, Any]]) -> list[str]:
     created = []
     for node in nodes:
-        if _create_if_missing(lambda node=node: clients.core.create_node(node)):
+        if _create_if_missing(functools.partial(clients.core.create_node, node)):
             created.append(node["metadata"]["name"])
     return created
 
@@ -206,7 +213,7 @@ def create_shared_storage(clients: Clients) -> None:
 
 
 def start_gang_scheduler(cluster: paths.ClusterPaths) -> tuple[int, bool]:
-    """Starts the gang scheduler in its own session (it outlives `dev up`); returns (pid, started)."""
+    """Starts the gang scheduler in its own session (it outlives `dev up`): (pid, started)."""
     pid = _pid_alive(cluster.gang_scheduler_pid)
     if pid is not None:
         return pid, False
@@ -250,7 +257,7 @@ def stop_gang_scheduler(cluster: paths.ClusterPaths, *, timeout: float = 10.0) -
 def wait_until_ready(clients: Clients, node_names: list[str], *, timeout: float = 60) -> None:
     for name in node_names:
         sim.wait_for(
-            lambda name=name: clients.core.read_node(name),
+            functools.partial(clients.core.read_node, name),
             until=lambda node: gang.node_is_ready(
                 clients.api_client.sanitize_for_serialization(node)
             ),

@@ -1,4 +1,4 @@
-"""`trainium-operator dev ...`: build, start, inspect and stop the local simulated Trainium cluster."""
+"""`trainium-operator dev ...`: build, start, inspect and stop the local simulated cluster."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ name_option = click.option(
 
 @click.group()
 def dev() -> None:
-    """The local control plane: real kube-apiserver, controller-manager, etcd; KWOK Trainium nodes."""
+    """The local cluster: real kube-apiserver, controller-manager, etcd; KWOK Trainium nodes."""
 
 
 @dev.command("build")
@@ -77,13 +77,14 @@ def up(name: str, nodes: int, instance_type: str, taint: bool) -> None:
         report = cluster.up(
             name, nodes=nodes, instance_type=instance_type, neuron_taint=taint, echo=_echo
         )
-    except (build.ToolchainMissing, cluster.ClusterError) as error:
+    except (build.ToolchainMissingError, cluster.ClusterError) as error:
         raise click.ClickException(str(error)) from error
     for step, seconds in report.timer.steps:
         _echo(f"  {step:<20} {seconds:5.1f}s")
     _echo(
-        f"cluster {name!r} ready in {report.timer.total:.1f}s (control plane {report.control_plane}; "
-        f"{len(report.nodes_created)} node(s) created; gang scheduler pid {report.gang_scheduler_pid})"
+        f"cluster {name!r} ready in {report.timer.total:.1f}s "
+        f"(control plane {report.control_plane}; {len(report.nodes_created)} node(s) created; "
+        f"gang scheduler pid {report.gang_scheduler_pid})"
     )
     _echo(f"kubeconfig: {report.kubeconfig}")
     _echo(f'use it:     eval "$(trainium-operator dev env --name {name})"')
@@ -130,7 +131,7 @@ def kubeconfig(name: str) -> None:
 @dev.command()
 @name_option
 def env(name: str) -> None:
-    """Print shell lines that point kubectl/helm at the cluster: eval "$(trainium-operator dev env)"."""
+    """Print shell lines for kubectl/helm on this cluster: eval "$(trainium-operator dev env)"."""
     bin_path = os.pathsep.join(str(d) for d in build.expected_toolchain().bin_dirs)
     click.echo(f"export KUBECONFIG={shlex.quote(str(paths.ClusterPaths(name).kubeconfig))}")
     click.echo(f"export TRAINIUM_DEV_CLUSTER={shlex.quote(name)}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -97,7 +97,7 @@ def _container_requests(container: Obj) -> Resources:
 
 
 def pod_requests(pod: Obj) -> Resources:
-    """What a pod needs from a node, computed like kube-scheduler (sidecars count with containers)."""
+    """What a pod needs from a node, as kube-scheduler computes it (sidecars add to containers)."""
     spec = pod.get("spec") or {}
     total: Resources = {}
     for container in spec.get("containers") or []:
@@ -235,7 +235,7 @@ def untolerated_taint(pod: Obj, node: Obj) -> Obj | None:
         if taint.get("effect") not in ("NoSchedule", "NoExecute"):
             continue
         if not any(_tolerates(toleration, taint) for toleration in tolerations):
-            return taint
+            return dict(taint)
     return None
 
 
@@ -259,7 +259,7 @@ def node_rejections(pod: Obj, node: Obj, free: Resources, requests: Resources) -
 
 
 def fit_error(node_count: int, reasons_by_node: Mapping[str, list[str]]) -> str:
-    """kube-scheduler's summary, e.g. "0/2 nodes are available: 2 Insufficient aws.amazon.com/neuron."."""
+    """kube-scheduler's words: "0/2 nodes are available: 2 Insufficient aws.amazon.com/neuron."."""
     counts = Counter(reason for reasons in reasons_by_node.values() for reason in reasons)
     if node_count == 0:
         return "0/0 nodes are available: no nodes available to schedule pods."
@@ -274,9 +274,9 @@ class Placement:
 
 
 def place_pods(
-    pods: list[Obj], nodes: list[Obj], free: dict[str, Resources]
+    pods: Sequence[Obj], nodes: Sequence[Obj], free: dict[str, Resources]
 ) -> tuple[Placement, dict[str, Resources]]:
-    """First-fit over nodes sorted by name; returns the placement and the free resources after it."""
+    """First-fit over nodes sorted by name; returns the placement and the free resources left."""
     remaining = {name: dict(resources) for name, resources in free.items()}
     ordered_nodes = sorted(nodes, key=_name)
     placement = Placement()
@@ -394,14 +394,14 @@ def gang_message(
 
 def plan_scheduling(
     *,
-    nodes: list[Obj],
-    pods: list[Obj],
-    podgroups: list[Obj],
-    queues: list[Obj],
+    nodes: Sequence[Obj],
+    pods: Sequence[Obj],
+    podgroups: Sequence[Obj],
+    queues: Sequence[Obj],
     bound_claims: set[PodKey],
     now: str,
 ) -> SchedulingPlan:
-    """One scheduling session: which pods to bind where, and the status every PodGroup should show."""
+    """One scheduling session: which pods to bind where, and each PodGroup's status after it."""
     plan = SchedulingPlan()
     free = free_resources(nodes, pods)
     queues_by_name = {_name(queue): queue for queue in queues}
@@ -565,10 +565,10 @@ def plan_scheduling(
 
 
 def _queue_statuses(
-    queues: list[Obj],
-    podgroups: list[Obj],
+    queues: Sequence[Obj],
+    podgroups: Sequence[Obj],
     phases: Mapping[PodKey, str],
-    pods: list[Obj],
+    pods: Sequence[Obj],
     new_bindings: Mapping[PodKey, str],
 ) -> dict[str, dict[str, Any]]:
     """Open state and per-phase PodGroup counts, as Volcano's queue controller keeps them."""
@@ -584,13 +584,13 @@ def _queue_statuses(
         group = group_of(pod)
         bound = (pod.get("spec") or {}).get("nodeName") or pod_key(pod) in new_bindings
         if group and bound and not is_terminal(pod):
-            queue = group_queue.get((_namespace(pod), group))
-            if queue:
-                _add(allocated.setdefault(queue, {}), pod_requests(pod))
+            group_queue_name = group_queue.get((_namespace(pod), group))
+            if group_queue_name:
+                _add(allocated.setdefault(group_queue_name, {}), pod_requests(pod))
     statuses = {}
-    for queue in queues:
-        name = _name(queue)
-        status = dict(queue.get("status") or {})
+    for queue_obj in queues:
+        name = _name(queue_obj)
+        status = dict(queue_obj.get("status") or {})
         phase_counts = counts.get(name, Counter())
         desired = {
             **status,
@@ -605,7 +605,7 @@ def _queue_statuses(
                 for resource, amount in sorted(allocated.get(name, {}).items())
             },
         }
-        if desired != queue.get("status"):
+        if desired != queue_obj.get("status"):
             statuses[name] = desired
     return statuses
 

@@ -180,7 +180,7 @@ class GangScheduler:
             pod = pods.get(key)
             if pod is None:
                 continue
-            current = next(
+            current: dict[str, Any] = next(
                 (
                     c
                     for c in (pod.get("status") or {}).get("conditions") or []
@@ -267,7 +267,7 @@ WatchList = Callable[..., Any]
 def _watch_forever(
     list_call: WatchList, args: tuple[Any, ...], wake: threading.Event, stop: threading.Event
 ) -> None:
-    """Wakes the scheduler on every change; reconnects after any error (level-triggered, so safe)."""
+    """Wakes the scheduler on every change; reconnects after any error (level-triggered: safe)."""
     backoff = 0.5
     while not stop.is_set():
         watcher = watch.Watch()

@@ -143,7 +143,7 @@ def volcano_queue(
 
 
 def volcano_queues() -> list[dict[str, Any]]:
-    """The queues Volcano's scheduler creates at start-up (root, default) plus the tutorial's `test`."""
+    """The queues Volcano creates at start-up (root, default) plus the tutorial's `test`."""
     return [
         volcano_queue(ROOT_QUEUE, reclaimable=False, parent=None),
         volcano_queue(DEFAULT_QUEUE, reclaimable=True, parent=ROOT_QUEUE),
@@ -166,7 +166,7 @@ def fsx_csi_driver() -> dict[str, Any]:
 
 
 def fsx_persistent_volume() -> dict[str, Any]:
-    """A statically provisioned FSx for Lustre volume, as the FSx CSI driver's examples declare it."""
+    """A statically provisioned FSx for Lustre volume, as the FSx CSI driver's examples show it."""
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolume",

@@ -1,4 +1,4 @@
-"""Where the dev cluster keeps binaries, build work trees and cluster state (never in the checkout)."""
+"""Where the dev cluster keeps binaries, build trees and cluster state (never in the checkout)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def work_root() -> Path:
 
 
 def kwok_workdir() -> Path:
-    """KWOK_WORKDIR for kwokctl: it keeps each cluster's PKI, etcd data, logs and pids under here."""
+    """KWOK_WORKDIR for kwokctl: each cluster's PKI, etcd data, logs and pids live under here."""
     return cache_root() / "kwok"
 
 

@@ -1,4 +1,4 @@
-"""Helpers for tests and the demo: end a simulated container, lose a node, wait with a useful failure.
+"""Helpers for tests and the demo: end a simulated container, lose a node, wait with clear failures.
 
 Pod outcomes are requests to KWOK through pod annotations (see `stages`); node loss takes over the
 node's Lease, which is exactly what the control plane sees when a kubelet dies: KWOK stops renewing
@@ -29,7 +29,7 @@ NODE_LOST_LEASE_SECONDS = 24 * 3600
 _GO_DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
 
 
-class WaitTimeout(AssertionError):
+class WaitTimeoutError(AssertionError):
     """A waited-for condition did not hold in time; the message shows the last observed state."""
 
 
@@ -120,7 +120,7 @@ def simulate_node_loss(core_api: Any, node: str) -> None:
 
 
 def restore_node(core_api: Any, node: str) -> None:
-    """Hands the node's Lease back to KWOK, which then heartbeats and reports the node Ready again."""
+    """Hands the node's Lease back to KWOK, which heartbeats again and reports the node Ready."""
     from kubernetes import client
 
     coordination = client.CoordinationV1Api(core_api.api_client)
@@ -151,7 +151,7 @@ def wait_for(
     """Polls `fetch` until `until(value)` (or, without `until`, a truthy value); returns that value.
 
     Exceptions from `fetch` (say, 404 before an object exists) count as "not yet". On timeout it
-    raises WaitTimeout naming what was awaited and the last value or error seen.
+    raises WaitTimeoutError naming what was awaited and the last value or error seen.
     """
     deadline = time.monotonic() + timeout
     last: object = "<nothing fetched>"
@@ -164,7 +164,8 @@ def wait_for(
         except Exception as error:
             last = error
         if time.monotonic() >= deadline:
-            raise WaitTimeout(
-                f"timed out after {timeout:.0f}s waiting for {description}; last observed: {_describe(last)}"
+            raise WaitTimeoutError(
+                f"timed out after {timeout:.0f}s waiting for {description}; "
+                f"last observed: {_describe(last)}"
             )
         time.sleep(interval)

