@@ -99,21 +99,25 @@ def _container_requests(container: Obj) -> Resources:
 def pod_requests(pod: Obj) -> Resources:
     """What a pod needs from a node, as kube-scheduler computes it (sidecars add to containers)."""
     spec = pod.get("spec") or {}
-    total: Resources = {}
+    containers: Resources = {}
     for container in spec.get("containers") or []:
-        _add(total, _container_requests(container))
+        _add(containers, _container_requests(container))
     sidecars: Resources = {}
+    init_peaks: list[Resources] = []
     for init in spec.get("initContainers") or []:
         requests = _container_requests(init)
         if init.get("restartPolicy") == "Always":
             _add(sidecars, requests)
             continue
-        # A regular init container runs alone (plus sidecars started before it).
-        running = dict(sidecars)
-        _add(running, requests)
-        for name, amount in running.items():
-            total[name] = max(total.get(name, Fraction(0)), amount)
+        # A regular init container runs alone, beside the sidecars started before it.
+        peak = dict(sidecars)
+        _add(peak, requests)
+        init_peaks.append(peak)
+    total = dict(containers)
     _add(total, sidecars)
+    for peak in init_peaks:
+        for name, amount in peak.items():
+            total[name] = max(total.get(name, Fraction(0)), amount)
     _add(total, {name: parse_quantity(v) for name, v in (spec.get("overhead") or {}).items()})
     total["pods"] = Fraction(1)
     return total

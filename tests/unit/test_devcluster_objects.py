@@ -1,0 +1,271 @@
+"""What `dev up` creates, KWOK stages, build cache keys and sim helpers, all without a cluster."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trainium_operator.api import instance_types
+from trainium_operator.devcluster import build, objects, paths, sim, stages, versions
+
+
+@pytest.mark.parametrize(
+    ("instance_type", "efa"), [("trn1.32xlarge", "8"), ("trn1n.32xlarge", "16")]
+)
+def test_fake_nodes_advertise_the_instance_shape(instance_type: str, efa: str) -> None:
+    node = objects.fake_nodes(1, instance_type)[0]
+
+    capacity = node["status"]["capacity"]
+    assert capacity == node["status"]["allocatable"]
+    assert capacity["cpu"] == "128"
+    assert capacity["memory"] == "512Gi"
+    assert capacity["pods"] == "250"
+    assert capacity["aws.amazon.com/neuron"] == "16"
+    assert capacity["aws.amazon.com/neurondevice"] == "16"
+    assert capacity["aws.amazon.com/neuroncore"] == "32"
+    assert capacity["vpc.amazonaws.com/efa"] == efa
+    labels = node["metadata"]["labels"]
+    assert labels["node.kubernetes.io/instance-type"] == instance_type
+    assert labels[objects.ZONE_LABEL]
+    assert labels[objects.NODEGROUP_LABEL]
+    assert node["metadata"]["annotations"][objects.KWOK_NODE_ANNOTATION] == "fake"
+
+
+def test_small_instance_has_no_efa_resource() -> None:
+    node = objects.fake_nodes(1, "trn1.2xlarge")[0]
+    assert "vpc.amazonaws.com/efa" not in node["status"]["capacity"]
+    assert node["status"]["capacity"]["aws.amazon.com/neuroncore"] == "2"
+
+
+def test_node_names_are_distinct_and_deterministic() -> None:
+    names = [n["metadata"]["name"] for n in objects.fake_nodes(3, "trn1.32xlarge")]
+    assert names == ["trn1-32xlarge-0", "trn1-32xlarge-1", "trn1-32xlarge-2"]
+
+
+def test_taint_option_adds_the_neuron_taint() -> None:
+    tainted = objects.fake_nodes(1, "trn1.32xlarge", neuron_taint=True)[0]
+    plain = objects.fake_nodes(1, "trn1.32xlarge")[0]
+    assert tainted["spec"]["taints"] == [
+        {"key": "aws.amazon.com/neuron", "value": "present", "effect": "NoSchedule"}
+    ]
+    assert "taints" not in plain["spec"]
+
+
+def test_unknown_instance_type_names_the_option_and_the_choices() -> None:
+    with pytest.raises(ValueError, match=r"--instance-type 'p4d.24xlarge'.*trn1.32xlarge"):
+        objects.fake_nodes(1, "p4d.24xlarge")
+
+
+def test_every_known_instance_type_can_be_simulated() -> None:
+    for name in instance_types.INSTANCE_TYPES:
+        assert (
+            objects.fake_nodes(1, name)[0]["metadata"]["labels"][instance_types.INSTANCE_TYPE_LABEL]
+            == name
+        )
+
+
+def test_fsx_volume_and_claim_pair_up_as_static_provisioning() -> None:
+    volume = objects.fsx_persistent_volume()
+    claim = objects.fsx_persistent_volume_claim()
+    assert volume["spec"]["csi"]["driver"] == "fsx.csi.aws.com"
+    assert volume["spec"]["csi"]["volumeHandle"].startswith("fs-")
+    assert set(volume["spec"]["csi"]["volumeAttributes"]) == {"dnsname", "mountname"}
+    assert volume["spec"]["accessModes"] == claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert volume["spec"]["storageClassName"] == claim["spec"]["storageClassName"] == ""
+    assert (
+        claim["spec"]["resources"]["requests"]["storage"] == volume["spec"]["capacity"]["storage"]
+    )
+    assert claim["spec"]["volumeName"] == volume["metadata"]["name"]
+    assert claim["metadata"] == {"name": "fsx-claim", "namespace": "default"}
+
+
+def test_queues_match_volcano_defaults_plus_the_tutorial_queue() -> None:
+    queues = {q["metadata"]["name"]: q for q in objects.volcano_queues()}
+    assert set(queues) == {"root", "default", "test"}
+    assert queues["default"]["spec"]["parent"] == "root"
+
+
+def _stage(name: str) -> dict[str, object]:
+    (stage,) = [s for s in stages.all_stages() if s["metadata"]["name"] == name]
+    return stage
+
+
+def test_stages_include_the_node_stages_kwok_would_otherwise_drop() -> None:
+    names = {s["metadata"]["name"] for s in stages.all_stages()}
+    assert {"node-initialize", "node-heartbeat-with-lease"} <= names
+    assert {"pod-ready", "pod-succeeded", "pod-failed", "pod-delete"} <= names
+
+
+def test_pod_outcome_stages_are_selected_by_annotation_and_delayed_by_it() -> None:
+    failed = _stage("pod-failed")["spec"]
+    assert isinstance(failed, dict)
+    expressions = failed["selector"]["matchExpressions"]
+    assert {
+        "key": '.metadata.annotations["sim.trainium.dev/outcome"]',
+        "operator": "In",
+        "values": ["failed"],
+    } in expressions
+    assert failed["delay"]["durationFrom"] == {
+        "expressionFrom": '.metadata.annotations["sim.trainium.dev/after"]'
+    }
+    template = failed["next"]["statusTemplate"]
+    assert "phase: Failed" in template
+    assert '"sim.trainium.dev/exit-code" ) 1 }}' in template
+
+
+def test_pod_stage_selectors_never_overlap() -> None:
+    """KWOK picks randomly among matching stages, so each pod state must match one stage."""
+    pod_stages = {s["metadata"]["name"]: s["spec"]["selector"] for s in stages.pod_stages()}
+    deleting = ".metadata.deletionTimestamp"
+    for name, selector in pod_stages.items():
+        keys = {e["key"]: e["operator"] for e in selector["matchExpressions"]}
+        if name == "pod-delete":
+            assert keys[deleting] == "Exists"
+        else:
+            assert keys[deleting] == "DoesNotExist"
+
+
+def test_kwokctl_config_serialises_once_to_parseable_documents(tmp_path: Path) -> None:
+    binaries = {
+        name: tmp_path / name
+        for name in (
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kubectl",
+            "etcd",
+            "kwok",
+        )
+    }
+    text = stages.dump_documents(
+        stages.kwokctl_config_documents(
+            binaries=binaries, kube_version="v1.35.4", etcd_version="v3.6.6", kwok_version="v0.8.0"
+        )
+    )
+    documents = list(yaml.safe_load_all(text))
+    options = documents[0]["options"]
+    assert options["runtime"] == "binary"
+    assert options["heartbeatFactor"] == 1
+    assert options["etcdVersion"] == "3.6.6"
+    assert options["kubeApiserverBinary"] == str(tmp_path / "kube-apiserver")
+    assert [d["kind"] for d in documents[1:]] == ["Stage"] * len(stages.all_stages())
+
+
+def test_go_build_names_a_single_binary_explicitly() -> None:
+    etcd = versions.GO_COMPONENTS["etcd"]
+    args = build.go_build_args(etcd, Path("/out"), jobs=1)
+    assert args[-2:] == ["/out/etcd", "go.etcd.io/etcd/server/v3"]
+
+
+def test_kubernetes_build_stamps_a_semver_version() -> None:
+    args = build.go_build_args(versions.GO_COMPONENTS["kubernetes"], Path("/out"), jobs=2)
+    ldflags = next(a for a in args if a.startswith("-ldflags="))
+    assert "-X k8s.io/component-base/version.gitVersion=v1.35.4" in ldflags
+    assert "-X k8s.io/client-go/pkg/version.gitMinor=35" in ldflags
+    assert "-tags=selinux,notest" in args
+
+
+def test_cache_key_changes_with_the_module_graph_but_not_comments(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    component = versions.GO_COMPONENTS["kwok"]
+    wrapper = tmp_path / component.wrapper
+    shutil.copytree(build.wrapper_dir(component), wrapper)
+    monkeypatch.setattr(build, "GOMOD_DIR", tmp_path)
+    original = build.component_digest(component)
+
+    go_mod = wrapper / "go.mod"
+    go_mod.write_text("// a new comment\n" + go_mod.read_text())
+    assert build.component_digest(component) == original
+
+    go_mod.write_text(go_mod.read_text().replace("go 1.26.0", "go 1.26.1"))
+    assert build.component_digest(component) != original
+
+
+def test_cache_lives_where_the_environment_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(paths.CACHE_DIR_ENV, str(tmp_path))
+    assert paths.bin_root() == tmp_path / "bin"
+    assert build.component_dir(versions.GO_COMPONENTS["etcd"]).parent == tmp_path / "bin"
+    cluster = paths.ClusterPaths("c1")
+    assert cluster.kubeconfig == tmp_path / "kwok" / "clusters" / "c1" / "kubeconfig.yaml"
+
+
+def test_missing_toolchain_names_the_parts_and_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(paths.CACHE_DIR_ENV, str(tmp_path))
+    with pytest.raises(build.ToolchainMissingError, match=r"kube-apiserver.*dev build"):
+        build.require_toolchain()
+
+
+def test_outcome_annotations_for_an_oom_kill() -> None:
+    annotations = sim.outcome_annotations(
+        succeeded=False, exit_code=137, reason="OOMKilled", message="out of memory", after="5s"
+    )
+    assert annotations == {
+        stages.OUTCOME_ANNOTATION: "failed",
+        stages.EXIT_CODE_ANNOTATION: "137",
+        stages.REASON_ANNOTATION: "OOMKilled",
+        stages.MESSAGE_ANNOTATION: "out of memory",
+        stages.AFTER_ANNOTATION: "5s",
+    }
+
+
+def test_outcome_annotations_default_to_a_clean_exit() -> None:
+    annotations = sim.outcome_annotations(succeeded=True)
+    assert annotations[stages.EXIT_CODE_ANNOTATION] == "0"
+    assert annotations[stages.REASON_ANNOTATION] == "Completed"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"succeeded": True, "exit_code": 1}, "succeeded pod exits 0"),
+        ({"succeeded": False, "exit_code": 0}, "non-zero"),
+        ({"succeeded": False, "exit_code": 300}, "0..255"),
+        ({"succeeded": True, "after": "soon"}, "Go duration"),
+        ({"succeeded": True, "after": -1}, ">= 0"),
+    ],
+)
+def test_outcome_annotations_reject_contradictions(kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        sim.outcome_annotations(**kwargs)  # type: ignore[arg-type]
+
+
+def test_delays_become_go_durations() -> None:
+    assert sim.go_duration(1.5) == "1500ms"
+    assert sim.go_duration("1m30s") == "1m30s"
+
+
+def test_wait_for_returns_the_first_satisfying_value() -> None:
+    values = iter([1, 2, 3])
+    assert (
+        sim.wait_for(lambda: next(values), until=lambda v: v >= 2, timeout=5, description="two")
+        == 2
+    )
+
+
+def test_wait_for_reports_the_last_observed_state() -> None:
+    with pytest.raises(
+        sim.WaitTimeoutError, match=r"waiting for phase Running; last observed: 'Pending'"
+    ):
+        sim.wait_for(
+            lambda: "Pending",
+            until=lambda v: v == "Running",
+            timeout=0.3,
+            description="phase Running",
+            interval=0.05,
+        )
+
+
+def test_wait_for_treats_errors_as_not_yet_and_reports_them() -> None:
+    def fetch() -> str:
+        raise LookupError("pod not found")
+
+    with pytest.raises(AssertionError, match="pod not found"):
+        sim.wait_for(fetch, timeout=0.2, description="the pod", interval=0.05)
