@@ -244,8 +244,12 @@ class TimelineIndex:
                 shown = np.sort(shown[keep])
             folded = positions[~wide]
             visible_flow_ends.append(shown[self.partner[shown] >= 0])
+            entry: dict[str, Any] = {}
+            if track.kind == "steps":
+                entry["value"] = self.columns.value[self.order[shown]].tolist()
             out_tracks.append(
-                {
+                entry
+                | {
                     "id": track_id,
                     "ids": shown.tolist(),
                     "start": self.start[shown].tolist(),

@@ -1,0 +1,246 @@
+// Single-page profile UI: Profiles, Dashboard and Timeline, routed by the URL hash.
+import { fmtNs, fmtPct, fmtInt, fmtBytes, esc, colourFor } from "./format.js";
+import { lineChart, histogramChart, stackedBar, horizontalBars, disposeCharts } from "./charts.js";
+import { Timeline } from "./timeline.js";
+
+const page = document.getElementById("page");
+const state = { profileId: localStorage.getItem("profileId"), dashboard: null, pollTimer: null, timeline: null };
+window.__ui = state; // read by the browser tests
+
+async function api(path, options = {}) {
+  const response = await fetch(path, options);
+  if (!response.ok) throw new Error(`${response.status} ${await response.text()}`);
+  return response.json();
+}
+const q = encodeURIComponent;
+
+function setProfile(id) {
+  state.profileId = id;
+  state.dashboard = null;
+  if (id) localStorage.setItem("profileId", id); else localStorage.removeItem("profileId");
+}
+
+function showCurrent(overview) {
+  const el = document.getElementById("current-profile");
+  el.innerHTML = overview
+    ? `<b>${esc(overview.namespace ? overview.namespace + "/" : "")}${esc(overview.job_name)}</b> · ${overview.nodes.length} nodes · ${overview.ranks} ranks · ${fmtInt(overview.events)} events`
+    : "No profile loaded";
+}
+
+function route() {
+  const name = (location.hash.replace(/^#\/?/, "").split("?")[0]) || "profiles";
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.page === name);
+  clearInterval(state.pollTimer);
+  disposeCharts();
+  if (state.timeline) { state.timeline.destroy(); state.timeline = null; }
+  page.classList.toggle("wide", name === "timeline");
+  const render = { profiles: renderProfiles, dashboard: renderDashboard, timeline: renderTimeline }[name] || renderProfiles;
+  render().catch((err) => { page.innerHTML = `<div class="card empty">${esc(err.message)}</div>`; });
+}
+window.addEventListener("hashchange", route);
+
+// ------------------------------------------------------------------ profiles
+
+async function renderProfiles() {
+  const data = await api("/api/profiles");
+  const busy = data.profiles.some((p) => p.state === "loading");
+  page.innerHTML = `
+    <h1>Profiles</h1>
+    <p class="sub">Profiles found under <code>${esc(data.root)}</code>. Load one to open its dashboard and timeline.</p>
+    ${data.jobs !== null || data.jobs_error ? jobsCard(data) : ""}
+    <div class="card">
+      <div class="card-head"><h2>Profile directories</h2><span class="hint">${data.profiles.length} found</span></div>
+      ${data.profiles.length ? `<div class="scroll" style="max-height:none"><table data-testid="profiles-table">
+        <thead><tr><th>Profile</th><th>Job</th><th>Attempt</th><th>Created</th><th>Nodes</th><th>Ranks</th><th>Size</th><th>State</th><th></th></tr></thead>
+        <tbody>${data.profiles.map(profileRow).join("")}</tbody></table></div>` : `<div class="empty">No profiles here yet.</div>`}
+    </div>`;
+  for (const button of page.querySelectorAll("[data-action]")) button.addEventListener("click", onProfileAction);
+  if (busy) state.pollTimer = setInterval(() => { if (location.hash.startsWith("#/profiles") || !location.hash) renderProfiles(); }, 1000);
+}
+
+function jobsCard(data) {
+  if (data.jobs_error) return `<div class="warnings">TrainingJobs could not be listed: ${esc(data.jobs_error)}</div>`;
+  return `<div class="card" style="margin-bottom:16px">
+    <div class="card-head"><h2>TrainingJobs with profiling</h2><span class="hint">${data.jobs.length} jobs</span></div>
+    <table data-testid="jobs-table"><thead><tr><th>Job</th><th>Namespace</th><th>Created</th><th>Status</th><th></th></tr></thead><tbody>
+    ${data.jobs.map((j) => `<tr><td>${esc(j.name)}</td><td>${esc(j.namespace)}</td><td>${esc(j.created)}</td>
+      <td><span class="badge ${j.status === "Running" ? "running" : ""}">${esc(j.status)}</span></td>
+      <td>${j.profile_id ? `<button class="btn small primary" data-action="load" data-id="${esc(j.profile_id)}">Load profile</button>` : `<span class="hint">no profile yet</span>`}</td></tr>`).join("")}
+    </tbody></table></div>`;
+}
+
+function profileRow(p) {
+  const label = p.namespace ? `${p.namespace}/${p.job_name}` : p.job_name;
+  const actions = p.state === "loaded"
+    ? `<button class="btn small primary" data-action="open" data-id="${esc(p.id)}">Open</button> <button class="btn small" data-action="unload" data-id="${esc(p.id)}">Unload</button>`
+    : p.state === "loading" ? `<span class="spinner"></span>`
+    : `<button class="btn small primary" data-action="load" data-id="${esc(p.id)}">Load</button>`;
+  return `<tr data-profile="${esc(p.id)}"><td class="name" title="${esc(p.path)}">${esc(p.id)}</td><td>${esc(label)}</td><td>${p.attempt}</td>
+    <td>${esc(p.created || "–")}</td><td>${p.nodes}</td><td>${p.ranks}</td><td>${fmtBytes(p.bytes)}</td>
+    <td><span class="badge ${p.state}" title="${esc(p.error || "")}">${p.state}${p.state === "loaded" ? ` · ${fmtInt(p.events)} events` : ""}</span></td>
+    <td>${actions}</td></tr>`;
+}
+
+async function onProfileAction(event) {
+  const { action, id } = event.currentTarget.dataset;
+  if (action === "load") {
+    await api(`/api/profiles/load?id=${q(id)}`, { method: "POST" });
+    setProfile(id);
+    renderProfiles();
+  } else if (action === "unload") {
+    await api(`/api/profiles/unload?id=${q(id)}`, { method: "POST" });
+    if (state.profileId === id) { setProfile(null); showCurrent(null); }
+    renderProfiles();
+  } else if (action === "open") {
+    setProfile(id);
+    location.hash = "#/dashboard";
+  }
+}
+
+async function currentDashboard() {
+  if (!state.profileId) return null;
+  if (!state.dashboard) {
+    try { state.dashboard = await api(`/api/dashboard?id=${q(state.profileId)}`); }
+    catch { setProfile(null); return null; }
+  }
+  showCurrent(state.dashboard.overview);
+  return state.dashboard;
+}
+
+function needProfile() {
+  page.innerHTML = `<div class="card empty">No profile loaded. <a class="link" href="#/profiles">Choose one on the Profiles page.</a></div>`;
+}
+
+// ------------------------------------------------------------------ dashboard
+
+async function renderDashboard() {
+  page.innerHTML = `<div class="empty"><span class="spinner"></span> Loading dashboard…</div>`;
+  const d = await currentDashboard();
+  if (!d) return needProfile();
+  const o = d.overview;
+  const busy = d.utilisation.device_mean_busy;
+  const meanBusy = busy.length ? busy.reduce((a, b) => a + b, 0) / busy.length : 0;
+  const st = d.steps.stats;
+  page.innerHTML = `
+    <h1>${esc(o.namespace ? o.namespace + "/" : "")}${esc(o.job_name)}</h1>
+    <p class="sub">${o.nodes.length} nodes · ${o.ranks} ranks · ${fmtInt(o.events)} events over ${fmtNs(o.duration_ns)} · created ${esc(o.created || "–")}${o.step_window ? ` · detailed steps ${o.step_window[0]}–${o.step_window[1]}` : ""}</p>
+    ${o.warnings.length ? `<div class="warnings" data-testid="warnings">${o.warnings.map(esc).join("<br>")}</div>` : ""}
+    <div class="kpis">
+      ${kpi("Steps", fmtInt(st.count), "with step markers", "kpi-steps")}
+      ${kpi("Step time p50", fmtNs(st.p50_ns), `p99 ${fmtNs(st.p99_ns)}`, "kpi-step-p50")}
+      ${kpi("Device busy", fmtPct(meanBusy), `${busy.length} NeuronCores`, "kpi-busy")}
+      ${kpi("Kernel runs", fmtInt(d.kernels.count), `${d.kernels.distinct} distinct`, "kpi-kernels")}
+      ${kpi("Launch latency p50", fmtNs(d.launch_latency.stats.p50_ns), `p99 ${fmtNs(d.launch_latency.stats.p99_ns)}`, "kpi-latency")}
+      ${kpi("Dropped events", fmtInt(o.dropped_events), "ring overflow at capture", "kpi-dropped")}
+    </div>
+    <div class="grid">
+      <section class="card span-12"><div class="card-head"><h2>Utilisation over time</h2><span class="hint">device busy % per node (mean over its NeuronCores) · host CPU cores · drag to zoom</span></div><div class="chart" id="util-chart" data-testid="util-chart"></div></section>
+      <section class="card span-6"><div class="card-head"><h2>Device activity</h2><span class="hint">share of each rank's capture window</span></div><div id="activity"></div></section>
+      <section class="card span-6"><div class="card-head"><h2>Kernel precision</h2><span class="hint">share of kernel time</span></div><div id="precision"></div></section>
+      <section class="card span-7"><div class="card-head"><h2>Step time histogram</h2><span class="hint">step time = slowest rank</span></div><div class="chart" id="step-hist" data-testid="step-hist"></div>
+        <div class="stats" data-testid="step-stats">${statsLine(st)}</div></section>
+      <section class="card span-5"><div class="card-head"><h2>Steps</h2><span class="hint">click a step to open it in the timeline</span></div>
+        <div class="scroll" style="max-height:300px"><table data-testid="steps-table"><thead><tr><th>Step</th><th>Time</th><th>Mean</th><th>Min</th><th>Slowest rank</th></tr></thead><tbody>
+        ${d.steps.rows.map((r) => `<tr data-step="${r.step}"><td><a class="link" href="#/timeline?step=${r.step}">${r.step}</a></td><td>${fmtNs(r.max_ns)}</td><td>${fmtNs(r.mean_ns)}</td><td>${fmtNs(r.min_ns)}</td><td>${r.slowest_rank}</td></tr>`).join("")}
+        </tbody></table></div></section>
+      <section class="card span-12"><div class="card-head"><h2>Top kernels</h2>
+        <span class="hint">by total device time · show <select id="topk">${[5, 10, 15, 25, 50].map((k) => `<option ${k === 15 ? "selected" : ""}>${k}</option>`).join("")}</select></span></div>
+        <div class="grid"><div class="span-5" id="kernel-bars"></div><div class="span-7"><div class="scroll"><table data-testid="kernels-table"><thead><tr><th>Kernel</th><th>Count</th><th>Total</th><th>Mean</th><th>p50</th><th>p99</th><th>Share</th></tr></thead><tbody id="kernel-rows"></tbody></table></div></div></div></section>
+      <section class="card span-6"><div class="card-head"><h2>Launch → execution latency</h2><span class="hint">${fmtInt(d.launch_latency.matched)} linked launches${d.launch_latency.unmatched_launches ? ` · ${fmtInt(d.launch_latency.unmatched_launches)} unlinked` : ""}</span></div>
+        <div class="chart" id="latency-hist" data-testid="latency-hist"></div><div class="stats" data-testid="latency-stats">${statsLine(d.launch_latency.stats)}</div></section>
+      <section class="card span-6"><div class="card-head"><h2>Custom annotations</h2><span class="hint">
+        <select id="annotation-picker" data-testid="annotation-picker">${d.annotations.map((a) => `<option value="${esc(a.name)}">${esc(a.name)} (${fmtInt(a.stats.count)})</option>`).join("")}</select></span></div>
+        <div class="chart" id="annotation-hist" data-testid="annotation-hist"></div><div class="stats" id="annotation-stats" data-testid="annotation-stats"></div></section>
+    </div>`;
+
+  const u = d.utilisation;
+  const x = u.bucket_start_ns.map((t) => (t + u.bucket_ns / 2) / 1e9);
+  const series = [];
+  o.nodes.forEach((node, i) => series.push({ label: `${node} busy`, stroke: ["#2563eb", "#7c3aed", "#0891b2", "#db2777"][i % 4], width: 1.6, fill: i === 0 ? "#2563eb18" : undefined, data: u.node_busy[i].map((v) => (v == null ? null : 100 * v)), value: (uu, v) => (v == null ? "–" : `${v.toFixed(1)}%`) }));
+  o.nodes.forEach((node, i) => series.push({ label: `${node} CPU`, scale: "cores", stroke: ["#ea580c", "#ca8a04", "#16a34a", "#dc2626"][i % 4], width: 1, dash: [4, 3], data: u.node_cpu_cores[i], spanGaps: true, value: (uu, v) => (v == null ? "–" : `${v.toFixed(2)} cores`) }));
+  lineChart(document.getElementById("util-chart"), { x, series, yLabel: "device busy", y2Label: "CPU cores", xLabel: "seconds since profile start" });
+
+  const activity = ["compute", "collective", "memcpy", "sync", "idle"].map((k) => ({ key: k, share: d.activity.shares[k] || 0, abs: fmtNs(d.activity.totals_ns[k] || 0) }));
+  stackedBar(document.getElementById("activity"), activity, "activity-legend");
+  stackedBar(document.getElementById("precision"), d.precision.map((p) => ({ key: p.precision, share: p.share, abs: `${fmtInt(p.count)} runs · ${fmtNs(p.total_ns)}` })), "precision-legend");
+
+  histogramChart(document.getElementById("step-hist"), { ...d.steps.histogram, colour: "#2563eb", xLabel: "step time" });
+  histogramChart(document.getElementById("latency-hist"), { ...d.launch_latency.histogram, colour: "#0891b2", xLabel: "launch → start of execution" });
+
+  const renderKernels = () => {
+    const k = Number(document.getElementById("topk").value);
+    const rows = d.kernels.all.slice(0, k);
+    horizontalBars(document.getElementById("kernel-bars"), rows.map((r) => ({ label: r.name, value: r.total_ns, text: fmtPct(r.share) })), colourFor);
+    document.getElementById("kernel-rows").innerHTML = rows.map((r) => `<tr data-kernel="${esc(r.name)}"><td class="name">${esc(r.name)}</td><td>${fmtInt(r.count)}</td><td>${fmtNs(r.total_ns)}</td><td>${fmtNs(r.mean_ns)}</td><td>${fmtNs(r.p50_ns)}</td><td>${fmtNs(r.p99_ns)}</td><td>${fmtPct(r.share)}</td></tr>`).join("");
+  };
+  document.getElementById("topk").addEventListener("change", renderKernels);
+  renderKernels();
+
+  const picker = document.getElementById("annotation-picker");
+  const renderAnnotation = async () => {
+    if (!picker.value) { document.getElementById("annotation-hist").innerHTML = `<div class="empty">No annotations in this profile</div>`; return; }
+    const a = await api(`/api/annotation?id=${q(state.profileId)}&name=${q(picker.value)}`);
+    histogramChart(document.getElementById("annotation-hist"), { ...a.histogram, colour: "#7c3aed", xLabel: `${a.name} duration` });
+    document.getElementById("annotation-stats").innerHTML = a.stats ? statsLine(a.stats) : "";
+    document.getElementById("annotation-stats").dataset.name = a.name;
+  };
+  picker.addEventListener("change", renderAnnotation);
+  await renderAnnotation();
+  page.dataset.ready = "dashboard";
+}
+
+function kpi(label, value, note, testid) {
+  return `<div class="kpi" data-testid="${testid}"><div class="label">${esc(label)}</div><div class="value">${esc(value)}</div><div class="note">${esc(note)}</div></div>`;
+}
+function statsLine(s) {
+  if (!s || !s.count) return "no data";
+  return `<span>count <b>${fmtInt(s.count)}</b></span><span>mean <b>${fmtNs(s.mean_ns)}</b></span><span>p50 <b>${fmtNs(s.p50_ns)}</b></span><span>p90 <b>${fmtNs(s.p90_ns)}</b></span><span>p99 <b>${fmtNs(s.p99_ns)}</b></span><span>max <b>${fmtNs(s.max_ns)}</b></span>`;
+}
+
+// ------------------------------------------------------------------ timeline
+
+async function renderTimeline() {
+  page.innerHTML = `<div class="empty"><span class="spinner"></span> Loading timeline…</div>`;
+  const d = await currentDashboard();
+  if (!d) return needProfile();
+  const tracks = await api(`/api/tracks?id=${q(state.profileId)}`);
+  page.innerHTML = `
+    <div class="tl-toolbar">
+      <button class="btn small" id="tl-reset" title="Whole profile">Reset zoom</button>
+      <button class="btn small" id="tl-in" title="Zoom in (W)">+</button><button class="btn small" id="tl-out" title="Zoom out (S)">−</button>
+      <select id="tl-step" data-testid="step-picker"><option value="">Zoom to step…</option>${tracks.steps.map((s) => `<option value="${s.step}">step ${s.step} · ${fmtNs(s.end_ns - s.start_ns)}</option>`).join("")}</select>
+      <label class="hint"><input type="checkbox" id="tl-flows" checked> launch → execution arrows</label>
+      <span class="spacer"></span>
+      <span class="range" id="tl-range" data-testid="timeline-range"></span>
+      <span class="hint"><kbd>W</kbd>/<kbd>S</kbd> zoom · <kbd>A</kbd>/<kbd>D</kbd> pan · wheel zoom · drag pan · <kbd>F</kbd> fit selection</span>
+    </div>
+    <div class="tl-body">
+      <div class="tl-scroll" id="tl-scroll"><canvas id="tl-canvas" data-testid="timeline-canvas"></canvas><div id="tl-spacer"></div></div>
+      <aside class="tl-side" id="tl-side" data-testid="event-details"><h2>Details</h2><p class="sub">Click an event to see its details; a launch and its device execution are joined by an arrow.</p></aside>
+    </div><div class="tl-tip" id="tl-tip"></div>`;
+  const timeline = new Timeline({
+    profileId: state.profileId, tracks, api,
+    scroll: document.getElementById("tl-scroll"), canvas: document.getElementById("tl-canvas"),
+    spacer: document.getElementById("tl-spacer"), side: document.getElementById("tl-side"),
+    tip: document.getElementById("tl-tip"), rangeLabel: document.getElementById("tl-range"),
+  });
+  state.timeline = timeline;
+  window.__timeline = timeline;
+  document.getElementById("tl-reset").onclick = () => timeline.setView(0, tracks.end_ns);
+  document.getElementById("tl-in").onclick = () => timeline.zoomBy(0.5);
+  document.getElementById("tl-out").onclick = () => timeline.zoomBy(2);
+  document.getElementById("tl-flows").onchange = (e) => timeline.setFlows(e.target.checked);
+  const stepPicker = document.getElementById("tl-step");
+  stepPicker.onchange = () => { if (stepPicker.value !== "") timeline.zoomToStep(Number(stepPicker.value)); };
+  const wanted = new URLSearchParams(location.hash.split("?")[1] || "").get("step");
+  if (wanted !== null) { stepPicker.value = wanted; timeline.zoomToStep(Number(wanted)); }
+  else timeline.setView(0, tracks.end_ns);
+  page.dataset.ready = "timeline";
+}
+
+(async () => {
+  if (state.profileId) {
+    try { const d = await currentDashboard(); if (!d) showCurrent(null); } catch { showCurrent(null); }
+  }
+  route();
+})();
