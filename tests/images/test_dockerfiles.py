@@ -126,6 +126,16 @@ def test_training_image_copies_the_training_package_to_its_contract_path() -> No
     assert env["PYTHONPATH"] == "/opt/trainium"
 
 
+def test_example_job_runs_a_script_the_training_image_contains() -> None:
+    job = yaml.safe_load((ROOT / "examples" / "bert-large-pretrain.yaml").read_text())
+    script = job["spec"]["command"]["script"]
+    destination = "/opt/trainium/trainium_training/"
+    assert script.startswith(destination)
+    assert script == destination + "pretrain.py"
+    source = ROOT / "images" / "training" / "trainium_training" / script.removeprefix(destination)
+    assert source.is_file(), f"{script} is copied from {source.relative_to(ROOT)}, which is missing"
+
+
 def test_training_image_installs_our_profiler_without_dependencies() -> None:
     runs = [i.arguments for i in Dockerfile(TRAINING_DOCKERFILE).final("RUN")]
     (install,) = [r for r in runs if "trainium_operator-" in r]
