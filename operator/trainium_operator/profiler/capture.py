@@ -46,6 +46,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _monotonic_ns: Final = time.monotonic_ns
+_get_ident: Final = threading.get_ident
 _ANNOTATION: Final = int(EventKind.ANNOTATION)
 _STEP: Final = int(EventKind.STEP)
 _KINDS: Final = {int(k): k for k in EventKind}
@@ -67,6 +68,7 @@ class ThreadRing:
         "depth",
         "dropped",
         "head",
+        "ident",
         "mask",
         "tail",
         "thread",
@@ -82,7 +84,8 @@ class ThreadRing:
         self.dropped = 0  # records lost to a full ring (owner thread only)
         self.depth = 0  # open annotations on this thread
         self.thread = thread
-        self.thread_id = thread_id
+        self.ident = thread.ident  # threading.get_ident() of the owner, a cheap identity test
+        self.thread_id = thread_id  # the OS thread id, which other profilers also report
 
     def push(self, record: Record) -> None:
         head = self.head
@@ -454,10 +457,9 @@ class Annotation:
     __slots__ = ("_depth", "_ring", "_start", "name")
 
     def __init__(self, name: str) -> None:
+        # _start and _depth are set only when recording: fewer stores on the disabled path.
         self.name = name
         self._ring: ThreadRing | None = None
-        self._start = 0
-        self._depth = 0
 
     def __enter__(self) -> Annotation:
         session = _detail
@@ -543,7 +545,10 @@ def annotation_begin(name: str) -> AnnotationHandle:
     session = _detail
     if session is None:
         return _NULL_HANDLE
-    ring = session.ring()
+    try:
+        ring: ThreadRing = session.local.ring
+    except AttributeError:
+        ring = session.ring()
     depth = ring.depth
     ring.depth = depth + 1
     return AnnotationHandle(name, ring, _monotonic_ns(), depth)
@@ -556,13 +561,28 @@ def annotation_end(handle: AnnotationHandle) -> None:
         return
     end = _monotonic_ns()
     handle._ring = None
-    ring.depth = max(ring.depth - 1, 0)
-    record = (_ANNOTATION, handle.name, handle._start, end, handle._depth, 0, ring.thread_id)
+    open_ranges = ring.depth - 1
+    ring.depth = open_ranges if open_ranges > 0 else 0
+    if ring.ident == _get_ident():
+        head = ring.head
+        if head - ring.tail >= ring.capacity:
+            ring.dropped += 1
+            return
+        ring.buf[head & ring.mask] = (
+            _ANNOTATION,
+            handle.name,
+            handle._start,
+            end,
+            handle._depth,
+            0,
+        )
+        ring.head = head + 1
+        return
+    # Another thread owns `ring`; writing it from here would race its owner, so the record
+    # goes to this thread's ring, carrying the beginning thread's id.
     session = _detail or _session
-    if ring.thread is threading.current_thread():
-        ring.push(record)
-    elif session is not None:
-        # Another thread owns `ring`; writing it here would race its owner.
+    if session is not None:
+        record = (_ANNOTATION, handle.name, handle._start, end, handle._depth, 0, ring.thread_id)
         session.ring().push(record)
 
 

@@ -417,8 +417,6 @@ def write_rank_file(
     with RankFileWriter(path, header, codec=codec) as writer:
         for (thread_id, device), name in (track_names or {}).items():
             writer.name_track(thread_id, device, name)
-        if header.clock_sync:
-            writer.write_sync_points(header.clock_sync)
         batch: list[Event] = []
         for ev in events:
             batch.append(ev)
@@ -515,11 +513,12 @@ class RankFileReader:
     def blocks(self) -> Iterator[tuple[int, int, bytes]]:
         """Yield (offset, type, payload) for each intact block; raise at the first damage."""
         f = self._file
+        end_seen = False
         while True:
             offset = f.tell()
             head = f.read(_BLOCK_HEADER.size)
             if not head:
-                if not self.complete:
+                if not end_seen:
                     raise self._error(
                         TruncatedProfileError,
                         offset,
@@ -553,6 +552,7 @@ class RankFileReader:
                 raise self._error(CorruptProfileError, offset, f"unknown codec {codec}")
             if len(payload) != raw_len:
                 raise self._error(CorruptProfileError, offset, "block size mismatch")
+            end_seen = end_seen or block_type == BLOCK_END
             yield offset, block_type, payload
 
     def events(self) -> Iterator[Event]:

@@ -1,0 +1,322 @@
+"""The rank file format: round trip, size, streaming, damage and version handling."""
+
+from __future__ import annotations
+
+import random
+import struct
+from pathlib import Path
+
+import pytest
+
+from trainium_operator.profiler.clock import ClockSyncPoint
+from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind, Precision
+from trainium_operator.profiler.format import (
+    CODEC_NONE,
+    FORMAT_MAJOR,
+    MAGIC,
+    CorruptProfileError,
+    NotAProfileError,
+    ProfileFormatError,
+    RankFileReader,
+    RankFileWriter,
+    RankHeader,
+    TruncatedProfileError,
+    UnsupportedVersionError,
+    encode_events_payload,
+    iter_events,
+    read_rank_file,
+    read_rank_header,
+    write_rank_file,
+)
+
+HEADER = RankHeader(
+    rank=5,
+    world_size=64,
+    local_rank=5,
+    group_rank=0,
+    node="ip-10-1-2-3",
+    hostname="trainer-0",
+    pid=4242,
+    job_name="llama",
+    namespace="ml",
+    job_uid="6f1c",
+    attempt=1,
+    step_window=(10, 20),
+    sources=("host", "torch"),
+    clock_sync=(ClockSyncPoint(1_000, 1_700_000_000_000_001_000, 40),),
+    extra={"note": "ünïcode"},
+)
+
+
+def training_like_events(count: int, seed: int = 7) -> list[Event]:
+    """A realistic mix: step markers, nested host ranges, launches/kernels with flows, samples."""
+    rng = random.Random(seed)
+    names = ["forward", "backward", "optimizer", "aten::addmm", "aten::relu", "nrt_execute"]
+    events: list[Event] = []
+    t = 5_000_000_000
+    flow = 0
+    while len(events) < count:
+        t += rng.randint(1_000, 50_000)
+        kind = rng.choice(
+            [EventKind.ANNOTATION, EventKind.HOST_OP, EventKind.HOST_OP, EventKind.LAUNCH]
+        )
+        duration = rng.randint(500, 2_000_000)
+        if kind == EventKind.LAUNCH:
+            flow += 1
+            events.append(Event(kind, "nrt_execute", t, duration, 77, HOST_DEVICE, flow))
+            events.append(
+                Event(
+                    EventKind.KERNEL,
+                    "nc_exec",
+                    t + 30_000,
+                    duration * 3,
+                    0,
+                    3,
+                    flow,
+                    precision=Precision.BF16,
+                )
+            )
+        else:
+            events.append(
+                Event(
+                    kind, rng.choice(names), t, duration, 77, HOST_DEVICE, depth=rng.randint(0, 3)
+                )
+            )
+        if len(events) % 50 == 0:
+            events.append(Event(EventKind.MEMORY, "memory.rss", t, 0, 0, HOST_DEVICE, value=2**33))
+    return events[:count]
+
+
+def test_round_trip_keeps_every_field_and_the_header(tmp_path: Path) -> None:
+    events = [
+        Event(EventKind.ANNOTATION, "forward", 10, 5, 123, HOST_DEVICE, 0, 0, Precision.UNKNOWN, 2),
+        Event(EventKind.KERNEL, "nc_exec_running", 8, 0, 1, 31, 2**40, 0, Precision.FP8, 0),
+        Event(EventKind.COUNTER, "temperature", 2**62, 0, -5, HOST_DEVICE, 0, -17),
+        Event(EventKind.MEMCPY, "nrt_tensor_write ☃", 3, 2**45, 0, 0, 1, 2**50),
+        Event(EventKind.STEP, "step", 0, 1, 2**63 - 1, HOST_DEVICE, value=99),
+    ]
+    path = tmp_path / "rank-5.trnprof"
+    write_rank_file(path, HEADER, events, track_names={(1, 31): "NC31 exec"}, dropped_events=3)
+
+    profile = read_rank_file(path)
+    assert profile.events == events
+    assert profile.track_names == {(1, 31): "NC31 exec"}
+    assert profile.damage is None
+    assert profile.header.complete
+    assert profile.header.dropped_events == 3
+    assert profile.header.event_count == len(events)
+    assert profile.header.clock_sync == HEADER.clock_sync
+    assert profile.header.node == "ip-10-1-2-3"
+    assert profile.header.step_window == (10, 20)
+    assert profile.header.extra == {"note": "ünïcode"}
+
+
+def test_round_trip_across_many_blocks_and_sync_points(tmp_path: Path) -> None:
+    events = training_like_events(20_000)
+    path = tmp_path / "rank.trnprof"
+    with RankFileWriter(path, HEADER, block_events=1_000) as writer:
+        for start in range(0, len(events), 3_000):
+            writer.write_events(events[start : start + 3_000])
+            writer.write_sync_points([ClockSyncPoint(start, 10**18 + start, 1)])
+        writer.close(dropped_events=0)
+    profile = read_rank_file(path)
+    assert profile.events == events
+    assert len(profile.header.clock_sync) == 1 + 7
+
+
+def test_encoding_is_at_most_16_bytes_per_event_before_compression() -> None:
+    from trainium_operator.profiler.format import _Tables
+
+    events = training_like_events(50_000)
+    payload = encode_events_payload(_Tables(), events)
+    assert len(payload) / len(events) <= 16
+
+
+def test_reader_streams_block_by_block(tmp_path: Path) -> None:
+    events = training_like_events(5_000)
+    path = tmp_path / "rank.trnprof"
+    with RankFileWriter(path, HEADER, block_events=500) as writer:
+        writer.write_events(events)
+        writer.close()
+    with RankFileReader(path) as reader:
+        stream = reader.events()
+        first = [next(stream) for _ in range(10)]
+        # Only the first block has been read from disk so far.
+        assert reader._file.tell() < path.stat().st_size // 5
+        rest = list(stream)
+    assert first + rest == events
+
+
+def test_iter_events_yields_the_same_events_as_read(tmp_path: Path) -> None:
+    events = training_like_events(3_000)
+    path = tmp_path / "rank.trnprof"
+    write_rank_file(path, HEADER, events)
+    assert list(iter_events(path)) == events
+
+
+def _blocks_file(tmp_path: Path, codec: int = 1) -> tuple[Path, list[Event]]:
+    events = training_like_events(4_000, seed=3)
+    path = tmp_path / "rank-1.trnprof"
+    with RankFileWriter(path, HEADER, block_events=1_000, codec=codec) as writer:
+        writer.write_events(events)
+        writer.close()
+    return path, events
+
+
+def _block_offsets(path: Path) -> list[int]:
+    with RankFileReader(path) as reader:
+        return [offset for offset, _, _ in reader.blocks()]
+
+
+def _block_spans(path: Path) -> list[tuple[int, int]]:
+    """(start, end) byte offsets of each block of an intact file."""
+    starts = _block_offsets(path)
+    return list(zip(starts, [*starts[1:], path.stat().st_size], strict=True))
+
+
+@pytest.mark.parametrize("cut_fraction", [0.05, 0.3, 0.55, 0.8, 0.99])
+def test_truncated_file_names_file_and_offset_and_keeps_earlier_blocks(
+    tmp_path: Path, cut_fraction: float
+) -> None:
+    path, events = _blocks_file(tmp_path)
+    event_blocks = _block_spans(path)[:4]  # 4 blocks of 1,000 events, then the END block
+    data = path.read_bytes()
+    cut = int(len(data) * cut_fraction)
+    path.write_bytes(data[:cut])
+
+    with pytest.raises(TruncatedProfileError) as excinfo:
+        read_rank_file(path)
+    assert str(path) in str(excinfo.value)
+    assert f"byte {excinfo.value.offset}" in str(excinfo.value)
+    assert excinfo.value.offset <= cut
+
+    partial = read_rank_file(path, strict=False)
+    assert isinstance(partial.damage, TruncatedProfileError)
+    assert not partial.header.complete
+    # Every event of every block that ends before the cut is still there, in order.
+    whole_blocks = sum(1 for _, end in event_blocks if end <= cut)
+    assert partial.events == events[: 1_000 * whole_blocks]
+
+
+def test_file_cut_exactly_between_blocks_reports_the_missing_end(tmp_path: Path) -> None:
+    path, events = _blocks_file(tmp_path)
+    offsets = _block_offsets(path)
+    data = path.read_bytes()
+    path.write_bytes(data[: offsets[2]])
+    with pytest.raises(TruncatedProfileError, match="without its END block") as excinfo:
+        list(iter_events(path))
+    assert excinfo.value.offset == offsets[2]
+    assert read_rank_file(path, strict=False).events == events[:2_000]
+
+
+@pytest.mark.parametrize("block", [0, 1, 2])
+def test_corrupt_block_is_reported_at_its_offset_and_earlier_blocks_survive(
+    tmp_path: Path, block: int
+) -> None:
+    path, events = _blocks_file(tmp_path)
+    offsets = _block_offsets(path)
+    data = bytearray(path.read_bytes())
+    data[offsets[block] + 40] ^= 0xFF  # inside the compressed payload
+    path.write_bytes(bytes(data))
+
+    with pytest.raises(CorruptProfileError, match="checksum") as excinfo:
+        read_rank_file(path)
+    assert excinfo.value.offset == offsets[block]
+    assert excinfo.value.path == str(path)
+    assert read_rank_file(path, strict=False).events == events[: 1_000 * block]
+
+
+def test_corrupt_block_length_is_caught(tmp_path: Path) -> None:
+    path, _ = _blocks_file(tmp_path)
+    offsets = _block_offsets(path)
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, offsets[1] + 4, 0x7FFF_FFFF)
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptProfileError, match="implausible block length") as excinfo:
+        read_rank_file(path)
+    assert excinfo.value.offset == offsets[1]
+
+
+def test_undecodable_payload_with_a_valid_checksum_is_corrupt(tmp_path: Path) -> None:
+    # A writer bug rather than disk damage: the checksum matches but the records do not parse.
+    path = tmp_path / "rank.trnprof"
+    with RankFileWriter(path, HEADER, codec=CODEC_NONE) as writer:
+        writer._write_block(1, b"\x00\x00\x05\x01\x09")  # claims 5 records, holds half of one
+        writer.close()
+    with pytest.raises(CorruptProfileError, match="undecodable block"):
+        read_rank_file(path)
+
+
+def test_corrupt_header_is_reported(tmp_path: Path) -> None:
+    path, _ = _blocks_file(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[30] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptProfileError, match="header checksum") as excinfo:
+        read_rank_header(path)
+    assert excinfo.value.offset == 20
+
+
+def test_other_major_version_is_refused_clearly(tmp_path: Path) -> None:
+    path, _ = _blocks_file(tmp_path)
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<H", data, len(MAGIC), FORMAT_MAJOR + 1)
+    path.write_bytes(bytes(data))
+    with pytest.raises(UnsupportedVersionError) as excinfo:
+        read_rank_file(path, strict=False)
+    message = str(excinfo.value)
+    assert str(path) in message
+    assert f"format version {FORMAT_MAJOR + 1}.0 is not supported" in message
+
+
+def test_newer_minor_version_with_unknown_blocks_is_readable(tmp_path: Path) -> None:
+    path = tmp_path / "rank.trnprof"
+    events = training_like_events(100)
+    with RankFileWriter(path, HEADER) as writer:
+        writer.write_events(events)
+        writer._write_block(200, b"a block type from the future")
+        writer.close()
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<H", data, len(MAGIC) + 2, 7)  # minor 7
+    path.write_bytes(bytes(data))
+    profile = read_rank_file(path)
+    assert profile.events == events
+    assert profile.header.format_version == (FORMAT_MAJOR, 7)
+
+
+def test_a_file_that_is_not_a_profile_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.trnprof"
+    path.write_text('{"traceEvents": []}')
+    with pytest.raises(NotAProfileError, match="bad magic"):
+        read_rank_file(path)
+    empty = tmp_path / "rank-1.trnprof"
+    empty.write_bytes(b"")
+    with pytest.raises(ProfileFormatError):
+        read_rank_file(empty)
+
+
+def test_compressed_size_is_small_for_realistic_events(tmp_path: Path) -> None:
+    events = training_like_events(50_000)
+    path = tmp_path / "rank.trnprof"
+    size = write_rank_file(path, HEADER, events)
+    assert size / len(events) < 8
+
+
+def test_uncompressed_codec_round_trips(tmp_path: Path) -> None:
+    path, events = _blocks_file(tmp_path, codec=CODEC_NONE)
+    assert read_rank_file(path).events == events
+
+
+def test_negative_duration_is_rejected_at_write(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="negative duration"):
+        write_rank_file(tmp_path / "r.trnprof", HEADER, [Event(EventKind.ANNOTATION, "x", 10, -1)])
+
+
+def test_checksum_covers_the_block_type(tmp_path: Path) -> None:
+    path, _ = _blocks_file(tmp_path)
+    offsets = _block_offsets(path)
+    data = bytearray(path.read_bytes())
+    data[offsets[0] + 2] = 2  # EVENTS -> SYNC
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptProfileError, match="checksum"):
+        read_rank_file(path)

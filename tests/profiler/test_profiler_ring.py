@@ -1,0 +1,70 @@
+"""Fixed-size per-thread rings: wrap-around, overflow and the dropped-event count."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from profiler.profiler_helpers import annotations, start, stop_and_read
+from trainium_operator import profiler
+from trainium_operator.profiler.capture import ThreadRing
+
+
+def _ring(capacity: int) -> ThreadRing:
+    return ThreadRing(capacity, threading.current_thread(), threading.get_native_id())
+
+
+def test_ring_hands_over_records_in_order_across_wrap_around() -> None:
+    ring = _ring(16)
+    drained = []
+    for batch in range(10):  # 10 x 7 records through 16 slots: wraps several times
+        for i in range(7):
+            ring.push((1, f"r{batch}.{i}", 0, 0, 0, 0))
+        drained.extend(ring.drain())
+    assert [r[1] for r in drained] == [f"r{b}.{i}" for b in range(10) for i in range(7)]
+    assert ring.dropped == 0
+    assert ring.drain() == []
+
+
+def test_full_ring_drops_new_records_and_counts_them() -> None:
+    ring = _ring(16)
+    for i in range(40):
+        ring.push((1, str(i), 0, 0, 0, 0))
+    kept = ring.drain()
+    assert [r[1] for r in kept] == [str(i) for i in range(16)]
+    assert ring.dropped == 24
+    ring.push((1, "after", 0, 0, 0, 0))  # space again once drained
+    assert [r[1] for r in ring.drain()] == ["after"]
+
+
+def test_overflow_between_flushes_is_reported_in_the_file(tmp_path: Path) -> None:
+    # The flusher sleeps far longer than the test, so nothing drains until stop.
+    rank_file = start(tmp_path, ring_events=64, flush_interval_s=3600.0)
+    for _ in range(1_000):
+        with profiler.annotate("hot"):
+            pass
+    result = stop_and_read(rank_file)
+    assert len(annotations(result.events)["hot"]) == 64
+    assert result.header.dropped_events == 1_000 - 64
+    assert result.header.complete
+
+
+def test_each_thread_has_its_own_ring_budget(tmp_path: Path) -> None:
+    rank_file = start(tmp_path, ring_events=64, flush_interval_s=3600.0)
+
+    def burst(name: str, count: int) -> None:
+        for _ in range(count):
+            with profiler.annotate(name):
+                pass
+
+    quiet = threading.Thread(target=burst, args=("quiet", 10))
+    noisy = threading.Thread(target=burst, args=("noisy", 500))
+    quiet.start()
+    noisy.start()
+    quiet.join()
+    noisy.join()
+    result = stop_and_read(rank_file)
+    found = annotations(result.events)
+    assert len(found["quiet"]) == 10  # the noisy thread's overflow costs it nothing
+    assert len(found["noisy"]) == 64
+    assert result.header.dropped_events == 500 - 64

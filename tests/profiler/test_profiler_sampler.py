@@ -1,0 +1,48 @@
+"""CPU utilisation and memory samples from the background sampler."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from profiler.profiler_helpers import of_kind, start, stop_and_read
+from trainium_operator.profiler.events import EventKind
+from trainium_operator.profiler.sampler import (
+    CPU_NODE,
+    CPU_PROCESS,
+    MEMORY_NODE_USED,
+    MEMORY_RSS,
+    read_node_cpu_ticks,
+)
+
+
+def test_busy_process_shows_cpu_use_and_resident_memory(tmp_path: Path) -> None:
+    rank_file = start(tmp_path, sample_interval_s=0.05)
+    deadline = time.monotonic() + 0.6
+    while time.monotonic() < deadline:  # keep one core busy
+        sum(range(1000))
+    events = stop_and_read(rank_file).events
+
+    cpu = [e for e in of_kind(events, EventKind.CPU_UTIL) if e.name == CPU_PROCESS]
+    rss = [e for e in of_kind(events, EventKind.MEMORY) if e.name == MEMORY_RSS]
+    assert len(cpu) >= 5
+    assert max(e.value for e in cpu) >= 500  # >= half a core, in per-mille
+    assert all(e.value >= 10 * 2**20 for e in rss)  # a Python process is above 10 MiB
+    # Local rank 0 also samples the node.
+    assert any(e.name == CPU_NODE for e in events)
+    assert any(e.name == MEMORY_NODE_USED for e in events)
+    assert {e.thread_id for e in cpu + rss} == {0}
+
+
+def test_other_local_ranks_leave_node_counters_to_local_rank_zero(tmp_path: Path) -> None:
+    rank_file = start(tmp_path, sample_interval_s=0.05, rank=1, local_rank=1, world_size=2)
+    time.sleep(0.2)
+    names = {e.name for e in stop_and_read(rank_file).events}
+    assert CPU_PROCESS in names
+    assert CPU_NODE not in names
+
+
+def test_node_cpu_ticks_parse_proc_stat(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 5 50 800 20 0 25 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    assert read_node_cpu_ticks(stat) == (180, 1000)
