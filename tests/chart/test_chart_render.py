@@ -268,12 +268,31 @@ def test_etcd_serves_the_v2_api_at_etcd_server_2379(tmp_path: Path) -> None:
     assert "--enable-v2=true" in container["command"]
     assert "--advertise-client-urls=http://etcd-server:2379" in container["command"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["readinessProbe"]["exec"]["command"][0] == "/usr/local/bin/etcdctl"
     service = one(manifests, "Service", "etcd-server")
     assert service["metadata"]["namespace"] == "default"
     assert {p["port"] for p in service["spec"]["ports"]} == {2379, 2380}
     assert service["spec"]["selector"].items() <= (
         deployment["spec"]["template"]["metadata"]["labels"].items()
     )
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_etcd_network_policy_admits_only_its_own_namespace(enabled: bool, tmp_path: Path) -> None:
+    values = {"etcd": {"enabled": True, "networkPolicy": enabled}, "workloadNamespace": "jobs"}
+    manifests = render(values, tmp_path)
+    if not enabled:
+        assert not find(manifests, "NetworkPolicy")
+        return
+    policy = one(manifests, "NetworkPolicy", "etcd-server")
+    assert policy["metadata"]["namespace"] == "jobs"
+    etcd_pod_labels = one(manifests, "Deployment", "etcd-server")["spec"]["template"]["metadata"][
+        "labels"
+    ]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= etcd_pod_labels.items()
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"podSelector": {}}], "ports": [{"port": "client", "protocol": "TCP"}]}
+    ]
 
 
 def test_fsx_storage_class_and_claim_have_the_tutorials_settings(tmp_path: Path) -> None:

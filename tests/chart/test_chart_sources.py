@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,12 @@ def test_chart_crds_are_byte_for_byte_the_top_level_crds() -> None:
     assert "kopf.dev_peerings.yaml" in top
     assert "trainium.dev_trainingjobs.yaml" in top
     assert chart == top, "run: python charts/chartctl.py sync"
+
+
+def test_chart_app_version_is_the_package_version() -> None:
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"]
 
 
 def test_kopf_peering_crds_define_both_scopes() -> None:
