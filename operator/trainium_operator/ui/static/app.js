@@ -51,7 +51,7 @@ async function renderProfiles() {
     <div class="card">
       <div class="card-head"><h2>Profile directories</h2><span class="hint">${data.profiles.length} found</span></div>
       ${data.profiles.length ? `<div class="scroll" style="max-height:none"><table data-testid="profiles-table">
-        <thead><tr><th>Profile</th><th>Job</th><th>Attempt</th><th>Created</th><th>Nodes</th><th>Ranks</th><th>Size</th><th>State</th><th></th></tr></thead>
+        <thead><tr><th>Profile</th><th class="l">Job</th><th>Attempt</th><th class="l">Created</th><th>Nodes</th><th>Ranks</th><th>Size</th><th class="l">State</th><th></th></tr></thead>
         <tbody>${data.profiles.map(profileRow).join("")}</tbody></table></div>` : `<div class="empty">No profiles here yet.</div>`}
     </div>`;
   for (const button of page.querySelectorAll("[data-action]")) button.addEventListener("click", onProfileAction);
@@ -62,9 +62,9 @@ function jobsCard(data) {
   if (data.jobs_error) return `<div class="warnings">TrainingJobs could not be listed: ${esc(data.jobs_error)}</div>`;
   return `<div class="card" style="margin-bottom:16px">
     <div class="card-head"><h2>TrainingJobs with profiling</h2><span class="hint">${data.jobs.length} jobs</span></div>
-    <table data-testid="jobs-table"><thead><tr><th>Job</th><th>Namespace</th><th>Created</th><th>Status</th><th></th></tr></thead><tbody>
-    ${data.jobs.map((j) => `<tr><td>${esc(j.name)}</td><td>${esc(j.namespace)}</td><td>${esc(j.created)}</td>
-      <td><span class="badge ${j.status === "Running" ? "running" : ""}">${esc(j.status)}</span></td>
+    <table data-testid="jobs-table"><thead><tr><th>Job</th><th class="l">Namespace</th><th class="l">Created</th><th class="l">Status</th><th></th></tr></thead><tbody>
+    ${data.jobs.map((j) => `<tr><td>${esc(j.name)}</td><td class="l">${esc(j.namespace)}</td><td class="l">${esc(j.created)}</td>
+      <td class="l"><span class="badge ${j.status === "Running" ? "running" : ""}">${esc(j.status)}</span></td>
       <td>${j.profile_id ? `<button class="btn small primary" data-action="load" data-id="${esc(j.profile_id)}">Load profile</button>` : `<span class="hint">no profile yet</span>`}</td></tr>`).join("")}
     </tbody></table></div>`;
 }
@@ -75,9 +75,9 @@ function profileRow(p) {
     ? `<button class="btn small primary" data-action="open" data-id="${esc(p.id)}">Open</button> <button class="btn small" data-action="unload" data-id="${esc(p.id)}">Unload</button>`
     : p.state === "loading" ? `<span class="spinner"></span>`
     : `<button class="btn small primary" data-action="load" data-id="${esc(p.id)}">Load</button>`;
-  return `<tr data-profile="${esc(p.id)}"><td class="name" title="${esc(p.path)}">${esc(p.id)}</td><td>${esc(label)}</td><td>${p.attempt}</td>
-    <td>${esc(p.created || "–")}</td><td>${p.nodes}</td><td>${p.ranks}</td><td>${fmtBytes(p.bytes)}</td>
-    <td><span class="badge ${p.state}" title="${esc(p.error || "")}">${p.state}${p.state === "loaded" ? ` · ${fmtInt(p.events)} events` : ""}</span></td>
+  return `<tr data-profile="${esc(p.id)}"><td class="name" title="${esc(p.path)}">${esc(p.id)}</td><td class="l">${esc(label)}</td><td>${p.attempt}</td>
+    <td class="l">${esc(p.created || "–")}</td><td>${p.nodes}</td><td>${p.ranks}</td><td>${fmtBytes(p.bytes)}</td>
+    <td class="l"><span class="badge ${p.state}" title="${esc(p.error || "")}">${p.state}${p.state === "loaded" ? ` · ${fmtInt(p.events)} events` : ""}</span></td>
     <td>${actions}</td></tr>`;
 }
 
