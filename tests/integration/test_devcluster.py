@@ -1,0 +1,386 @@
+"""To the operator, the dev cluster behaves like EKS with trn1.32xlarge nodes and Volcano.
+
+Everything here runs against real kube-apiserver, kube-controller-manager, kube-scheduler and etcd;
+KWOK plays the kubelets, the gang scheduler stand-in plays Volcano.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from trainium_operator.api import instance_types
+from trainium_operator.devcluster import gang, objects, sim
+from trainium_operator.devcluster.testing import DevCluster
+
+pytestmark = pytest.mark.integration
+
+GROUP, VERSION = "scheduling.volcano.sh", "v1beta1"
+
+
+def create_podgroup(
+    cluster: DevCluster, namespace: str, name: str, *, min_member: int, queue: str = "test"
+) -> None:
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "PodGroup",
+        "metadata": {"name": name},
+        "spec": {"minMember": min_member, "queue": queue},
+    }
+    cluster.custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "podgroups", body)
+
+
+def read_podgroup(cluster: DevCluster, namespace: str, name: str) -> dict[str, Any]:
+    result: dict[str, Any] = cluster.custom.get_namespaced_custom_object(
+        GROUP, VERSION, namespace, "podgroups", name
+    )
+    return result
+
+
+def trainium_pod(name: str, *, group: str | None, **spec: Any) -> dict[str, Any]:
+    """A pod shaped like one training worker: a whole trn1.32xlarge's Neuron devices and EFA."""
+    limits = {instance_types.NEURON_RESOURCE: "16", instance_types.EFA_RESOURCE: "8"}
+    metadata: dict[str, Any] = {"name": name}
+    if group:
+        metadata["annotations"] = {gang.GROUP_NAME_ANNOTATION: group}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {
+            "schedulerName": gang.SCHEDULER_NAME,
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "worker",
+                    "image": "public.ecr.aws/neuron/pytorch-training-neuronx:2.8.0",
+                    "resources": {"limits": limits, "requests": {"cpu": "8", "memory": "64Gi"}},
+                }
+            ],
+            **spec,
+        },
+    }
+
+
+def read_pod(cluster: DevCluster, namespace: str, name: str) -> Any:
+    return cluster.core.read_namespaced_pod(name, namespace)
+
+
+def wait_running(cluster: DevCluster, namespace: str, name: str, timeout: float = 30) -> Any:
+    return sim.wait_for(
+        lambda: read_pod(cluster, namespace, name),
+        until=lambda pod: (
+            pod.status.phase == "Running"
+            and any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+        ),
+        timeout=timeout,
+        description=f"pod {namespace}/{name} Running and Ready",
+    )
+
+
+def condition(podgroup: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for entry in (podgroup.get("status") or {}).get("conditions") or []:
+        if entry.get("type") == kind:
+            return dict(entry)
+    return None
+
+
+def pod_events(cluster: DevCluster, namespace: str, name: str) -> list[Any]:
+    events = cluster.core.list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name}"
+    ).items
+    return list(events)
+
+
+def test_gang_of_two_binds_together_and_ends_as_the_test_asks(
+    dev_cluster: DevCluster, namespace: str
+) -> None:
+    create_podgroup(dev_cluster, namespace, "train", min_member=2)
+    for name in ("worker-0", "worker-1"):
+        dev_cluster.core.create_namespaced_pod(namespace, trainium_pod(name, group="train"))
+
+    workers = [wait_running(dev_cluster, namespace, f"worker-{i}") for i in range(2)]
+    assert len({w.spec.node_name for w in workers}) == 2
+    assert all(w.status.pod_ip for w in workers)
+
+    create_podgroup(dev_cluster, namespace, "extra", min_member=1)
+    dev_cluster.core.create_namespaced_pod(namespace, trainium_pod("worker-2", group="extra"))
+    extra = sim.wait_for(
+        lambda: read_podgroup(dev_cluster, namespace, "extra"),
+        until=lambda pg: (condition(pg, "Unschedulable") or {}).get("status") == "True",
+        timeout=20,
+        description="PodGroup extra Unschedulable",
+    )
+    unschedulable = condition(extra, "Unschedulable")
+    assert unschedulable is not None
+    assert unschedulable["reason"] == "NotEnoughResources"
+    assert "Insufficient aws.amazon.com/neuron" in unschedulable["message"]
+    assert read_pod(dev_cluster, namespace, "worker-2").spec.node_name is None
+    assert read_pod(dev_cluster, namespace, "worker-2").status.phase == "Pending"
+    failed_scheduling = sim.wait_for(
+        lambda: [
+            e
+            for e in pod_events(dev_cluster, namespace, "worker-2")
+            if e.reason == "FailedScheduling"
+        ],
+        timeout=10,
+        description="FailedScheduling event on worker-2",
+    )
+    assert "0/2 nodes are available" in failed_scheduling[0].message
+    assert read_podgroup(dev_cluster, namespace, "train")["status"]["phase"] == "Running"
+
+    sim.simulate_pod_outcome(dev_cluster.core, namespace, "worker-0", succeeded=True, after="1s")
+    sim.simulate_pod_outcome(
+        dev_cluster.core,
+        namespace,
+        "worker-1",
+        succeeded=False,
+        exit_code=137,
+        reason="OOMKilled",
+        message="the simulated worker ran out of memory",
+    )
+
+    succeeded = sim.wait_for(
+        lambda: read_pod(dev_cluster, namespace, "worker-0"),
+        until=lambda pod: pod.status.phase == "Succeeded",
+        timeout=20,
+        description="worker-0 Succeeded",
+    )
+    failed = sim.wait_for(
+        lambda: read_pod(dev_cluster, namespace, "worker-1"),
+        until=lambda pod: pod.status.phase == "Failed",
+        timeout=20,
+        description="worker-1 Failed",
+    )
+    assert succeeded.status.container_statuses[0].state.terminated.exit_code == 0
+    terminated = failed.status.container_statuses[0].state.terminated
+    assert (terminated.exit_code, terminated.reason) == (137, "OOMKilled")
+    assert terminated.message == "the simulated worker ran out of memory"
+    sim.wait_for(
+        lambda: read_podgroup(dev_cluster, namespace, "train")["status"],
+        until=lambda status: (
+            status["phase"] == "Completed" and (status["succeeded"], status["failed"]) == (1, 1)
+        ),
+        timeout=20,
+        description="PodGroup train Completed with 1 succeeded and 1 failed",
+    )
+    # The finished gang returned its Neuron devices, so the waiting pod gets a node.
+    wait_running(dev_cluster, namespace, "worker-2")
+
+
+def test_gang_binds_nothing_until_min_member_pods_fit(
+    dev_cluster: DevCluster, namespace: str
+) -> None:
+    create_podgroup(dev_cluster, namespace, "big", min_member=3)
+    for index in range(3):
+        dev_cluster.core.create_namespaced_pod(namespace, trainium_pod(f"w-{index}", group="big"))
+
+    podgroup = sim.wait_for(
+        lambda: read_podgroup(dev_cluster, namespace, "big"),
+        until=lambda pg: (condition(pg, "Unschedulable") or {}).get("status") == "True",
+        timeout=20,
+        description="PodGroup big Unschedulable",
+    )
+    assert (
+        "1/3 tasks in gang unschedulable" in (condition(podgroup, "Unschedulable") or {})["message"]
+    )
+    time.sleep(2)  # several scheduling sessions
+    pods = dev_cluster.core.list_namespaced_pod(namespace).items
+    assert [p.spec.node_name for p in pods] == [None, None, None]
+
+    dev_cluster.custom.patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "podgroups", "big", {"spec": {"minMember": 2}}
+    )
+
+    sim.wait_for(
+        lambda: [p.spec.node_name for p in dev_cluster.core.list_namespaced_pod(namespace).items],
+        until=lambda nodes: sum(node is not None for node in nodes) == 2,
+        timeout=20,
+        description="two of three pods bound once minMember is 2",
+    )
+
+
+def test_pod_group_in_a_missing_queue_is_not_scheduled(
+    dev_cluster: DevCluster, namespace: str
+) -> None:
+    create_podgroup(dev_cluster, namespace, "lost", min_member=1, queue="no-such-queue")
+    dev_cluster.core.create_namespaced_pod(namespace, trainium_pod("w-0", group="lost"))
+
+    podgroup = sim.wait_for(
+        lambda: read_podgroup(dev_cluster, namespace, "lost"),
+        until=lambda pg: condition(pg, "Unschedulable") is not None,
+        timeout=20,
+        description="PodGroup lost Unschedulable",
+    )
+    assert (
+        "queue 'no-such-queue' is missing"
+        in (condition(podgroup, "Unschedulable") or {})["message"]
+    )
+    assert read_pod(dev_cluster, namespace, "w-0").spec.node_name is None
+
+
+def test_volcano_pod_without_a_group_gets_its_own(dev_cluster: DevCluster, namespace: str) -> None:
+    dev_cluster.core.create_namespaced_pod(namespace, trainium_pod("solo", group=None))
+
+    pod = wait_running(dev_cluster, namespace, "solo")
+
+    group = pod.metadata.annotations[gang.GROUP_NAME_ANNOTATION]
+    assert group == f"podgroup-{pod.metadata.uid}"
+    assert read_podgroup(dev_cluster, namespace, group)["spec"]["minMember"] == 1
+
+
+def test_fsx_claim_is_bound_by_the_controller_manager(dev_cluster: DevCluster) -> None:
+    claim = dev_cluster.core.read_namespaced_persistent_volume_claim(
+        objects.FSX_CLAIM_NAME, objects.FSX_CLAIM_NAMESPACE
+    )
+    volume = dev_cluster.core.read_persistent_volume(objects.FSX_PV_NAME)
+
+    assert claim.status.phase == "Bound"
+    assert claim.status.access_modes == ["ReadWriteMany"]
+    assert volume.status.phase == "Bound"
+    assert volume.spec.claim_ref.name == objects.FSX_CLAIM_NAME
+    assert volume.spec.csi.driver == "fsx.csi.aws.com"
+
+
+def test_deleting_an_owner_garbage_collects_its_pods(
+    dev_cluster: DevCluster, namespace: str
+) -> None:
+    owner = dev_cluster.core.create_namespaced_config_map(
+        namespace, {"metadata": {"name": "owner"}, "data": {"purpose": "own pods"}}
+    )
+    reference = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": "owner",
+        "uid": owner.metadata.uid,
+        "blockOwnerDeletion": True,
+    }
+    for index in range(2):
+        child = {
+            "metadata": {"name": f"child-{index}", "ownerReferences": [reference]},
+            # The default scheduler places these: kube-scheduler runs beside the gang scheduler.
+            "spec": {
+                "containers": [
+                    {"name": "c", "image": "busybox", "resources": {"requests": {"cpu": "1"}}}
+                ]
+            },
+        }
+        dev_cluster.core.create_namespaced_pod(namespace, child)
+    for index in range(2):
+        wait_running(dev_cluster, namespace, f"child-{index}")
+
+    dev_cluster.core.delete_namespaced_config_map(
+        "owner", namespace, propagation_policy="Background"
+    )
+
+    sim.wait_for(
+        lambda: dev_cluster.core.list_namespaced_pod(namespace).items,
+        until=lambda pods: pods == [],
+        timeout=60,
+        description="child pods garbage-collected",
+    )
+
+
+def test_node_loss_makes_the_node_not_ready_and_restore_heals_it(
+    dev_cluster: DevCluster, namespace: str
+) -> None:
+    # A node of its own (tainted so nothing else lands there) keeps the shared nodes healthy.
+    name = f"loss-{uuid.uuid4().hex[:6]}"
+    node = objects.fake_node(name, instance_types.INSTANCE_TYPES["trn1.32xlarge"])
+    node["spec"]["taints"] = [{"key": "sim.trainium.dev/test-only", "effect": "NoSchedule"}]
+    dev_cluster.core.create_node(node)
+    try:
+        sim.wait_for(
+            lambda: gang.node_is_ready(
+                dev_cluster.clients.api_client.sanitize_for_serialization(
+                    dev_cluster.core.read_node(name)
+                )
+            ),
+            timeout=30,
+            description=f"node {name} Ready",
+        )
+        pinned = {
+            "metadata": {"name": "on-lost-node"},
+            "spec": {
+                "nodeName": name,
+                "tolerations": [{"key": "sim.trainium.dev/test-only", "operator": "Exists"}],
+                "containers": [{"name": "c", "image": "busybox"}],
+            },
+        }
+        dev_cluster.core.create_namespaced_pod(namespace, pinned)
+        wait_running(dev_cluster, namespace, "on-lost-node")
+
+        started = time.monotonic()
+        sim.simulate_node_loss(dev_cluster.core, name)
+
+        def ready_status() -> str:
+            lost = dev_cluster.core.read_node(name)
+            return next(c.status for c in lost.status.conditions if c.type == "Ready")
+
+        assert (
+            sim.wait_for(
+                ready_status, until=lambda s: s != "True", timeout=45, description="node NotReady"
+            )
+            == "Unknown"
+        )
+        print(f"node {name} NotReady {time.monotonic() - started:.1f}s after the heartbeat stopped")
+        sim.wait_for(
+            lambda: dev_cluster.core.read_node(name).spec.taints or [],
+            until=lambda taints: any(
+                (t.key, t.effect) == ("node.kubernetes.io/unreachable", "NoExecute") for t in taints
+            ),
+            timeout=20,
+            description="unreachable:NoExecute taint on the lost node",
+        )
+        sim.wait_for(
+            lambda: read_pod(dev_cluster, namespace, "on-lost-node").status.conditions,
+            until=lambda cs: any(c.type == "Ready" and c.status == "False" for c in cs),
+            timeout=20,
+            description="pod on the lost node marked not ready",
+        )
+
+        sim.restore_node(dev_cluster.core, name)
+
+        sim.wait_for(
+            ready_status, until=lambda s: s == "True", timeout=30, description="node Ready again"
+        )
+        wait_running(dev_cluster, namespace, "on-lost-node")
+    finally:
+        dev_cluster.core.delete_node(name)
+
+
+def test_kubectl_and_helm_talk_to_the_cluster(dev_cluster: DevCluster) -> None:
+    env = dev_cluster.tool_env()
+    nodes = subprocess.run(
+        [
+            "kubectl",
+            "get",
+            "nodes",
+            "-l",
+            "node.kubernetes.io/instance-type=trn1.32xlarge",
+            "-o",
+            "name",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    helm = subprocess.run(
+        ["helm", "list", "--all-namespaces", "--output", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    server = subprocess.run(
+        ["kubectl", "version", "-o", "json"], env=env, capture_output=True, text=True, check=True
+    )
+
+    assert "node/trn1-32xlarge-0" in nodes
+    assert helm.stdout.strip() == "[]"
+    assert '"gitVersion": "v1.35.4"' in server.stdout
