@@ -30,8 +30,14 @@ from typing import Any, Final, ParamSpec, TypeVar
 from trainium_operator.profiler import sampler as sampler_mod
 from trainium_operator.profiler.clock import take_sync_point
 from trainium_operator.profiler.config import ProfilerConfig
-from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind
-from trainium_operator.profiler.format import RankFileWriter, RankHeader
+from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind, Precision
+from trainium_operator.profiler.format import (
+    RankFileWriter,
+    RankHeader,
+    Row,
+    event_row,
+    row_track_order,
+)
 from trainium_operator.profiler.manifest import (
     ProfileManifest,
     manifest_from_rank_files,
@@ -271,7 +277,7 @@ class _Session:
 
     def _flush_loop(self, writer: RankFileWriter) -> None:
         c = self.config
-        pending: list[Event] = []
+        pending: list[Row] = []
         last_write = last_sync = time.monotonic()
         max_age = c.sync_interval_s
         while True:
@@ -282,8 +288,8 @@ class _Session:
             pending.extend(self._collect_sources(writer, final=stopping))
             now = time.monotonic()
             if pending and (stopping or len(pending) >= 4096 or now - last_write >= max_age):
-                pending.sort(key=_track_order)
-                writer.write_events(pending)
+                pending.sort(key=row_track_order)
+                writer.write_rows(pending)
                 pending = []
                 last_write = now
             if stopping or now - last_sync >= c.sync_interval_s:
@@ -292,19 +298,19 @@ class _Session:
             if stopping:
                 return
 
-    def _drain_rings(self, writer: RankFileWriter) -> list[Event]:
+    def _drain_rings(self, writer: RankFileWriter) -> list[Row]:
         with self.rings_lock:
             rings = list(self.rings)
-        events: list[Event] = []
+        rows: list[Row] = []
         for ring in rings:
             records = ring.drain()
             if records:
                 writer.name_track(ring.thread_id, HOST_DEVICE, ring.thread.name)
-                events.extend(records_to_events(records, ring.thread_id))
-        return events
+                rows.extend(records_to_rows(records, ring.thread_id))
+        return rows
 
-    def _collect_sources(self, writer: RankFileWriter, final: bool) -> list[Event]:
-        events: list[Event] = []
+    def _collect_sources(self, writer: RankFileWriter, final: bool) -> list[Row]:
+        rows: list[Row] = []
         for source in self.sources:
             try:
                 batch: SourceBatch = source.collect(final)
@@ -314,8 +320,8 @@ class _Session:
             for (thread_id, device), name in batch.track_names.items():
                 writer.name_track(thread_id, device, name)
             self.source_dropped += batch.dropped_events
-            events.extend(batch.events)
-        return events
+            rows.extend(event_row(e) for e in batch.events)
+        return rows
 
     def dropped_events(self) -> int:
         with self.rings_lock:
@@ -327,27 +333,35 @@ class _Session:
         write_manifest(self.config.output_dir, manifest)
 
 
-def _track_order(ev: Event) -> tuple[int, int, int]:
-    return (ev.device, ev.thread_id, ev.start_ns)
+def records_to_rows(records: list[Record], thread_id: int) -> list[Row]:
+    """Ring records as format rows: (kind, name, start, duration, thread, device, flow,
+    value, precision, depth)."""
+    return [
+        (
+            r[0],
+            r[1],
+            r[2],
+            r[3] - r[2],
+            r[6] if len(r) > 6 else thread_id,
+            HOST_DEVICE,
+            0,
+            r[5],
+            0,
+            r[4],
+        )
+        for r in records
+    ]
 
 
 def records_to_events(records: list[Record], thread_id: int) -> list[Event]:
+    """Ring records as Events (for tests and tools; the flusher writes rows directly)."""
     kinds = _KINDS
-    out = []
-    for rec in records:
-        start = rec[2]
-        out.append(
-            Event(
-                kind=kinds[rec[0]],
-                name=rec[1],
-                start_ns=start,
-                duration_ns=rec[3] - start,
-                thread_id=rec[6] if len(rec) > 6 else thread_id,
-                depth=rec[4],
-                value=rec[5],
-            )
+    return [
+        Event(kinds[kind], name, start, duration, tid, device, flow, value, Precision(prec), depth)
+        for kind, name, start, duration, tid, device, flow, value, prec, depth in records_to_rows(
+            records, thread_id
         )
-    return out
+    ]
 
 
 def default_sources(context: SourceContext) -> list[ActivitySource]:

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import os
 import struct
 import zlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Final
@@ -252,54 +253,87 @@ class _Tables:
         return tid
 
 
-def encode_events_payload(tables: _Tables, events: Sequence[Event]) -> bytes:
+Row = tuple[int, str, int, int, int, int, int, int, int, int]
+"""An event as a plain tuple in Event's field order: (kind, name, start_ns, duration_ns,
+thread_id, device, flow_id, value, precision, depth). The capture path builds these directly
+from its ring records; constructing frozen Event objects there would cost several times more."""
+
+event_row: Callable[[Event], Row] = operator.attrgetter(
+    "kind",
+    "name",
+    "start_ns",
+    "duration_ns",
+    "thread_id",
+    "device",
+    "flow_id",
+    "value",
+    "precision",
+    "depth",
+)
+
+row_track_order: Callable[[Row], tuple[int, int, int]] = operator.itemgetter(5, 4, 2)
+"""Sort key grouping rows by track, then time: fewer track switches and small deltas."""
+
+
+def encode_rows_payload(tables: _Tables, rows: Sequence[Row]) -> bytes:
     """Encode one EVENTS block payload (uncompressed), updating the file's tables."""
     records = bytearray()
+    append = records.append
     put = _put_varint
-    string = tables.string
-    track = tables.track
+    string_ids = tables.string_ids
+    track_ids = tables.track_ids
     prev_start = 0
     prev_track = -1
     prev_flow = 0
-    for ev in events:
-        name_id = string(ev.name)
-        track_id = track(ev.thread_id, ev.device)
+    for kind, name, start, duration, thread_id, device, flow, value, precision, depth in rows:
+        name_id = string_ids.get(name)
+        if name_id is None:
+            name_id = tables.string(name)
+        track_id = track_ids.get((thread_id, device))
+        if track_id is None:
+            track_id = tables.track(thread_id, device)
         mask = 0
         if track_id != prev_track:
-            mask |= _HAS_TRACK
-        if ev.duration_ns:
+            mask = _HAS_TRACK
+        if duration:
+            if duration < 0:
+                raise ValueError(f"negative duration in event {name!r} at {start}")
             mask |= _HAS_DURATION
-        if ev.flow_id:
+        if flow:
             mask |= _HAS_FLOW
-        if ev.value:
+        if value:
             mask |= _HAS_VALUE
-        if ev.precision:
+        if precision:
             mask |= _HAS_PRECISION
-        if ev.depth:
+        if depth:
             mask |= _HAS_DEPTH
-        records.append(ev.kind)
-        records.append(mask)
-        put(records, name_id)
-        delta = ev.start_ns - prev_start
+        append(kind)
+        append(mask)
+        if name_id < 0x80:
+            append(name_id)
+        else:
+            put(records, name_id)
+        delta = start - prev_start
+        prev_start = start
         put(records, (delta << 1) if delta >= 0 else ((-delta << 1) - 1))
-        prev_start = ev.start_ns
         if mask & _HAS_TRACK:
             put(records, track_id)
             prev_track = track_id
-        if mask & _HAS_DURATION:
-            if ev.duration_ns < 0:
-                raise ValueError(f"negative duration in {ev!r}")
-            put(records, ev.duration_ns)
-        if mask & _HAS_FLOW:
-            delta = ev.flow_id - prev_flow
+        if duration:
+            put(records, duration)
+        if flow:
+            delta = flow - prev_flow
+            prev_flow = flow
             put(records, (delta << 1) if delta >= 0 else ((-delta << 1) - 1))
-            prev_flow = ev.flow_id
-        if mask & _HAS_VALUE:
-            put(records, _zigzag(ev.value))
-        if mask & _HAS_PRECISION:
-            records.append(ev.precision)
-        if mask & _HAS_DEPTH:
-            put(records, ev.depth)
+        if value:
+            put(records, (value << 1) if value >= 0 else ((-value << 1) - 1))
+        if precision:
+            append(precision)
+        if depth:
+            if depth < 0x80:
+                append(depth)
+            else:
+                put(records, depth)
 
     out = bytearray()
     put(out, len(tables.new_strings))
@@ -312,11 +346,16 @@ def encode_events_payload(tables: _Tables, events: Sequence[Event]) -> bytes:
         put(out, _zigzag(thread_id))
         put(out, _zigzag(device))
         put(out, name_id)
-    put(out, len(events))
+    put(out, len(rows))
     out += records
     tables.new_strings.clear()
     tables.new_tracks.clear()
     return bytes(out)
+
+
+def encode_events_payload(tables: _Tables, events: Sequence[Event]) -> bytes:
+    """Encode one EVENTS block payload (uncompressed), updating the file's tables."""
+    return encode_rows_payload(tables, [event_row(e) for e in events])
 
 
 class RankFileWriter:
@@ -357,10 +396,14 @@ class RankFileWriter:
         self._tables.track_names[(thread_id, device)] = name
 
     def write_events(self, events: Sequence[Event]) -> None:
-        for start in range(0, len(events), self._block_events):
-            chunk = events[start : start + self._block_events]
+        self.write_rows([event_row(e) for e in events])
+
+    def write_rows(self, rows: Sequence[Row]) -> None:
+        """Write events given as `Row` tuples, in blocks of at most `block_events`."""
+        for start in range(0, len(rows), self._block_events):
+            chunk = rows[start : start + self._block_events]
             if chunk:
-                payload = encode_events_payload(self._tables, chunk)
+                payload = encode_rows_payload(self._tables, chunk)
                 self.raw_bytes += len(payload)
                 self.event_count += len(chunk)
                 self._write_block(BLOCK_EVENTS, payload)
