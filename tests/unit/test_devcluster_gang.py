@@ -379,3 +379,11 @@ def test_implicit_podgroup_follows_the_controller_owner() -> None:
     assert group["metadata"]["name"] == "podgroup-u-1"
     assert group["spec"] == {"minMember": 1, "queue": "test", "priorityClassName": ""}
     assert group["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet"
+
+
+def test_pods_behind_scheduling_gates_are_not_placed() -> None:
+    gated = pod("w-0", schedulingGates=[{"name": "example.com/wait"}])
+
+    result = plan([ready_node("n-0")], [gated], [podgroup(min_member=1)])
+
+    assert result.bindings == {}

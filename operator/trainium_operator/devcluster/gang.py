@@ -140,8 +140,11 @@ def is_terminal(pod: Obj) -> bool:
 
 
 def is_pending_unbound(pod: Obj) -> bool:
+    """Waiting for a node: unbound, not being deleted, and not held back by scheduling gates."""
+    spec = pod.get("spec") or {}
     return (
-        not (pod.get("spec") or {}).get("nodeName")
+        not spec.get("nodeName")
+        and not spec.get("schedulingGates")
         and not pod["metadata"].get("deletionTimestamp")
         and (pod.get("status") or {}).get("phase", "Pending") == "Pending"
     )

@@ -90,7 +90,17 @@ class GangScheduler:
         self._write_queue_status(plan)
         self._mark_unschedulable(plan, pods_by_key)
         self._post_events(plan, pods_by_key, snapshot)
+        self._forget_deleted(snapshot)
         return plan
+
+    def _forget_deleted(self, snapshot: Snapshot) -> None:
+        """Drops event memory of deleted objects, so a long-lived cluster stays lean."""
+        alive = {("Pod", *gang.pod_key(pod)) for pod in snapshot.pods} | {
+            ("PodGroup", pg["metadata"]["namespace"], pg["metadata"]["name"])
+            for pg in snapshot.podgroups
+        }
+        for key in [key for key in self.posted if key[:3] not in alive]:
+            del self.posted[key]
 
     def _ensure_implicit_podgroups(self, snapshot: Snapshot) -> bool:
         """Volcano's podgroup controller: a volcano pod without a group gets one of minMember 1."""

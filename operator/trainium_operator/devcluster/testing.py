@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -50,6 +51,34 @@ class DevCluster:
         return env
 
 
+_TEST_CLUSTER_NAME = re.compile(r"^pytest-(\d+)-[0-9a-f]{4}$")
+
+
+def _test_cluster_name() -> str:
+    return f"pytest-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+
+
+def reap_abandoned_test_clusters(echo: Callable[[str], None]) -> list[str]:
+    """Deletes test clusters whose pytest process is gone (killed sessions leave them running)."""
+    clusters_dir = paths.kwok_workdir() / "clusters"
+    reaped = []
+    for entry in sorted(clusters_dir.iterdir()) if clusters_dir.is_dir() else []:
+        match = _TEST_CLUSTER_NAME.match(entry.name)
+        if match is None:
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+            continue  # its session still runs
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        echo(f"deleting abandoned test cluster {entry.name}")
+        cluster.down(entry.name, echo=echo)
+        reaped.append(entry.name)
+    return reaped
+
+
 @contextlib.contextmanager
 def session_cluster(echo: Callable[[str], None]) -> Iterator[DevCluster]:
     """Reuses $TRAINIUM_DEV_CLUSTER, or builds what is missing and runs a fresh uniquely named
@@ -70,12 +99,13 @@ def session_cluster(echo: Callable[[str], None]) -> Iterator[DevCluster]:
             owned=False,
         )
         return
+    reap_abandoned_test_clusters(echo)
     try:
         build.build_all(jobs=build.default_jobs(), echo=echo)
         toolchain = build.require_toolchain()
     except (build.BuildError, build.ToolchainMissingError, OSError) as error:
         raise ClusterUnavailableError(f"dev-cluster binaries cannot be built: {error}") from error
-    name = f"pytest-{os.getpid()}-{uuid.uuid4().hex[:4]}"
+    name = _test_cluster_name()
     try:
         report = cluster.up(
             name, nodes=NODES, instance_type=INSTANCE_TYPE, neuron_taint=False, echo=echo
