@@ -320,3 +320,23 @@ def test_checksum_covers_the_block_type(tmp_path: Path) -> None:
     path.write_bytes(bytes(data))
     with pytest.raises(CorruptProfileError, match="checksum"):
         read_rank_file(path)
+
+
+def test_rows_carry_the_same_values_as_events(tmp_path: Path) -> None:
+    events = training_like_events(2_000)
+    path = tmp_path / "rank.trnprof"
+    write_rank_file(path, HEADER, events)
+    with RankFileReader(path) as reader:
+        rows = list(reader.rows())
+        assert reader.complete
+    assert [Event(EventKind(r[0]), *r[1:8], Precision(r[8]), r[9]) for r in rows] == events
+
+
+def test_unknown_event_kind_is_corruption_not_a_crash(tmp_path: Path) -> None:
+    path = tmp_path / "rank.trnprof"
+    with RankFileWriter(path, HEADER, codec=CODEC_NONE) as writer:
+        # no strings, no tracks, one record of kind 250
+        writer._write_block(1, bytes([0, 0, 1, 250, 0, 0, 0]))
+        writer.close()
+    with pytest.raises(CorruptProfileError, match="unknown event kind 250"):
+        read_rank_file(path)

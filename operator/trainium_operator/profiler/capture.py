@@ -123,6 +123,7 @@ class _Session:
         self.config = config
         self.pid = os.getpid()
         self.start_sync = take_sync_point()
+        self.created = now_iso()
         self.local = threading.local()
         self.rings: list[ThreadRing] = []
         self.rings_lock = threading.Lock()
@@ -197,11 +198,11 @@ class _Session:
         self.stopping.set()
 
     def start(self) -> None:
+        if self.config.steps is None:
+            self.set_detail(True)
         self.flusher.start()
         if self.config.sample_interval_s > 0:
             self.sampler.start()
-        if self.config.steps is None:
-            self.set_detail(True)
 
     # -- sampler thread --------------------------------------------------------------------
 
@@ -236,7 +237,7 @@ class _Session:
             namespace=c.namespace,
             uid=c.job_uid,
             attempt=c.attempt,
-            created=now_iso(),
+            created=self.created,
             world_size=c.world_size,
             step_window=(c.steps.first, c.steps.last) if c.steps else None,
             clock_sync=(self.start_sync,) if not finished else (self.start_sync, take_sync_point()),

@@ -54,10 +54,15 @@ class Event:
     duration_ns: int = 0
     thread_id: int = 0  # host thread id, or device stream / queue id when device >= 0
     device: int = HOST_DEVICE  # -1 host, otherwise NeuronCore (or GPU) index on this node
-    flow_id: int = 0  # 0 = none; a LAUNCH and its KERNEL share the same non-zero id
+    # 0 = none; a LAUNCH and its KERNEL share the same non-zero id. Records with the same id
+    # are one flow, drawn from the earliest to the later ones (the torch source also links a
+    # forward operator to its backward pass this way). Ids are unique within a rank file.
+    flow_id: int = 0
     value: int = 0  # kind-specific payload (step number, bytes, per-mille, ...)
     precision: Precision = Precision.UNKNOWN
-    depth: int = 0  # nesting depth of host ranges on their thread
+    # Nesting depth of host ranges on their thread, among records of the same source (host
+    # annotations and torch.profiler operators are nested separately).
+    depth: int = 0
 
     @property
     def end_ns(self) -> int:

@@ -599,10 +599,26 @@ class RankFileReader:
             yield offset, block_type, payload
 
     def events(self) -> Iterator[Event]:
+        """Every event, block by block; raises ProfileFormatError at the first damage."""
+        kinds = _KINDS
+        precisions = _PRECISIONS
+        for rows in self.row_blocks():
+            for kind, name, start, dur, tid, dev, flow, value, prec, depth in rows:
+                yield Event(
+                    kinds[kind], name, start, dur, tid, dev, flow, value, precisions[prec], depth
+                )
+
+    def rows(self) -> Iterator[Row]:
+        """Every event as a plain `Row` tuple: 3-4x cheaper than `events()` for bulk analysis."""
+        for rows in self.row_blocks():
+            yield from rows
+
+    def row_blocks(self) -> Iterator[list[Row]]:
+        """The rows of each EVENTS block in turn (SYNC and END blocks update the reader)."""
         for offset, block_type, payload in self.blocks():
             try:
                 if block_type == BLOCK_EVENTS:
-                    batch = self._decode_events(payload)
+                    batch = self._decode_rows(payload)
                 elif block_type == BLOCK_SYNC:
                     self._decode_sync(payload)
                     continue
@@ -619,14 +635,14 @@ class RankFileReader:
                     CorruptProfileError, offset, f"undecodable block: {exc!r}"
                 ) from exc
             self.events_read += len(batch)
-            yield from batch
+            yield batch
 
     def _decode_sync(self, payload: bytes) -> None:
         cur = _Cursor(payload)
         for _ in range(cur.varint()):
             self.clock_sync.append(ClockSyncPoint(cur.varint(), cur.varint(), cur.varint()))
 
-    def _decode_events(self, payload: bytes) -> list[Event]:
+    def _decode_rows(self, payload: bytes) -> list[Row]:
         cur = _Cursor(payload)
         varint = cur.varint
         strings = self.strings
@@ -642,23 +658,52 @@ class RankFileReader:
                 self.track_names[(thread_id, device)] = name
         count = varint()
         data = payload
+        pos = cur.pos
         kinds = _KINDS
-        out: list[Event] = []
+        precisions = _PRECISIONS
+        out: list[Row] = []
         append = out.append
         prev_start = 0
         prev_flow = 0
         thread_id, device = 0, HOST_DEVICE
+
+        # Varints are decoded inline: a call per field would double the cost of a record.
         for _ in range(count):
-            pos = cur.pos
-            kind = kinds[data[pos]]
+            kind = data[pos]
+            if kind not in kinds:
+                raise ValueError(f"unknown event kind {kind}")
             mask = data[pos + 1]
-            cur.pos = pos + 2
-            name = strings[varint()]
-            delta = varint()
-            prev_start += (delta >> 1) if not delta & 1 else -((delta + 1) >> 1)
-            duration = flow = value = depth = 0
-            precision = Precision.UNKNOWN
+            pos += 2
+            # name id
+            byte = data[pos]
+            pos += 1
+            if byte < 0x80:
+                name = strings[byte]
+            else:
+                value = byte & 0x7F
+                shift = 7
+                while True:
+                    byte = data[pos]
+                    pos += 1
+                    value |= (byte & 0x7F) << shift
+                    if byte < 0x80:
+                        break
+                    shift += 7
+                name = strings[value]
+            # start delta
+            value = 0
+            shift = 0
+            while True:
+                byte = data[pos]
+                pos += 1
+                value |= (byte & 0x7F) << shift
+                if byte < 0x80:
+                    break
+                shift += 7
+            prev_start += (value >> 1) if not value & 1 else -((value + 1) >> 1)
+            duration = flow = val = depth = precision = 0
             if mask:
+                cur.pos = pos
                 if mask & _HAS_TRACK:
                     thread_id, device = tracks[varint()]
                 if mask & _HAS_DURATION:
@@ -668,28 +713,20 @@ class RankFileReader:
                     prev_flow += (delta >> 1) if not delta & 1 else -((delta + 1) >> 1)
                     flow = prev_flow
                 if mask & _HAS_VALUE:
-                    value = _unzigzag(varint())
+                    val = _unzigzag(varint())
                 if mask & _HAS_PRECISION:
-                    precision = _PRECISIONS[data[cur.pos]]
+                    precision = data[cur.pos]
+                    if precision not in precisions:
+                        raise ValueError(f"unknown precision {precision}")
                     cur.pos += 1
                 if mask & _HAS_DEPTH:
                     depth = varint()
+                pos = cur.pos
             append(
-                Event(
-                    kind,
-                    name,
-                    prev_start,
-                    duration,
-                    thread_id,
-                    device,
-                    flow,
-                    value,
-                    precision,
-                    depth,
-                )
+                (kind, name, prev_start, duration, thread_id, device, flow, val, precision, depth)
             )
-        if cur.pos != len(payload):
-            raise ValueError(f"{len(payload) - cur.pos} trailing bytes after the records")
+        if pos != len(payload):
+            raise ValueError(f"{len(payload) - pos} trailing bytes after the records")
         return out
 
 

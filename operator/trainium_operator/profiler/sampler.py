@@ -97,8 +97,7 @@ class Sampler:
         prev_node = read_node_cpu_ticks() if self._node_wide else None
         self.sample_memory(prev_at)
         while True:
-            interval = self._interval_s if self._detail() else self._idle_interval_s
-            stopped = self._stop.wait(interval)
+            stopped = self._wait_for_next_sample(prev_at)
             now = time.monotonic_ns()
             cpu = time.process_time_ns()
             elapsed = now - prev_at
@@ -117,6 +116,19 @@ class Sampler:
             prev_cpu, prev_at = cpu, now
             if stopped:
                 return
+
+    def _wait_for_next_sample(self, last_ns: int) -> bool:
+        """Sleep until the next sample is due; True when stopped meanwhile.
+
+        The detailed window can open while we sleep the long idle interval, so the wait is
+        sliced at the fast interval and the due time re-evaluated."""
+        while True:
+            interval = self._interval_s if self._detail() else self._idle_interval_s
+            remaining = last_ns / 1e9 + interval - time.monotonic_ns() / 1e9
+            if remaining <= 0:
+                return False
+            if self._stop.wait(min(remaining, self._interval_s)):
+                return True
 
     def sample_memory(self, at_ns: int) -> None:
         rss = read_rss_bytes()
