@@ -153,7 +153,8 @@ class TinyModel(torch.nn.Module):
         self.head = torch.nn.Linear(64, 512)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        return self.head(self.block(self.embed(tokens)))
+        logits: torch.Tensor = self.head(self.block(self.embed(tokens)))
+        return logits
 
 
 class TrainingLoop:
@@ -177,14 +178,14 @@ class TrainingLoop:
                 logits = self.model(tokens)
                 loss = torch.nn.functional.cross_entropy(logits.view(-1, 512), tokens.view(-1))
             with profiler.annotate("backward"):
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
             with profiler.annotate("optimizer"):
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
 
     def timed_block(self, seconds: float) -> tuple[list[float], float]:
         """Wall ns of each step, and process CPU ns per step (all threads, ours included)."""
-        times = []
+        times: list[float] = []
         cpu_began = time.process_time_ns()
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:

@@ -42,7 +42,7 @@ def of_kind(events: list[Event], kind: EventKind) -> list[Event]:
     return [e for e in events if e.kind == kind]
 
 
-def annotations(events: list[Event]) -> dict[str, list[Event]]:
+def ranges_by_name(events: list[Event]) -> dict[str, list[Event]]:
     found: dict[str, list[Event]] = {}
     for ev in of_kind(events, EventKind.ANNOTATION):
         found.setdefault(ev.name, []).append(ev)

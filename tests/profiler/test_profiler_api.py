@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from profiler.profiler_helpers import NODE, annotations, make_config, of_kind, start, stop_and_read
+from profiler.profiler_helpers import (
+    NODE,
+    make_config,
+    of_kind,
+    ranges_by_name,
+    start,
+    stop_and_read,
+)
 from trainium_operator import profiler
 from trainium_operator.profiler.config import StepWindow
 from trainium_operator.profiler.events import HOST_DEVICE, EventKind
@@ -25,7 +32,7 @@ def test_nested_annotations_record_depth_and_containment(tmp_path: Path) -> None
             time.sleep(0.001)
         with profiler.annotate("sibling"):
             pass
-    found = annotations(stop_and_read(rank_file).events)
+    found = ranges_by_name(stop_and_read(rank_file).events)
 
     outer, middle, inner, sibling = (found[n][0] for n in ("outer", "middle", "inner", "sibling"))
     assert [outer.depth, middle.depth, inner.depth, sibling.depth] == [0, 1, 2, 1]
@@ -42,7 +49,7 @@ def test_annotation_closes_when_the_body_raises(tmp_path: Path) -> None:
         raise KeyError("boom")
     with profiler.annotate("after"):
         pass
-    found = annotations(stop_and_read(rank_file).events)
+    found = ranges_by_name(stop_and_read(rank_file).events)
     assert len(found["failing"]) == 1
     assert found["after"][0].depth == 0
 
@@ -61,7 +68,7 @@ def test_begin_and_end_in_different_functions_record_one_range(tmp_path: Path) -
     time.sleep(0.002)
     _close_range(handle)
     _close_range(handle)  # a second end is ignored
-    found = annotations(stop_and_read(rank_file).events)
+    found = ranges_by_name(stop_and_read(rank_file).events)
     assert len(found["data_loading"]) == 1
     assert found["data_loading"][0].duration_ns >= 2_000_000
 
@@ -74,7 +81,7 @@ def test_overlapping_begin_end_ranges_leave_depth_balanced(tmp_path: Path) -> No
     profiler.annotation_end(second)
     with profiler.annotate("later"):
         pass
-    found = annotations(stop_and_read(rank_file).events)
+    found = ranges_by_name(stop_and_read(rank_file).events)
     assert (found["first"][0].depth, found["second"][0].depth) == (0, 1)
     assert found["later"][0].depth == 0
 
@@ -85,7 +92,7 @@ def test_range_ended_on_another_thread_stays_on_the_beginning_thread(tmp_path: P
     closer = threading.Thread(target=profiler.annotation_end, args=(handle,))
     closer.start()
     closer.join()
-    found = annotations(stop_and_read(rank_file).events)
+    found = ranges_by_name(stop_and_read(rank_file).events)
     assert found["handed_over"][0].thread_id == threading.get_native_id()
 
 
@@ -97,7 +104,7 @@ def test_decorator_records_each_call_and_keeps_the_function(tmp_path: Path) -> N
 
     rank_file = start(tmp_path)
     results = [compute(i, scale=3) for i in range(5)]
-    found = annotations(stop_and_read(rank_file).events)
+    found = ranges_by_name(stop_and_read(rank_file).events)
     assert results == [0, 3, 6, 9, 12]
     assert compute.__name__ == "compute"
     assert compute.__doc__ == "Doubles."
@@ -112,7 +119,7 @@ def test_decorator_applied_before_start_records_after_start(tmp_path: Path) -> N
     work()  # profiling off: nothing to record
     rank_file = start(tmp_path)
     work()
-    assert len(annotations(stop_and_read(rank_file).events)["early"]) == 1
+    assert len(ranges_by_name(stop_and_read(rank_file).events)["early"]) == 1
 
 
 def test_disabled_profiler_records_nothing_and_writes_nothing(tmp_path: Path) -> None:
@@ -158,7 +165,7 @@ def test_threads_record_on_their_own_tracks(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     result = stop_and_read(rank_file)
-    found = annotations(result.events)
+    found = ranges_by_name(result.events)
 
     assert result.header.dropped_events == 0
     for name, tid in thread_ids.items():
@@ -179,7 +186,7 @@ def test_steps_are_recorded_for_the_whole_run_but_annotations_only_in_the_window
             time.sleep(0.001)
     events = stop_and_read(rank_file).events
     steps = sorted(of_kind(events, EventKind.STEP), key=lambda e: e.value)
-    work = annotations(events)["work"]
+    work = ranges_by_name(events)["work"]
 
     assert [s.value for s in steps] == list(range(8))
     assert all(s.duration_ns >= 1_000_000 for s in steps)
@@ -206,7 +213,7 @@ def test_start_twice_keeps_the_first_session(tmp_path: Path) -> None:
     assert profiler.start_profiling(make_config(tmp_path / "other"))
     with profiler.annotate("x"):
         pass
-    assert len(annotations(stop_and_read(rank_file).events)["x"]) == 1
+    assert len(ranges_by_name(stop_and_read(rank_file).events)["x"]) == 1
     assert not (tmp_path / "other").exists()
 
 
@@ -222,7 +229,7 @@ def test_stop_returns_before_the_flush_finishes(tmp_path: Path) -> None:
     returned_after = time.perf_counter() - began
     assert profiler.wait_for_flush(timeout=30)
     assert returned_after < 0.05
-    assert len(annotations(stop_and_read(rank_file).events)["busy"]) == 20_000
+    assert len(ranges_by_name(stop_and_read(rank_file).events)["busy"]) == 20_000
 
 
 def test_environment_configures_rank_identity_and_layout(tmp_path: Path) -> None:
@@ -262,7 +269,7 @@ def test_environment_configures_rank_identity_and_layout(tmp_path: Path) -> None
         2,
     )
     assert profile.header.step_window == (1, 2)
-    assert len(annotations(profile.events)["fwd"]) == 2
+    assert len(ranges_by_name(profile.events)["fwd"]) == 2
     assert manifest.finished
     assert [r.file for r in manifest.ranks] == ["ip-10-0-0-7/rank-0.trnprof"]
 
@@ -278,7 +285,7 @@ def test_forked_child_does_not_write_into_the_parents_profile(tmp_path: Path) ->
     _, status = os.waitpid(pid, 0)
     with profiler.annotate("parent"):
         pass
-    found = annotations(stop_and_read(rank_file).events)
+    found = ranges_by_name(stop_and_read(rank_file).events)
     assert os.waitstatus_to_exitcode(status) == 0
     assert "child" not in found
     assert len(found["parent"]) == 1

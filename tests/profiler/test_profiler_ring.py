@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from profiler.profiler_helpers import annotations, start, stop_and_read
+from profiler.profiler_helpers import ranges_by_name, start, stop_and_read
 from trainium_operator import profiler
 from trainium_operator.profiler.capture import ThreadRing
 
@@ -44,7 +44,7 @@ def test_overflow_between_flushes_is_reported_in_the_file(tmp_path: Path) -> Non
         with profiler.annotate("hot"):
             pass
     result = stop_and_read(rank_file)
-    assert len(annotations(result.events)["hot"]) == 64
+    assert len(ranges_by_name(result.events)["hot"]) == 64
     assert result.header.dropped_events == 1_000 - 64
     assert result.header.complete
 
@@ -64,7 +64,7 @@ def test_each_thread_has_its_own_ring_budget(tmp_path: Path) -> None:
     quiet.join()
     noisy.join()
     result = stop_and_read(rank_file)
-    found = annotations(result.events)
+    found = ranges_by_name(result.events)
     assert len(found["quiet"]) == 10  # the noisy thread's overflow costs it nothing
     assert len(found["noisy"]) == 64
     assert result.header.dropped_events == 500 - 64

@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from profiler.profiler_helpers import annotations, make_config, of_kind, stop_and_read
+from profiler.profiler_helpers import make_config, of_kind, ranges_by_name, stop_and_read
 from trainium_operator.profiler import smprof
 from trainium_operator.profiler.events import EventKind
 
@@ -63,7 +63,7 @@ def test_unmodified_sagemaker_script_produces_a_profile(tmp_path: Path) -> None:
     from trainium_operator.profiler.format import read_rank_file
 
     events = read_rank_file(tmp_path / "profile" / "n1" / "rank-0.trnprof").events
-    found = annotations(events)
+    found = ranges_by_name(events)
     assert len(found["Forward"]) == 4
     assert len(found["Backward"]) == 4
     assert [f"step_{i}" in found for i in range(4)] == [True] * 4
@@ -87,7 +87,7 @@ def test_sagemaker_names_drive_our_profiler_in_process(tmp_path: Path) -> None:
         result = stop_and_read(tmp_path / "node-a" / "rank-0.trnprof")
     finally:
         prof.profiler_config = None
-    assert len(annotations(result.events)["decorated"]) == 1
+    assert len(ranges_by_name(result.events)["decorated"]) == 1
     assert [e.value for e in of_kind(result.events, EventKind.STEP)] == [7]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.profiler_helpers import annotations, of_kind, start, stop_and_read
+from profiler.profiler_helpers import of_kind, ranges_by_name, start, stop_and_read
 from trainium_operator import profiler
 from trainium_operator.profiler.config import StepWindow
 from trainium_operator.profiler.events import HOST_DEVICE, EventKind
@@ -56,8 +56,8 @@ def test_cpu_run_records_real_operators_inside_the_step_window(tmp_path: Path) -
     assert all(window_start <= op.start_ns and op.end_ns <= window_end for op in ops)
     assert all(op.device == HOST_DEVICE for op in ops)
     # Our own annotations and torch's record_function ranges (optimizer) both arrive.
-    assert len(annotations(events)["forward"]) == 2
-    assert any(name.startswith("Optimizer.step") for name in annotations(events))
+    assert len(ranges_by_name(events)["forward"]) == 2
+    assert any(name.startswith("Optimizer.step") for name in ranges_by_name(events))
 
 
 def test_forward_operators_link_to_their_backward_pass(tmp_path: Path) -> None:
