@@ -120,3 +120,57 @@ def test_capture_records_sync_points_at_start_periodically_and_at_stop(tmp_path:
     assert len(monos) >= 4
     assert monos == sorted(monos)
     assert monos[-1] - monos[0] >= 250_000_000
+
+
+RANK_SCRIPT = """
+import sys, time
+from trainium_operator import profiler
+assert profiler.start_profiling()
+for i in range(6):
+    profiler.step(i)
+    if i == 3:
+        print(time.time_ns())  # this process's wall clock as step 3 begins
+    time.sleep(0.02)
+profiler.stop_profiling(wait=True, timeout=60)
+"""
+
+
+def test_two_rank_processes_land_on_one_timeline(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from trainium_operator.profiler.events import EventKind
+    from trainium_operator.profiler.manifest import discover_rank_files, load_manifest
+
+    procs = []
+    for rank, node in ((0, "node-a"), (1, "node-b")):
+        env = {
+            **os.environ,
+            "TRAINIUM_PROFILE": "1",
+            "TRAINIUM_PROFILE_DIR": str(tmp_path),
+            "TRAINIUM_NODE_NAME": node,
+            "TRAINIUM_PROFILE_SOURCES": "none",
+            "RANK": str(rank),
+            "LOCAL_RANK": "0",
+            "GROUP_RANK": str(rank),
+            "WORLD_SIZE": "2",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", RANK_SCRIPT], env=env, stdout=subprocess.PIPE, text=True
+            )
+        )
+    printed = [int(p.communicate(timeout=120)[0].strip()) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+
+    refs = discover_rank_files(tmp_path)
+    assert [(r.rank, r.node) for r in refs] == [(0, "node-a"), (1, "node-b")]
+    assert load_manifest(tmp_path).world_size == 2
+    for ref, wall_at_step3 in zip(refs, printed, strict=True):
+        profile = read_rank_file(ref.path)
+        step3 = next(e for e in profile.events if e.kind == EventKind.STEP and e.value == 3)
+        placed = MonotonicToWall(profile.header.clock_sync)(step3.start_ns)
+        assert len(profile.header.clock_sync) >= 2  # start and stop
+        # Right order, and close: the gap is just the two statements between (and preemption)
+        assert 0 <= wall_at_step3 - placed < 50_000_000
