@@ -296,3 +296,60 @@ def test_rank_file_lands_under_node_directory(tmp_path: Path) -> None:
     stop_and_read(rank_file)
     assert rank_file == tmp_path / NODE / "rank-3.trnprof"
     assert rank_file.exists()
+
+
+def test_sigterm_still_leaves_a_complete_file(tmp_path: Path) -> None:
+    script = (
+        "import os, signal\n"
+        "from trainium_operator import profiler\n"
+        "assert profiler.start_profiling()\n"
+        "for i in range(3):\n"
+        "    profiler.step(i)\n"
+        "    with profiler.annotate('work'):\n"
+        "        pass\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "raise SystemExit('not reached: SIGTERM must still terminate the process')\n"
+    )
+    env = {
+        **os.environ,
+        "TRAINIUM_PROFILE": "1",
+        "TRAINIUM_PROFILE_DIR": str(tmp_path),
+        "TRAINIUM_NODE_NAME": "n",
+        "TRAINIUM_PROFILE_SOURCES": "none",
+        "TRAINIUM_PROFILE_FLUSH_MS": "600000",  # only the SIGTERM flush can write the events
+    }
+    done = subprocess.run([sys.executable, "-c", script], env=env, timeout=120, check=False)
+
+    from trainium_operator.profiler.format import read_rank_file
+
+    profile = read_rank_file(tmp_path / "n" / "rank-0.trnprof")
+    assert done.returncode == -15
+    assert profile.header.complete
+    assert len(ranges_by_name(profile.events)["work"]) == 3
+    assert [e.value for e in of_kind(profile.events, EventKind.STEP)] == [0, 1]
+
+
+def test_sigterm_handler_is_ours_only_while_profiling(tmp_path: Path) -> None:
+    import signal
+
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    rank_file = start(tmp_path)
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    stop_and_read(rank_file)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_program_sigterm_handler_is_left_alone(tmp_path: Path) -> None:
+    import signal
+
+    def own_handler(signum: int, frame: object) -> None:
+        pass
+
+    previous = signal.signal(signal.SIGTERM, own_handler)
+    try:
+        rank_file = start(tmp_path)
+        assert signal.getsignal(signal.SIGTERM) is own_handler
+        stop_and_read(rank_file)
+        assert signal.getsignal(signal.SIGTERM) is own_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -20,11 +20,12 @@ import atexit
 import functools
 import logging
 import os
+import signal
 import socket
 import threading
 import time
 from collections.abc import Callable
-from types import TracebackType
+from types import FrameType, TracebackType
 from typing import Any, Final, ParamSpec, TypeVar
 
 from trainium_operator.profiler import sampler as sampler_mod
@@ -413,6 +414,7 @@ def start_profiling(
         session = _Session(cfg, sources)
         _session = session
         session.start()
+    _install_sigterm_flush()
     return True
 
 
@@ -431,6 +433,7 @@ def stop_profiling(*, wait: bool = False, timeout: float | None = None) -> bool:
         _session = None
         _detail = None
         _last_stopped = session
+    _remove_sigterm_flush()
     if wait:
         return session.flushed.wait(timeout)
     return True
@@ -615,6 +618,35 @@ def _stop_at_exit() -> None:
     target = session or _last_stopped
     if target is not None:
         target.flushed.wait(30.0)
+
+
+_SIGTERM_FLUSH_TIMEOUT_S = 5.0
+
+
+def _flush_then_terminate(signum: int, frame: FrameType | None) -> None:
+    # Kubernetes and torchrun stop workers with SIGTERM, whose default action skips atexit.
+    # Let the flusher write what the rings hold and close the file, then die as before.
+    # No locks here: the signal may have interrupted this thread inside start/stop.
+    session = _session
+    if session is not None:
+        session.stopping.set()
+        session.flushed.wait(_SIGTERM_FLUSH_TIMEOUT_S)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_sigterm_flush() -> None:
+    """Flush on SIGTERM, unless the program handles SIGTERM itself (or we are not able to)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _flush_then_terminate)
+
+
+def _remove_sigterm_flush() -> None:
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    if on_main_thread and signal.getsignal(signal.SIGTERM) is _flush_then_terminate:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _forget_session_in_child() -> None:
