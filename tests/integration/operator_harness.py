@@ -43,7 +43,7 @@ class OperatorProcess:
             [
                 sys.executable,
                 "-m",
-                "trainium_operator.cli",
+                "trainium_operator",
                 "run",
                 "--kubeconfig",
                 str(self.kubeconfig),
@@ -272,8 +272,9 @@ def ensure_shared_claim(clients: Any, namespace: str) -> None:
 def kubectl(dev_cluster: Any, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
     """The real kubectl binary against the dev cluster; the caller checks the return code."""
     return subprocess.run(
-        [dev_cluster.kubectl, "--kubeconfig", str(dev_cluster.kubeconfig), "-n", namespace, *args],
+        ["kubectl", "-n", namespace, *args],
         capture_output=True,
         text=True,
         check=False,
+        env=dev_cluster.tool_env(),
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,9 +55,6 @@ def run(
 
     from trainium_operator.controller import handlers
 
-    if kubeconfig:
-        # kopf's own login reads the same kubeconfig as our client.
-        os.environ["KUBECONFIG"] = kubeconfig
     kopf.configure(
         verbose=verbose,
         log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN,

@@ -20,10 +20,11 @@ from trainium_operator.api import spec as spec_model
 from trainium_operator.builders.job import LABEL_JOB_NAME
 from trainium_operator.controller.reconciler import Reconciler
 from trainium_operator.controller.workqueue import Key, WorkQueue
-from trainium_operator.k8s.client import Cluster, load_api_client
+from trainium_operator.k8s.client import Cluster, credentials, is_conflict, load_api_client
 
 log = logging.getLogger(__name__)
 RESYNC_SECONDS = 120.0
+CONFLICT_RETRY_SECONDS = 0.2
 
 
 @dataclass
@@ -56,6 +57,21 @@ def _queue(memo: Any) -> WorkQueue:
     return queue
 
 
+@kopf.on.login()
+def login(memo: Any, **_: Any) -> kopf.ConnectionInfo:
+    # kopf's default login reads $KUBECONFIG; ours honours --kubeconfig and in-cluster config.
+    creds = credentials(_runtime(memo).kubeconfig)
+    return kopf.ConnectionInfo(
+        server=creds.server,
+        ca_path=creds.ca_path,
+        insecure=creds.insecure,
+        certificate_path=creds.certificate_path,
+        private_key_path=creds.private_key_path,
+        token=creds.token,
+        scheme="Bearer" if creds.token else None,
+    )
+
+
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     runtime = _runtime(memo)
@@ -72,7 +88,11 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         runtime.reconciles += 1
         try:
             result = await asyncio.to_thread(reconciler.reconcile, *key)
-        except Exception:
+        except Exception as error:
+            if is_conflict(error):
+                # Our view was stale; the next pass reads the fresh object.
+                log.info("%s/%s changed during reconcile; re-reading", *key)
+                return CONFLICT_RETRY_SECONDS
             runtime.reconcile_errors += 1
             raise
         return result.requeue_after

@@ -7,6 +7,8 @@ builders produce, so the lifecycle never sees client model classes. Creation is 
 
 from __future__ import annotations
 
+import os
+import secrets
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -41,14 +43,53 @@ class RequestCounter:
             return sum(self.counts.values())
 
 
-def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """In-cluster config when running in a pod, else the kubeconfig (path or $KUBECONFIG)."""
+def is_conflict(error: BaseException) -> bool:
+    """A write lost a race (stale resourceVersion, object changed meanwhile): just re-read."""
+    return isinstance(error, ApiException) and error.status == 409
+
+
+def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
+    """The given kubeconfig; else in-cluster config in a pod; else $KUBECONFIG or ~/.kube/config."""
     configuration = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        return configuration
     try:
         config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    return client.ApiClient(configuration)
+        path = os.environ.get("KUBECONFIG") or None
+        config.load_kube_config(config_file=path, client_configuration=configuration)
+    return configuration
+
+
+def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    return client.ApiClient(load_configuration(kubeconfig))
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What kopf's own watches need to reach the same API server as our client."""
+
+    server: str
+    ca_path: str | None
+    insecure: bool
+    certificate_path: str | None
+    private_key_path: str | None
+    token: str | None
+
+
+def credentials(kubeconfig: str | None = None) -> Credentials:
+    configuration = load_configuration(kubeconfig)
+    header = configuration.api_key.get("authorization") or configuration.api_key.get("BearerToken")
+    token = header.removeprefix("Bearer ").strip() if header else None
+    return Credentials(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,
+        insecure=not configuration.verify_ssl,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+        token=token,
+    )
 
 
 class Cluster:
@@ -195,8 +236,6 @@ class Cluster:
 
 
 def _event_name(involved: Obj, reason: str) -> str:
-    import secrets
-
     return f"{involved['metadata']['name']}.{reason.lower()}.{secrets.token_hex(4)}"
 
 
