@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,6 +31,13 @@ RENDER_UID = "00000000-0000-0000-0000-000000000000"
 )
 @click.option("--peering", default=None, help="kopf peering name, for several replicas.")
 @click.option(
+    "--priority",
+    type=int,
+    default=None,
+    help="Peering priority; the highest-priority replica works, the others wait. Default: "
+    "random, so two replicas never tie (kopf lets tied replicas both work).",
+)
+@click.option(
     "--liveness-endpoint",
     default=None,
     help="kopf health endpoint, e.g. http://0.0.0.0:8080/healthz.",
@@ -43,6 +51,7 @@ def run(
     *,
     namespaces: tuple[str, ...],
     peering: str | None,
+    priority: int | None,
     liveness_endpoint: str | None,
     metrics_port: int | None,
     workers: int,
@@ -60,9 +69,12 @@ def run(
         log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN,
     )
     runtime = handlers.Runtime(kubeconfig=kubeconfig, workers=workers, metrics_port=metrics_port)
+    if peering is not None and priority is None:
+        priority = secrets.randbelow(1_000_000) + 1
     kopf.run(
         standalone=peering is None,
         peering_name=peering,
+        priority=priority or 0,
         namespaces=list(namespaces),
         clusterwide=not namespaces,
         liveness_endpoint=liveness_endpoint,
