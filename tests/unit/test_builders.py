@@ -133,6 +133,9 @@ def test_profiling_env_points_into_the_attempts_profile_directory() -> None:
     assert env["TRAINIUM_PROFILE"] == "1"
     assert env["TRAINIUM_PROFILE_DIR"] == "/data/profiles/team-a/bert/2"
     assert env["TRAINIUM_PROFILE_STEPS"] == "3:9"
+    # The profile's manifest names the job it belongs to.
+    assert (env["TRAINIUM_JOB_NAME"], env["TRAINIUM_JOB_NAMESPACE"]) == ("bert", "team-a")
+    assert env["TRAINIUM_JOB_UID"] == UID
     assert "TRAINIUM_PROFILE" not in env_of(pods.pod(job, Stage.COMPILE, 0, 0))
 
 

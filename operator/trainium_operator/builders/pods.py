@@ -134,6 +134,8 @@ def _operator_env(job: JobRef, stage: Stage, rank: int, attempt: int) -> list[Ob
         {"name": "NEURON_CC_FLAGS", "value": f"--cache_dir={job.neuron_cache_dir(rank)}"},
         {"name": "HF_HOME", "value": job.transformers_cache_dir(rank)},
         {"name": "TRAINIUM_JOB_NAME", "value": job.name},
+        {"name": "TRAINIUM_JOB_NAMESPACE", "value": job.namespace},
+        {"name": "TRAINIUM_JOB_UID", "value": job.uid},
         {"name": "TRAINIUM_STAGE", "value": stage.value},
         {"name": "TRAINIUM_ATTEMPT", "value": str(attempt)},
         {"name": "TRAINIUM_PRECISION", "value": spec.precision.value},

@@ -169,3 +169,23 @@ def restore_node(name: str, node: str) -> None:
     from trainium_operator.devcluster import clients, sim
 
     sim.restore_node(clients.clients_for(paths.ClusterPaths(name).kubeconfig).core, node)
+
+
+@dev.command()
+@name_option
+@click.option(
+    "--down/--keep",
+    "tear_down",
+    default=False,
+    show_default=True,
+    help="Delete the cluster at the end (default: keep it, to look around).",
+)
+def demo(name: str, tear_down: bool) -> None:
+    """The tutorial's job end to end on a local simulated Trainium cluster."""
+    from trainium_operator.devcluster.demo import DemoError, run_demo
+
+    try:
+        code = run_demo(name, _echo, tear_down=tear_down)
+    except DemoError as error:
+        raise click.ClickException(str(error)) from error
+    sys.exit(code)

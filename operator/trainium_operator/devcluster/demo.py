@@ -1,0 +1,434 @@
+"""`trainium-operator dev demo`: the whole product on one machine, in about two minutes.
+
+1. a local control plane with two fake trn1.32xlarge nodes (`dev up`);
+2. the chart's CRDs, ServiceAccount and RBAC (rendered with the real helm binary);
+3. the operator as a process, authenticated as the chart's ServiceAccount (token kubeconfig),
+   so it has exactly the chart's permissions;
+4. the tutorial's TrainingJob (`examples/bert-large-pretrain.yaml`) applied with kubectl;
+5. KWOK pods stand in for the containers; in their place the demo runs the pod's own torchrun
+   command on this machine's CPU at demo size (tiny BERT, two ranks, generated shards), with
+   `/data` mapped to a local folder: the compile stage in graph-extraction mode, then training with
+   the profiler on. Each local run's exit code becomes the pods' exit code;
+6. `kubectl get trainingjobs` printed at every transition, then the profile summary and where to
+   look next.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainium_operator.devcluster import build, cluster, paths, sim
+from trainium_operator.devcluster.access import service_account_kubeconfig
+from trainium_operator.devcluster.clients import Clients, clients_for
+
+Echo = Callable[[str], None]
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLE = REPO / "examples" / "bert-large-pretrain.yaml"
+CHART = REPO / "charts" / "trainium-operator"
+OPERATOR_NAMESPACE = "trainium-system"
+RELEASE = "trainium-operator"
+JOB_NAMESPACE = "default"  # where the dev cluster's fsx-claim lives
+SHARED_MOUNT = "/data"
+GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingjobs"
+# Appended after the job's own script arguments (argparse keeps the last value), so the
+# local CPU run is small while every flag the operator added is still the operator's.
+DEMO_SIZE_ARGS = (
+    "--model_config", "tiny", "--batch_size", "4", "--grad_accum_usteps", "1",
+    "--max_steps", "30", "--warmup_steps", "0", "--log_every_steps", "5",
+)  # fmt: skip
+DEMO_PROFILE_STEPS = "10:14"
+TERMINAL = ("Succeeded", "Failed")
+
+
+class DemoError(RuntimeError):
+    """The demo could not continue; the message says what and where to look."""
+
+
+def _require_checkout() -> None:
+    for needed in (EXAMPLE, CHART, REPO / "images" / "training" / "trainium_training"):
+        if not needed.exists():
+            raise DemoError(f"{needed} not found: run the demo from a trainium-operator checkout")
+
+
+def _run(args: list[str], *, env: dict[str, str] | None = None, stdin: str | None = None) -> str:
+    result = subprocess.run(args, input=stdin, capture_output=True, text=True, env=env, check=False)
+    if result.returncode != 0:
+        raise DemoError(f"{' '.join(args[:4])} ... failed:\n{result.stderr or result.stdout}")
+    return result.stdout
+
+
+@dataclass
+class LocalRun:
+    """The pods' workload, run on this machine: torchrun for one gang."""
+
+    stage: str
+    pods: list[str]
+    process: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class Demo:
+    name: str
+    echo: Echo
+    workdir: Path = field(init=False)
+    shared: Path = field(init=False)
+    clients: Clients | None = None
+    kubeconfig: Path | None = None
+    toolchain: build.Toolchain | None = None
+    operator: subprocess.Popen[bytes] | None = None
+    local: LocalRun | None = None
+    driven: set[str] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.workdir = paths.cache_root() / "demo" / self.name
+        self.shared = self.workdir / "fsx"
+
+    # -- set-up ----------------------------------------------------------------------------
+    def tool_env(self) -> dict[str, str]:
+        assert self.toolchain is not None
+        assert self.kubeconfig is not None
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        env["PATH"] = os.pathsep.join([*map(str, self.toolchain.bin_dirs), env.get("PATH", "")])
+        return env
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> str:
+        return _run(["kubectl", *args], env=self.tool_env(), stdin=stdin)
+
+    def start_cluster(self) -> None:
+        build.build_all(jobs=build.default_jobs(), echo=self.echo)
+        self.toolchain = build.require_toolchain()
+        report = cluster.up(
+            self.name, nodes=2, instance_type="trn1.32xlarge", neuron_taint=False, echo=self.echo
+        )
+        self.kubeconfig = report.kubeconfig
+        self.clients = clients_for(report.kubeconfig)
+
+    def install_chart_access(self) -> Path:
+        """CRDs, then the chart's ServiceAccount and RBAC; returns the operator's kubeconfig."""
+        self.echo("installing the chart's CRDs, ServiceAccount and RBAC (helm template | kubectl)")
+        self.kubectl("apply", "--server-side", "-f", str(CHART / "crds"))
+        self.kubectl("wait", "--for=condition=Established", "crd/trainingjobs.trainium.dev")
+        manifests = _run(
+            [
+                "helm",
+                "template",
+                RELEASE,
+                str(CHART),
+                "--namespace",
+                OPERATOR_NAMESPACE,
+                "--show-only",
+                "templates/serviceaccount.yaml",
+                "--show-only",
+                "templates/rbac.yaml",
+            ],
+            env=self.tool_env(),
+        )
+        self.kubectl("apply", "-f", "-", stdin=_namespace_manifest(OPERATOR_NAMESPACE))
+        self.kubectl("apply", "-n", OPERATOR_NAMESPACE, "-f", "-", stdin=manifests)
+        account = _service_account_name(manifests)
+        assert self.clients is not None
+        assert self.kubeconfig is not None
+        return service_account_kubeconfig(
+            self.clients,
+            self.kubeconfig,
+            namespace=OPERATOR_NAMESPACE,
+            service_account=account,
+            output=self.workdir / "operator-kubeconfig.yaml",
+        )
+
+    def start_operator(self, kubeconfig: Path) -> Path:
+        log = self.workdir / "operator.log"
+        self.echo(f"starting the operator as system:serviceaccount:{OPERATOR_NAMESPACE}:... "
+                  f"(log: {log})")  # fmt: skip
+        handle = log.open("wb")
+        self.operator = subprocess.Popen(
+            [sys.executable, "-m", "trainium_operator", "run", "--kubeconfig", str(kubeconfig)],
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+        return log
+
+    def make_data(self) -> Path:
+        data = self.shared / "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128"
+        if not any(data.glob("*.hdf5")):
+            self.echo(f"generating synthetic HDF5 shards in the tutorial's format: {data}")
+            _run(
+                [
+                    sys.executable,
+                    str(_training_script("make_shards.py")),
+                    "--output_dir",
+                    str(data),
+                    "--num_shards",
+                    "4",
+                    "--vocab_size",
+                    "1024",  # the tiny model's vocabulary
+                    "--samples_per_shard",
+                    "256",
+                ],
+                env=_training_env(),
+            )
+        return data
+
+    # -- the job -----------------------------------------------------------------------------
+    def apply_job(self) -> str:
+        manifest = yaml.safe_load(EXAMPLE.read_text())
+        name: str = manifest["metadata"]["name"]
+        assert self.clients is not None
+        try:
+            self.clients.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, JOB_NAMESPACE, PLURAL, name
+            )
+            sim.wait_for(
+                lambda: self._job(name) is None,
+                timeout=60,
+                description=f"the previous demo's {name} deleted",
+            )
+        except Exception as error:
+            if getattr(error, "status", None) != 404:
+                raise
+        shutil.rmtree(self.shared / "output", ignore_errors=True)
+        shutil.rmtree(self.shared / "profiles", ignore_errors=True)
+        self.echo(f"$ kubectl apply -f {EXAMPLE.relative_to(REPO)}")
+        self.echo(self.kubectl("apply", "-n", JOB_NAMESPACE, "-f", str(EXAMPLE)).strip())
+        return name
+
+    def _job(self, name: str) -> dict[str, Any] | None:
+        assert self.clients is not None
+        try:
+            job: dict[str, Any] = self.clients.custom.get_namespaced_custom_object(
+                GROUP, VERSION, JOB_NAMESPACE, PLURAL, name
+            )
+        except Exception as error:
+            if getattr(error, "status", None) == 404:
+                return None
+            raise
+        return job
+
+    def _running_gang(self, name: str, nodes: int) -> list[Any]:
+        """The newest gang of the job when all its pods run and none is driven yet."""
+        assert self.clients is not None
+        pods = self.clients.core.list_namespaced_pod(
+            JOB_NAMESPACE, label_selector=f"trainium.dev/job-name={name}"
+        ).items
+        gangs: dict[tuple[int, str], list[Any]] = {}
+        for pod in pods:
+            labels = pod.metadata.labels
+            key = (int(labels["trainium.dev/attempt"]), labels["trainium.dev/stage"])
+            gangs.setdefault(key, []).append(pod)
+        for key in sorted(gangs, key=lambda k: (k[0], k[1] == "train"), reverse=True):
+            gang = sorted(
+                gangs[key], key=lambda p: int(p.metadata.labels["trainium.dev/node-rank"])
+            )
+            if (
+                len(gang) == nodes
+                and all(p.status.phase == "Running" for p in gang)
+                and not any(p.metadata.name in self.driven for p in gang)
+            ):
+                return gang
+        return []
+
+    def start_local_run(self, gang: list[Any]) -> None:
+        pod = gang[0]
+        stage = pod.metadata.labels["trainium.dev/stage"]
+        container = pod.spec.containers[0]
+        command = [_local_path(a, self.shared) for a in container.command]
+        script_at = next(i for i, a in enumerate(command) if a.endswith("pretrain.py"))
+        env = _training_env()
+        for var in container.env or []:
+            if var.value is not None:
+                env[var.name] = _local_path(var.value, self.shared)
+        env["TRAINIUM_NODE_NAME"] = pod.spec.node_name
+        env["TRAINIUM_PRECISION"] = "fp32"  # bf16 is the Neuron path; CPU trains in fp32
+        if stage == "compile":
+            # What neuron_parallel_compile does around the command: graph extraction only.
+            env["NEURON_EXTRACT_GRAPHS_ONLY"] = "1"
+        else:
+            env["TRAINIUM_PROFILE_STEPS"] = DEMO_PROFILE_STEPS
+        argv = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            str(_training_script("pretrain.py")), *command[script_at + 1 :], *DEMO_SIZE_ARGS,
+        ]  # fmt: skip
+        log = self.workdir / f"{pod.metadata.name.rsplit('-', 1)[0]}.log"
+        self.echo(
+            f"  pods {', '.join(p.metadata.name for p in gang)} are Running on "
+            f"{', '.join(p.spec.node_name for p in gang)}; running their {stage} command locally "
+            f"on CPU at demo size (log: {log})"
+        )
+        self.local = LocalRun(
+            stage,
+            [p.metadata.name for p in gang],
+            subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT),
+            log,
+        )
+        self.driven.update(self.local.pods)
+
+    def finish_local_run(self) -> None:
+        run = self.local
+        if run is None or run.process.poll() is None:
+            return
+        code = run.process.returncode
+        assert self.clients is not None
+        self.echo(f"  local {run.stage} run exited {code}; ending the pods the same way")
+        for pod in run.pods:
+            sim.simulate_pod_outcome(
+                self.clients.core,
+                JOB_NAMESPACE,
+                pod,
+                succeeded=code == 0,
+                exit_code=code if code else None,
+                message=None if code == 0 else f"see {run.log}",
+            )
+        self.local = None
+
+    def watch(self, name: str, nodes: int, timeout: float = 900) -> dict[str, Any]:
+        self.echo("$ kubectl get trainingjobs -w")
+        self.echo(self.kubectl("get", "trainingjobs", "-n", JOB_NAMESPACE, "-o", "wide").rstrip())
+        last: tuple[Any, ...] = ()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.assert_operator_alive()
+            job = self._job(name) or {}
+            status = job.get("status") or {}
+            shown = (
+                status.get("phase"),
+                (status.get("workers") or {}).get("summary"),
+                (status.get("restarts") or {}).get("total"),
+                status.get("reason"),
+            )
+            if shown != last and status:
+                row = self.kubectl("get", "trainingjobs", name, "-n", JOB_NAMESPACE, "-o", "wide",
+                                   "--no-headers")  # fmt: skip
+                self.echo(row.rstrip())
+                last = shown
+            if status.get("phase") in TERMINAL:
+                return job
+            self.finish_local_run()
+            if self.local is None:
+                gang = self._running_gang(name, nodes)
+                if gang:
+                    self.start_local_run(gang)
+            time.sleep(0.5)
+        raise DemoError(f"the job did not finish in {timeout:.0f}s; see {self.workdir}")
+
+    def assert_operator_alive(self) -> None:
+        if self.operator is not None and self.operator.poll() is not None:
+            raise DemoError(f"the operator exited; see {self.workdir / 'operator.log'}")
+
+    def stop(self) -> None:
+        if self.local is not None and self.local.process.poll() is None:
+            self.local.process.terminate()
+        if self.operator is not None and self.operator.poll() is None:
+            self.operator.terminate()
+            try:
+                self.operator.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.operator.kill()
+
+
+def _namespace_manifest(name: str) -> str:
+    return yaml.safe_dump({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+
+
+def _service_account_name(manifests: str) -> str:
+    for doc in yaml.safe_load_all(manifests):
+        if doc and doc.get("kind") == "ServiceAccount":
+            name: str = doc["metadata"]["name"]
+            return name
+    raise DemoError("the chart rendered no ServiceAccount")
+
+
+def _training_script(name: str) -> Path:
+    return REPO / "images" / "training" / "trainium_training" / name
+
+
+def _training_env() -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TRAINIUM_", "NEURON_", "XLA_", "PET_"))
+    }
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "operator"), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _local_path(value: str, shared: Path) -> str:
+    """Maps the pod's shared-volume paths (/data/...) onto the local stand-in folder."""
+    if value == SHARED_MOUNT or value.startswith(SHARED_MOUNT + "/"):
+        return str(shared) + value[len(SHARED_MOUNT) :]
+    if value.startswith("--cache_dir=" + SHARED_MOUNT):
+        return "--cache_dir=" + _local_path(value.removeprefix("--cache_dir="), shared)
+    return value
+
+
+def run_demo(name: str, echo: Echo, *, tear_down: bool) -> int:
+    _require_checkout()
+    demo = Demo(name, echo)
+    demo.workdir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    try:
+        echo(f"== 1/5 local control plane '{name}' with two fake trn1.32xlarge nodes")
+        demo.start_cluster()
+        echo("== 2/5 the Helm chart's CRDs and RBAC")
+        operator_kubeconfig = demo.install_chart_access()
+        echo("== 3/5 the operator, with exactly the chart's ServiceAccount permissions")
+        demo.start_operator(operator_kubeconfig)
+        data = demo.make_data()
+        echo(f"== 4/5 the tutorial's job (shared volume /data -> {demo.shared})")
+        job_name = demo.apply_job()
+        job = demo.watch(job_name, nodes=2)
+        echo(f"== 5/5 {job['status']['phase']} after {time.monotonic() - started:.0f}s")
+        profile_dir = Path(
+            _local_path(job["status"].get("profile", {}).get("path", ""), demo.shared)
+        )
+        _print_next_steps(demo, job, profile_dir, data, echo)
+        return 0 if job["status"]["phase"] == "Succeeded" else 1
+    finally:
+        demo.stop()
+        if tear_down:
+            cluster.down(name, echo=echo)
+
+
+def _print_next_steps(
+    demo: Demo, job: dict[str, Any], profile_dir: Path | None, data: Path, echo: Echo
+) -> None:
+    name = job["metadata"]["name"]
+    if profile_dir is not None and profile_dir.is_dir():
+        echo(f"$ trainium-operator profile summary {profile_dir}")
+        summary = subprocess.run(
+            [sys.executable, "-m", "trainium_operator", "profile", "summary", str(profile_dir)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        echo("\n".join(summary.stdout.splitlines()[:40]))
+    lines = [
+        "",
+        "Where to look next:",
+        f'  eval "$(trainium-operator dev env --name {demo.name})"',
+        f"  kubectl describe trainingjob {name}          # conditions, stage times, events",
+        f"  kubectl get pods -l trainium.dev/job-name={name} -o wide",
+    ]
+    if profile_dir is not None:
+        lines.append(
+            f"  trainium-operator profile serve {profile_dir.parents[2]}   # the profile UI"
+        )
+    lines += [
+        f"  trainium-operator dev down --name {demo.name}",
+        f"Operator log: {demo.workdir / 'operator.log'}; training logs and checkpoints under "
+        f"{demo.workdir}; data: {data}",
+    ]
+    echo("\n".join(lines))
