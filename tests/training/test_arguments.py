@@ -143,3 +143,18 @@ def test_the_script_runs_as_a_file_and_reports_bad_arguments() -> None:
     assert result.returncode == 2
     assert "pretrain.py: error: --grad_accum_usteps must be >= 1 (got 0)" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_what_the_script_imports_from_the_operator_package_needs_no_third_party_module() -> None:
+    """The training image installs trainium-operator without its dependencies (no pydantic,
+    kopf or kubernetes there), so these imports must stay standard-library only."""
+    probe = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "import trainium_operator.api.training_flags, trainium_operator.profiler\n"
+        "tops = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+        "print(sorted(t for t in tops if t not in sys.stdlib_module_names))\n"
+    )
+    result = run([sys.executable, "-c", probe], child_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "['trainium_operator']"

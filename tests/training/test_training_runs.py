@@ -332,3 +332,68 @@ def test_a_malformed_shard_fails_the_run_naming_the_file_and_key(tmp_path: Path)
     )
     assert "Traceback" not in result.stderr
     assert not checkpoints.list_checkpoints(checkpoints.checkpoint_dir(tmp_path / "out"))
+
+
+def test_the_xla_backend_trains_and_resumes_on_torch_xlas_cpu_device(
+    distinct_data: Path, tmp_path: Path
+) -> None:
+    """The Neuron code path (torch-xla graphs, mark_step, step closures, bf16), minus Neuron.
+
+    torch-xla's CPU PJRT device is single-process, so this runs one rank without torchrun.
+    """
+    pytest.importorskip("torch_xla", reason="torch-xla is not installed")
+    output = tmp_path / "xla-out"
+    args = [
+        sys.executable, str(PRETRAIN), *TINY, "--device", "xla", "--optimizer", "lamb",
+        "--grad_accum_usteps", "1", "--max_steps", "3", "--checkpoint_every_steps", "2",
+        DATA_DIR_FLAG, str(distinct_data), OUTPUT_DIR_FLAG, str(output),
+    ]  # fmt: skip
+    # Cheap CPU code generation: the graphs compile in seconds instead of half a minute.
+    env = child_env(
+        PJRT_DEVICE="CPU",
+        XLA_FLAGS="--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+    )
+    first = run([*args, STEPS_THIS_RUN_FLAG, "2"], env)
+    assert_succeeded(first)
+    assert "device xla, world size 1, dtype torch.bfloat16" in first.stderr
+    assert [r["step"] for r in read_metrics(output)] == [1, 2]
+
+    resumed = run([*args, RESUME_FLAG], env)
+    assert_succeeded(resumed)
+    assert "resuming from step 2 " in resumed.stderr
+    records = read_metrics(output)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["loss"] > 0 for r in records)
+    saved = final_checkpoint(output)
+    assert saved["step"] == 3
+    weights = saved["model"]["bert.embeddings.word_embeddings.weight"]
+    assert weights.dtype == torch.bfloat16
+    assert weights.device.type == "cpu"
+    moments = next(iter(saved["optimizer"]["state"].values()))
+    assert moments["exp_avg"].dtype == torch.float32
+
+
+def test_the_xla_backend_refuses_ranks_it_cannot_connect(
+    distinct_data: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch_xla", reason="torch-xla is not installed")
+    result = run(
+        torchrun_argv(
+            2,
+            [
+                *TINY,
+                "--device",
+                "xla",
+                "--max_steps",
+                "1",
+                DATA_DIR_FLAG,
+                str(distinct_data),
+                OUTPUT_DIR_FLAG,
+                str(tmp_path / "out"),
+            ],
+        ),
+        child_env(PJRT_DEVICE="CPU"),
+    )
+    assert result.returncode != 0
+    assert "torchrun started WORLD_SIZE=2 ranks but the XLA process group holds 1" in result.stderr
+    assert not (tmp_path / "out").exists()

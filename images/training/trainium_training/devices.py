@@ -185,6 +185,15 @@ class XlaBackend:
         self.world_size = dist.get_world_size() if self._distributed else 1
         self.rank = dist.get_rank() if self._distributed else 0
         self.local_rank = _int_env(environ, "LOCAL_RANK", 0)
+        launched = _int_env(environ, "WORLD_SIZE", 1)
+        if self.world_size != launched:
+            # E.g. torch-xla's CPU device is single-process: every rank would train alone and
+            # all of them would write rank 0's checkpoints.
+            raise RuntimeError(
+                f"torchrun started WORLD_SIZE={launched} ranks but the XLA process group holds "
+                f"{self.world_size} (PJRT_DEVICE={environ.get('PJRT_DEVICE', '')}); run "
+                "multi-process XLA on Neuron devices, or use --device cpu"
+            )
         device_fn = getattr(torch_xla, "device", None)
         self.device = device_fn() if device_fn is not None else xm.xla_device()
 

@@ -343,7 +343,10 @@ def run(args: TrainingArguments, environ: MutableMapping[str, str]) -> int:
     bf16 = resolve_precision(args.precision, kind) == "bf16"
     if kind == "xla":
         devices.prepare_neuron_environment(environ, bf16)
-    backend = devices.create_backend(kind, environ, torch.bfloat16 if bf16 else torch.float32)
+    try:
+        backend = devices.create_backend(kind, environ, torch.bfloat16 if bf16 else torch.float32)
+    except RuntimeError as exc:
+        raise RunError(str(exc)) from exc
     configure_logging(backend.rank)
     try:
         return _train(args, environ, backend, extraction)
