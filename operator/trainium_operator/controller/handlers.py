@@ -18,13 +18,14 @@ from aiohttp import web
 
 from trainium_operator.api import spec as spec_model
 from trainium_operator.builders.job import LABEL_JOB_NAME
-from trainium_operator.controller.reconciler import Reconciler
+from trainium_operator.controller.reconciler import PermissionDeniedError, Reconciler
 from trainium_operator.controller.workqueue import Key, WorkQueue
 from trainium_operator.k8s.client import Cluster, credentials, is_conflict, load_api_client
 
 log = logging.getLogger(__name__)
 RESYNC_SECONDS = 120.0
 CONFLICT_RETRY_SECONDS = 0.2
+PERMISSION_RETRY_SECONDS = 30.0  # until someone fixes the RBAC
 
 
 @dataclass
@@ -88,6 +89,10 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         runtime.reconciles += 1
         try:
             result = await asyncio.to_thread(reconciler.reconcile, *key)
+        except PermissionDeniedError as error:
+            runtime.reconcile_errors += 1
+            log.error("%s/%s: permission denied: %s", *key, error)
+            return PERMISSION_RETRY_SECONDS
         except Exception as error:
             if is_conflict(error):
                 # Our view was stale; the next pass reads the fresh object.

@@ -18,12 +18,16 @@ from pydantic import ValidationError
 
 from trainium_operator.api.spec import TrainingJobSpec
 from trainium_operator.builders.job import LABEL_JOB_NAME, JobRef
-from trainium_operator.k8s.client import Cluster, EventPoster
+from trainium_operator.k8s.client import Cluster, EventPoster, api_error_message, is_forbidden
 from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.observed import observe
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
+
+
+class PermissionDeniedError(RuntimeError):
+    """The operator's ServiceAccount lacks an RBAC rule; retrying soon will not help."""
 
 
 def validation_problems(error: ValidationError) -> list[str]:
@@ -50,6 +54,10 @@ def parse_job(body: Obj) -> JobRef | list[str]:
         generation=int(meta.get("generation", 1)),
         spec=spec,
     )
+
+
+def _now(clock: Callable[[], datetime]) -> str:
+    return clock().strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _owned_by(obj: Obj, uid: str) -> bool:
@@ -81,6 +89,19 @@ class Reconciler:
         if body is None or body["metadata"].get("deletionTimestamp"):
             # Garbage collection removes the children through their owner references.
             return ReconcileResult(None, False, 0, 0)
+        try:
+            return self._reconcile(body)
+        except Exception as error:
+            if not is_forbidden(error):
+                raise
+            message = (
+                f"{api_error_message(error)}; the operator's RBAC (Helm chart "
+                "templates/_rbac.tpl) must grant it"
+            )
+            self.events.post(body, "Warning", "PermissionDenied", message, _now(self.clock))
+            raise PermissionDeniedError(message) from error
+
+    def _reconcile(self, body: Obj) -> ReconcileResult:
         now = self.clock()
         current_status: Obj = body.get("status") or {}
         parsed = parse_job(body)
@@ -88,25 +109,23 @@ class Reconciler:
             decision = machine.invalid(
                 current_status, int(body["metadata"].get("generation", 1)), parsed, now
             )
-            return self._apply(body, None, current_status, decision)
+            return self._apply(body, current_status, decision)
         job = parsed
         selector = f"{LABEL_JOB_NAME}={job.name}"
-        pods = [p for p in self.cluster.list_pods(namespace, selector) if _owned_by(p, job.uid)]
-        podgroups = self.cluster.list_podgroup_names(namespace, selector)
+        pods = [p for p in self.cluster.list_pods(job.namespace, selector) if _owned_by(p, job.uid)]
         observed = observe(
             pods=pods,
-            podgroup_names=podgroups,
-            service_exists=self.cluster.service_exists(namespace, job.service_name),
+            podgroup_names=self.cluster.list_podgroup_names(job.namespace, selector),
+            service_exists=self.cluster.service_exists(job.namespace, job.service_name),
             nodes=self.nodes(),
             now=now,
         )
         decision = machine.decide(job, current_status, observed)
-        return self._apply(body, job, current_status, decision)
+        return self._apply(body, current_status, decision)
 
     def _apply(
         self,
         body: Obj,
-        job: JobRef | None,
         current_status: Obj,
         decision: machine.Decision,
     ) -> ReconcileResult:
@@ -125,7 +144,7 @@ class Reconciler:
                 namespace, meta["name"], decision.status, meta.get("resourceVersion")
             )
             status_written = True
-        now = self.clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = _now(self.clock)
         for event in decision.events:
             log.info("%s/%s %s: %s", namespace, meta["name"], event.reason, event.message)
             self.events.post(body, event.type, event.reason, event.message, now)

@@ -7,6 +7,7 @@ builders produce, so the lifecycle never sees client model classes. Creation is 
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import threading
@@ -46,6 +47,22 @@ class RequestCounter:
 def is_conflict(error: BaseException) -> bool:
     """A write lost a race (stale resourceVersion, object changed meanwhile): just re-read."""
     return isinstance(error, ApiException) and error.status == 409
+
+
+def is_forbidden(error: BaseException) -> bool:
+    """The operator's identity lacks an RBAC permission."""
+    return isinstance(error, ApiException) and error.status == 403
+
+
+def api_error_message(error: BaseException) -> str:
+    """The API server's own message (e.g. 'pods is forbidden: User ... cannot create ...')."""
+    if isinstance(error, ApiException):
+        try:
+            body = json.loads(error.body or "{}")
+        except ValueError:
+            body = {}
+        return str(body.get("message") or error.reason or error)
+    return str(error)
 
 
 def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
