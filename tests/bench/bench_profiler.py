@@ -30,7 +30,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from trainium_operator import profiler
-from trainium_operator.profiler.config import ProfilerConfig
+from trainium_operator.profiler.config import ProfilerConfig, StepWindow
 from trainium_operator.profiler.format import (
     RankHeader,
     _Tables,
@@ -166,11 +166,14 @@ class TrainingLoop:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self.batches = [torch.randint(0, 512, (8, 32)) for _ in range(16)]
         self.step_number = 0
+        self.marker_ns: list[int] = []  # duration of each profiler.step() call
 
     def step(self) -> None:
         n = self.step_number
         self.step_number += 1
+        marker_began = time.perf_counter_ns()
         profiler.step(n)
+        self.marker_ns.append(time.perf_counter_ns() - marker_began)
         with profiler.annotate("step"):
             with profiler.annotate("data"):
                 tokens = self.batches[n % len(self.batches)]
@@ -245,6 +248,42 @@ def step_overhead(workdir: Path, pairs: int, block_s: float) -> dict[str, Any]:
         "wall_overhead_pct": 100 * statistics.median(wall_ratios),
         "wall_overhead_iqr": quartiles(wall_ratios),
         "dropped_events": dropped,
+    }
+
+
+def torch_window_costs(workdir: Path, before: int, window: int, after: int) -> dict[str, float]:
+    """The torch.profiler source in use: what opening/closing the window costs the step() call,
+    and how much slower steps are while Kineto records every operator."""
+    loop = TrainingLoop()
+    loop.timed_block(1.0)
+    first, last = before, before + window - 1
+    config = ProfilerConfig(
+        output_dir=workdir / "window",
+        node="bench",
+        steps=StepWindow(first, last),
+        sources=frozenset({"torch"}),
+    )
+    loop.step_number = 0
+    loop.marker_ns = []
+    profiler.start_profiling(config)
+    times: list[int] = []
+    for _ in range(before + window + after):
+        began = time.perf_counter_ns()
+        loop.step()
+        times.append(time.perf_counter_ns() - began)
+    profiler.stop_profiling(wait=True, timeout=120)
+    inside = times[first + 1 : last]  # excludes the steps that open and close the window
+    outside = times[1:first] + times[last + 2 :]
+    markers = loop.marker_ns
+    plain_markers = markers[1:first] + markers[last + 2 :]
+    events = read_rank_file(workdir / "window" / "bench" / "rank-0.trnprof").events
+    return {
+        "open_window_ms": markers[first] / 1e6,
+        "close_window_ms": markers[last + 1] / 1e6,
+        "plain_step_marker_us": statistics.median(plain_markers) / 1e3,
+        "step_ms_outside_window": statistics.median(outside) / 1e6,
+        "step_ms_inside_window": statistics.median(inside) / 1e6,
+        "torch_events_per_step": sum(1 for e in events if e.kind.name == "HOST_OP") / window,
     }
 
 
@@ -359,6 +398,23 @@ def main() -> int:
                     f"{per_step_ns / 1000:.2f} us = {deterministic_pct:.3f} % of a step",
                 ),
                 ("dropped events", str(overhead["dropped_events"])),
+            ],
+        )
+
+        window = torch_window_costs(workdir, before=5, window=window_steps, after=5)
+        figures["torch_window"] = window
+        print_table(
+            f"2b. With the torch.profiler source ({window_steps}-step window; informational)",
+            [
+                ("step() that opens the window", f"{window['open_window_ms']:.2f} ms"),
+                ("step() that closes the window", f"{window['close_window_ms']:.2f} ms"),
+                ("step() elsewhere", f"{window['plain_step_marker_us']:.1f} us"),
+                (
+                    "median step outside / inside the window",
+                    f"{window['step_ms_outside_window']:.3f} / "
+                    f"{window['step_ms_inside_window']:.3f} ms "
+                    f"({window['torch_events_per_step']:.0f} operator events per step)",
+                ),
             ],
         )
 

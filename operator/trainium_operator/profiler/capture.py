@@ -129,6 +129,9 @@ class _Session:
         self.rings: list[ThreadRing] = []
         self.rings_lock = threading.Lock()
         self.step_number: int | None = None
+        # The detailed window as plain ints for step(); no window means every step.
+        self.window_first = config.steps.first if config.steps else -(2**63)
+        self.window_last = config.steps.last if config.steps else 2**63
         self.step_start_ns = 0
         self.detail = False
         self.stopping = threading.Event()
@@ -166,12 +169,18 @@ class _Session:
 
     def on_step(self, number: int) -> None:
         now = _monotonic_ns()
-        if self.step_number is not None:
-            self.ring().push((_STEP, STEP_EVENT_NAME, self.step_start_ns, now, 0, self.step_number))
+        previous = self.step_number
+        if previous is not None:
+            try:
+                ring: ThreadRing = self.local.ring
+            except AttributeError:
+                ring = self.ring()
+            ring.push((_STEP, STEP_EVENT_NAME, self.step_start_ns, now, 0, previous))
         self.step_number = number
         self.step_start_ns = now
-        window = self.config.steps
-        self.set_detail(window is None or window.contains(number))
+        detail = self.window_first <= number <= self.window_last
+        if detail != self.detail:
+            self.set_detail(detail)
 
     def set_detail(self, on: bool) -> None:
         global _detail  # noqa: PLW0603 - module globals are the hot path's one-read state
