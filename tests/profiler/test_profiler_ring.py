@@ -24,6 +24,7 @@ def test_ring_hands_over_records_in_order_across_wrap_around() -> None:
     assert [r[1] for r in drained] == [f"r{b}.{i}" for b in range(10) for i in range(7)]
     assert ring.dropped == 0
     assert ring.drain() == []
+    assert ring.buf == [None] * 16  # drained records are not kept alive by the ring
 
 
 def test_full_ring_drops_new_records_and_counts_them() -> None:
@@ -33,6 +34,7 @@ def test_full_ring_drops_new_records_and_counts_them() -> None:
     kept = ring.drain()
     assert [r[1] for r in kept] == [str(i) for i in range(16)]
     assert ring.dropped == 24
+    assert ring.buf == [None] * 16
     ring.push((1, "after", 0, 0, 0, 0))  # space again once drained
     assert [r[1] for r in ring.drain()] == ["after"]
 

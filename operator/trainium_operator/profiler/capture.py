@@ -10,8 +10,8 @@ Names are stored as the caller's string objects; interning into the file's strin
 happens on the flusher thread, off the training thread. Timestamps are
 `time.monotonic_ns()`; clock sync points map them to wall-clock time.
 
-With profiling off, `annotate` costs one global read in `__enter__`/`__exit__` and `step()`
-returns after one global read.
+With profiling off, `annotate(...)` costs building a two-slot object plus one global read in
+`__enter__`/`__exit__`, and `step()` returns after one global read.
 """
 
 from __future__ import annotations
@@ -111,7 +111,15 @@ class ThreadRing:
         first = tail & self.mask
         last = head & self.mask
         buf = self.buf
-        taken = buf[first:last] if first < last else buf[first:] + buf[:last]
+        # Slots are cleared before `tail` moves (the owner cannot reuse them until then), so
+        # a ring holds no stale records and its memory follows what is really pending.
+        if first < last:
+            taken = buf[first:last]
+            buf[first:last] = [None] * (last - first)
+        else:
+            taken = buf[first:] + buf[:last]
+            buf[first:] = [None] * (len(buf) - first)
+            buf[:last] = [None] * last
         self.tail = head
         return [r for r in taken if r is not None]
 
