@@ -398,6 +398,7 @@ def test_profile_ui_mounts_the_shared_claim_read_only(tmp_path: Path) -> None:
         "/data/profiles",
         "--port=8090",
         "--host=0.0.0.0",
+        "--list-jobs",
     ]
     assert {"name": "shared", "mountPath": "/data", "readOnly": True} in container["volumeMounts"]
     (shared,) = [v for v in pod["volumes"] if v["name"] == "shared"]

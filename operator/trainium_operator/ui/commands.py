@@ -96,13 +96,33 @@ def export(
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option("--port", default=8265, show_default=True, type=int)
 @click.option("--workers", type=int, default=None, help="Decoding processes per load.")
-def serve(directory: Path, host: str, port: int, workers: int | None) -> None:
+@click.option(
+    "--list-jobs",
+    is_flag=True,
+    help="Also list the cluster's TrainingJobs with profiling on (in-cluster config, or "
+    "--kubeconfig); needs get/list on trainingjobs.",
+)
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
+def serve(
+    directory: Path,
+    *,
+    host: str,
+    port: int,
+    workers: int | None,
+    list_jobs: bool,
+    kubeconfig: str | None,
+) -> None:
     """Serve the profile web UI for every profile under DIRECTORY."""
     from aiohttp import web
 
     from trainium_operator.ui.app import create_app
 
-    app = create_app(directory, workers=workers)
+    lister = None
+    if list_jobs:
+        from trainium_operator.ui.jobs import cluster_job_lister
+
+        lister = cluster_job_lister(kubeconfig)
+    app = create_app(directory, job_lister=lister, workers=workers)
     click.echo(f"profile UI for {directory.resolve()} on http://{host}:{port}/", err=True)
     web.run_app(app, host=host, port=port, print=None)
 
