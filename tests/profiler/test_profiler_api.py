@@ -353,3 +353,55 @@ def test_a_program_sigterm_handler_is_left_alone(tmp_path: Path) -> None:
         assert signal.getsignal(signal.SIGTERM) is own_handler
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_second_session_continues_the_rank_file(tmp_path: Path) -> None:
+    rank_file = start(tmp_path)
+    with profiler.annotate("first"):
+        pass
+    profiler.stop_profiling()  # no wait: the next start must not race the background flush
+    start(tmp_path)
+    with profiler.annotate("second"):
+        pass
+    result = stop_and_read(rank_file)
+    found = ranges_by_name(result.events)
+    assert (len(found["first"]), len(found["second"])) == (1, 1)
+    assert result.header.complete
+    assert result.header.extra["earlier_pids"] == str(os.getpid())
+    assert len(result.header.clock_sync) >= 4  # both sessions' start and stop points
+    assert not list(rank_file.parent.glob(".*previous"))
+
+
+def test_a_restarted_worker_keeps_what_the_crashed_one_wrote(tmp_path: Path) -> None:
+    from trainium_operator.profiler.events import Event
+    from trainium_operator.profiler.format import RankFileWriter, RankHeader
+
+    rank_file = tmp_path / NODE / "rank-0.trnprof"
+    crashed = RankFileWriter(rank_file, RankHeader(rank=0, node=NODE, pid=12345))
+    for block in range(2):
+        crashed.write_events(
+            [Event(EventKind.STEP, "step", 1_000 * n, 500, value=n) for n in (block, block + 5)]
+        )
+    crashed._file.close()  # type: ignore[union-attr]  # killed: no END block
+    data = rank_file.read_bytes()
+    rank_file.write_bytes(data[:-3])  # and its last block half-written
+
+    start(tmp_path)
+    profiler.step(10)
+    result = stop_and_read(rank_file)
+    steps = sorted(e.value for e in of_kind(result.events, EventKind.STEP))
+    assert result.header.complete
+    assert result.header.extra["earlier_pids"] == "12345"
+    assert steps == [0, 5, 10]  # the intact first block survives, the torn second does not
+
+
+def test_an_unreadable_earlier_file_is_replaced(tmp_path: Path) -> None:
+    rank_file = tmp_path / NODE / "rank-0.trnprof"
+    rank_file.parent.mkdir(parents=True)
+    rank_file.write_bytes(b"not a profile at all")
+    start(tmp_path)
+    with profiler.annotate("fresh"):
+        pass
+    result = stop_and_read(rank_file)
+    assert len(ranges_by_name(result.events)["fresh"]) == 1
+    assert "earlier_pids" not in result.header.extra

@@ -17,6 +17,7 @@ With profiling off, `annotate(...)` costs building a two-slot object plus one gl
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import functools
 import logging
 import os
@@ -25,6 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Final, ParamSpec, TypeVar
 
@@ -33,10 +35,13 @@ from trainium_operator.profiler.clock import take_sync_point
 from trainium_operator.profiler.config import ProfilerConfig
 from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind, Precision
 from trainium_operator.profiler.format import (
+    ProfileFormatError,
+    RankFileReader,
     RankFileWriter,
     RankHeader,
     Row,
     event_row,
+    read_rank_header,
     row_track_order,
 )
 from trainium_operator.profiler.manifest import (
@@ -267,8 +272,14 @@ class _Session:
         try:
             path = self.config.rank_file
             assert path is not None
-            writer = RankFileWriter(path, self._header())
+            previous = set_aside_previous(path)
+            header = self._header()
+            if previous is not None:
+                header = with_earlier_session(header, previous)
+            writer = RankFileWriter(path, header)
             writer.name_track(COUNTER_THREAD, HOST_DEVICE, "process counters")
+            if previous is not None:
+                self.source_dropped += carry_over(previous, writer)
             if self.config.rank == 0:
                 self._write_manifest(finished=False)
             self._flush_loop(writer)
@@ -352,6 +363,55 @@ class _Session:
         write_manifest(self.config.output_dir, manifest)
 
 
+def set_aside_previous(path: Path) -> Path | None:
+    """Move an existing rank file (an earlier session, or a restarted worker's) out of the way."""
+    if not path.exists():
+        return None
+    aside = path.with_name(f".{path.name}.previous")
+    os.replace(path, aside)
+    return aside
+
+
+def with_earlier_session(header: RankHeader, previous: Path) -> RankHeader:
+    """`header` noting the earlier session's pid and sources (kept in the same file)."""
+    try:
+        earlier = read_rank_header(previous)
+    except (OSError, ProfileFormatError):
+        return header
+    pids = [p for p in earlier.extra.get("earlier_pids", "").split(",") if p]
+    pids.append(str(earlier.pid))
+    return dataclasses.replace(
+        header,
+        sources=tuple(dict.fromkeys((*header.sources, *earlier.sources))),
+        extra={**header.extra, "earlier_pids": ",".join(pids)},
+    )
+
+
+def carry_over(previous: Path, writer: RankFileWriter) -> int:
+    """Copy an earlier session's readable events into `writer`; returns its dropped count.
+
+    One file per rank stays the rule: a second start_profiling() in a process, or a worker
+    that torchrun restarted, continues the rank's file instead of replacing it. What a crashed
+    writer left is kept up to its damage.
+    """
+    dropped = 0
+    try:
+        with RankFileReader(previous) as reader:
+            try:
+                for rows in reader.row_blocks():
+                    for (thread_id, device), name in reader.track_names.items():
+                        writer.name_track(thread_id, device, name)
+                    writer.write_rows(rows)
+            except ProfileFormatError as exc:
+                log.warning("profiler kept the readable part of the earlier %s", exc)
+            writer.write_sync_points(reader.clock_sync)
+            dropped = reader.dropped_events
+    except (OSError, ProfileFormatError) as exc:
+        log.warning("profiler could not carry over the earlier rank file: %s", exc)
+    previous.unlink(missing_ok=True)
+    return dropped
+
+
 def records_to_rows(records: list[Record], thread_id: int) -> list[Row]:
     """Ring records as format rows: (kind, name, start, duration, thread, device, flow,
     value, precision, depth)."""
@@ -410,6 +470,7 @@ _session: _Session | None = None
 _detail: _Session | None = None
 _last_stopped: _Session | None = None
 _lifecycle_lock = threading.Lock()
+_PREVIOUS_FLUSH_WAIT_S = 60.0
 
 
 def start_profiling(
@@ -428,6 +489,10 @@ def start_profiling(
     with _lifecycle_lock:
         if _session is not None:
             return True
+        previous = _last_stopped
+        if previous is not None and previous.config.rank_file == cfg.rank_file:
+            # The earlier session is still finishing this rank's file in the background.
+            previous.flushed.wait(_PREVIOUS_FLUSH_WAIT_S)
         session = _Session(cfg, sources)
         _session = session
         session.start()
