@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
-from training.training_helpers import MAKE_SHARDS, child_env, run
+from training.training_helpers import CHECK_SHARDS, MAKE_SHARDS, child_env, run
 from trainium_training import shards
 from trainium_training.make_shards import (
     CLS_ID,
@@ -258,3 +258,33 @@ def test_make_shards_cli_rejects_impossible_shapes_with_every_problem(tmp_path: 
     assert "--seq_len must be >= 8 (got 4)" in result.stderr
     assert "--vocab_size must be > 105" in result.stderr
     assert not list(tmp_path.iterdir())
+
+
+def test_check_shards_reports_every_bad_shard_and_a_layout_mismatch(tmp_path: Path) -> None:
+    make_shards(
+        tmp_path,
+        ShardSpec(num_shards=2, samples_per_shard=8, seq_len=16, max_pred=3, vocab_size=512),
+    )
+    odd = ShardSpec(samples_per_shard=8, seq_len=32, max_pred=3, vocab_size=512)
+    write_shard(tmp_path / "odd_training_0.hdf5", generate_arrays(odd, 0))
+    broken = generate_arrays(odd, 1)
+    del broken["input_mask"]
+    write_shard(tmp_path / "zz_training_9.hdf5", broken)
+
+    result = run([sys.executable, str(CHECK_SHARDS), "--data_dir", str(tmp_path)], child_env())
+
+    assert result.returncode == 1
+    assert "zz_training_9.hdf5: key 'input_mask': missing" in result.stderr
+    assert "shards disagree on their layout" in result.stderr
+    assert "seq_len 16 / max_pred 3: 2 shards" in result.stderr
+    assert "4 shards, 24 readable samples" in result.stdout
+
+
+def test_check_shards_accepts_generated_shards(tmp_path: Path) -> None:
+    make_shards(
+        tmp_path,
+        ShardSpec(num_shards=2, samples_per_shard=8, seq_len=16, max_pred=3, vocab_size=512),
+    )
+    result = run([sys.executable, str(CHECK_SHARDS), "--data_dir", str(tmp_path)], child_env())
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "2 shards, 16 readable samples (seq_len 16, max_pred 3)"

@@ -12,6 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 TRAINING_ROOT = REPO / "images" / "training"
 PRETRAIN = TRAINING_ROOT / "trainium_training" / "pretrain.py"
 MAKE_SHARDS = TRAINING_ROOT / "trainium_training" / "make_shards.py"
+CHECK_SHARDS = TRAINING_ROOT / "trainium_training" / "check_shards.py"
 
 RUN_TIMEOUT_S = 300
 

@@ -349,17 +349,37 @@ def run(args: TrainingArguments, environ: MutableMapping[str, str]) -> int:
         raise RunError(str(exc)) from exc
     configure_logging(backend.rank)
     try:
-        return _train(args, environ, backend, extraction)
+        return _train(args, backend, extraction)
     finally:
         backend.shutdown()
 
 
-def _train(
-    args: TrainingArguments,
-    environ: MutableMapping[str, str],
-    backend: devices.Backend,
-    extraction: bool,
-) -> int:
+PREVIOUS_RUNS_SUBDIR: Final = "previous-runs"
+
+
+def archive_previous_outputs(output_dir: Path, now: float | None = None) -> Path | None:
+    """Move an earlier run's checkpoints, metrics and TensorBoard files aside.
+
+    A run started without --resume must not mix with them: a later --resume would pick the
+    earlier run's newest checkpoint. Nothing is deleted; returns the archive folder, if any.
+    """
+    names = (checkpoints.CHECKPOINT_SUBDIR, metrics.METRICS_FILE, metrics.TENSORBOARD_SUBDIR)
+    present = [output_dir / name for name in names if (output_dir / name).exists()]
+    if not present:
+        return None
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    archive = output_dir / PREVIOUS_RUNS_SUBDIR / stamp
+    suffix = 0
+    while archive.exists():
+        suffix += 1
+        archive = output_dir / PREVIOUS_RUNS_SUBDIR / f"{stamp}-{suffix}"
+    archive.mkdir(parents=True)
+    for path in present:
+        path.rename(archive / path.name)
+    return archive
+
+
+def _train(args: TrainingArguments, backend: devices.Backend, extraction: bool) -> int:
     rank0 = backend.rank == 0
     writes = rank0 and not extraction
     if extraction:
@@ -410,12 +430,16 @@ def _train(
             check_resumable(args, ckpt.path, saved, backend)
             state = restore(saved, learner, args)
             log.info("resuming from step %d (%s)", state.step, ckpt.path)
-    elif writes and checkpoints.newest_checkpoint(ckpt_dir) is not None:
-        log.warning(
-            "%s already holds checkpoints; starting from step 0 without --resume, they will "
-            "be replaced",
-            ckpt_dir,
-        )
+    elif writes:
+        archive = archive_previous_outputs(args.output_dir)
+        if archive is not None:
+            log.warning(
+                "%s held the outputs of an earlier run; started without %s, this run moved "
+                "them to %s",
+                args.output_dir,
+                "--resume",
+                archive,
+            )
 
     lengths = data_stream.ShardLengths(expect)
     start = data_stream.position_after(plan, lengths, args.batch_size, state.micro_batches_consumed)
@@ -442,7 +466,10 @@ def _train(
                 log.info("removed %d partial checkpoint file(s) of a killed writer", len(removed))
             sink.note(f"arguments: {args.as_record()}; start step {state.step}")
         if not extraction:
-            profiler.start_profiling()
+            try:
+                profiler.start_profiling()
+            except profiler.ProfilerConfigError as exc:
+                raise RunError(f"{exc}; fix the TRAINIUM_PROFILE* variables") from exc
             stack.callback(stop_profiler)
 
         trainer = Trainer(args, backend, learner, stream=stream, sink=sink)
