@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from training.training_helpers import PRETRAIN, child_env, run
+from training.training_helpers import PRETRAIN, REPO, child_env, run
 from trainium_operator.api import training_flags
 from trainium_training.arguments import PRECISION_ENV, build_parser, parse_arguments
 
@@ -158,3 +158,28 @@ def test_what_the_script_imports_from_the_operator_package_needs_no_third_party_
     result = run([sys.executable, "-c", probe], child_env())
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "['trainium_operator']"
+
+
+@pytest.mark.parametrize(("stage_name", "attempt"), [("compile", 0), ("train", 0), ("train", 1)])
+def test_the_commands_the_operator_builds_for_the_example_job_parse(
+    stage_name: str, attempt: int
+) -> None:
+    """End to end on the contract: the operator's own builder, the shipped example job."""
+    yaml = pytest.importorskip("yaml")
+    from trainium_operator.api.spec import TrainingJobSpec
+    from trainium_operator.builders.job import JobRef, Stage
+    from trainium_operator.builders.pods import torchrun_command
+
+    document = yaml.safe_load((REPO / "examples" / "bert-large-pretrain.yaml").read_text())
+    spec = TrainingJobSpec.model_validate(document["spec"])
+    job = JobRef(name="bert-large-pretrain", namespace="ml", uid="u-1", generation=1, spec=spec)
+    command = torchrun_command(job, Stage(stage_name), attempt)
+    script_args = command[command.index(spec.command.script) + 1 :]
+
+    args = parse_arguments(script_args, {})
+
+    assert args.data_dir == Path(job.data_dir)
+    assert args.output_dir == Path(job.output_dir)
+    assert (args.batch_size, args.grad_accum_usteps) == (16, 32)
+    assert args.steps_this_run == (spec.compile.steps if stage_name == "compile" else -1)
+    assert args.resume is (attempt > 0)
