@@ -210,6 +210,7 @@ def _staging_dir(final: Path) -> Iterator[Path]:
 def _publish(staging: Path, final: Path) -> None:
     """Atomically makes a finished build visible; a concurrent twin build simply loses the race."""
     final.parent.mkdir(parents=True, exist_ok=True)
+    staging.chmod(0o755)  # mkdtemp made it private
     try:
         staging.rename(final)
     except OSError:
