@@ -1,0 +1,73 @@
+"""The README's first command, run as a newcomer would: in a fresh clone, verbatim."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
+
+
+def readme_commands() -> list[str]:
+    """The shell blocks of the README, in order."""
+    text = (ROOT / "README.md").read_text()
+    return [block.strip() for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S)]
+
+
+def test_readme_starts_with_the_demo_and_the_test_commands() -> None:
+    demo, tests = readme_commands()[:2]
+    assert demo.endswith("trainium-operator dev demo")
+    assert tests.endswith("pytest")
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert tests.split("&&")[-1].strip() in ci, ".ci/run calls the README's test command"
+
+
+def test_readme_first_command_runs_the_tutorial_job_to_success_in_a_fresh_clone(
+    tmp_path: Path,
+) -> None:
+    clone = tmp_path / "trainium-operator"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    # The working tree, not only what is committed, so the test checks the code under test.
+    copy_changes = (
+        f"cd {ROOT} && git ls-files -z -m -o --exclude-standard | "
+        f"xargs -0 -r -I{{}} cp --parents {{}} {clone}/"
+    )
+    subprocess.run(["bash", "-c", copy_changes], check=True)
+    command = readme_commands()[0]
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("VIRTUAL_ENV", "PYTHON", "KUBECONFIG", "TRAINIUM_PROFILE"))
+    }
+    # A cluster name of its own; the binary cache stays shared so the Go build is not redone.
+    env["TRAINIUM_DEV_CLUSTER"] = f"readme-{uuid.uuid4().hex[:6]}"
+    try:
+        result = subprocess.run(
+            ["bash", "-c", command],
+            cwd=clone,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1500,
+            check=False,
+        )
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, output[-6000:]
+        assert re.search(r"bert-large-pretrain\s+Compiling", output), output[-6000:]
+        assert re.search(r"bert-large-pretrain\s+Training", output), output[-6000:]
+        assert re.search(r"bert-large-pretrain\s+Succeeded\s+2\s", output), output[-6000:]
+        assert "Where to look next" in output
+        assert "Steps (30 with markers" in output, "the profile summary of the real CPU run"
+    finally:
+        subprocess.run(
+            [str(clone / ".venv" / "bin" / "trainium-operator"), "dev", "down"],
+            env=env,
+            capture_output=True,
+            check=False,
+        )
