@@ -14,6 +14,7 @@ from integration.operator_harness import (
     ROOT,
     OperatorProcess,
     create_job,
+    ensure_shared_claim,
     finish_pods,
     get_job,
     install_crds,
@@ -344,3 +345,62 @@ def test_kubectl_apply_of_a_typo_is_refused_with_the_field_name(
     result = kubectl(dev_cluster, namespace, "apply", "-f", str(path))
     assert result.returncode != 0
     assert 'unknown field "spec.nodez"' in result.stderr
+
+
+def test_two_peered_replicas_never_both_act_and_the_standby_takes_over(
+    dev_cluster: Any, namespace: str, tmp_path: Path
+) -> None:
+    clients = dev_cluster.clients
+    clients.custom.create_namespaced_custom_object(
+        "kopf.dev",
+        "v1",
+        namespace,
+        "kopfpeerings",
+        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "tj"}},
+    )
+    ensure_shared_claim(clients, namespace)
+    replicas = [
+        OperatorProcess(
+            Path(dev_cluster.kubeconfig),
+            namespace,
+            tmp_path / f"operator-{priority}.log",
+            extra_args=("--peering", "tj", "--priority", str(priority)),
+        )
+        for priority in (200, 100)
+    ]
+    active, standby = replicas
+    active.start()
+    wait_for(
+        lambda: "watch-stream for trainingjobs" in active.log(),
+        timeout=30,
+        description="the high-priority replica watching",
+    )
+    standby.start()
+    try:
+        wait_for(
+            lambda: clients.custom.get_namespaced_custom_object(
+                "kopf.dev", "v1", namespace, "kopfpeerings", "tj"
+            ).get("status", {}),
+            until=lambda peers: len(peers) == 2,
+            timeout=60,
+            description="both replicas registered as peers",
+        )
+        create_job(clients, namespace, job_manifest("peer", compile={"enabled": False}))
+        pods = wait_gang_running(clients, namespace, "peer", "train", 0)
+        finish_pods(clients, namespace, pods[:1], succeeded=False, exit_code=1)
+        second = wait_gang_running(clients, namespace, "peer", "train", 1)
+        job = wait_phase(clients, namespace, "peer", "Training")
+        assert job["status"]["restarts"]["total"] == 1, "one restart, made once"
+        assert len(job_pods(clients, namespace, "peer", "train", 2)) == 0
+        assert "Resuming operations" not in standby.log(), "the standby stayed paused"
+        assert "peer" not in "".join(
+            line for line in standby.log().splitlines() if "GangRestart" in line
+        )
+        active.stop()  # graceful: kopf withdraws the peer, the standby resumes
+        finish_pods(clients, namespace, second)
+        wait_phase(clients, namespace, "peer", "Succeeded", timeout=120)
+        standby.assert_alive()
+    finally:
+        for replica in replicas:
+            replica.stop()
+    assert "Traceback" not in standby.log() + active.log()

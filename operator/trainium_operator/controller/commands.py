@@ -68,9 +68,16 @@ def run(
         verbose=verbose,
         log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN,
     )
-    runtime = handlers.Runtime(kubeconfig=kubeconfig, workers=workers, metrics_port=metrics_port)
     if peering is not None and priority is None:
         priority = secrets.randbelow(1_000_000) + 1
+    runtime = handlers.Runtime(
+        kubeconfig=kubeconfig,
+        workers=workers,
+        metrics_port=metrics_port,
+        peering=peering,
+        priority=priority or 0,
+        clusterwide=not namespaces,
+    )
     kopf.run(
         standalone=peering is None,
         peering_name=peering,

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from trainium_operator.api import spec as spec_model
 from trainium_operator.builders.job import LABEL_JOB_NAME
+from trainium_operator.controller.peering import PeeringGate
 from trainium_operator.controller.reconciler import PermissionDeniedError, Reconciler
 from trainium_operator.controller.workqueue import Key, WorkQueue
 from trainium_operator.k8s.client import Cluster, credentials, is_conflict, load_api_client
@@ -25,6 +26,7 @@ from trainium_operator.k8s.client import Cluster, credentials, is_conflict, load
 log = logging.getLogger(__name__)
 RESYNC_SECONDS = 120.0
 CONFLICT_RETRY_SECONDS = 0.2
+PEERING_RECHECK_SECONDS = 5.0
 PERMISSION_RETRY_SECONDS = 30.0  # until someone fixes the RBAC
 
 
@@ -34,6 +36,10 @@ class Runtime:
 
     kubeconfig: str | None = None
     workers: int = 4
+    peering: str | None = None
+    priority: int = 0
+    clusterwide: bool = True
+    gate: PeeringGate | None = None
     metrics_port: int | None = None
     queue: WorkQueue | None = None
     cluster: Cluster | None = None
@@ -84,8 +90,15 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     runtime.cluster = Cluster(load_api_client(runtime.kubeconfig))
     runtime.reconciler = Reconciler(runtime.cluster, nodes=lambda: list(runtime.nodes.values()))
     queue, reconciler = runtime.queue, runtime.reconciler
+    if runtime.peering:
+        runtime.gate = PeeringGate(
+            runtime.cluster, runtime.peering, runtime.priority, runtime.clusterwide
+        )
+    gate = runtime.gate
 
     async def process(key: Key) -> float | None:
+        if gate is not None and not await asyncio.to_thread(gate.may_work, key[0]):
+            return PEERING_RECHECK_SECONDS  # another replica works; keep the key warm
         runtime.reconciles += 1
         try:
             result = await asyncio.to_thread(reconciler.reconcile, *key)

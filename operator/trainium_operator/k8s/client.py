@@ -182,6 +182,26 @@ class Cluster:
             if error.status not in (404, 409):
                 raise
 
+    # -- kopf peering -------------------------------------------------------------------
+    def get_peering_status(self, name: str, namespace: str | None) -> dict[str, Any]:
+        """The peers kopf records in its (Cluster)KopfPeering object; {} when absent."""
+        self.counter.add("get", "kopfpeerings")
+        try:
+            if namespace is None:
+                body = self.custom.get_cluster_custom_object(
+                    "kopf.dev", "v1", "clusterkopfpeerings", name
+                )
+            else:
+                body = self.custom.get_namespaced_custom_object(
+                    "kopf.dev", "v1", namespace, "kopfpeerings", name
+                )
+        except ApiException as error:
+            if error.status == 404:
+                return {}
+            raise
+        status: dict[str, Any] = body.get("status") or {}
+        return status
+
     # -- children ----------------------------------------------------------------------
     def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
         self.counter.add("list", "pods")
