@@ -59,3 +59,24 @@ def test_node_cpu_ticks_parse_proc_stat(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
     stat.write_text("cpu  100 5 50 800 20 0 25 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
     assert read_node_cpu_ticks(stat) == (180, 1000)
+
+
+def test_profile_reports_the_profilers_own_cpu_use(tmp_path: Path) -> None:
+    from trainium_operator import profiler
+    from trainium_operator.profiler.capture import OVERHEAD_COUNTER
+
+    rank_file = start(tmp_path, sample_interval_s=0.02, sync_interval_s=0.1)
+    time.sleep(0.35)
+    live = profiler.background_cpu_ns()
+    events = stop_and_read(rank_file).events
+    overhead = sorted(
+        (e for e in of_kind(events, EventKind.COUNTER) if e.name == OVERHEAD_COUNTER),
+        key=lambda e: e.start_ns,
+    )
+    assert live is not None
+    assert live > 0
+    assert len(overhead) >= 3  # at sync points and at stop
+    values = [e.value for e in overhead]
+    assert values == sorted(values)  # cumulative
+    assert 0 < values[-1] < 350_000_000  # some CPU, far less than the wall time
+    assert profiler.background_cpu_ns() is None  # no session any more

@@ -64,6 +64,9 @@ _STEP: Final = int(EventKind.STEP)
 _KINDS: Final = {int(k): k for k in EventKind}
 
 STEP_EVENT_NAME: Final = "step"
+OVERHEAD_COUNTER: Final = "profiler.background_cpu_ns"
+"""COUNTER whose value is the CPU time the profiler's own threads have used so far."""
+_COUNTER: Final = int(EventKind.COUNTER)
 COUNTER_THREAD: Final = 0
 """thread_id of sampled counters (CPU, memory): they belong to the process, not a thread."""
 
@@ -156,6 +159,7 @@ class _Session:
         )
         self.sources = list(sources) if sources is not None else default_sources(self.context)
         self.source_dropped = 0
+        self.flusher_cpu_ns = 0
         self.flusher = threading.Thread(
             target=self._flush_main, name="trainium-profiler-flush", daemon=True
         )
@@ -317,6 +321,8 @@ class _Session:
             pending.extend(self._drain_rings(writer))
             pending.extend(self._collect_sources(writer, final=stopping))
             now = time.monotonic()
+            if stopping:
+                pending.append(self._overhead_row())
             if pending and (stopping or len(pending) >= 4096 or now - last_write >= max_age):
                 pending.sort(key=row_track_order)
                 writer.write_rows(pending)
@@ -325,8 +331,16 @@ class _Session:
             if stopping or now - last_sync >= c.sync_interval_s:
                 writer.write_sync_points([take_sync_point()])
                 last_sync = now
+                pending.append(self._overhead_row())
             if stopping:
                 return
+
+    def _overhead_row(self) -> Row:
+        # The profiler's own cost, recorded in the profile it produces.
+        self.flusher_cpu_ns = time.thread_time_ns()
+        value = self.flusher_cpu_ns + self.sampler.cpu_ns
+        at = _monotonic_ns()
+        return (_COUNTER, OVERHEAD_COUNTER, at, 0, COUNTER_THREAD, HOST_DEVICE, 0, value, 0, 0)
 
     def _drain_rings(self, writer: RankFileWriter) -> list[Row]:
         with self.rings_lock:
@@ -519,6 +533,26 @@ def stop_profiling(*, wait: bool = False, timeout: float | None = None) -> bool:
     if wait:
         return session.flushed.wait(timeout)
     return True
+
+
+def background_cpu_ns() -> int | None:
+    """CPU time the running session's own threads (flusher, sampler) have used, or None.
+
+    The same figure is written into the profile as the `profiler.background_cpu_ns` counter
+    at every sync point and at stop, so each profile reports what it cost.
+    """
+    session = _session
+    if session is None:
+        return None
+    total = 0
+    for thread in (session.flusher, session.sampler.thread):
+        if thread.ident is None or not thread.is_alive():
+            continue
+        try:
+            total += time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
+        except (OSError, AttributeError):  # it exited meanwhile, or not Linux
+            continue
+    return total
 
 
 def is_enabled() -> bool:
@@ -749,6 +783,7 @@ __all__ = [
     "annotate",
     "annotation_begin",
     "annotation_end",
+    "background_cpu_ns",
     "current_config",
     "is_capturing_detail",
     "is_enabled",

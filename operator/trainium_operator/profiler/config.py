@@ -14,10 +14,11 @@ Environment (the first group is set by the operator; see the design notes):
 | `TRAINIUM_PROFILE_SOURCES` | device sources: `torch,neuron` (default) or `none` |
 | `TRAINIUM_PROFILE_RING_EVENTS` | records per thread ring (power of two, default 65536) |
 | `TRAINIUM_PROFILE_FLUSH_MS` | flush period of the background writer (default 1000) |
-| `TRAINIUM_PROFILE_SAMPLE_MS` | CPU / memory sampling period (default 100; 0 disables) |
+| `TRAINIUM_PROFILE_SAMPLE_MS` | CPU/memory sample period in the window (200; 0 = off) (**) |
 | `TRAINIUM_PROFILE_SYNC_S` | period of clock sync points (default 10) |
 
 (*) name, namespace and attempt fall back to the `profiles/<namespace>/<job>/<attempt>` path.
+(**) ten times slower outside the step window.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ class ProfilerConfig:
     sources: frozenset[str] = DEFAULT_SOURCES
     ring_events: int = DEFAULT_RING_EVENTS
     flush_interval_s: float = 1.0
-    sample_interval_s: float = 0.1
+    sample_interval_s: float = 0.2
     sync_interval_s: float = 10.0
 
     def __post_init__(self) -> None:
@@ -184,7 +185,7 @@ class ProfilerConfig:
             "sources": sources,
             "ring_events": get_int(ENV_RING_EVENTS, DEFAULT_RING_EVENTS),
             "flush_interval_s": get_float(ENV_FLUSH_MS, 1000.0) / 1000.0,
-            "sample_interval_s": get_float(ENV_SAMPLE_MS, 100.0) / 1000.0,
+            "sample_interval_s": get_float(ENV_SAMPLE_MS, 200.0) / 1000.0,
             "sync_interval_s": get_float(ENV_SYNC_S, 10.0),
         }
         try:

@@ -20,6 +20,7 @@ CPU_PROCESS = "cpu.process"
 CPU_NODE = "cpu.node"
 MEMORY_RSS = "memory.rss"
 MEMORY_NODE_USED = "memory.node_used"
+NODE_SAMPLE_INTERVAL_S = 1.0
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -61,59 +62,102 @@ def read_node_used_memory(meminfo: Path = Path("/proc/meminfo")) -> int | None:
         return None
 
 
+class _StatmReader:
+    """Resident memory from a /proc/self/statm descriptor kept open: one pread per sample."""
+
+    def __init__(self) -> None:
+        try:
+            self._fd: int | None = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            self._fd = None
+
+    def rss_bytes(self) -> int | None:
+        if self._fd is None:
+            return None
+        try:
+            return int(os.pread(self._fd, 128, 0).split()[1]) * _PAGE_SIZE
+        except (OSError, IndexError, ValueError):
+            return None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
 class Sampler:
-    """Samples on its own daemon thread; faster while the detailed window is open."""
+    """Samples on its own daemon thread; faster while the detailed window is open.
+
+    Each process sample costs a clock read and one pread; node-wide counters (local rank 0
+    only) are read at most once a second, because /proc/stat and /proc/meminfo cost a few
+    hundred microseconds of CPU to generate.
+    """
 
     def __init__(
         self,
+        *,
         record: RecordSample,
         interval_s: float,
         idle_interval_s: float,
         node_wide: bool,
         detail: Callable[[], bool],
+        node_interval_s: float = NODE_SAMPLE_INTERVAL_S,
     ) -> None:
         self._record = record
         self._interval_s = interval_s
         self._idle_interval_s = idle_interval_s
         self._node_wide = node_wide
+        self._node_interval_ns = int(node_interval_s * 1e9)
         self._detail = detail
         self._stop = threading.Event()
-        self._thread = threading.Thread(
+        self.cpu_ns = 0  # CPU time this sampler thread has used, for the overhead counter
+        self.thread = threading.Thread(
             target=self._run, name="trainium-profiler-sample", daemon=True
         )
 
     def start(self) -> None:
-        self._thread.start()
+        self.thread.start()
 
     def stop(self) -> None:
         """Stop and wait for the thread, so its final sample is in its ring."""
         self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5.0)
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
+            self.thread.join(timeout=5.0)
 
     def _run(self) -> None:
+        statm = _StatmReader()
+        try:
+            self._loop(statm)
+        finally:
+            statm.close()
+
+    def _loop(self, statm: _StatmReader) -> None:
+        record = self._record
         prev_cpu = time.process_time_ns()
         prev_at = time.monotonic_ns()
+        node_at = prev_at
         prev_node = read_node_cpu_ticks() if self._node_wide else None
-        self.sample_memory(prev_at)
+        self._sample_memory(statm, prev_at, node=self._node_wide)
         while True:
             stopped = self._wait_for_next_sample(prev_at)
             now = time.monotonic_ns()
             cpu = time.process_time_ns()
             elapsed = now - prev_at
             if elapsed > 0:
-                permille = (cpu - prev_cpu) * 1000 // elapsed
-                self._record(EventKind.CPU_UTIL, CPU_PROCESS, now, permille)
-            if self._node_wide:
+                record(EventKind.CPU_UTIL, CPU_PROCESS, now, (cpu - prev_cpu) * 1000 // elapsed)
+            node_due = self._node_wide and (stopped or now - node_at >= self._node_interval_ns)
+            if node_due:
                 node = read_node_cpu_ticks()
                 if node is not None and prev_node is not None and node[1] > prev_node[1]:
                     busy = node[0] - prev_node[0]
                     total = node[1] - prev_node[1]
                     cores = os.cpu_count() or 1
-                    self._record(EventKind.CPU_UTIL, CPU_NODE, now, busy * 1000 * cores // total)
+                    record(EventKind.CPU_UTIL, CPU_NODE, now, busy * 1000 * cores // total)
                 prev_node = node
-            self.sample_memory(now)
+                node_at = now
+            self._sample_memory(statm, now, node=node_due)
             prev_cpu, prev_at = cpu, now
+            self.cpu_ns = time.thread_time_ns()
             if stopped:
                 return
 
@@ -130,11 +174,11 @@ class Sampler:
             if self._stop.wait(min(remaining, self._interval_s)):
                 return True
 
-    def sample_memory(self, at_ns: int) -> None:
-        rss = read_rss_bytes()
+    def _sample_memory(self, statm: _StatmReader, at_ns: int, node: bool) -> None:
+        rss = statm.rss_bytes()
         if rss is not None:
             self._record(EventKind.MEMORY, MEMORY_RSS, at_ns, rss)
-        if self._node_wide:
+        if node:
             used = read_node_used_memory()
             if used is not None:
                 self._record(EventKind.MEMORY, MEMORY_NODE_USED, at_ns, used)
