@@ -46,6 +46,7 @@ class Runtime:
     reconciler: Reconciler | None = None
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     node_ready: dict[str, bool] = field(default_factory=dict)
+    seen_generations: dict[Key, tuple[Any, ...]] = field(default_factory=dict)
     reconciles: int = 0
     reconcile_errors: int = 0
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -140,15 +141,23 @@ async def _resync(queue: WorkQueue) -> None:
 
 @kopf.on.event(spec_model.GROUP, spec_model.VERSION, spec_model.PLURAL)
 def training_job_event(
-    type: str | None, namespace: str | None, name: str, memo: Any, **_: Any
+    type: str | None, namespace: str | None, name: str, meta: kopf.Meta, memo: Any, **_: Any
 ) -> None:
+    runtime = _runtime(memo)
     queue = _queue(memo)
     if namespace is None:
         return
+    key = (namespace, name)
     if type == "DELETED":
-        queue.forget((namespace, name))
-    else:
-        queue.add((namespace, name))
+        queue.forget(key)
+        runtime.seen_generations.pop(key, None)
+        return
+    # Our own status writes come back as events; only spec changes (a new generation),
+    # deletion and first sight need a pass. Pod and node events cover the rest.
+    revision = (meta.get("uid"), meta.get("generation"), meta.get("deletionTimestamp"))
+    if runtime.seen_generations.get(key) != revision:
+        runtime.seen_generations[key] = revision
+        queue.add(key)
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_JOB_NAME: kopf.PRESENT})
