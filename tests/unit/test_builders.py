@@ -147,3 +147,22 @@ def test_podgroup_requires_the_whole_gang_in_the_queue() -> None:
 
 def test_builders_are_deterministic() -> None:
     assert pods.stage_pods(job_ref(), Stage.TRAIN, 1) == pods.stage_pods(job_ref(), Stage.TRAIN, 1)
+
+
+def test_neuron_device_profiling_sets_the_runtime_capture_and_merges_after_torchrun() -> None:
+    job = job_ref(profile={"enabled": True, "neuronDeviceProfile": True})
+    pod = pods.pod(job, Stage.TRAIN, 1, 0)
+    env = env_of(pod)
+    assert env["NEURON_RT_INSPECT_ENABLE"] == "1"
+    assert env["NEURON_RT_INSPECT_DEVICE_PROFILE"] == "1"
+    assert env["NEURON_RT_INSPECT_OUTPUT_DIR"] == (
+        "/data/profiles/team-a/bert/1/$(TRAINIUM_NODE_NAME)/neuron"
+    )
+    names = [e["name"] for e in pod["spec"]["containers"][0]["env"]]
+    assert names.index("TRAINIUM_NODE_NAME") < names.index("NEURON_RT_INSPECT_OUTPUT_DIR")
+    command = pod["spec"]["containers"][0]["command"]
+    assert command[:2] == ["/bin/sh", "-c"]
+    assert command[3:] == ["sh", *pods.torchrun_command(job, Stage.TRAIN, 1)]
+    assert pods.pod(job, Stage.COMPILE, 0, 0)["spec"]["containers"][0]["command"][0] == (
+        "neuron_parallel_compile"
+    )

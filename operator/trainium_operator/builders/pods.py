@@ -24,6 +24,7 @@ from trainium_operator.builders.job import (
     JobRef,
     Stage,
 )
+from trainium_operator.profiler.sources.neuron import neuron_inspect_env
 
 Obj = dict[str, Any]
 
@@ -120,6 +121,21 @@ def torchrun_command(job: JobRef, stage: Stage, attempt: int) -> list[str]:
     return argv
 
 
+# After torchrun exits, fold each rank's Neuron runtime profile into its profile file; the
+# job's exit code stays torchrun's. "$@" keeps the argv exact (no word splitting).
+NEURON_PROFILE_MERGE_SCRIPT = (
+    '"$@"; rc=$?; python3 -m trainium_operator.profiler.sources.neuron '
+    '"$TRAINIUM_PROFILE_DIR" --node "$TRAINIUM_NODE_NAME" || true; exit $rc'
+)
+
+
+def container_command(job: JobRef, stage: Stage, attempt: int) -> list[str]:
+    command = torchrun_command(job, stage, attempt)
+    if stage is Stage.TRAIN and job.spec.profile.enabled and job.spec.profile.neuron_device_profile:
+        return ["/bin/sh", "-c", NEURON_PROFILE_MERGE_SCRIPT, "sh", *command]
+    return command
+
+
 def _operator_env(job: JobRef, stage: Stage, rank: int, attempt: int) -> list[Obj]:
     spec = job.spec
     env: list[Obj] = [
@@ -156,11 +172,8 @@ def _operator_env(job: JobRef, stage: Stage, rank: int, attempt: int) -> list[Ob
             },
         ]
         if spec.profile.neuron_device_profile:
-            env += [
-                {"name": "NEURON_RT_INSPECT_ENABLE", "value": "1"},
-                {"name": "NEURON_RT_INSPECT_DEVICE_PROFILE", "value": "1"},
-                {"name": "NEURON_RT_INSPECT_OUTPUT_DIR", "value": f"{profile_dir}/neuron"},
-            ]
+            inspect = neuron_inspect_env(profile_dir, device_profile=True)
+            env += [{"name": name, "value": value} for name, value in inspect.items()]
     return env
 
 
@@ -211,7 +224,7 @@ def pod(job: JobRef, stage: Stage, attempt: int, rank: int) -> Obj:
                 "name": CONTAINER_NAME,
                 "image": spec.image,
                 "imagePullPolicy": spec.image_pull_policy,
-                "command": torchrun_command(job, stage, attempt),
+                "command": container_command(job, stage, attempt),
                 "env": container_env(job, stage, rank, attempt),
                 "resources": container_resources(job),
                 "volumeMounts": [
