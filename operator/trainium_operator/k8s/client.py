@@ -79,8 +79,13 @@ def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
     return configuration
 
 
+API_CONNECTIONS = 32  # reconcile workers x concurrent creates, without discarded sockets
+
+
 def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    return client.ApiClient(load_configuration(kubeconfig))
+    configuration = load_configuration(kubeconfig)
+    configuration.connection_pool_maxsize = API_CONNECTIONS
+    return client.ApiClient(configuration)
 
 
 @dataclass(frozen=True)
