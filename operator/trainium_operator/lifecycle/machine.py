@@ -82,6 +82,17 @@ class Failure:
     reason: str
     message: str
 
+    @classmethod
+    def of(
+        cls,
+        pod: PodView,
+        klass: FailureClass,
+        reason: str,
+        message: str,
+        exit_code: int | None = None,
+    ) -> Failure:
+        return cls(klass, pod.stage, pod.name, pod.node, pod.rank, exit_code, reason, message)
+
     def as_status(self, now: datetime) -> Obj:
         out: Obj = {
             "class": self.klass.value,
@@ -189,13 +200,9 @@ def _failure_of(pod: PodView, observed: Observed, grace: float) -> Failure | Non
             else None
         )
         if node_gone or (lost_for is not None and lost_for >= grace):
-            return Failure(
+            return Failure.of(
+                pod,
                 FailureClass.INFRASTRUCTURE,
-                pod.stage,
-                pod.name,
-                pod.node,
-                pod.rank,
-                None,
                 "NodeLost",
                 f"node {pod.node} is {'gone' if node_gone else 'NotReady'}; "
                 f"pod {pod.name} (rank {pod.rank}) lost",
@@ -209,17 +216,11 @@ def _failure_of(pod: PodView, observed: Observed, grace: float) -> Failure | Non
         message = f"pod {pod.name} (rank {pod.rank}) on {pod.node or 'no node'} failed: {detail}"
         if pod.message:
             message += f": {pod.message}"
-        return Failure(
-            klass, pod.stage, pod.name, pod.node, pod.rank, pod.exit_code, reason, message
-        )
+        return Failure.of(pod, klass, reason, message, pod.exit_code)
     if pod.deleting and not pod.terminal:
-        return Failure(
+        return Failure.of(
+            pod,
             FailureClass.INFRASTRUCTURE,
-            pod.stage,
-            pod.name,
-            pod.node,
-            pod.rank,
-            None,
             "PodDeleted",
             f"pod {pod.name} (rank {pod.rank}) was deleted while running",
         )
