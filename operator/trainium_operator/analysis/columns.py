@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import numpy.typing as npt
@@ -76,23 +76,8 @@ class EventColumns:
             return -1
 
     def nbytes(self) -> int:
-        return sum(
-            int(getattr(self, field).nbytes)
-            for field in (
-                "kind",
-                "name",
-                "start_ns",
-                "duration_ns",
-                "thread_id",
-                "device",
-                "flow_id",
-                "value",
-                "precision",
-                "depth",
-                "rank",
-                "node",
-            )
-        )
+        """Memory of the event columns (every field but the string table)."""
+        return sum(int(getattr(self, f.name).nbytes) for f in fields(self) if f.name != "names")
 
 
 class ColumnBuilder:
