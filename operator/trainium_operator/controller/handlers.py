@@ -102,7 +102,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
             return PEERING_RECHECK_SECONDS  # another replica works; keep the key warm
         runtime.reconciles += 1
         try:
-            result = await asyncio.to_thread(reconciler.reconcile, *key)
+            requeue_after = await asyncio.to_thread(reconciler.reconcile, *key)
         except PermissionDeniedError as error:
             runtime.reconcile_errors += 1
             log.error("%s/%s: permission denied: %s", *key, error)
@@ -114,7 +114,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
                 return CONFLICT_RETRY_SECONDS
             runtime.reconcile_errors += 1
             raise
-        return result.requeue_after
+        return requeue_after
 
     for _index in range(runtime.workers):
         runtime.tasks.append(asyncio.create_task(queue.run_worker(process)))

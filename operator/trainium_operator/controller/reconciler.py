@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -66,14 +65,6 @@ def _owned_by(obj: Obj, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
 
 
-@dataclass
-class ReconcileResult:
-    requeue_after: float | None
-    status_written: bool
-    created: int
-    deleted: int
-
-
 class Reconciler:
     def __init__(
         self,
@@ -91,18 +82,20 @@ class Reconciler:
             max_workers=CREATE_CONCURRENCY, thread_name_prefix="create"
         )
 
-    def _create_all(self, objects: list[Obj]) -> int:
+    def _create_all(self, objects: list[Obj]) -> None:
         # Service and PodGroup first: pods name the group, and the first pods to arrive
         # should find it.
         pods = [o for o in objects if o["kind"] == "Pod"]
-        created = sum(1 for o in objects if o["kind"] != "Pod" and self.cluster.create(o))
-        return created + sum(self._creators.map(self.cluster.create, pods))
+        for obj in objects:
+            if obj["kind"] != "Pod":
+                self.cluster.create(obj)
+        list(self._creators.map(self.cluster.create, pods))
 
-    def reconcile(self, namespace: str, name: str) -> ReconcileResult:
+    def reconcile(self, namespace: str, name: str) -> float | None:
         body = self.cluster.get_training_job(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             # Garbage collection removes the children through their owner references.
-            return ReconcileResult(None, False, 0, 0)
+            return None
         try:
             return self._reconcile(body)
         except Exception as error:
@@ -115,7 +108,7 @@ class Reconciler:
             self.events.post(body, "Warning", "PermissionDenied", message, _now(self.clock))
             raise PermissionDeniedError(message) from error
 
-    def _reconcile(self, body: Obj) -> ReconcileResult:
+    def _reconcile(self, body: Obj) -> float | None:
         now = self.clock()
         current_status: Obj = body.get("status") or {}
         parsed = parse_job(body)
@@ -142,22 +135,20 @@ class Reconciler:
         body: Obj,
         current_status: Obj,
         decision: machine.Decision,
-    ) -> ReconcileResult:
+    ) -> float | None:
         meta = body["metadata"]
         namespace = meta["namespace"]
         for deletion in decision.delete_pods:
             self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
         for podgroup in decision.delete_podgroups:
             self.cluster.delete_podgroup(namespace, podgroup)
-        created = self._create_all(decision.create)
-        status_written = False
+        self._create_all(decision.create)
         if decision.status != current_status:
             # resourceVersion makes a stale pass fail with 409 and retry, never overwrite;
             # events follow the status so a retried pass does not post them twice.
             self.cluster.patch_training_job_status(
                 namespace, meta["name"], decision.status, meta.get("resourceVersion")
             )
-            status_written = True
         now = _now(self.clock)
         for event in decision.events:
             log.info("%s/%s %s: %s", namespace, meta["name"], event.reason, event.message)
@@ -165,9 +156,4 @@ class Reconciler:
         if decision.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished elapsed, deleting", namespace, meta["name"])
             self.cluster.delete_training_job(namespace, meta["name"], meta["uid"])
-        return ReconcileResult(
-            decision.requeue_after,
-            status_written,
-            created,
-            len(decision.delete_pods) + len(decision.delete_podgroups),
-        )
+        return decision.requeue_after
