@@ -12,14 +12,19 @@ from trainium_operator.analysis.stats import (
     activity_breakdown,
     annotation_histogram,
     annotation_table,
+    cpu_activity,
     launch_latency,
     precision_breakdown,
+    rank_step_matrix,
     step_summary,
     step_table,
-    top_kernels,
+    stragglers,
+    top_operations,
+    transfer_breakdown,
     utilisation_over_time,
 )
 from trainium_operator.profiler.events import Event, EventKind, Precision
+from trainium_operator.profiler.sampler import CPU_NODE, CPU_PROCESS
 
 
 def kernel(name: str, start: int, duration: int, **fields: int) -> Event:
@@ -31,7 +36,7 @@ def columns(*ranks: list[Event], nodes: list[int] | None = None) -> EventColumns
     return columns_from_events((rank, node_of[rank], events) for rank, events in enumerate(ranks))
 
 
-def test_top_kernels_rank_by_total_time_with_counts_percentiles_and_share() -> None:
+def test_top_operations_rank_by_total_time_with_counts_percentiles_and_share() -> None:
     cols = columns(
         [
             kernel("matmul", 0, 10),
@@ -41,7 +46,7 @@ def test_top_kernels_rank_by_total_time_with_counts_percentiles_and_share() -> N
         ]
     )
 
-    rows = top_kernels(cols)
+    rows = top_operations(cols)
 
     assert [row.name for row in rows] == ["matmul", "softmax"]
     matmul = rows[0]
@@ -53,16 +58,16 @@ def test_top_kernels_rank_by_total_time_with_counts_percentiles_and_share() -> N
     assert rows[1].share == pytest.approx(0.4)
 
 
-def test_top_kernels_limit_keeps_the_most_expensive() -> None:
+def test_top_operations_limit_keeps_the_most_expensive() -> None:
     cols = columns([kernel("a", 0, 1), kernel("b", 0, 5), kernel("c", 0, 3)])
 
-    assert [row.name for row in top_kernels(cols, limit=2)] == ["b", "c"]
+    assert [row.name for row in top_operations(cols, limit=2)] == ["b", "c"]
 
 
-def test_top_kernels_ignore_host_annotations_with_the_same_name() -> None:
+def test_top_operations_ignore_host_annotations_with_the_same_name() -> None:
     cols = columns([kernel("x", 0, 5), Event(EventKind.ANNOTATION, "x", 0, 500)])
 
-    assert top_kernels(cols)[0].total_ns == 5
+    assert top_operations(cols)[0].total_ns == 5
 
 
 def test_step_table_takes_the_slowest_rank_as_the_step_time() -> None:
@@ -231,3 +236,133 @@ def test_clock_alignment_interpolates_drift_between_sync_points_and_holds_outsid
     wall = monotonic_to_wall(mono, points) - wall_epoch
 
     assert wall.tolist() == [-1_000_000, 0, 500_500, 1_001_000, 2_001_000]
+
+
+def test_top_operations_by_count_puts_the_most_frequent_first() -> None:
+    cols = columns([kernel("big", 0, 100), kernel("tiny", 0, 1), kernel("tiny", 5, 1)])
+
+    assert [row.name for row in top_operations(cols, order="time")] == ["big", "tiny"]
+    assert [row.name for row in top_operations(cols, order="count")] == ["tiny", "big"]
+
+
+def test_top_operations_of_host_ops_ignore_device_kernels() -> None:
+    cols = columns(
+        [
+            Event(EventKind.HOST_OP, "aten::mm", 0, 30),
+            Event(EventKind.HOST_OP, "aten::mm", 40, 10),
+            Event(EventKind.HOST_OP, "aten::add", 60, 5),
+            kernel("aten::mm", 0, 999),
+        ]
+    )
+
+    rows = top_operations(cols, kind=EventKind.HOST_OP)
+
+    assert [(row.name, row.count, row.total_ns) for row in rows] == [
+        ("aten::mm", 2, 40),
+        ("aten::add", 1, 5),
+    ]
+
+
+def step(number: int, start: int, duration: int) -> Event:
+    return Event(EventKind.STEP, "step", start, duration, value=number)
+
+
+def test_rank_step_matrix_shows_a_straggler_as_slower_than_the_median() -> None:
+    fast = [step(1, 0, 100), step(2, 100, 100)]
+    also_fast = [step(1, 0, 100), step(2, 100, 120)]
+    slow = [step(1, 0, 150), step(2, 150, 180)]
+    cols = columns(fast, also_fast, slow, nodes=[0, 0, 1])
+
+    matrix = rank_step_matrix(cols)
+
+    assert matrix.ranks.tolist() == [0, 1, 2]
+    assert matrix.first_step.tolist() == [1, 2]
+    np.testing.assert_allclose(matrix.duration_ns, [[100, 100], [100, 120], [150, 180]])
+    np.testing.assert_allclose(matrix.relative, [[1.0, 100 / 120], [1.0, 1.0], [1.5, 1.5]])
+    worst = stragglers(cols, matrix)[0]
+    assert (worst.rank, worst.node, worst.slowest_count) == (2, 1, 2)
+    assert worst.mean_relative == pytest.approx(1.5)
+
+
+def test_rank_step_matrix_groups_consecutive_steps_beyond_the_column_limit() -> None:
+    rank0 = [step(n, 100 * n, 10 * n) for n in range(10)]
+    rank1 = [step(n, 100 * n, 10) for n in range(0, 10, 2)]  # only even steps
+
+    matrix = rank_step_matrix(columns(rank0, rank1), max_columns=4)
+
+    # 10 steps in groups of 3: [0,1,2] [3,4,5] [6,7,8] [9]
+    assert matrix.first_step.tolist() == [0, 3, 6, 9]
+    assert matrix.last_step.tolist() == [2, 5, 8, 9]
+    np.testing.assert_allclose(matrix.duration_ns[0], [10, 40, 70, 90])
+    np.testing.assert_allclose(matrix.duration_ns[1][:3], [10, 10, 10])
+    assert math.isnan(matrix.duration_ns[1][3])
+
+
+def test_transfer_breakdown_gives_count_bytes_share_and_bandwidth_per_operation() -> None:
+    cols = columns(
+        [
+            Event(EventKind.MEMCPY, "host_to_device", 0, 1000, device=0, value=4000),
+            Event(EventKind.MEMCPY, "host_to_device", 2000, 1000, device=0, value=4000),
+            Event(EventKind.MEMCPY, "device_to_host", 5000, 500, device=0, value=100),
+            Event(EventKind.COLLECTIVE, "all_reduce", 0, 9999, device=0, value=1 << 20),
+        ]
+    )
+
+    rows = transfer_breakdown(cols)
+
+    assert [(r.name, r.count, r.total_ns, r.bytes) for r in rows] == [
+        ("host_to_device", 2, 2000, 8000),
+        ("device_to_host", 1, 500, 100),
+    ]
+    assert rows[0].share == pytest.approx(0.8)
+    assert rows[0].gbytes_per_s == pytest.approx(4.0)  # 8000 bytes in 2000 ns
+    assert [r.name for r in transfer_breakdown(cols, EventKind.COLLECTIVE)] == ["all_reduce"]
+
+
+def cpu_sample(name: str, at: int, per_mille: int) -> Event:
+    return Event(EventKind.CPU_UTIL, name, at, value=per_mille)
+
+
+def test_node_cpu_sums_the_training_processes_of_a_node_without_node_samples() -> None:
+    rank0 = [cpu_sample(CPU_PROCESS, 10, 1000), cpu_sample(CPU_PROCESS, 20, 3000)]
+    rank1 = [cpu_sample(CPU_PROCESS, 15, 500)]
+
+    series = utilisation_over_time(columns(rank0, rank1), 1, 0, 100, buckets=2)
+
+    # rank 0 averages 2 cores in the first bucket, rank 1 half a core: 2.5 cores
+    assert series.node_cpu_cores[0, 0] == pytest.approx(2.5)
+    assert math.isnan(series.node_cpu_cores[0, 1])
+
+
+def test_node_cpu_prefers_the_whole_host_samples_when_the_node_has_them() -> None:
+    rank0 = [cpu_sample(CPU_PROCESS, 10, 1000), cpu_sample(CPU_NODE, 10, 24000)]
+    rank1 = [cpu_sample(CPU_PROCESS, 10, 1000)]
+    rank2 = [cpu_sample(CPU_PROCESS, 10, 700)]  # on node 1, which has no node samples
+
+    series = utilisation_over_time(
+        columns(rank0, rank1, rank2, nodes=[0, 0, 1]), 2, 0, 100, buckets=1
+    )
+
+    assert series.node_cpu_cores[:, 0].tolist() == pytest.approx([24.0, 0.7])
+
+
+def test_cpu_activity_integrates_each_sample_over_the_interval_it_covers() -> None:
+    # rank 0: 2 cores for 100 ns then 4 cores for 50 ns -> 400 core-ns; the whole host
+    # 10 cores for 150 ns; rank 1 (same node): 1 core for 100 ns.
+    rank0 = [
+        cpu_sample(CPU_PROCESS, 0, 9999),  # opens the series: covers nothing known
+        cpu_sample(CPU_PROCESS, 100, 2000),
+        cpu_sample(CPU_PROCESS, 150, 4000),
+        cpu_sample(CPU_NODE, 0, 9999),
+        cpu_sample(CPU_NODE, 150, 10000),
+    ]
+    rank1 = [cpu_sample(CPU_PROCESS, 0, 1), cpu_sample(CPU_PROCESS, 100, 1000)]
+
+    activity = cpu_activity(columns(rank0, rank1), 1)
+
+    assert activity.process_active_ns.tolist() == [400 + 100]
+    assert activity.node_active_ns.tolist() == [1500]
+    assert activity.sampled_ns.tolist() == [150]
+    process_cores, host_cores = activity.mean_cores()
+    assert process_cores[0] == pytest.approx(500 / 150)
+    assert host_cores[0] == pytest.approx(10.0)

@@ -13,7 +13,13 @@ from click.testing import CliRunner
 
 from trainium_operator.analysis.loading import load_profile
 from trainium_operator.analysis.report import format_ns
-from trainium_operator.analysis.stats import step_table, top_kernels
+from trainium_operator.analysis.stats import (
+    rank_step_matrix,
+    step_table,
+    stragglers,
+    top_operations,
+    transfer_breakdown,
+)
 from trainium_operator.cli import main
 from trainium_operator.ui.profiles import ProfileStore, find_profiles
 
@@ -70,7 +76,7 @@ def test_load_dashboard_window_event_and_unload(live_server: str, profile_root: 
     assert [row["step"] for row in dashboard["steps"]["rows"]] == [
         row.step for row in step_table(expected.columns)
     ]
-    assert dashboard["kernels"]["top"][0]["name"] == top_kernels(expected.columns, 1)[0].name
+    assert dashboard["kernels"]["by_time"][0]["name"] == top_operations(expected.columns, 1)[0].name
 
     tracks = get(f"{live_server}/api/tracks?id={PROFILE_ID}")
     device = next(
@@ -111,17 +117,50 @@ def test_pages_are_served_with_a_self_only_content_policy(live_server: str) -> N
         assert b"MIT License" in response.read()
 
 
-def test_summary_command_prints_the_report(profile_root: Path) -> None:
+def test_report_command_prints_every_section_of_the_analysis(profile_root: Path) -> None:
     result = CliRunner().invoke(
-        main, ["profile", "summary", str(profile_root / PROFILE_ID), "--workers", "1"]
+        main, ["profile", "report", str(profile_root / PROFILE_ID), "--workers", "1"]
     )
 
     assert result.exit_code == 0, result.output
-    rows = step_table(load_profile(profile_root / PROFILE_ID, workers=1).columns)
-    slowest = max(rows, key=lambda row: row.max_ns)
+    columns = load_profile(profile_root / PROFILE_ID, workers=1).columns
+    slowest = max(step_table(columns), key=lambda row: row.max_ns)
     assert "2 nodes, 16 ranks" in result.output
     assert format_ns(slowest.max_ns) in result.output
-    assert "Top kernels" in result.output
+    for section in (
+        "Stragglers",
+        "Device time: active",
+        "Host CPU",
+        "Memory operations",
+        "Top kernels by time",
+        "Top kernels by count",
+        "Top host ops by time",
+        "Precision",
+        "Launch -> execution latency",
+        "Annotations",
+    ):
+        assert section in result.output
+    straggler_line = result.output.split("Stragglers")[1].splitlines()[3]
+    assert straggler_line.split()[0] == str(stragglers(columns, rank_step_matrix(columns))[0].rank)
+
+
+def test_report_json_holds_the_same_numbers_as_the_analysis_library(profile_root: Path) -> None:
+    result = CliRunner().invoke(
+        main, ["profile", "report", str(profile_root / PROFILE_ID), "--json", "--workers", "1"]
+    )
+
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    columns = load_profile(profile_root / PROFILE_ID, workers=1).columns
+    by_count = top_operations(columns, order="count")
+    assert [row["name"] for row in data["kernels"]["by_count"]] == [r.name for r in by_count]
+    assert data["kernels"]["by_time"][0]["total_ns"] == top_operations(columns)[0].total_ns
+    assert [row["name"] for row in data["memory_ops"]] == [
+        row.name for row in transfer_breakdown(columns)
+    ]
+    assert data["steps"]["heatmap"]["ranks"] == list(range(16))
+    assert len(data["utilisation"]["device_busy"]) == 16  # one row per NeuronCore in use
+    assert data["cpu"][0]["host_mean_cores"] > data["cpu"][0]["process_mean_cores"] > 0
 
 
 def test_export_command_writes_a_perfetto_trace(profile_root: Path, tmp_path: Path) -> None:
@@ -132,7 +171,7 @@ def test_export_command_writes_a_perfetto_trace(profile_root: Path, tmp_path: Pa
             "profile",
             "export",
             str(profile_root / PROFILE_ID),
-            "-o",
+            "--perfetto",
             str(target),
             "--from-step",
             "3",
@@ -159,7 +198,7 @@ def test_export_command_rejects_a_step_range_without_steps(
             "profile",
             "export",
             str(profile_root / PROFILE_ID),
-            "-o",
+            "--perfetto",
             str(tmp_path / "t"),
             "--from-step",
             "999",

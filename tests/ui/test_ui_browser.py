@@ -25,9 +25,14 @@ from trainium_operator.analysis.stats import (
     annotation_table,
     launch_latency,
     precision_breakdown,
+    rank_step_matrix,
     step_summary,
-    top_kernels,
+    stragglers,
+    top_operations,
+    transfer_breakdown,
+    utilisation_over_time,
 )
+from trainium_operator.profiler.events import EventKind
 
 pytestmark = pytest.mark.browser
 
@@ -132,7 +137,7 @@ def test_dashboard_shows_the_numbers_the_analysis_computes(
     page.wait_for_selector("main[data-ready=dashboard]", timeout=60_000)
     columns = expected.columns
     steps = step_summary(columns)
-    kernels = top_kernels(columns)
+    kernels = top_operations(columns)
     latency = launch_latency(columns)
 
     assert str(len(steps.rows)) in text(page, "[data-testid=kpi-steps]")
@@ -165,6 +170,61 @@ def test_dashboard_shows_the_numbers_the_analysis_computes(
     page.screenshot(path=str(SCREENSHOTS / "dashboard.png"), full_page=True)
 
 
+def test_dashboard_draws_device_and_rank_step_heatmaps_memory_mix_and_cpu(
+    page: Any, expected: LoadedProfile
+) -> None:
+    columns = expected.columns
+    devices = utilisation_over_time(columns, len(expected.nodes), 0, expected.end_ns, 240).devices
+    matrix = rank_step_matrix(columns)
+
+    device_map = page.locator("[data-testid=device-heatmap]")
+    assert device_map.get_attribute("data-rows") == str(len(devices))
+    assert device_map.get_attribute("data-cols") == "240"
+    rank_map = page.locator("[data-testid=rank-step-heatmap]")
+    assert rank_map.get_attribute("data-rows") == str(matrix.ranks.size)
+    assert rank_map.get_attribute("data-cols") == str(matrix.first_step.size)
+    for testid in ("device-heatmap", "rank-step-heatmap"):
+        box = page.locator(f"[data-testid={testid}] canvas").bounding_box()
+        assert box is not None, testid
+        assert box["width"] > 300, testid
+        assert box["height"] > 50, testid
+
+    straggler = stragglers(columns, matrix)[0]
+    first_straggler = page.locator("[data-testid=stragglers] tbody tr").first
+    assert first_straggler.get_attribute("data-rank") == str(straggler.rank)
+    assert f"{straggler.mean_relative:.3f}" in first_straggler.inner_text()
+
+    memory_rows = page.locator("[data-testid=memory-table] tbody tr")
+    expected_memory = transfer_breakdown(columns)
+    assert memory_rows.count() == len(expected_memory)
+    assert memory_rows.first.get_attribute("data-name") == expected_memory[0].name
+    assert (
+        text(page, f"[data-testid=memory-legend] .pct[data-key={expected_memory[0].name}]")
+        == f"{100 * expected_memory[0].share:.1f} %"
+    )
+    assert page.locator("[data-testid=collectives-table] tbody tr").count() == len(
+        transfer_breakdown(columns, EventKind.COLLECTIVE)
+    )
+    assert page.locator("[data-testid=cpu-table] tbody tr").count() == len(expected.nodes)
+    assert "cores" in text(page, "[data-testid=kpi-cpu]")
+
+    page.select_option("[data-testid=ops-order]", "by_count")
+    by_count = top_operations(columns, order="count")
+    first = page.locator("[data-testid=kernels-table] tbody tr").first
+    assert first.locator("td").all_inner_texts()[:2] == [by_count[0].name, f"{by_count[0].count:,}"]
+    page.select_option("[data-testid=ops-source]", "host_ops")
+    host_ops = top_operations(columns, kind=EventKind.HOST_OP, order="count")
+    assert first.locator("td").first.inner_text() == host_ops[0].name
+
+    page.select_option("[data-testid=heat-mode]", "duration")
+    assert rank_map.get_attribute("data-rows") == str(matrix.ranks.size)
+    page.select_option("[data-testid=heat-mode]", "relative")
+    page.locator("[data-testid=rank-step-heatmap]").screenshot(
+        path=str(SCREENSHOTS / "rank-step-heatmap.png")
+    )
+    page.screenshot(path=str(SCREENSHOTS / "dashboard-full.png"), full_page=True)
+
+
 def test_annotation_picker_switches_the_histogram(page: Any, expected: LoadedProfile) -> None:
     forward = next(row for row in annotation_table(expected.columns) if row.name == "forward")
 
@@ -177,6 +237,28 @@ def test_annotation_picker_switches_the_histogram(page: Any, expected: LoadedPro
     page.locator("[data-testid=annotation-hist]").screenshot(
         path=str(SCREENSHOTS / "annotation-forward.png")
     )
+
+
+def test_a_rank_step_heatmap_cell_opens_that_step_in_the_timeline(
+    page: Any, expected: LoadedProfile
+) -> None:
+    step = step_summary(expected.columns).rows[5]
+    page.goto(page.url.split("#")[0] + "#/dashboard")
+    page.wait_for_selector("main[data-ready=dashboard]", timeout=60_000)
+    canvas = page.locator("[data-testid=rank-step-heatmap] canvas")
+    box = canvas.bounding_box()
+    assert box is not None
+    columns = int(canvas.evaluate("c => c.parentElement.dataset.cols"))
+    label_width = 150
+    x = label_width + (box["width"] - label_width) * (5 + 0.5) / columns
+    canvas.click(position={"x": x, "y": 5})
+
+    page.wait_for_selector("main[data-ready=timeline]", timeout=60_000)
+    assert page.input_value("[data-testid=step-picker]") == str(step.step)
+    view = page.evaluate("window.__timeline.view")
+    assert view["start"] <= step.start_ns
+    assert view["end"] >= step.end_ns
+    assert view["end"] - view["start"] < 1.2 * (step.end_ns - step.start_ns)
 
 
 def test_timeline_zooms_to_a_step_and_shows_event_details(
@@ -226,3 +308,15 @@ def test_timeline_keyboard_zoom_and_pan_change_the_view(page: Any) -> None:
 
     assert zoomed["end"] - zoomed["start"] < before["end"] - before["start"]
     assert panned["start"] > zoomed["start"]
+
+
+def test_unloading_the_profile_frees_it_and_empties_the_dashboard(page: Any) -> None:
+    page.goto(page.url.split("#")[0] + "#/profiles")
+    row = page.locator(f"tr[data-profile='{PROFILE_ID}']")
+    row.locator("[data-action=unload]").click()
+    page.wait_for_selector(f"tr[data-profile='{PROFILE_ID}'] [data-action=load]")
+
+    assert row.locator(".badge").inner_text() == "unloaded"
+    assert text(page, "#current-profile") == "No profile loaded"
+    page.goto(page.url.split("#")[0] + "#/dashboard")
+    page.wait_for_selector("text=No profile loaded. Choose one on the Profiles page.")

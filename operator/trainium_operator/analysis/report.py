@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Any
 
-from trainium_operator.analysis.columns import F64
+from trainium_operator.analysis.columns import F64, EventColumns
 from trainium_operator.analysis.loading import LoadedProfile
 from trainium_operator.analysis.stats import (
     DurationStats,
@@ -14,12 +14,17 @@ from trainium_operator.analysis.stats import (
     activity_breakdown,
     annotation_histogram,
     annotation_table,
+    cpu_activity,
     launch_latency,
     precision_breakdown,
+    rank_step_matrix,
     step_summary,
-    top_kernels,
+    stragglers,
+    top_operations,
+    transfer_breakdown,
     utilisation_over_time,
 )
+from trainium_operator.profiler.events import EventKind
 
 
 def _stats(stats: DurationStats) -> dict[str, Any]:
@@ -55,17 +60,38 @@ def profile_overview(profile: LoadedProfile) -> dict[str, Any]:
     }
 
 
-def dashboard(profile: LoadedProfile, buckets: int = 240, top: int = 15) -> dict[str, Any]:
-    """Everything the dashboard page draws, computed once per loaded profile."""
+def _operations(columns: EventColumns, kind: EventKind, listed: int) -> dict[str, Any]:
+    by_time = top_operations(columns, kind=kind)
+    by_count = sorted(by_time, key=lambda row: (-row.count, -row.total_ns, row.name))
+    return {
+        "distinct": len(by_time),
+        "count": sum(row.count for row in by_time),
+        "total_ns": sum(row.total_ns for row in by_time),
+        "by_time": [dataclasses.asdict(row) for row in by_time[:listed]],
+        "by_count": [dataclasses.asdict(row) for row in by_count[:listed]],
+    }
+
+
+def _matrix(values: F64, digits: int) -> list[list[float | None]]:
+    return [
+        [None if math.isnan(v) else round(float(v), digits) for v in row.tolist()] for row in values
+    ]
+
+
+def dashboard(profile: LoadedProfile, buckets: int = 240, top: int = 50) -> dict[str, Any]:
+    """Everything the dashboard page draws, computed once per loaded profile; the kernel and
+    host-op lists hold the `top` first by time and by count."""
     columns = profile.columns
-    utilisation = utilisation_over_time(
-        columns, len(profile.nodes), 0, max(profile.end_ns, 1), buckets
-    )
+    node_count = len(profile.nodes)
+    utilisation = utilisation_over_time(columns, node_count, 0, max(profile.end_ns, 1), buckets)
     steps = step_summary(columns)
+    heatmap = rank_step_matrix(columns)
     latency = launch_latency(columns)
     activity = activity_breakdown(columns)
-    annotations = annotation_table(columns)
-    all_kernels = top_kernels(columns)
+    cpu = cpu_activity(columns, node_count)
+    process_cores, host_cores = cpu.mean_cores()
+    device_active = activity.device_active_ns()
+    device_idle = activity.device_idle_ns()
     return {
         "overview": profile_overview(profile),
         "utilisation": {
@@ -74,22 +100,46 @@ def dashboard(profile: LoadedProfile, buckets: int = 240, top: int = 15) -> dict
             "node_busy": [_finite(row) for row in utilisation.node_busy],
             "node_cpu_cores": [_finite(row) for row in utilisation.node_cpu_cores],
             "devices": [{"node": node, "device": device} for node, device in utilisation.devices],
+            "device_busy": _matrix(utilisation.device_busy, 3),
             "device_mean_busy": [round(float(row.mean()), 4) for row in utilisation.device_busy],
         },
-        "kernels": {
-            "distinct": len(all_kernels),
-            "count": sum(row.count for row in all_kernels),
-            "total_ns": sum(row.total_ns for row in all_kernels),
-            "top": [dataclasses.asdict(row) for row in all_kernels[:top]],
-            "all": [dataclasses.asdict(row) for row in all_kernels[:500]],
+        "device_time": {
+            "active_ns": device_active,
+            "idle_ns": device_idle,
+            "active_share": device_active / max(device_active + device_idle, 1),
         },
+        "cpu": [
+            {
+                "node": node,
+                "process_active_ns": int(cpu.process_active_ns[i]),
+                "host_active_ns": int(cpu.node_active_ns[i]),
+                "sampled_ns": int(cpu.sampled_ns[i]),
+                "process_mean_cores": round(float(process_cores[i]), 3),
+                "host_mean_cores": round(float(host_cores[i]), 3),
+            }
+            for i, node in enumerate(profile.nodes)
+        ],
+        "kernels": _operations(columns, EventKind.KERNEL, top),
+        "host_ops": _operations(columns, EventKind.HOST_OP, top),
         "steps": {
             "rows": [dataclasses.asdict(row) for row in steps.rows],
             "stats": _stats(steps.stats),
             "histogram": _histogram(steps.histogram),
+            "heatmap": {
+                "ranks": heatmap.ranks.tolist(),
+                "first_step": heatmap.first_step.tolist(),
+                "last_step": heatmap.last_step.tolist(),
+                "duration_ns": _matrix(heatmap.duration_ns, 0),
+                "relative": _matrix(heatmap.relative, 4),
+            },
+            "stragglers": [dataclasses.asdict(row) for row in stragglers(columns, heatmap)],
         },
         "precision": [dataclasses.asdict(row) for row in precision_breakdown(columns)],
         "activity": {"totals_ns": activity.totals_ns, "shares": activity.shares()},
+        "memory_ops": [dataclasses.asdict(row) for row in transfer_breakdown(columns)],
+        "collectives": [
+            dataclasses.asdict(row) for row in transfer_breakdown(columns, EventKind.COLLECTIVE)
+        ],
         "launch_latency": {
             "stats": _stats(latency.stats),
             "histogram": _histogram(latency.histogram),
@@ -101,7 +151,9 @@ def dashboard(profile: LoadedProfile, buckets: int = 240, top: int = 15) -> dict
                 for rank, name, value in latency.slowest
             ],
         },
-        "annotations": [{"name": row.name, "stats": _stats(row.stats)} for row in annotations],
+        "annotations": [
+            {"name": row.name, "stats": _stats(row.stats)} for row in annotation_table(columns)
+        ],
     }
 
 
@@ -146,8 +198,66 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
-def text_report(profile: LoadedProfile, top: int = 15) -> str:
-    data = dashboard(profile, buckets=100, top=top)
+def _ops_table(title: str, ops: dict[str, Any], key: str, top: int) -> list[str]:
+    lines = [
+        "",
+        f"{title} ({ops['distinct']} distinct, {ops['count']:,} runs, "
+        f"{format_ns(ops['total_ns'])})",
+    ]
+    if not ops["distinct"]:
+        return [*lines, "  none recorded"]
+    return lines + [
+        "  " + line
+        for line in _table(
+            ["name", "count", "total", "mean", "p50", "p99", "share"],
+            [
+                [
+                    k["name"],
+                    f"{k['count']:,}",
+                    format_ns(k["total_ns"]),
+                    format_ns(k["mean_ns"]),
+                    format_ns(k["p50_ns"]),
+                    format_ns(k["p99_ns"]),
+                    f"{100 * k['share']:.1f} %",
+                ]
+                for k in ops[key][:top]
+            ],
+        )
+    ]
+
+
+def _transfer_table(title: str, rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return ["", f"{title}: none recorded"]
+    return ["", title] + [
+        "  " + line
+        for line in _table(
+            ["name", "count", "time", "share", "bytes", "GB/s"],
+            [
+                [
+                    r["name"],
+                    f"{r['count']:,}",
+                    format_ns(r["total_ns"]),
+                    f"{100 * r['share']:.1f} %",
+                    f"{r['bytes']:,}",
+                    f"{r['gbytes_per_s']:.2f}",
+                ]
+                for r in rows
+            ],
+        )
+    ]
+
+
+def _stats_line(stats: dict[str, Any]) -> str:
+    return (
+        f"  mean {format_ns(stats['mean_ns'])}  p50 {format_ns(stats['p50_ns'])}  "
+        f"p90 {format_ns(stats['p90_ns'])}  p99 {format_ns(stats['p99_ns'])}  "
+        f"max {format_ns(stats['max_ns'])}"
+    )
+
+
+def text_report(data: dict[str, Any], top: int = 15) -> str:
+    """The dashboard as text: `data` is what `dashboard()` returns."""
     overview = data["overview"]
     lines = [
         f"Profile {overview['path']}",
@@ -157,18 +267,13 @@ def text_report(profile: LoadedProfile, top: int = 15) -> str:
         f"{overview['events']:,} events over {format_ns(overview['duration_ns'])}, "
         f"loaded in {overview['load_seconds']:.2f} s",
     ]
-    for warning in overview["warnings"]:
-        lines.append(f"  warning: {warning}")
+    lines += [f"  warning: {warning}" for warning in overview["warnings"]]
 
     steps = data["steps"]
     stats = steps["stats"]
     lines += ["", f"Steps ({stats['count']} with markers; step time = slowest rank)"]
     if stats["count"]:
-        lines.append(
-            f"  mean {format_ns(stats['mean_ns'])}  p50 {format_ns(stats['p50_ns'])}  "
-            f"p90 {format_ns(stats['p90_ns'])}  p99 {format_ns(stats['p99_ns'])}  "
-            f"max {format_ns(stats['max_ns'])}"
-        )
+        lines.append(_stats_line(stats))
         slowest = sorted(steps["rows"], key=lambda row: -row["max_ns"])[:5]
         lines += [
             "  " + line
@@ -186,41 +291,53 @@ def text_report(profile: LoadedProfile, top: int = 15) -> str:
                 ],
             )
         ]
+        lines += ["", "Stragglers (step time relative to the median rank of each step)"]
+        lines += [
+            "  " + line
+            for line in _table(
+                ["rank", "node", "mean relative", "slowest in"],
+                [
+                    [
+                        str(r["rank"]),
+                        overview["nodes"][r["node"]],
+                        f"{r['mean_relative']:.3f}x",
+                        f"{r['slowest_count']} steps",
+                    ]
+                    for r in steps["stragglers"]
+                ],
+            )
+        ]
 
+    device_time = data["device_time"]
+    lines += [
+        "",
+        f"Device time: active {format_ns(device_time['active_ns'])}, idle "
+        f"{format_ns(device_time['idle_ns'])} ({100 * device_time['active_share']:.1f} % active, "
+        "summed over ranks)",
+    ]
     utilisation = data["utilisation"]
     lines += ["", "Device utilisation (mean busy fraction per node)"]
     for node, row in zip(overview["nodes"], utilisation["node_busy"], strict=True):
         values = [v for v in row if v is not None]
         lines.append(f"  {node}: {100 * (sum(values) / len(values) if values else 0):.1f} %")
 
+    lines += ["", "Host CPU (busy cores, mean over the sampled span)"]
+    for cpu in data["cpu"]:
+        lines.append(
+            f"  {cpu['node']}: training processes {cpu['process_mean_cores']:.2f} cores "
+            f"({cpu['process_active_ns'] / 1e9:.2f} core-s), whole host "
+            f"{cpu['host_mean_cores']:.2f} cores ({cpu['host_active_ns'] / 1e9:.2f} core-s)"
+        )
+
     activity = data["activity"]["shares"]
     lines += ["", "Device activity (share of capture window)"]
     lines.append("  " + "  ".join(f"{key} {100 * value:.1f} %" for key, value in activity.items()))
+    lines += _transfer_table("Memory operations", data["memory_ops"])
+    lines += _transfer_table("Collectives", data["collectives"])
 
-    kernels = data["kernels"]
-    lines += [
-        "",
-        f"Top kernels ({kernels['distinct']} distinct, {kernels['count']:,} runs, "
-        f"{format_ns(kernels['total_ns'])})",
-    ]
-    lines += [
-        "  " + line
-        for line in _table(
-            ["kernel", "count", "total", "mean", "p50", "p99", "share"],
-            [
-                [
-                    k["name"],
-                    f"{k['count']:,}",
-                    format_ns(k["total_ns"]),
-                    format_ns(k["mean_ns"]),
-                    format_ns(k["p50_ns"]),
-                    format_ns(k["p99_ns"]),
-                    f"{100 * k['share']:.1f} %",
-                ]
-                for k in kernels["top"]
-            ],
-        )
-    ]
+    lines += _ops_table("Top kernels by time", data["kernels"], "by_time", top)
+    lines += _ops_table("Top kernels by count", data["kernels"], "by_count", top)
+    lines += _ops_table("Top host ops by time", data["host_ops"], "by_time", top)
 
     lines += ["", "Precision (share of kernel time)"]
     lines.append(
@@ -231,11 +348,7 @@ def text_report(profile: LoadedProfile, top: int = 15) -> str:
     lat = latency["stats"]
     lines += ["", f"Launch -> execution latency ({latency['matched']:,} linked launches)"]
     if lat["count"]:
-        lines.append(
-            f"  mean {format_ns(lat['mean_ns'])}  p50 {format_ns(lat['p50_ns'])}  "
-            f"p90 {format_ns(lat['p90_ns'])}  p99 {format_ns(lat['p99_ns'])}  "
-            f"max {format_ns(lat['max_ns'])}"
-        )
+        lines.append(_stats_line(lat))
     if latency["unmatched_launches"] or latency["unmatched_kernels"]:
         lines.append(
             f"  unlinked: {latency['unmatched_launches']} launches, "

@@ -8,6 +8,7 @@ between closest ranks, the same definition as `numpy.percentile`'s default.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -20,6 +21,7 @@ from trainium_operator.analysis.columns import (
 )
 from trainium_operator.analysis.intervals import coverage_per_bucket, merge_grouped
 from trainium_operator.profiler.events import EventKind, Precision
+from trainium_operator.profiler.sampler import CPU_NODE
 
 
 @dataclass(frozen=True)
@@ -82,31 +84,41 @@ def grouped_percentiles(group_sorted_values: I64, starts: I64, sizes: I64, q: fl
     return result
 
 
-# ---------------------------------------------------------------- top kernels
+# ---------------------------------------------------------------- kernels and host ops
+
+
+OperationOrder = Literal["time", "count"]
 
 
 @dataclass(frozen=True)
-class KernelRow:
+class OperationRow:
     name: str
-    count: int
+    count: int  # runs (device kernels) or calls (host ops)
     total_ns: int
     mean_ns: float
     p50_ns: float
     p99_ns: float
     max_ns: int
-    share: float  # of all kernel time
+    share: float  # of the total time of this kind
 
 
-def top_kernels(columns: EventColumns, limit: int | None = None) -> list[KernelRow]:
-    """Device kernels grouped by name, most total time first."""
-    mask = columns.of_kind(EventKind.KERNEL)
+def top_operations(
+    columns: EventColumns,
+    limit: int | None = None,
+    *,
+    kind: EventKind = EventKind.KERNEL,
+    order: OperationOrder = "time",
+) -> list[OperationRow]:
+    """Events of one kind (device kernels by default, or host ops) grouped by name, most
+    total time (or most runs) first; ties break by name."""
+    mask = columns.of_kind(kind)
     names = columns.name[mask]
     durations = columns.duration_ns[mask]
     if durations.size == 0:
         return []
-    order = np.lexsort((durations, names))
-    names = names[order]
-    durations = durations[order]
+    ordering = np.lexsort((durations, names))
+    names = names[ordering]
+    durations = durations[ordering]
     starts = np.flatnonzero(np.r_[True, names[1:] != names[:-1]])
     sizes = np.diff(np.r_[starts, names.size])
     totals = np.add.reduceat(durations, starts)
@@ -114,12 +126,14 @@ def top_kernels(columns: EventColumns, limit: int | None = None) -> list[KernelR
     p50 = grouped_percentiles(durations, starts, sizes, 50)
     p99 = grouped_percentiles(durations, starts, sizes, 99)
     grand_total = float(durations.sum())
-    ranking = np.lexsort((names[starts], -totals))
+    label = np.array([columns.names[int(n)] for n in names[starts]])
+    primary, secondary = (-totals, -sizes) if order == "time" else (-sizes, -totals)
+    ranking = np.lexsort((label, secondary, primary))
     if limit is not None:
         ranking = ranking[:limit]
     return [
-        KernelRow(
-            name=columns.names[int(names[starts[i]])],
+        OperationRow(
+            name=str(label[i]),
             count=int(sizes[i]),
             total_ns=int(totals[i]),
             mean_ns=float(totals[i]) / float(sizes[i]),
@@ -197,6 +211,85 @@ def step_summary(columns: EventColumns, bins: int = 30) -> StepSummary:
     return StepSummary(rows, duration_stats(times), histogram(times, bins))
 
 
+@dataclass(frozen=True)
+class RankStepMatrix:
+    """Step time of every rank (rows) for every step or group of consecutive steps (columns).
+
+    Long runs record a marker for every step; beyond `max_columns` steps, consecutive steps
+    are grouped and each cell holds the rank's mean over the group, so the heatmap keeps its
+    shape while its size stays bounded. NaN where a rank reported none of the group's steps.
+    """
+
+    ranks: I64
+    first_step: I64  # per column, the first step of its group
+    last_step: I64  # per column, the last step of its group
+    duration_ns: F64  # shape (len(ranks), columns)
+    relative: F64  # duration / the column's median over ranks: stragglers are > 1
+
+
+@dataclass(frozen=True)
+class StragglerRow:
+    rank: int
+    node: int
+    slowest_count: int  # steps in which this rank was the slowest
+    mean_relative: float  # mean of its step time / that step's median over ranks
+
+
+def rank_step_matrix(columns: EventColumns, max_columns: int = 400) -> RankStepMatrix:
+    mask = columns.of_kind(EventKind.STEP)
+    steps = columns.value[mask]
+    ranks, rank_index = np.unique(columns.rank[mask], return_inverse=True)
+    unique_steps, step_index = np.unique(steps, return_inverse=True)
+    if unique_steps.size == 0:
+        empty_f: F64 = np.zeros((int(ranks.size), 0), dtype=np.float64)
+        empty_i: I64 = np.zeros(0, dtype=np.int64)
+        return RankStepMatrix(ranks.astype(np.int64), empty_i, empty_i, empty_f, empty_f)
+    group_size = -(-int(unique_steps.size) // max_columns)
+    group_index = step_index // group_size
+    group_count = int(group_index.max()) + 1
+    cell = rank_index.astype(np.int64) * group_count + group_index
+    size = int(ranks.size) * group_count
+    sums = np.bincount(cell, weights=columns.duration_ns[mask], minlength=size)
+    counts = np.bincount(cell, minlength=size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        duration = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    duration = duration.reshape(int(ranks.size), group_count)
+    firsts = unique_steps[::group_size].astype(np.int64)
+    lasts = unique_steps[
+        np.minimum(np.arange(1, group_count + 1) * group_size, unique_steps.size) - 1
+    ]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        median = np.nanmedian(duration, axis=0) if duration.size else np.zeros(0)
+        relative = duration / np.where(median > 0, median, np.nan)
+    return RankStepMatrix(
+        ranks.astype(np.int64), firsts, lasts.astype(np.int64), duration, relative
+    )
+
+
+def stragglers(columns: EventColumns, matrix: RankStepMatrix, limit: int = 5) -> list[StragglerRow]:
+    """Ranks ordered by how much slower than the median rank they usually are."""
+    if matrix.duration_ns.size == 0:
+        return []
+    filled = np.where(np.isnan(matrix.duration_ns), -np.inf, matrix.duration_ns)
+    slowest = np.bincount(np.argmax(filled, axis=0), minlength=matrix.ranks.size)
+    with np.errstate(invalid="ignore"):
+        mean_relative = np.nanmean(
+            np.where(np.isfinite(matrix.relative), matrix.relative, np.nan), axis=1
+        )
+    node_of = np.zeros(int(matrix.ranks.max()) + 1, dtype=np.int64)
+    node_of[columns.rank] = columns.node
+    order = np.lexsort((matrix.ranks, -slowest, -np.nan_to_num(mean_relative, nan=0.0)))
+    return [
+        StragglerRow(
+            rank=int(matrix.ranks[i]),
+            node=int(node_of[matrix.ranks[i]]),
+            slowest_count=int(slowest[i]),
+            mean_relative=float(mean_relative[i]),
+        )
+        for i in order[:limit]
+    ]
+
+
 # ---------------------------------------------------------------- precision
 
 
@@ -233,6 +326,7 @@ def precision_breakdown(columns: EventColumns) -> list[PrecisionRow]:
 
 
 ACTIVITY_CATEGORIES = ("compute", "collective", "memcpy", "sync", "idle")
+DEVICE_ACTIVE_CATEGORIES = ("compute", "collective", "memcpy")
 
 
 @dataclass(frozen=True)
@@ -250,6 +344,14 @@ class ActivityBreakdown:
     def shares(self) -> dict[str, float]:
         grand = sum(self.totals_ns.values())
         return {key: (value / grand if grand else 0.0) for key, value in self.totals_ns.items()}
+
+    def device_active_ns(self) -> int:
+        """Device time doing work (compute, collectives, memory operations)."""
+        return sum(self.totals_ns[key] for key in DEVICE_ACTIVE_CATEGORIES)
+
+    def device_idle_ns(self) -> int:
+        """Device time idle within the capture window, waiting on the host or not."""
+        return sum(self.totals_ns.values()) - self.device_active_ns()
 
 
 def _rank_union(columns: EventColumns, mask: BoolArray, rank_index: I64, count: int) -> I64:
@@ -297,6 +399,48 @@ def activity_breakdown(columns: EventColumns) -> ActivityBreakdown:
     return ActivityBreakdown(totals, per_rank)
 
 
+# ---------------------------------------------------------------- transfers
+
+
+@dataclass(frozen=True)
+class TransferRow:
+    """Memory operations (or collectives) of one name: how many, how long, how much data."""
+
+    name: str
+    count: int
+    total_ns: int
+    bytes: int
+    share: float  # of the time of all operations of this kind
+    gbytes_per_s: float  # bytes / summed duration
+
+
+def transfer_breakdown(
+    columns: EventColumns, kind: EventKind = EventKind.MEMCPY
+) -> list[TransferRow]:
+    """The memory-operation mix (MEMCPY, by default) or the collective mix, most time first."""
+    mask = columns.of_kind(kind)
+    names = columns.name[mask]
+    if names.size == 0:
+        return []
+    size = len(columns.names)
+    counts = np.bincount(names, minlength=size)
+    totals = np.bincount(names, weights=columns.duration_ns[mask], minlength=size)
+    moved = np.bincount(names, weights=columns.value[mask], minlength=size)
+    grand = float(totals.sum())
+    rows = [
+        TransferRow(
+            name=columns.names[int(i)],
+            count=int(counts[i]),
+            total_ns=round(float(totals[i])),
+            bytes=round(float(moved[i])),
+            share=float(totals[i]) / grand if grand > 0 else 0.0,
+            gbytes_per_s=float(moved[i]) / float(totals[i]) if totals[i] > 0 else 0.0,
+        )
+        for i in np.flatnonzero(counts)
+    ]
+    return sorted(rows, key=lambda row: (-row.total_ns, row.name))
+
+
 # ---------------------------------------------------------------- utilisation
 
 
@@ -310,7 +454,7 @@ class UtilisationSeries:
     devices: list[tuple[int, int]]  # (node index, device index), the rows of `device_busy`
     device_busy: F64  # shape (len(devices), buckets)
     node_busy: F64  # shape (nodes, buckets): mean over the node's devices
-    node_cpu_cores: F64  # shape (nodes, buckets): NaN where the node has no sample
+    node_cpu_cores: F64  # shape (nodes, buckets), see `node_cpu_over_time`
 
 
 def bucket_edges(start_ns: int, end_ns: int, buckets: int) -> I64:
@@ -344,21 +488,112 @@ def utilisation_over_time(
     np.add.at(node_busy, device_nodes, device_busy)
     node_busy = node_busy / np.maximum(device_counts, 1)[:, None]
 
-    samples = columns.of_kind(EventKind.CPU_UTIL)
-    sample_bucket = (columns.start_ns[samples] - start_ns) // width
-    inside = (sample_bucket >= 0) & (sample_bucket < buckets)
-    cell = columns.node[samples][inside].astype(np.int64) * buckets + sample_bucket[inside]
-    sums = np.bincount(cell, weights=columns.value[samples][inside], minlength=node_count * buckets)
-    counts = np.bincount(cell, minlength=node_count * buckets)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        cpu = np.where(counts > 0, sums / np.maximum(counts, 1) / 1000.0, np.nan)
+    cpu = node_cpu_over_time(columns, node_count, edges)
     return UtilisationSeries(
         bucket_start_ns=edges[:-1],
         bucket_ns=width,
         devices=[(int(k // 65536), int(k % 65536)) for k in keys],
         device_busy=device_busy,
         node_busy=node_busy,
-        node_cpu_cores=cpu.reshape(node_count, buckets),
+        node_cpu_cores=cpu,
+    )
+
+
+def _bucket_means(cell: I64, values: I64, size: int) -> F64:
+    sums = np.bincount(cell, weights=values, minlength=size)
+    counts = np.bincount(cell, minlength=size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means: F64 = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    return means
+
+
+def node_cpu_over_time(columns: EventColumns, node_count: int, edges: I64) -> F64:
+    """Busy CPU cores per node and time bucket, shape (nodes, buckets), NaN without samples.
+
+    A node's own samples (`cpu.node`, taken by its local rank 0) count when present: they
+    include everything on the host. Otherwise the training processes' samples are averaged
+    per rank and bucket and summed over the node's ranks.
+    """
+    buckets = int(edges.size) - 1
+    width = int(edges[1] - edges[0])
+    samples = columns.of_kind(EventKind.CPU_UTIL)
+    bucket = (columns.start_ns[samples] - int(edges[0])) // width
+    inside = (bucket >= 0) & (bucket < buckets)
+    bucket = bucket[inside]
+    values = columns.value[samples][inside]
+    nodes = columns.node[samples][inside].astype(np.int64)
+    ranks = columns.rank[samples][inside].astype(np.int64)
+    is_node_sample = columns.name[samples][inside] == columns.name_id(CPU_NODE)
+
+    node_level = _bucket_means(
+        nodes[is_node_sample] * buckets + bucket[is_node_sample],
+        values[is_node_sample],
+        node_count * buckets,
+    ).reshape(node_count, buckets)
+
+    process = ~is_node_sample
+    rank_ids, rank_index = np.unique(ranks[process], return_inverse=True)
+    per_rank = _bucket_means(
+        rank_index.astype(np.int64) * buckets + bucket[process],
+        values[process],
+        int(rank_ids.size) * buckets,
+    ).reshape(int(rank_ids.size), buckets)
+    rank_node = np.zeros(int(rank_ids.size), dtype=np.int64)
+    rank_node[rank_index] = nodes[process]
+    summed = np.zeros((node_count, buckets), dtype=np.float64)
+    reported = np.zeros((node_count, buckets), dtype=np.bool_)
+    np.add.at(summed, rank_node, np.nan_to_num(per_rank, nan=0.0))
+    np.logical_or.at(reported, rank_node, ~np.isnan(per_rank))
+    process_level = np.where(reported, summed, np.nan)
+
+    has_node_samples = np.bincount(nodes[is_node_sample], minlength=node_count) > 0
+    cores: F64 = np.where(has_node_samples[:, None], node_level, process_level) / 1000.0
+    return cores
+
+
+@dataclass(frozen=True)
+class CpuActivity:
+    """Host CPU time per node, integrated from the utilisation samples (core-nanoseconds)."""
+
+    process_active_ns: I64  # the training processes, summed over the node's ranks
+    node_active_ns: I64  # the whole host, from `cpu.node` samples (0 where none)
+    sampled_ns: I64  # the time span the node's samples cover
+
+    def mean_cores(self) -> tuple[F64, F64]:
+        """(training processes, whole host) average busy cores per node."""
+        span = np.maximum(self.sampled_ns, 1).astype(np.float64)
+        return self.process_active_ns / span, self.node_active_ns / span
+
+
+def cpu_activity(columns: EventColumns, node_count: int) -> CpuActivity:
+    """Each sample is the utilisation since the previous sample of the same series, so the
+    active time is the sum of value x interval (the first sample of a series only opens it)."""
+    mask = columns.of_kind(EventKind.CPU_UTIL)
+    index = np.flatnonzero(mask)
+    is_node_sample = columns.name[index] == columns.name_id(CPU_NODE)
+    order = np.lexsort((columns.start_ns[index], is_node_sample, columns.rank[index]))
+    index = index[order]
+    is_node_sample = is_node_sample[order]
+    series = columns.rank[index].astype(np.int64) * 2 + is_node_sample
+    times = columns.start_ns[index]
+    continues = np.r_[False, series[1:] == series[:-1]]
+    interval = np.where(continues, times - np.r_[times[:1], times[:-1]], 0)
+    core_ns = columns.value[index] * interval // 1000
+    nodes = columns.node[index].astype(np.int64)
+    process_active = np.bincount(
+        nodes[~is_node_sample], weights=core_ns[~is_node_sample], minlength=node_count
+    )
+    node_active = np.bincount(
+        nodes[is_node_sample], weights=core_ns[is_node_sample], minlength=node_count
+    )
+    first = np.full(node_count, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(node_count, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(first, nodes, times)
+    np.maximum.at(last, nodes, times)
+    return CpuActivity(
+        process_active_ns=process_active.astype(np.int64),
+        node_active_ns=node_active.astype(np.int64),
+        sampled_ns=np.where(last > first, last - first, 0),
     )
 
 

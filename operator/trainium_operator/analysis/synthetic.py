@@ -22,6 +22,7 @@ from trainium_operator.profiler.clock import ClockSyncPoint
 from trainium_operator.profiler.events import Event, EventKind, Precision
 from trainium_operator.profiler.format import RankHeader, write_rank_file
 from trainium_operator.profiler.manifest import ManifestRank, ProfileManifest, write_manifest
+from trainium_operator.profiler.sampler import CPU_NODE, CPU_PROCESS, MEMORY_NODE_USED, MEMORY_RSS
 
 WALL_EPOCH_NS = 1_767_225_600_000_000_000  # 2026-01-01T00:00:00Z: fixed for reproducibility
 MAIN_THREAD = 1
@@ -62,10 +63,19 @@ class SyntheticSpec:
     seed: int = 7
     job_name: str = "llama-pretrain"
     namespace: str = "ml"
+    # The n-th rank from the end takes longer over its steps than its peers (a slow core, a
+    # noisy host), so the rank x step heatmap has a straggler to show; None for no straggler.
+    straggler_from_end: int | None = 3
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.ranks_per_node
+
+    @property
+    def straggler(self) -> int | None:
+        if self.straggler_from_end is None or self.straggler_from_end > self.world_size:
+            return None
+        return self.world_size - self.straggler_from_end
 
 
 @dataclass(frozen=True)
@@ -94,9 +104,13 @@ def _rank_events(
     flow = 0
     first, last = spec.detailed_steps
     names = KERNEL_NAMES
+    # Steps are spaced for the slowest rank; the others finish their step a little earlier.
+    busy_share = (0.985, 0.998) if rank == spec.straggler else (0.90, 0.96)
     for step in range(spec.steps):
         step_start = float(step_starts[step]) + rng.uniform(0, 200_000)  # per-rank skew
-        step_len = float(step_starts[step + 1] - step_starts[step]) - rng.uniform(0, 300_000)
+        step_len = float(step_starts[step + 1] - step_starts[step] - 200_000) * rng.uniform(
+            *busy_share
+        )
         yield Event(
             EventKind.STEP, "step", mono(step_start), round(step_len), MAIN_THREAD, value=step
         )
@@ -206,19 +220,29 @@ def _rank_events(
 
 
 def _samples(
-    spec: SyntheticSpec, clock: _NodeClock, end_ns: float, rng: np.random.Generator
+    spec: SyntheticSpec,
+    clock: _NodeClock,
+    end_ns: float,
+    rng: np.random.Generator,
+    *,
+    whole_node: bool,
 ) -> list[Event]:
+    """What the sampler records: the process's CPU and RSS, and on the node's local rank 0
+    also the whole host's (the training processes plus ~4 cores of everything else)."""
     period = spec.sample_ms * 1e6
     count = int(end_ns // period)
-    cpu = np.clip(rng.normal(2800, 500, size=count), 100, 32000).astype(np.int64)
+    cpu = np.clip(rng.normal(1100, 150, size=count), 50, 4000).astype(np.int64)
     memory = (6 << 30) + np.cumsum(rng.integers(-(1 << 20), 2 << 20, size=count))
+    host_cpu = spec.ranks_per_node * cpu + rng.normal(4000, 800, size=count).astype(np.int64)
     events: list[Event] = []
     for i in range(count):
         at = clock.mono(i * period)
-        events.append(
-            Event(EventKind.CPU_UTIL, "cpu_utilization", at, thread_id=0, value=int(cpu[i]))
-        )
-        events.append(Event(EventKind.MEMORY, "process_rss", at, thread_id=0, value=int(memory[i])))
+        events.append(Event(EventKind.CPU_UTIL, CPU_PROCESS, at, value=int(cpu[i])))
+        events.append(Event(EventKind.MEMORY, MEMORY_RSS, at, value=int(memory[i])))
+        if whole_node:
+            events.append(Event(EventKind.CPU_UTIL, CPU_NODE, at, value=int(host_cpu[i])))
+            used = spec.ranks_per_node * int(memory[i]) + (12 << 30)
+            events.append(Event(EventKind.MEMORY, MEMORY_NODE_USED, at, value=used))
     return events
 
 
@@ -245,7 +269,7 @@ def write_synthetic_profile(directory: str | Path, spec: SyntheticSpec | None = 
             rank = node * spec.ranks_per_node + local
             rank_rng = np.random.default_rng([spec.seed, rank])
             events = list(_rank_events(spec, rank, clock, step_starts, rank_rng))
-            events.extend(_samples(spec, clock, end_ns, rank_rng) if local == 0 else ())
+            events.extend(_samples(spec, clock, end_ns, rank_rng, whole_node=local == 0))
             events.sort(key=lambda event: event.start_ns)
             sync = tuple(
                 ClockSyncPoint(clock.mono(offset), WALL_EPOCH_NS + int(offset), 500)
@@ -298,7 +322,7 @@ def write_synthetic_profile(directory: str | Path, spec: SyntheticSpec | None = 
 
 
 def expected_event_count(spec: SyntheticSpec) -> int:
-    """Events the generator writes per spec, less the few CPU and memory samples (for sizing)."""
+    """Events the generator writes per spec, less the CPU and memory samples (for sizing)."""
     first, last = spec.detailed_steps
     detailed = last - first + 1
     per_detailed_step = 3 + 1 + len(PHASES) + 3 * spec.kernels_per_step + 1 + 1 + 1

@@ -9,7 +9,7 @@
    command on this machine's CPU at demo size (tiny BERT, two ranks, generated shards), with
    `/data` mapped to a local folder: the compile stage in graph-extraction mode, then training with
    the profiler on. Each local run's exit code becomes the pods' exit code;
-6. `kubectl get trainingjobs` printed at every transition, then the profile summary and where to
+6. `kubectl get trainingjobs` printed at every transition, then the profile report and where to
    look next.
 """
 
@@ -407,14 +407,14 @@ def _print_next_steps(
 ) -> None:
     name = job["metadata"]["name"]
     if profile_dir is not None and profile_dir.is_dir():
-        echo(f"$ trainium-operator profile summary {profile_dir}")
-        summary = subprocess.run(
-            [sys.executable, "-m", "trainium_operator", "profile", "summary", str(profile_dir)],
+        echo(f"$ trainium-operator profile report {profile_dir}")
+        report = subprocess.run(
+            [sys.executable, "-m", "trainium_operator", "profile", "report", str(profile_dir)],
             capture_output=True,
             text=True,
             check=False,
         )
-        echo("\n".join(summary.stdout.splitlines()[:40]))
+        echo("\n".join(report.stdout.splitlines()[:40]))
     lines = [
         "",
         "Where to look next:",
@@ -423,9 +423,10 @@ def _print_next_steps(
         f"  kubectl get pods -l trainium.dev/job-name={name} -o wide",
     ]
     if profile_dir is not None:
-        lines.append(
-            f"  trainium-operator profile serve {profile_dir.parents[2]}   # the profile UI"
-        )
+        lines += [
+            f"  trainium-operator profile serve {profile_dir.parents[2]}   # the profile UI",
+            f"  trainium-operator profile export {profile_dir} --perfetto trace.perfetto-trace",
+        ]
     lines += [
         f"  trainium-operator dev down --name {demo.name}",
         f"Operator log: {demo.workdir / 'operator.log'}; training logs and checkpoints under "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -31,30 +32,42 @@ def profile() -> None:
 
 @profile.command()
 @click.argument("directory", type=PROFILE_DIR)
-@click.option("--top", default=15, show_default=True, help="Kernels listed.")
+@click.option("--top", default=15, show_default=True, help="Kernels and host ops listed.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the whole analysis (the dashboard's data) as JSON instead of text.",
+)
 @click.option(
     "--workers", type=int, default=None, help="Decoding processes (default: CPUs, max 4)."
 )
-def summary(directory: Path, top: int, workers: int | None) -> None:
-    """Print a text report of the profile in DIRECTORY."""
+def report(directory: Path, top: int, as_json: bool, workers: int | None) -> None:
+    """Print the analysis of the profile in DIRECTORY: steps and stragglers, device and CPU
+    utilisation, activity, memory operations, kernels, precision, launch latency and
+    annotations."""
     from trainium_operator.analysis.loading import ProfileLoadError, load_profile
-    from trainium_operator.analysis.report import text_report
+    from trainium_operator.analysis.report import dashboard, text_report
 
     try:
         loaded = load_profile(directory, workers=workers)
     except ProfileLoadError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(text_report(loaded, top=top), nl=False)
+    data = dashboard(loaded, buckets=100, top=top)
+    if as_json:
+        click.echo(json.dumps(data, indent=1))
+    else:
+        click.echo(text_report(data, top=top), nl=False)
 
 
 @profile.command()
 @click.argument("directory", type=PROFILE_DIR)
 @click.option(
-    "-o",
-    "--output",
+    "--perfetto",
+    "output",
     type=click.Path(dir_okay=False, path_type=Path),
     required=True,
-    help="Trace file to write (e.g. trace.perfetto-trace).",
+    help="Perfetto trace file to write (e.g. trace.perfetto-trace).",
 )
 @click.option("--from-step", type=int, default=None, help="First step to include.")
 @click.option("--to-step", type=int, default=None, help="Last step to include.")

@@ -1,6 +1,6 @@
 // Single-page profile UI: Profiles, Dashboard and Timeline, routed by the URL hash.
 import { fmtNs, fmtPct, fmtInt, fmtBytes, esc, colourFor } from "./format.js";
-import { lineChart, histogramChart, stackedBar, horizontalBars, disposeCharts } from "./charts.js";
+import { lineChart, histogramChart, stackedBar, horizontalBars, heatmap, busyColour, relativeColour, disposeCharts } from "./charts.js";
 import { Timeline } from "./timeline.js";
 
 const page = document.getElementById("page");
@@ -121,6 +121,8 @@ async function renderDashboard() {
   const busy = d.utilisation.device_mean_busy;
   const meanBusy = busy.length ? busy.reduce((a, b) => a + b, 0) / busy.length : 0;
   const st = d.steps.stats;
+  const perNode = (key) => (d.cpu.length ? d.cpu.reduce((a, c) => a + c[key], 0) / d.cpu.length : 0);
+  const hostCores = perNode("host_mean_cores"), processCores = perNode("process_mean_cores");
   page.innerHTML = `
     <h1>${esc(o.namespace ? o.namespace + "/" : "")}${esc(o.job_name)}</h1>
     <p class="sub">${o.nodes.length} nodes · ${o.ranks} ranks · ${fmtInt(o.events)} events over ${fmtNs(o.duration_ns)} · created ${esc(o.created || "–")}${o.step_window ? ` · detailed steps ${o.step_window[0]}–${o.step_window[1]}` : ""}</p>
@@ -128,24 +130,41 @@ async function renderDashboard() {
     <div class="kpis">
       ${kpi("Steps", fmtInt(st.count), "with step markers", "kpi-steps")}
       ${kpi("Step time p50", fmtNs(st.p50_ns), `p99 ${fmtNs(st.p99_ns)}`, "kpi-step-p50")}
-      ${kpi("Device busy", fmtPct(meanBusy), `${busy.length} NeuronCores`, "kpi-busy")}
+      ${kpi("Device busy", fmtPct(meanBusy), `${busy.length} NeuronCores, whole profile`, "kpi-busy")}
+      ${kpi("Device active", fmtPct(d.device_time.active_share), `active ${fmtNs(d.device_time.active_ns)} · idle ${fmtNs(d.device_time.idle_ns)}`, "kpi-active")}
+      ${kpi("Host CPU", `${hostCores.toFixed(1)} cores`, `training processes ${processCores.toFixed(1)} cores / node`, "kpi-cpu")}
       ${kpi("Kernel runs", fmtInt(d.kernels.count), `${d.kernels.distinct} distinct`, "kpi-kernels")}
       ${kpi("Launch latency p50", fmtNs(d.launch_latency.stats.p50_ns), `p99 ${fmtNs(d.launch_latency.stats.p99_ns)}`, "kpi-latency")}
       ${kpi("Dropped events", fmtInt(o.dropped_events), "ring overflow at capture", "kpi-dropped")}
     </div>
     <div class="grid">
       <section class="card span-12"><div class="card-head"><h2>Utilisation over time</h2><span class="hint">device busy % per node (mean over its NeuronCores) · host CPU cores · drag to zoom</span></div><div class="chart" id="util-chart" data-testid="util-chart"></div></section>
+      <section class="card span-12"><div class="card-head"><h2>Utilisation per NeuronCore</h2><span class="hint">busy share of each time bucket, one row per NeuronCore in use</span></div><div id="device-heatmap" data-testid="device-heatmap"></div></section>
       <section class="card span-6"><div class="card-head"><h2>Device activity</h2><span class="hint">share of each rank's capture window</span></div><div id="activity"></div></section>
       <section class="card span-6"><div class="card-head"><h2>Kernel precision</h2><span class="hint">share of kernel time</span></div><div id="precision"></div></section>
+      <section class="card span-6"><div class="card-head"><h2>Memory operations</h2><span class="hint">share of memory-operation time</span></div><div id="memory-mix"></div>
+        ${transferTable(d.memory_ops, "memory-table")}</section>
+      <section class="card span-6"><div class="card-head"><h2>Host CPU and collectives</h2><span class="hint">busy cores, mean over the sampled span</span></div>
+        <div class="scroll"><table data-testid="cpu-table"><thead><tr><th class="l">Node</th><th>Training processes</th><th>Whole host</th><th>Process CPU time</th></tr></thead><tbody>
+        ${d.cpu.map((c) => `<tr><td class="l name">${esc(c.node)}</td><td>${c.process_mean_cores.toFixed(2)} cores</td><td>${c.host_active_ns ? `${c.host_mean_cores.toFixed(2)} cores` : "–"}</td><td>${(c.process_active_ns / 1e9).toFixed(2)} core-s</td></tr>`).join("")}
+        </tbody></table></div>${transferTable(d.collectives, "collectives-table")}</section>
       <section class="card span-7"><div class="card-head"><h2>Step time histogram</h2><span class="hint">step time = slowest rank</span></div><div class="chart" id="step-hist" data-testid="step-hist"></div>
         <div class="stats" data-testid="step-stats">${statsLine(st)}</div></section>
       <section class="card span-5"><div class="card-head"><h2>Steps</h2><span class="hint">click a step to open it in the timeline</span></div>
         <div class="scroll" style="max-height:300px"><table data-testid="steps-table"><thead><tr><th>Step</th><th>Time</th><th>Mean</th><th>Min</th><th>Slowest rank</th></tr></thead><tbody>
         ${d.steps.rows.map((r) => `<tr data-step="${r.step}"><td><a class="link" href="#/timeline?step=${r.step}">${r.step}</a></td><td>${fmtNs(r.max_ns)}</td><td>${fmtNs(r.mean_ns)}</td><td>${fmtNs(r.min_ns)}</td><td>${r.slowest_rank}</td></tr>`).join("")}
         </tbody></table></div></section>
-      <section class="card span-12"><div class="card-head"><h2>Top kernels</h2>
-        <span class="hint">by total device time · show <select id="topk">${[5, 10, 15, 25, 50].map((k) => `<option ${k === 15 ? "selected" : ""}>${k}</option>`).join("")}</select></span></div>
-        <div class="grid"><div class="span-5" id="kernel-bars"></div><div class="span-7"><div class="scroll"><table data-testid="kernels-table"><thead><tr><th>Kernel</th><th>Count</th><th>Total</th><th>Mean</th><th>p50</th><th>p99</th><th>Share</th></tr></thead><tbody id="kernel-rows"></tbody></table></div></div></div></section>
+      <section class="card span-12"><div class="card-head"><h2>Rank × step</h2><span class="hint controls">
+        <select id="heat-mode" data-testid="heat-mode"><option value="relative">relative to the step's median rank</option><option value="duration">step time</option></select> · click a cell to open the step in the timeline</span></div>
+        <div class="grid"><div class="span-8" id="rank-step-heatmap" data-testid="rank-step-heatmap"></div>
+        <div class="span-4"><div class="scroll"><table data-testid="stragglers"><thead><tr><th>Rank</th><th class="l">Node</th><th>Mean relative</th><th>Slowest in</th></tr></thead><tbody>
+        ${d.steps.stragglers.map((r) => `<tr data-rank="${r.rank}"><td>${r.rank}</td><td class="l name">${esc(o.nodes[r.node])}</td><td>${r.mean_relative.toFixed(3)}×</td><td>${fmtInt(r.slowest_count)} steps</td></tr>`).join("")}
+        </tbody></table></div></div></div></section>
+      <section class="card span-12"><div class="card-head"><h2>Top kernels and ops</h2>
+        <span class="hint controls"><select id="ops-source" data-testid="ops-source"><option value="kernels">device kernels</option><option value="host_ops">host ops</option></select>
+        by <select id="ops-order" data-testid="ops-order"><option value="by_time">total time</option><option value="by_count">count</option></select>
+        · show <select id="topk">${[5, 10, 15, 25, 50].map((k) => `<option ${k === 15 ? "selected" : ""}>${k}</option>`).join("")}</select></span></div>
+        <div class="grid"><div class="span-5" id="kernel-bars"></div><div class="span-7"><div class="scroll"><table data-testid="kernels-table"><thead><tr><th>Name</th><th>Count</th><th>Total</th><th>Mean</th><th>p50</th><th>p99</th><th>Share</th></tr></thead><tbody id="kernel-rows"></tbody></table></div></div></div></section>
       <section class="card span-6"><div class="card-head"><h2>Launch → execution latency</h2><span class="hint">${fmtInt(d.launch_latency.matched)} linked launches${d.launch_latency.unmatched_launches ? ` · ${fmtInt(d.launch_latency.unmatched_launches)} unlinked` : ""}</span></div>
         <div class="chart" id="latency-hist" data-testid="latency-hist"></div><div class="stats" data-testid="latency-stats">${statsLine(d.launch_latency.stats)}</div></section>
       <section class="card span-6"><div class="card-head"><h2>Custom annotations</h2><span class="hint">
@@ -160,6 +179,38 @@ async function renderDashboard() {
   o.nodes.forEach((node, i) => series.push({ label: `${node} CPU`, scale: "cores", stroke: ["#ea580c", "#ca8a04", "#16a34a", "#dc2626"][i % 4], width: 1, dash: [4, 3], data: u.node_cpu_cores[i], spanGaps: true, value: (uu, v) => (v == null ? "–" : `${v.toFixed(2)} cores`) }));
   lineChart(document.getElementById("util-chart"), { x, series, yLabel: "device busy", y2Label: "CPU cores", xLabel: "seconds since profile start" });
 
+  const short = (node) => node.split(".")[0];
+  heatmap(document.getElementById("device-heatmap"), {
+    rowLabels: u.devices.map((dv) => `${short(o.nodes[dv.node])} · NC ${dv.device}`),
+    colLabels: x.map((t) => `${t.toFixed(2)} s`),
+    values: u.device_busy, colour: busyColour,
+    describe: (r, c, v) => `${o.nodes[u.devices[r].node]} NeuronCore ${u.devices[r].device} at ${x[c].toFixed(3)} s: ${v == null ? "–" : fmtPct(v)} busy`,
+    legend: `0 %<span class="ramp" style="background:linear-gradient(90deg,${busyColour(0)},${busyColour(1)})"></span>100 % busy`,
+  });
+  stackedBar(document.getElementById("memory-mix"), d.memory_ops.map((m) => ({ key: m.name, share: m.share, abs: `${fmtInt(m.count)} ops · ${fmtBytes(m.bytes)}` })), "memory-legend", colourFor);
+
+  const hm = d.steps.heatmap;
+  const stepLabel = (c) => (hm.first_step[c] === hm.last_step[c] ? `step ${hm.first_step[c]}` : `steps ${hm.first_step[c]}–${hm.last_step[c]}`);
+  const renderHeat = () => {
+    const relative = document.getElementById("heat-mode").value === "relative";
+    const values = relative ? hm.relative : hm.duration_ns;
+    const finite = hm.duration_ns.flat().filter((v) => v != null);
+    const low = Math.min(...finite), high = Math.max(...finite);
+    heatmap(document.getElementById("rank-step-heatmap"), {
+      rowLabels: hm.ranks.map((r) => `rank ${r}`),
+      colLabels: hm.first_step.map((s) => String(s)),
+      values,
+      colour: relative ? relativeColour : (v) => busyColour((v - low) / Math.max(high - low, 1)),
+      describe: (r, c, v) => `rank ${hm.ranks[r]}, ${stepLabel(c)}: ${fmtNs(hm.duration_ns[r][c])}${hm.relative[r][c] == null ? "" : ` (${hm.relative[r][c].toFixed(3)}× the median rank)`}`,
+      onCell: (r, c) => { location.hash = `#/timeline?step=${hm.first_step[c]}`; },
+      legend: relative
+        ? `0.85×<span class="ramp" style="background:linear-gradient(90deg,${relativeColour(0.85)},${relativeColour(1)},${relativeColour(1.15)})"></span>1.15× the step's median rank (red: slower)`
+        : `${fmtNs(low)}<span class="ramp" style="background:linear-gradient(90deg,${busyColour(0)},${busyColour(1)})"></span>${fmtNs(high)}`,
+    });
+  };
+  document.getElementById("heat-mode").addEventListener("change", renderHeat);
+  renderHeat();
+
   const activity = ["compute", "collective", "memcpy", "sync", "idle"].map((k) => ({ key: k, share: d.activity.shares[k] || 0, abs: fmtNs(d.activity.totals_ns[k] || 0) }));
   stackedBar(document.getElementById("activity"), activity, "activity-legend");
   stackedBar(document.getElementById("precision"), d.precision.map((p) => ({ key: p.precision, share: p.share, abs: `${fmtInt(p.count)} runs · ${fmtNs(p.total_ns)}` })), "precision-legend");
@@ -169,11 +220,12 @@ async function renderDashboard() {
 
   const renderKernels = () => {
     const k = Number(document.getElementById("topk").value);
-    const rows = d.kernels.all.slice(0, k);
+    const source = d[document.getElementById("ops-source").value];
+    const rows = source[document.getElementById("ops-order").value].slice(0, k);
     horizontalBars(document.getElementById("kernel-bars"), rows.map((r) => ({ label: r.name, value: r.total_ns, text: fmtPct(r.share) })), colourFor);
     document.getElementById("kernel-rows").innerHTML = rows.map((r) => `<tr data-kernel="${esc(r.name)}"><td class="name">${esc(r.name)}</td><td>${fmtInt(r.count)}</td><td>${fmtNs(r.total_ns)}</td><td>${fmtNs(r.mean_ns)}</td><td>${fmtNs(r.p50_ns)}</td><td>${fmtNs(r.p99_ns)}</td><td>${fmtPct(r.share)}</td></tr>`).join("");
   };
-  document.getElementById("topk").addEventListener("change", renderKernels);
+  for (const id of ["topk", "ops-source", "ops-order"]) document.getElementById(id).addEventListener("change", renderKernels);
   renderKernels();
 
   const picker = document.getElementById("annotation-picker");
@@ -191,6 +243,12 @@ async function renderDashboard() {
 
 function kpi(label, value, note, testid) {
   return `<div class="kpi" data-testid="${testid}"><div class="label">${esc(label)}</div><div class="value">${esc(value)}</div><div class="note">${esc(note)}</div></div>`;
+}
+function transferTable(rows, testid) {
+  if (!rows.length) return `<div class="empty" data-testid="${testid}">None recorded</div>`;
+  return `<div class="scroll gap"><table data-testid="${testid}"><thead><tr><th class="l">Operation</th><th>Count</th><th>Time</th><th>Share</th><th>Bytes</th><th>GB/s</th></tr></thead><tbody>
+    ${rows.map((r) => `<tr data-name="${esc(r.name)}"><td class="l name">${esc(r.name)}</td><td>${fmtInt(r.count)}</td><td>${fmtNs(r.total_ns)}</td><td>${fmtPct(r.share)}</td><td>${fmtBytes(r.bytes)}</td><td>${r.gbytes_per_s.toFixed(2)}</td></tr>`).join("")}
+    </tbody></table></div>`;
 }
 function statsLine(s) {
   if (!s || !s.count) return "no data";

@@ -48,13 +48,16 @@ export function histogramChart(el, { edges, counts, colour, xLabel }) {
   return make(el, opts, [mids.map((m) => m - width / 2), counts]);
 }
 
-export function stackedBar(el, entries, testid) {
+const categoryColour = (key) => CATEGORY_COLOURS[key] || "#94a3b8";
+
+export function stackedBar(el, entries, testid, colourOf = categoryColour) {
   // entries: [{key, share, abs}]
+  if (!entries.length) { el.innerHTML = `<div class="empty" data-testid="${testid}">None recorded</div>`; return; }
   const visible = entries.filter((e) => e.share > 0);
   el.innerHTML = `
-    <div class="stacked">${visible.map((e) => `<div title="${esc(e.key)} ${fmtPct(e.share)}" style="width:${100 * e.share}%;background:${CATEGORY_COLOURS[e.key] || "#94a3b8"}"></div>`).join("")}</div>
+    <div class="stacked">${visible.map((e) => `<div title="${esc(e.key)} ${fmtPct(e.share)}" style="width:${100 * e.share}%;background:${colourOf(e.key)}"></div>`).join("")}</div>
     <div class="legend" data-testid="${testid}">${entries.map((e) => `
-      <div><span class="sw" style="background:${CATEGORY_COLOURS[e.key] || "#94a3b8"}"></span>${esc(e.key)}</div>
+      <div><span class="sw" style="background:${colourOf(e.key)}"></span>${esc(e.key)}</div>
       <div class="abs">${esc(e.abs)}</div>
       <div class="pct" data-key="${esc(e.key)}">${fmtPct(e.share)}</div>`).join("")}
     </div>`;
@@ -66,4 +69,58 @@ export function horizontalBars(el, rows, colourOf) {
     <div class="row"><div class="label" title="${esc(r.label)}">${esc(r.label)}</div>
     <div class="track"><div class="fill" style="width:${(100 * r.value) / max}%;background:${colourOf(r.label)}"></div></div>
     <div class="v">${esc(r.text)}</div></div>`).join("")}</div>`;
+}
+
+// Canvas heatmap: one row per entity (NeuronCore, rank), one column per time bucket or step.
+// values[r][c] is null where there is no data; colour(v) maps a value to a CSS colour.
+export function heatmap(el, { rowLabels, colLabels, values, colour, describe, onCell, legend }) {
+  const rows = rowLabels.length, cols = colLabels.length;
+  if (!rows || !cols) { el.innerHTML = `<div class="empty">No data</div>`; return; }
+  const labelW = 150, rowH = Math.max(3, Math.min(14, Math.floor(360 / rows))), axisH = 18;
+  el.innerHTML = `<canvas></canvas><div class="heat-legend">${legend || ""}</div>`;
+  const canvas = el.querySelector("canvas");
+  const width = Math.max(300, el.clientWidth || 600), height = rows * rowH + axisH;
+  const dpr = window.devicePixelRatio || 1;
+  canvas.width = width * dpr; canvas.height = height * dpr;
+  canvas.style.width = `${width}px`; canvas.style.height = `${height}px`;
+  const ctx = canvas.getContext("2d");
+  ctx.scale(dpr, dpr);
+  const cellW = (width - labelW) / cols;
+  ctx.font = "11px system-ui, sans-serif"; ctx.textBaseline = "middle"; ctx.fillStyle = "#475467";
+  const labelEvery = Math.ceil(11 / rowH);
+  for (let r = 0; r < rows; r++) {
+    if (r % labelEvery === 0) ctx.fillText(rowLabels[r], 4, r * rowH + rowH / 2, labelW - 8);
+    for (let c = 0; c < cols; c++) {
+      const v = values[r][c];
+      ctx.fillStyle = v == null ? "#f2f4f7" : colour(v);
+      ctx.fillRect(labelW + c * cellW, r * rowH, Math.ceil(cellW), rowH - (rowH > 5 ? 1 : 0));
+    }
+    ctx.fillStyle = "#475467";
+  }
+  const colEvery = Math.ceil(60 / cellW);
+  ctx.textBaseline = "top";
+  for (let c = 0; c < cols; c += colEvery) ctx.fillText(colLabels[c], labelW + c * cellW, rows * rowH + 4);
+  const cellAt = (event) => {
+    const box = canvas.getBoundingClientRect();
+    const c = Math.floor((event.clientX - box.left - labelW) / cellW), r = Math.floor((event.clientY - box.top) / rowH);
+    return r >= 0 && r < rows && c >= 0 && c < cols ? [r, c] : null;
+  };
+  canvas.addEventListener("mousemove", (event) => {
+    const cell = cellAt(event);
+    canvas.title = cell ? describe(cell[0], cell[1], values[cell[0]][cell[1]]) : "";
+    canvas.style.cursor = cell && onCell ? "pointer" : "default";
+  });
+  if (onCell) canvas.addEventListener("click", (event) => { const cell = cellAt(event); if (cell) onCell(cell[0], cell[1]); });
+  el.dataset.rows = rows; el.dataset.cols = cols;
+}
+
+// Sequential scale for 0..1 (white -> blue) and a diverging one around 1 (blue < 1 < red).
+export function busyColour(v) {
+  const t = Math.max(0, Math.min(1, v));
+  return `rgb(${Math.round(239 - 202 * t)},${Math.round(246 - 147 * t)},${Math.round(255 - 20 * t)})`;
+}
+export function relativeColour(v) {
+  const t = Math.max(-1, Math.min(1, (v - 1) / 0.15));
+  if (t >= 0) return `rgb(${Math.round(248 - 28 * t)},${Math.round(250 - 212 * t)},${Math.round(252 - 214 * t)})`;
+  return `rgb(${Math.round(248 + 211 * t)},${Math.round(250 + 120 * t)},${Math.round(252 + 17 * t)})`;
 }

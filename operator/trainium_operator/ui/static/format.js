@@ -1,5 +1,5 @@
 // Number formatting shared by every page; mirrors analysis/report.py's format_ns so the
-// browser shows exactly what `trainium-operator profile summary` prints.
+// browser shows exactly what `trainium-operator profile report` prints.
 export function fmtNs(ns) {
   if (ns === null || ns === undefined || Number.isNaN(ns)) return "–";
   if (ns >= 1e9) return `${(ns / 1e9).toFixed(3)} s`;
