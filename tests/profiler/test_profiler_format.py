@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import random
 import struct
 from pathlib import Path
 
 import pytest
 
+from profiler.profiler_helpers import HEADER, training_like_events
 from trainium_operator.profiler.clock import ClockSyncPoint
 from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind, Precision
 from trainium_operator.profiler.format import (
@@ -19,7 +19,6 @@ from trainium_operator.profiler.format import (
     ProfileFormatError,
     RankFileReader,
     RankFileWriter,
-    RankHeader,
     TruncatedProfileError,
     UnsupportedVersionError,
     encode_events_payload,
@@ -28,63 +27,6 @@ from trainium_operator.profiler.format import (
     read_rank_header,
     write_rank_file,
 )
-
-HEADER = RankHeader(
-    rank=5,
-    world_size=64,
-    local_rank=5,
-    group_rank=0,
-    node="ip-10-1-2-3",
-    hostname="trainer-0",
-    pid=4242,
-    job_name="llama",
-    namespace="ml",
-    job_uid="6f1c",
-    attempt=1,
-    step_window=(10, 20),
-    sources=("host", "torch"),
-    clock_sync=(ClockSyncPoint(1_000, 1_700_000_000_000_001_000, 40),),
-    extra={"note": "ünïcode"},
-)
-
-
-def training_like_events(count: int, seed: int = 7) -> list[Event]:
-    """A realistic mix: step markers, nested host ranges, launches/kernels with flows, samples."""
-    rng = random.Random(seed)
-    names = ["forward", "backward", "optimizer", "aten::addmm", "aten::relu", "nrt_execute"]
-    events: list[Event] = []
-    t = 5_000_000_000
-    flow = 0
-    while len(events) < count:
-        t += rng.randint(1_000, 50_000)
-        kind = rng.choice(
-            [EventKind.ANNOTATION, EventKind.HOST_OP, EventKind.HOST_OP, EventKind.LAUNCH]
-        )
-        duration = rng.randint(500, 2_000_000)
-        if kind == EventKind.LAUNCH:
-            flow += 1
-            events.append(Event(kind, "nrt_execute", t, duration, 77, HOST_DEVICE, flow))
-            events.append(
-                Event(
-                    EventKind.KERNEL,
-                    "nc_exec",
-                    t + 30_000,
-                    duration * 3,
-                    0,
-                    3,
-                    flow,
-                    precision=Precision.BF16,
-                )
-            )
-        else:
-            events.append(
-                Event(
-                    kind, rng.choice(names), t, duration, 77, HOST_DEVICE, depth=rng.randint(0, 3)
-                )
-            )
-        if len(events) % 50 == 0:
-            events.append(Event(EventKind.MEMORY, "memory.rss", t, 0, 0, HOST_DEVICE, value=2**33))
-    return events[:count]
 
 
 def test_round_trip_keeps_every_field_and_the_header(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """Loading a profile directory: every rank file, aligned onto one timeline, as columns.
 
-Rank files are decoded in worker processes (decoding is pure-Python CPU work, so threads would
-serialise on the GIL); each worker returns numpy columns with wall-clock start times, and the
-parent concatenates them, remapping each rank's string ids onto one table. A damaged rank
+Rank files are decoded block by block straight into numpy columns (`profiler.columnar`), in
+worker processes when there are several files (the record walk is Python, so threads would
+serialise on the GIL); the parent aligns each rank onto the wall clock and concatenates them,
+remapping each rank's string ids onto one table. A damaged rank
 file contributes every event before the damage and the damage is reported, never hidden.
 """
 
@@ -12,7 +13,7 @@ import concurrent.futures
 import multiprocessing
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,8 @@ import numpy as np
 import numpy.typing as npt
 
 from trainium_operator.analysis.clock import monotonic_to_wall
-from trainium_operator.analysis.columns import I64, ColumnBuilder, EventColumns
-from trainium_operator.profiler.events import Event
+from trainium_operator.analysis.columns import I64, EventColumns
+from trainium_operator.profiler.columnar import RecordColumns, decode_record_columns
 from trainium_operator.profiler.format import ProfileFormatError, RankFileReader, RankHeader
 from trainium_operator.profiler.manifest import (
     ManifestError,
@@ -95,22 +96,41 @@ class _RankLoad:
     damage: str | None
 
 
-def _events_until_damage(reader: RankFileReader, damage: list[str]) -> Iterator[Event]:
-    try:
-        yield from reader.events()
-    except ProfileFormatError as exc:
-        damage.append(str(exc))
-
-
 def load_rank_file(path: Path) -> _RankLoad:
     """Decodes one rank file into columns (start times still on the rank's monotonic clock)."""
-    damage: list[str] = []
+    damage: str | None = None
+    batches: list[RecordColumns] = []
     with RankFileReader(path) as reader:
-        builder = ColumnBuilder()
-        builder.add_rank(reader.header.rank, 0, _events_until_damage(reader, damage))
+
+        def decode(payload: bytes, records_offset: int, count: int) -> RecordColumns:
+            return decode_record_columns(
+                payload, records_offset, count, len(reader.strings), reader.tracks
+            )
+
+        try:
+            batches.extend(reader.decoded_blocks(decode))
+        except ProfileFormatError as exc:
+            damage = str(exc)
         header = reader.header
         track_names = dict(reader.track_names)
-    return _RankLoad(header, path, builder.build(), track_names, damage[0] if damage else None)
+        names = tuple(reader.strings)
+    records = RecordColumns.concatenate(batches)
+    columns = EventColumns(
+        kind=records.kind,
+        name=records.name,
+        start_ns=records.start_ns,
+        duration_ns=records.duration_ns,
+        thread_id=records.thread_id,
+        device=records.device,
+        flow_id=records.flow_id,
+        value=records.value,
+        precision=records.precision,
+        depth=records.depth,
+        rank=np.full(len(records), header.rank, dtype=np.int32),
+        node=np.zeros(len(records), dtype=np.int32),
+        names=names,
+    )
+    return _RankLoad(header, path, columns, track_names, damage)
 
 
 def _decode_all(paths: Sequence[Path], workers: int) -> list[_RankLoad]:

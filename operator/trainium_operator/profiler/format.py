@@ -33,10 +33,10 @@ import operator
 import os
 import struct
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any, Final, TypeVar
 
 from trainium_operator.profiler.clock import ClockSyncPoint
 from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind, Precision
@@ -69,6 +69,15 @@ _HAS_FLOW = 0x04
 _HAS_VALUE = 0x08
 _HAS_PRECISION = 0x10
 _HAS_DEPTH = 0x20
+RECORD_OPTIONAL_FIELDS: Final = (
+    ("track", _HAS_TRACK),
+    ("duration", _HAS_DURATION),
+    ("flow", _HAS_FLOW),
+    ("value", _HAS_VALUE),
+    ("precision", _HAS_PRECISION),
+    ("depth", _HAS_DEPTH),
+)
+"""The optional fields of a record in wire order, with their field-mask bits."""
 
 _KINDS: Final = {int(k): k for k in EventKind}
 _PRECISIONS: Final = {int(p): p for p in Precision}
@@ -257,6 +266,11 @@ Row = tuple[int, str, int, int, int, int, int, int, int, int]
 """An event as a plain tuple in Event's field order: (kind, name, start_ns, duration_ns,
 thread_id, device, flow_id, value, precision, depth). The capture path builds these directly
 from its ring records; constructing frozen Event objects there would cost several times more."""
+
+BatchT = TypeVar("BatchT", bound=Sized)
+RecordDecoder = Callable[[bytes, int, int], BatchT]
+"""Decodes the records of one EVENTS block: (payload, records offset, record count)."""
+
 
 event_row: Callable[[Event], Row] = operator.attrgetter(
     "kind",
@@ -615,10 +629,17 @@ class RankFileReader:
 
     def row_blocks(self) -> Iterator[list[Row]]:
         """The rows of each EVENTS block in turn (SYNC and END blocks update the reader)."""
+        return self.decoded_blocks(self._decode_rows)
+
+    def decoded_blocks(self, decode: RecordDecoder[BatchT]) -> Iterator[BatchT]:
+        """Each EVENTS block decoded by `decode(payload, records_offset, record_count)`, after
+        the block's new strings and tracks are added to `strings` and `tracks`. A decoder that
+        raises IndexError/ValueError marks the block corrupt, like the built-in one."""
         for offset, block_type, payload in self.blocks():
             try:
                 if block_type == BLOCK_EVENTS:
-                    batch = self._decode_rows(payload)
+                    records_offset, count = self._decode_tables(payload)
+                    batch = decode(payload, records_offset, count)
                 elif block_type == BLOCK_SYNC:
                     self._decode_sync(payload)
                     continue
@@ -642,7 +663,8 @@ class RankFileReader:
         for _ in range(cur.varint()):
             self.clock_sync.append(ClockSyncPoint(cur.varint(), cur.varint(), cur.varint()))
 
-    def _decode_rows(self, payload: bytes) -> list[Row]:
+    def _decode_tables(self, payload: bytes) -> tuple[int, int]:
+        """Adds the block's new strings and tracks; returns (records offset, record count)."""
         cur = _Cursor(payload)
         varint = cur.varint
         strings = self.strings
@@ -657,8 +679,16 @@ class RankFileReader:
             if name:
                 self.track_names[(thread_id, device)] = name
         count = varint()
+        return cur.pos, count
+
+    def _decode_rows(self, payload: bytes, records_offset: int, count: int) -> list[Row]:
+        cur = _Cursor(payload)
+        cur.pos = records_offset
+        varint = cur.varint
+        strings = self.strings
+        tracks = self.tracks
         data = payload
-        pos = cur.pos
+        pos = records_offset
         kinds = _KINDS
         precisions = _PRECISIONS
         out: list[Row] = []
@@ -770,6 +800,7 @@ def read_rank_header(path: str | os.PathLike[str]) -> RankHeader:
 __all__ = [
     "FORMAT_VERSION",
     "RANK_FILE_SUFFIX",
+    "RECORD_OPTIONAL_FIELDS",
     "CorruptProfileError",
     "NotAProfileError",
     "ProfileFormatError",
@@ -777,6 +808,7 @@ __all__ = [
     "RankFileWriter",
     "RankHeader",
     "RankProfile",
+    "RecordDecoder",
     "Row",
     "TruncatedProfileError",
     "UnsupportedVersionError",
