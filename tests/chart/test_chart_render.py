@@ -408,6 +408,15 @@ def test_profile_ui_mounts_the_shared_claim_read_only(tmp_path: Path) -> None:
     assert service["spec"]["ports"][0]["port"] == 8090
 
 
+def test_profile_ui_lists_only_the_watched_namespaces_when_its_rbac_is_per_namespace(
+    tmp_path: Path,
+) -> None:
+    values = {**SWITCHES["profile-ui"], "watchNamespaces": ["team-a", "team-b"]}
+    deployment = one(render(values, tmp_path), "Deployment", f"{FULLNAME}-profile-ui")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"][-3:] == ["--list-jobs", "--namespace=team-a", "--namespace=team-b"]
+
+
 @pytest.mark.parametrize(
     ("values", "expected"),
     [

@@ -4,6 +4,7 @@ fails loudly and precisely instead of silently."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -152,3 +153,59 @@ def test_a_removed_rbac_rule_is_reported_precisely_and_nothing_is_created(
     log = operator.log()
     assert "permission denied" in log
     assert "Traceback" not in log
+
+
+def test_profile_ui_account_lists_profiled_jobs_of_its_namespace_and_cannot_write(
+    dev_cluster: Any, namespace: str, tmp_path: Path
+) -> None:
+    """The chart's profile UI, authenticated as its own ServiceAccount, lists the namespace's
+    TrainingJobs with profiling on; it may not list other namespaces nor change anything."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from trainium_operator.k8s.client import load_api_client
+    from trainium_operator.ui.jobs import cluster_job_lister
+
+    install_crds(dev_cluster.clients)
+    name = f"u{uuid.uuid4().hex[:6]}"
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        yaml.safe_dump(
+            {
+                "watchNamespaces": [namespace],
+                "workloadNamespace": namespace,
+                "profileUI": {"enabled": True},
+            }
+        )
+    )
+    helm(dev_cluster, "install", name, str(CHART), "-n", namespace, "-f", str(values))
+    try:
+        clients = dev_cluster.clients
+        profiled = job_manifest("profiled")
+        profiled["spec"]["profile"] = {"enabled": True}
+        create_job(clients, namespace, profiled)
+        create_job(clients, namespace, job_manifest("unprofiled"))
+        kubeconfig = service_account_kubeconfig(
+            clients,
+            Path(dev_cluster.kubeconfig),
+            namespace=namespace,
+            service_account=f"{name}-trainium-operator-profile-ui",
+            output=tmp_path / "ui-kubeconfig.yaml",
+        )
+
+        jobs = asyncio.run(cluster_job_lister(str(kubeconfig), [namespace])())
+
+        assert [(job.name, job.namespace) for job in jobs] == [("profiled", namespace)]
+        assert jobs[0].created.endswith("Z")
+        assert jobs[0].status in {"Pending", "Compiling"}
+        with pytest.raises(ApiException) as cluster_wide:
+            asyncio.run(cluster_job_lister(str(kubeconfig))())
+        assert cluster_wide.value.status == 403
+        custom = client.CustomObjectsApi(load_api_client(str(kubeconfig)))
+        with pytest.raises(ApiException) as write:
+            custom.delete_namespaced_custom_object(
+                "trainium.dev", "v1alpha1", namespace, "trainingjobs", "profiled"
+            )
+        assert write.value.status == 403
+    finally:
+        helm(dev_cluster, "uninstall", name, "-n", namespace)

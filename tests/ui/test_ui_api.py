@@ -214,3 +214,12 @@ def test_ls_command_lists_profiles(profile_root: Path) -> None:
 
     assert result.exit_code == 0
     assert result.output.startswith(f"{PROFILE_ID}\tml/llama-pretrain")
+
+
+def test_serve_refuses_namespaces_without_the_job_list(profile_root: Path) -> None:
+    result = CliRunner().invoke(
+        main, ["profile", "serve", str(profile_root), "--namespace", "team-a"]
+    )
+
+    assert result.exit_code == 2
+    assert "--namespace only applies with --list-jobs" in result.output

@@ -115,6 +115,13 @@ def export(
     help="Also list the cluster's TrainingJobs with profiling on (in-cluster config, or "
     "--kubeconfig); needs get/list on trainingjobs.",
 )
+@click.option(
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    help="With --list-jobs: list only these namespaces (repeat the option; default: all). "
+    "Needed when the UI's RBAC is a Role per namespace.",
+)
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
 def serve(
     directory: Path,
@@ -123,6 +130,7 @@ def serve(
     port: int,
     workers: int | None,
     list_jobs: bool,
+    namespaces: tuple[str, ...],
     kubeconfig: str | None,
 ) -> None:
     """Serve the profile web UI for every profile under DIRECTORY."""
@@ -130,11 +138,13 @@ def serve(
 
     from trainium_operator.ui.app import create_app
 
+    if namespaces and not list_jobs:
+        raise click.UsageError("--namespace only applies with --list-jobs")
     lister = None
     if list_jobs:
         from trainium_operator.ui.jobs import cluster_job_lister
 
-        lister = cluster_job_lister(kubeconfig)
+        lister = cluster_job_lister(kubeconfig, namespaces)
     app = create_app(directory, job_lister=lister, workers=workers)
     click.echo(f"profile UI for {directory.resolve()} on http://{host}:{port}/", err=True)
     web.run_app(app, host=host, port=port, print=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from trainium_operator.k8s.client import Cluster, load_api_client
@@ -25,11 +26,18 @@ def profiled_jobs(items: list[dict[str, Any]]) -> list[JobInfo]:
     return sorted(jobs, key=lambda job: job.created, reverse=True)
 
 
-def cluster_job_lister(kubeconfig: str | None = None) -> JobLister:
+def cluster_job_lister(
+    kubeconfig: str | None = None, namespaces: Sequence[str] = ()
+) -> JobLister:
+    """Lists cluster-wide, or only `namespaces` (what a per-namespace Role allows)."""
     cluster = Cluster(load_api_client(kubeconfig))
 
+    def list_items() -> list[dict[str, Any]]:
+        if not namespaces:
+            return cluster.list_training_jobs()
+        return [item for ns in namespaces for item in cluster.list_training_jobs(ns)]
+
     async def list_jobs() -> list[JobInfo]:
-        items = await asyncio.to_thread(cluster.list_training_jobs)
-        return profiled_jobs(items)
+        return profiled_jobs(await asyncio.to_thread(list_items))
 
     return list_jobs
