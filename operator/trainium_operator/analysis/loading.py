@@ -14,7 +14,7 @@ import multiprocessing
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -116,16 +116,7 @@ def load_rank_file(path: Path) -> _RankLoad:
         names = tuple(reader.strings)
     records = RecordColumns.concatenate(batches)
     columns = EventColumns(
-        kind=records.kind,
-        name=records.name,
-        start_ns=records.start_ns,
-        duration_ns=records.duration_ns,
-        thread_id=records.thread_id,
-        device=records.device,
-        flow_id=records.flow_id,
-        value=records.value,
-        precision=records.precision,
-        depth=records.depth,
+        **{f.name: getattr(records, f.name) for f in fields(records)},
         rank=np.full(len(records), header.rank, dtype=np.int32),
         node=np.zeros(len(records), dtype=np.int32),
         names=names,
