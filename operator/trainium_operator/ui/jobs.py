@@ -26,9 +26,7 @@ def profiled_jobs(items: list[dict[str, Any]]) -> list[JobInfo]:
     return sorted(jobs, key=lambda job: job.created, reverse=True)
 
 
-def cluster_job_lister(
-    kubeconfig: str | None = None, namespaces: Sequence[str] = ()
-) -> JobLister:
+def cluster_job_lister(kubeconfig: str | None = None, namespaces: Sequence[str] = ()) -> JobLister:
     """Lists cluster-wide, or only `namespaces` (what a per-namespace Role allows)."""
     cluster = Cluster(load_api_client(kubeconfig))
 
