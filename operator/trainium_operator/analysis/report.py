@@ -16,6 +16,7 @@ from trainium_operator.analysis.stats import (
     annotation_table,
     cpu_activity,
     launch_latency,
+    ordered_operations,
     precision_breakdown,
     rank_step_matrix,
     step_summary,
@@ -62,7 +63,7 @@ def profile_overview(profile: LoadedProfile) -> dict[str, Any]:
 
 def _operations(columns: EventColumns, kind: EventKind, listed: int) -> dict[str, Any]:
     by_time = top_operations(columns, kind=kind)
-    by_count = sorted(by_time, key=lambda row: (-row.count, -row.total_ns, row.name))
+    by_count = ordered_operations(by_time, "count")
     return {
         "distinct": len(by_time),
         "count": sum(row.count for row in by_time),

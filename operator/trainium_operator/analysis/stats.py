@@ -126,14 +126,9 @@ def top_operations(
     p50 = grouped_percentiles(durations, starts, sizes, 50)
     p99 = grouped_percentiles(durations, starts, sizes, 99)
     grand_total = float(durations.sum())
-    label = np.array([columns.names[int(n)] for n in names[starts]])
-    primary, secondary = (-totals, -sizes) if order == "time" else (-sizes, -totals)
-    ranking = np.lexsort((label, secondary, primary))
-    if limit is not None:
-        ranking = ranking[:limit]
-    return [
+    rows = [
         OperationRow(
-            name=str(label[i]),
+            name=columns.names[int(names[starts[i]])],
             count=int(sizes[i]),
             total_ns=int(totals[i]),
             mean_ns=float(totals[i]) / float(sizes[i]),
@@ -142,8 +137,16 @@ def top_operations(
             max_ns=int(maxima[i]),
             share=float(totals[i]) / grand_total if grand_total > 0 else 0.0,
         )
-        for i in ranking
+        for i in range(starts.size)
     ]
+    return ordered_operations(rows, order)[:limit]
+
+
+def ordered_operations(rows: list[OperationRow], order: OperationOrder) -> list[OperationRow]:
+    """Most total time (or most runs) first; the other measure, then the name, break ties."""
+    if order == "time":
+        return sorted(rows, key=lambda row: (-row.total_ns, -row.count, row.name))
+    return sorted(rows, key=lambda row: (-row.count, -row.total_ns, row.name))
 
 
 # ---------------------------------------------------------------- steps
@@ -249,11 +252,9 @@ def rank_step_matrix(columns: EventColumns, max_columns: int = 400) -> RankStepM
     group_count = int(group_index.max()) + 1
     cell = rank_index.astype(np.int64) * group_count + group_index
     size = int(ranks.size) * group_count
-    sums = np.bincount(cell, weights=columns.duration_ns[mask], minlength=size)
-    counts = np.bincount(cell, minlength=size)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        duration = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
-    duration = duration.reshape(int(ranks.size), group_count)
+    duration = _bucket_means(cell, columns.duration_ns[mask], size).reshape(
+        int(ranks.size), group_count
+    )
     firsts = unique_steps[::group_size].astype(np.int64)
     lasts = unique_steps[
         np.minimum(np.arange(1, group_count + 1) * group_size, unique_steps.size) - 1
