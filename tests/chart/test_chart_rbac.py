@@ -33,6 +33,7 @@ NAMESPACED: Permissions = {
 # Cluster-scoped reads needed in every mode.
 CLUSTER: Permissions = {
     ("", "nodes"): {"get", "list", "watch"},
+    ("scheduling.volcano.sh", "queues"): {"get"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
 }
 PEERING_VERBS = {"get", "list", "watch", "patch"}
@@ -119,13 +120,11 @@ def test_the_operator_never_creates_queues_claims_or_nodes(scenario: str, tmp_pa
     assert operator_roles
     for role in operator_roles:
         granted = permissions(role["rules"])
-        for forbidden in [
-            ("scheduling.volcano.sh", "queues"),
-            ("", "persistentvolumeclaims"),
-            ("", "persistentvolumes"),
-        ]:
+        for forbidden in [("", "persistentvolumeclaims"), ("", "persistentvolumes")]:
             assert forbidden not in granted
         assert granted.get(("", "nodes"), set()) <= {"get", "list", "watch"}
+        # Queues are read to report a missing or closed one, never written.
+        assert granted.get(("scheduling.volcano.sh", "queues"), set()) <= {"get"}
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 """To the operator, the dev cluster behaves like EKS with trn1.32xlarge nodes and Volcano.
 
 Everything here runs against real kube-apiserver, kube-controller-manager, kube-scheduler and etcd;
-KWOK plays the kubelets, the gang scheduler stand-in plays Volcano.
+KWOK plays the kubelets; the real Volcano scheduler and controller manager (v1.10.0) gang-schedule.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from trainium_operator.api import instance_types
-from trainium_operator.devcluster import gang, objects, sim
+from trainium_operator.builders.job import VOLCANO_GROUP_ANNOTATION
+from trainium_operator.devcluster import objects, sim, volcano
 from trainium_operator.devcluster.testing import DevCluster
 
 pytestmark = pytest.mark.integration
@@ -46,13 +47,13 @@ def trainium_pod(name: str, *, group: str | None, **spec: Any) -> dict[str, Any]
     limits = {instance_types.NEURON_RESOURCE: "16", instance_types.EFA_RESOURCE: "8"}
     metadata: dict[str, Any] = {"name": name}
     if group:
-        metadata["annotations"] = {gang.GROUP_NAME_ANNOTATION: group}
+        metadata["annotations"] = {VOLCANO_GROUP_ANNOTATION: group}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": metadata,
         "spec": {
-            "schedulerName": gang.SCHEDULER_NAME,
+            "schedulerName": volcano.SCHEDULER_NAME,
             "restartPolicy": "Never",
             "containers": [
                 {
@@ -118,7 +119,8 @@ def test_gang_of_two_binds_together_and_ends_as_the_test_asks(
     unschedulable = condition(extra, "Unschedulable")
     assert unschedulable is not None
     assert unschedulable["reason"] == "NotEnoughResources"
-    assert "Insufficient aws.amazon.com/neuron" in unschedulable["message"]
+    # Volcano's own gang message (scheduler v1.10.0), not one of ours.
+    assert unschedulable["message"].startswith("1/1 tasks in gang unschedulable: pod group is not")
     assert read_pod(dev_cluster, namespace, "worker-2").spec.node_name is None
     assert read_pod(dev_cluster, namespace, "worker-2").status.phase == "Pending"
     failed_scheduling = sim.wait_for(
@@ -130,7 +132,13 @@ def test_gang_of_two_binds_together_and_ends_as_the_test_asks(
         timeout=10,
         description="FailedScheduling event on worker-2",
     )
-    assert "0/2 nodes are available" in failed_scheduling[0].message
+    assert "pod group is not ready, 1 Pending, 1 minAvailable" in failed_scheduling[0].message
+    scheduled = next(c for c in read_pod(dev_cluster, namespace, "worker-2").status.conditions)
+    assert (scheduled.type, scheduled.status, scheduled.reason) == (
+        "PodScheduled",
+        "False",
+        "Unschedulable",
+    )
     assert read_podgroup(dev_cluster, namespace, "train")["status"]["phase"] == "Running"
 
     sim.simulate_pod_outcome(dev_cluster.core, namespace, "worker-0", succeeded=True, after="1s")
@@ -160,14 +168,14 @@ def test_gang_of_two_binds_together_and_ends_as_the_test_asks(
     terminated = failed.status.container_statuses[0].state.terminated
     assert (terminated.exit_code, terminated.reason) == (137, "OOMKilled")
     assert terminated.message == "the simulated worker ran out of memory"
-    sim.wait_for(
+    finished = sim.wait_for(
         lambda: read_podgroup(dev_cluster, namespace, "train")["status"],
-        until=lambda status: (
-            status["phase"] == "Completed" and (status["succeeded"], status["failed"]) == (1, 1)
-        ),
+        until=lambda status: (status.get("succeeded"), status.get("failed")) == (1, 1),
         timeout=20,
-        description="PodGroup train Completed with 1 succeeded and 1 failed",
+        description="PodGroup train counts 1 succeeded and 1 failed",
     )
+    # Volcano calls a gang Completed only when every pod it placed succeeded.
+    assert finished["phase"] != "Completed"
     # The finished gang returned its Neuron devices, so the waiting pod gets a node.
     wait_running(dev_cluster, namespace, "worker-2")
 
@@ -204,23 +212,21 @@ def test_gang_binds_nothing_until_min_member_pods_fit(
     )
 
 
-def test_pod_group_in_a_missing_queue_is_not_scheduled(
+def test_pod_group_in_a_missing_queue_is_never_scheduled_and_gets_no_status(
     dev_cluster: DevCluster, namespace: str
 ) -> None:
+    # Without Volcano's admission webhook nothing refuses such a PodGroup: the scheduler skips
+    # it and writes nothing, which is why the operator checks the queue itself.
     create_podgroup(dev_cluster, namespace, "lost", min_member=1, queue="no-such-queue")
     dev_cluster.core.create_namespaced_pod(namespace, trainium_pod("w-0", group="lost"))
 
-    podgroup = sim.wait_for(
-        lambda: read_podgroup(dev_cluster, namespace, "lost"),
-        until=lambda pg: condition(pg, "Unschedulable") is not None,
-        timeout=20,
-        description="PodGroup lost Unschedulable",
-    )
-    assert (
-        "queue 'no-such-queue' is missing"
-        in (condition(podgroup, "Unschedulable") or {})["message"]
-    )
+    time.sleep(4)  # several scheduling sessions
+
     assert read_pod(dev_cluster, namespace, "w-0").spec.node_name is None
+    assert (read_podgroup(dev_cluster, namespace, "lost").get("status") or {}).get("phase") in (
+        None,
+        "Pending",
+    )
 
 
 def test_volcano_pod_without_a_group_gets_its_own(dev_cluster: DevCluster, namespace: str) -> None:
@@ -228,7 +234,7 @@ def test_volcano_pod_without_a_group_gets_its_own(dev_cluster: DevCluster, names
 
     pod = wait_running(dev_cluster, namespace, "solo")
 
-    group = pod.metadata.annotations[gang.GROUP_NAME_ANNOTATION]
+    group = pod.metadata.annotations[VOLCANO_GROUP_ANNOTATION]
     assert group == f"podgroup-{pod.metadata.uid}"
     assert read_podgroup(dev_cluster, namespace, group)["spec"]["minMember"] == 1
 
@@ -262,7 +268,7 @@ def test_deleting_an_owner_garbage_collects_its_pods(
     for index in range(2):
         child = {
             "metadata": {"name": f"child-{index}", "ownerReferences": [reference]},
-            # The default scheduler places these: kube-scheduler runs beside the gang scheduler.
+            # The default scheduler places these: kube-scheduler runs beside Volcano's.
             "spec": {
                 "containers": [
                     {"name": "c", "image": "busybox", "resources": {"requests": {"cpu": "1"}}}
@@ -295,7 +301,7 @@ def test_node_loss_makes_the_node_not_ready_and_restore_heals_it(
     dev_cluster.core.create_node(node)
     try:
         sim.wait_for(
-            lambda: gang.node_is_ready(
+            lambda: sim.node_is_ready(
                 dev_cluster.clients.api_client.sanitize_for_serialization(
                     dev_cluster.core.read_node(name)
                 )

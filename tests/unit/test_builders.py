@@ -2,6 +2,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
+from trainium_operator.api.spec import TrainingJobSpec
 from trainium_operator.builders import pods
 from trainium_operator.builders.job import Stage
 from unit.jobs import UID, job_ref
@@ -142,7 +146,40 @@ def test_profiling_env_points_into_the_attempts_profile_directory() -> None:
 def test_podgroup_requires_the_whole_gang_in_the_queue() -> None:
     group = pods.podgroup(job_ref(nodes=16, scheduling={"queue": "test"}), Stage.TRAIN)
     assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
-    assert group["spec"] == {"minMember": 16, "queue": "test"}
+    assert group["spec"] == {
+        "minMember": 16,
+        "queue": "test",
+        # trn1.32xlarge: 16 Neuron devices and 8 EFA interfaces per pod, times 16 pods.
+        "minResources": {"aws.amazon.com/neuron": "256", "vpc.amazonaws.com/efa": "128"},
+    }
+
+
+def test_podgroup_min_resources_sum_the_pod_requests_in_their_units() -> None:
+    job = job_ref(nodes=2, resources={"requests": {"cpu": "500m", "memory": "64Gi"}})
+    group = pods.podgroup(job, Stage.TRAIN)
+    assert group["spec"]["minResources"]["cpu"] == "1000m"
+    assert group["spec"]["minResources"]["memory"] == "128Gi"
+    container = pods.pod(job, Stage.TRAIN, 0, 0)["spec"]["containers"][0]
+    assert container["resources"]["requests"] == {"cpu": "500m", "memory": "64Gi"}
+
+
+@pytest.mark.parametrize(
+    ("quantity", "times_three"),
+    [("64Gi", "192Gi"), ("500m", "1500m"), ("1.5", "4.5"), ("16", "48"), ("1e3", "3e3")],
+)
+def test_scale_quantity_keeps_the_unit(quantity: str, times_three: str) -> None:
+    assert pods.scale_quantity(quantity, 3) == times_three
+
+
+def test_a_malformed_quantity_is_refused_by_the_spec_naming_the_field() -> None:
+    with pytest.raises(ValidationError, match=r"resources\.requests\.memory"):
+        TrainingJobSpec.model_validate(
+            {
+                "image": "i",
+                "command": {"script": "s"},
+                "resources": {"requests": {"memory": "lots"}},
+            }
+        )
 
 
 def test_builders_are_deterministic() -> None:

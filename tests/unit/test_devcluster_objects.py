@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import yaml
 
 from trainium_operator.api import instance_types
-from trainium_operator.devcluster import build, objects, paths, sim, stages, versions
+from trainium_operator.devcluster import build, objects, paths, sim, stages, versions, volcano
 
 
 @pytest.mark.parametrize(
@@ -84,8 +85,85 @@ def test_fsx_volume_and_claim_pair_up_as_static_provisioning() -> None:
 
 def test_queues_match_volcano_defaults_plus_the_tutorial_queue() -> None:
     queues = {q["metadata"]["name"]: q for q in objects.volcano_queues()}
-    assert set(queues) == {"root", "default", "test"}
-    assert queues["default"]["spec"]["parent"] == "root"
+    assert set(queues) == {"default", "test"}
+    # The tutorial's create_volcano_test_queue.sh: weight 1, not reclaimable, no capability.
+    assert queues["test"]["spec"] == {"weight": 1, "reclaimable": False}
+    assert queues["default"]["spec"]["reclaimable"] is True
+
+
+def test_queue_capability_is_declared_only_when_asked() -> None:
+    queue = objects.volcano_queue("small", reclaimable=False, capability={"cpu": "4"})
+    assert queue["spec"]["capability"] == {"cpu": "4"}
+
+
+def test_each_node_gets_a_csinode_listing_the_fsx_driver_owned_by_the_node() -> None:
+    node = objects.fake_node("trn1-32xlarge-0", instance_types.INSTANCE_TYPES["trn1.32xlarge"])
+    node["metadata"]["uid"] = "1234"
+    csi = objects.csi_node(node)
+    assert csi["metadata"]["name"] == "trn1-32xlarge-0"
+    assert csi["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "Node", "name": "trn1-32xlarge-0", "uid": "1234"}
+    ]
+    (driver,) = csi["spec"]["drivers"]
+    assert (driver["name"], driver["nodeID"]) == ("fsx.csi.aws.com", "trn1-32xlarge-0")
+    assert driver["name"] == objects.fsx_persistent_volume()["spec"]["csi"]["driver"]
+
+
+def test_volcano_is_one_pinned_component_building_both_processes() -> None:
+    component = versions.GO_COMPONENTS["volcano"]
+    assert component.version == versions.VOLCANO_VERSION == "v1.10.0"
+    assert [b.name for b in component.binaries] == ["vc-scheduler", "vc-controller-manager"]
+    go_mod = (build.wrapper_dir(component) / "go.mod").read_text()
+    assert f"volcano.sh/volcano {versions.VOLCANO_VERSION}" in go_mod
+    # volcano's own replace directives, repeated: its k8s.io staging modules are v0.30.2.
+    assert "k8s.io/api => k8s.io/api v0.30.2" in go_mod
+    assert "controller-gen" not in versions.GO_COMPONENTS
+
+
+def test_volcano_crds_and_binaries_share_the_module_cache_key() -> None:
+    component = versions.GO_COMPONENTS["volcano"]
+    assert build.volcano_crd_dir().name.endswith(build.component_digest(component))
+    assert "volcano-v1.10.0" in build.volcano_crd_dir().name
+
+
+def test_scheduler_conf_uses_proportion_gang_and_priority_not_capacity() -> None:
+    conf = yaml.safe_load(volcano.SCHEDULER_CONF.read_text())
+    plugins = [p["name"] for tier in conf["tiers"] for p in tier["plugins"]]
+    assert {"gang", "priority", "predicates", "proportion"} <= set(plugins)
+    assert "capacity" not in plugins
+    assert [a.strip() for a in conf["actions"].split(",")] == ["enqueue", "allocate", "backfill"]
+
+
+def test_volcano_processes_run_without_leader_election_and_with_health_endpoints(
+    tmp_path: Path,
+) -> None:
+    scheduler = volcano.scheduler_argv(
+        Path("/b/vc-scheduler"), tmp_path / "kc", healthz_port=1, metrics_port=2
+    )
+    assert f"--scheduler-conf={volcano.SCHEDULER_CONF}" in scheduler
+    assert {"--leader-elect=false", "--enable-healthz=true"} <= set(scheduler)
+    assert "--healthz-address=127.0.0.1:1" in scheduler
+    manager = volcano.controller_manager_argv(
+        Path("/b/vc-controller-manager"), tmp_path / "kc", healthz_port=3
+    )
+    assert "--controllers=+pg-controller,+queue-controller,+gc-controller" in manager
+    assert "--healthz-address=127.0.0.1:3" in manager
+
+
+def test_a_daemon_with_no_pid_file_or_a_foreign_pid_is_not_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(paths.CACHE_DIR_ENV, str(tmp_path))
+    scheduler, manager = volcano.daemons(paths.ClusterPaths("unit"))
+    assert volcano.running_pid(scheduler) is None
+    scheduler.cluster.state_dir.mkdir(parents=True)
+    scheduler.pid_file.write_text(f"{os.getpid()}\n")  # alive, but pytest, not vc-scheduler
+    scheduler.port_file.write_text("1\n")
+    assert volcano.running_pid(scheduler) is None
+    assert not volcano.healthy(scheduler)
+    assert volcano.stop(scheduler.cluster) == []
+    assert not scheduler.pid_file.exists()
+    assert manager.log.parent == scheduler.log.parent
 
 
 def _stage(name: str) -> dict[str, object]:

@@ -8,7 +8,14 @@ from typing import Any
 
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle import machine
-from trainium_operator.lifecycle.observed import NodeView, Observed, PodView
+from trainium_operator.lifecycle.observed import (
+    NodeView,
+    Observed,
+    PodGroupView,
+    PodView,
+    QueueView,
+    podgroup_view,
+)
 from unit.jobs import job_ref
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -34,7 +41,9 @@ def pod(
 def observed(*pods: PodView, now: datetime = T0, nodes: dict[str, NodeView] = NODES) -> Observed:
     return Observed(
         pods=pods,
-        podgroups=frozenset({"bert-compile", "bert-train"}),
+        podgroups={
+            name: PodGroupView(name, "Running", None) for name in ("bert-compile", "bert-train")
+        },
         service_exists=True,
         nodes=nodes,
         now=now,
@@ -51,7 +60,7 @@ def names(objs: list[dict[str, Any]]) -> list[str]:
 
 def test_new_job_creates_service_podgroup_and_compile_gang_and_waits_pending() -> None:
     job = job_ref()
-    decision = machine.decide(job, {}, Observed((), frozenset(), False, NODES, T0))
+    decision = machine.decide(job, {}, Observed((), {}, False, NODES, T0))
     assert names(decision.create) == [
         "bert",
         "bert-compile",
@@ -181,7 +190,7 @@ def test_suspend_deletes_pods_and_podgroups_and_resume_starts_a_new_attempt() ->
     assert suspended.status["phase"] == "Suspended"
     assert len(suspended.delete_pods) == 2
     assert set(suspended.delete_podgroups) == {"bert-compile", "bert-train"}
-    resumed = machine.decide(job, suspended.status, Observed((), frozenset(), True, NODES, T0))
+    resumed = machine.decide(job, suspended.status, Observed((), {}, True, NODES, T0))
     assert resumed.status["attempt"] == 1
     assert names(resumed.create)[-2:] == ["bert-train-1-0", "bert-train-1-1"]
 
@@ -217,3 +226,66 @@ def test_invalid_spec_fails_once_with_every_problem() -> None:
     again = machine.invalid(decision.status, 1, ["spec.nodes: bad", "spec.image: bad"], T0)
     assert again.status == decision.status
     assert again.events == []
+
+
+def waiting(
+    job: JobRef, *, group: PodGroupView | None, queue: QueueView | None, pods: tuple[PodView, ...]
+) -> dict[str, Any]:
+    groups = {group.name: group} if group else {}
+    return machine.decide(job, {}, Observed(pods, groups, True, NODES, T0, queue)).status
+
+
+def test_a_missing_queue_is_reported_with_the_field_and_the_fix() -> None:
+    job = job_ref()
+    status = waiting(job, group=None, queue=QueueView("test", False, None), pods=())
+    assert (status["phase"], status["reason"]) == ("Pending", "QueueNotFound")
+    assert status["message"].startswith("spec.scheduling.queue: Volcano queue 'default' does not")
+
+
+def test_a_closed_queue_is_reported() -> None:
+    status = waiting(job_ref(), group=None, queue=QueueView("test", True, "Closed"), pods=())
+    assert status["reason"] == "QueueClosed"
+
+
+def test_a_podgroup_volcano_has_not_admitted_waits_in_its_queue() -> None:
+    job = job_ref()
+    pending = tuple(pod(job, Stage.COMPILE, 0, r, "Pending", node=None) for r in range(2))
+    group = PodGroupView("bert-compile", "Pending", None)
+    status = waiting(job, group=group, queue=QueueView("test", True, "Open"), pods=pending)
+    assert (status["phase"], status["reason"]) == ("Pending", "Queued")
+    assert "waiting in Volcano queue 'default'" in status["message"]
+
+
+def test_an_unschedulable_gang_carries_volcanos_message() -> None:
+    job = job_ref()
+    pending = tuple(pod(job, Stage.COMPILE, 0, r, "Pending", node=None) for r in range(2))
+    volcano_says = "2/2 tasks in gang unschedulable: pod group is not ready, 2 Pending"
+    group = PodGroupView("bert-compile", "Inqueue", volcano_says)
+    status = waiting(job, group=group, queue=None, pods=pending)
+    assert (status["phase"], status["reason"]) == ("Pending", "Unschedulable")
+    assert status["message"].endswith(volcano_says)
+
+
+def test_the_newer_of_volcanos_scheduled_and_unschedulable_conditions_wins() -> None:
+    def group(unschedulable_at: str, scheduled_at: str) -> PodGroupView:
+        return podgroup_view(
+            {
+                "metadata": {"name": "g"},
+                "status": {
+                    "phase": "Inqueue",
+                    "conditions": [
+                        {
+                            "type": "Unschedulable",
+                            "status": "True",
+                            "message": "no room",
+                            "lastTransitionTime": unschedulable_at,
+                        },
+                        {"type": "Scheduled", "status": "True", "lastTransitionTime": scheduled_at},
+                    ],
+                },
+            }
+        )
+
+    assert group("2026-12-01T10:00:02Z", "2026-12-01T10:00:01Z").unschedulable == "no room"
+    assert group("2026-12-01T10:00:01Z", "2026-12-01T10:00:02Z").unschedulable is None
+    assert not podgroup_view({"metadata": {"name": "g"}}).admitted

@@ -162,10 +162,15 @@ class RendezvousSpec(_Model):
     """How long workers wait for all nodes to join."""
 
 
+# A Kubernetes resource quantity: a decimal number and one SI, binary or exponent suffix.
+QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
+Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
+
+
 class ResourceOverrides(_Model):
-    requests: dict[str, str] = {}
+    requests: dict[str, Quantity] = {}
     """Extra requests per training/compile container, e.g. cpu and memory."""
-    limits: dict[str, str] = {}
+    limits: dict[str, Quantity] = {}
     """Extra or overriding limits (Neuron and EFA counts default from the instance type)."""
 
 

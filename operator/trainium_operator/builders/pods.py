@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from decimal import Decimal
 from typing import Any
 
 from trainium_operator.api.instance_types import (
@@ -10,7 +12,7 @@ from trainium_operator.api.instance_types import (
     INSTANCE_TYPES,
     NEURON_RESOURCE,
 )
-from trainium_operator.api.spec import Precision, RendezvousBackend
+from trainium_operator.api.spec import QUANTITY_PATTERN, Precision, RendezvousBackend
 from trainium_operator.api.training_flags import (
     DATA_DIR_FLAG,
     OUTPUT_DIR_FLAG,
@@ -40,8 +42,38 @@ TRAINIUM_TOLERATIONS: tuple[Obj, ...] = (
 )
 
 
+_QUANTITY = re.compile(QUANTITY_PATTERN)
+
+
+def scale_quantity(quantity: str, factor: int) -> str:
+    """A Kubernetes quantity times a whole number, in the same unit ("64Gi" x 2 = "128Gi")."""
+    match = _QUANTITY.match(quantity.strip())
+    if match is None:
+        raise ValueError(f"not a Kubernetes quantity: {quantity!r}")
+    number, _, suffix = match.groups()
+    suffix = suffix or ""
+    scaled = Decimal(number) * factor
+    text = format(scaled.normalize(), "f") if scaled != scaled.to_integral() else str(int(scaled))
+    return f"{text}{suffix}"
+
+
+def pod_requests(job: JobRef) -> dict[str, str]:
+    """What the scheduler charges for one pod: requests, defaulting to limits as the API does."""
+    resources = container_resources(job)
+    return {**resources["limits"], **resources.get("requests", {})}
+
+
 def podgroup(job: JobRef, stage: Stage) -> Obj:
-    spec: Obj = {"minMember": job.spec.nodes, "queue": job.spec.scheduling.queue}
+    # minResources is what Volcano's enqueue action checks against the cluster and the queue's
+    # capability, so a job that cannot fit waits as a PodGroup instead of as pending pods.
+    spec: Obj = {
+        "minMember": job.spec.nodes,
+        "queue": job.spec.scheduling.queue,
+        "minResources": {
+            name: scale_quantity(value, job.spec.nodes)
+            for name, value in sorted(pod_requests(job).items())
+        },
+    }
     if job.spec.scheduling.priority_class_name:
         spec["priorityClassName"] = job.spec.scheduling.priority_class_name
     return {

@@ -107,7 +107,7 @@ def render_job(document: Obj, now: datetime) -> list[Obj]:
     parsed = parse_job({**document, "metadata": meta})
     if isinstance(parsed, list):
         raise ValueError(f"{meta['name']}: invalid spec:\n  " + "\n  ".join(parsed))
-    observed = observe(pods=[], podgroup_names=[], service_exists=False, nodes=[], now=now)
+    observed = observe(pods=[], podgroups=[], service_exists=False, nodes=[], now=now)
     return machine.decide(parsed, {}, observed).create
 
 

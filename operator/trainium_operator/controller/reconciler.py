@@ -20,7 +20,7 @@ from trainium_operator.api.spec import TrainingJobSpec
 from trainium_operator.builders.job import LABEL_JOB_NAME, JobRef
 from trainium_operator.k8s.client import Cluster, EventPoster, api_error_message, is_forbidden
 from trainium_operator.lifecycle import machine
-from trainium_operator.lifecycle.observed import observe
+from trainium_operator.lifecycle.observed import observe, podgroup_view, queue_view
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -120,12 +120,20 @@ class Reconciler:
         job = parsed
         selector = f"{LABEL_JOB_NAME}={job.name}"
         pods = [p for p in self.cluster.list_pods(job.namespace, selector) if _owned_by(p, job.uid)]
+        podgroups = self.cluster.list_podgroups(job.namespace, selector)
+        queue = None
+        if not any(podgroup_view(g).admitted for g in podgroups):
+            # Only while Volcano has not let a gang in: then a missing or closed queue is the
+            # likely reason, and Volcano itself (without its admission webhook) says nothing.
+            name = job.spec.scheduling.queue
+            queue = queue_view(name, self.cluster.get_queue(name))
         observed = observe(
             pods=pods,
-            podgroup_names=self.cluster.list_podgroup_names(job.namespace, selector),
+            podgroups=podgroups,
             service_exists=self.cluster.service_exists(job.namespace, job.service_name),
             nodes=self.nodes(),
             now=now,
+            queue=queue,
         )
         decision = machine.decide(job, current_status, observed)
         return self._apply(body, current_status, decision)

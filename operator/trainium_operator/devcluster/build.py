@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import shutil
-import stat
 import subprocess
 import tarfile
 import tempfile
@@ -84,21 +83,17 @@ def component_dir(component: versions.GoComponent) -> Path:
 
 
 def volcano_crd_dir() -> Path:
-    controller_gen = versions.GO_COMPONENTS["controller-gen"]
-    key = hashlib.sha256(
-        json.dumps(
-            [component_digest(controller_gen), versions.VOLCANO_CRD_PACKAGES, _CONTROLLER_GEN_ARGS]
-        ).encode()
-    ).hexdigest()[:12]
-    return paths.cache_root() / "crds" / f"volcano-apis-{versions.VOLCANO_APIS_VERSION}-{key}"
+    """Volcano's own CRD manifests, copied from the module the binaries are built from."""
+    volcano = versions.GO_COMPONENTS["volcano"]
+    return (
+        paths.cache_root()
+        / "crds"
+        / f"volcano-{versions.VOLCANO_VERSION}-{component_digest(volcano)}"
+    )
 
 
 def helm_dir() -> Path:
     return paths.bin_root() / f"helm-{versions.HELM_VERSION}-npm-{versions.HELM_NPM_VERSION}"
-
-
-# crdVersions=v1 and embedded ObjectMeta are the options Volcano's own Makefile generates with.
-_CONTROLLER_GEN_ARGS = ("crd:crdVersions=v1,generateEmbeddedObjectMeta=true",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,6 +234,10 @@ def build_go_component(component: versions.GoComponent, *, jobs: int, echo: Echo
             env=_go_env(),
         )
         for binary in component.binaries:
+            built_as = staging / binary.package.rsplit("/", 1)[-1]
+            if len(component.binaries) > 1 and built_as.name != binary.name and built_as.exists():
+                # `go build -o dir/` names each binary after its package's last element.
+                built_as.rename(staging / binary.name)
             if not os.access(staging / binary.name, os.X_OK):
                 raise BuildError(f"{component.name}: go build produced no {binary.name}")
         _publish(staging, final)
@@ -262,50 +261,31 @@ def _module_source_dir(module: str, version: str, *, cwd: Path) -> Path:
     return Path(json.loads(result.stdout)["Dir"])
 
 
-def generate_volcano_crds(controller_gen: Path, *, echo: Echo) -> BuildResult:
-    """Runs controller-gen over volcano.sh/apis, the Go types Volcano generates its CRDs from."""
+def install_volcano_crds(*, echo: Echo) -> BuildResult:
+    """Copies Volcano's own CRDs out of the pinned module (the same one the binaries come from)."""
     final = volcano_crd_dir()
-    name = f"volcano CRDs ({versions.VOLCANO_APIS_MODULE})"
+    name = "volcano CRDs"
     if final.is_dir():
-        return BuildResult(name, versions.VOLCANO_APIS_VERSION, final, False, 0.0)
-    echo(f"generating {name} {versions.VOLCANO_APIS_VERSION} with controller-gen ...")
+        return BuildResult(name, versions.VOLCANO_VERSION, final, False, 0.0)
+    echo(f"installing {name} from {versions.VOLCANO_MODULE}@{versions.VOLCANO_VERSION} ...")
     started = time.monotonic()
-    paths.work_root().mkdir(parents=True, exist_ok=True)
-    source = _module_source_dir(
-        versions.VOLCANO_APIS_MODULE, versions.VOLCANO_APIS_VERSION, cwd=paths.work_root()
-    )
-    # controller-gen loads packages with `go list`, which must run inside the module; the module
-    # cache copy is read-only, so work on a writable copy.
-    work = paths.work_root() / f"volcano-apis-{versions.VOLCANO_APIS_VERSION}"
-    shutil.rmtree(work, ignore_errors=True)
-    shutil.copytree(source, work)
-    for directory, _, files in os.walk(work):
-        os.chmod(directory, 0o755)
-        for file_name in files:
-            file_path = Path(directory) / file_name
-            file_path.chmod(file_path.stat().st_mode | stat.S_IWUSR)
+    volcano = versions.GO_COMPONENTS["volcano"]
+    # Inside the wrapper's copy, so go.sum verifies the module zip we read the manifests from.
+    work = paths.work_root() / f"{volcano.name}-{component_digest(volcano)}"
+    work.mkdir(parents=True, exist_ok=True)
+    for file_name in ("go.mod", "go.sum"):
+        shutil.copyfile(wrapper_dir(volcano) / file_name, work / file_name)
+    source = _module_source_dir(versions.VOLCANO_MODULE, versions.VOLCANO_VERSION, cwd=work)
+    manifests = sorted((source / versions.VOLCANO_CRD_DIR_IN_MODULE).glob("*.yaml"))
+    if not manifests:
+        raise BuildError(f"no CRD manifests under {source / versions.VOLCANO_CRD_DIR_IN_MODULE}")
     final.parent.mkdir(parents=True, exist_ok=True)
     with _staging_dir(final) as staging:
-        output = staging / "crds"
-        _run_logged(
-            [
-                str(controller_gen),
-                *_CONTROLLER_GEN_ARGS,
-                *(f"paths={package}" for package in versions.VOLCANO_CRD_PACKAGES),
-                f"output:crd:dir={output}",
-            ],
-            cwd=work,
-            log_path=paths.work_root() / "volcano-crds.log",
-            env=_go_env(),
-        )
-        manifests = sorted(output.glob("*.yaml"))
-        if not manifests:
-            raise BuildError(f"controller-gen wrote no CRD into {output}")
         for manifest in manifests:
-            shutil.move(manifest, staging / manifest.name)
-        output.rmdir()
+            shutil.copyfile(manifest, staging / manifest.name)
+            (staging / manifest.name).chmod(0o644)
         _publish(staging, final)
-    return BuildResult(name, versions.VOLCANO_APIS_VERSION, final, True, time.monotonic() - started)
+    return BuildResult(name, versions.VOLCANO_VERSION, final, True, time.monotonic() - started)
 
 
 def install_helm(*, echo: Echo) -> BuildResult:
@@ -354,11 +334,10 @@ def build_all(*, jobs: int, echo: Echo, only: tuple[str, ...] = ()) -> list[Buil
     results: list[BuildResult] = []
     with _build_lock():
         for component in versions.GO_COMPONENTS.values():
-            if wanted(component.name) or (component.name == "controller-gen" and wanted("crds")):
+            if wanted(component.name):
                 results.append(build_go_component(component, jobs=jobs, echo=echo))
-        if wanted("crds"):
-            controller_gen = expected_toolchain().binary("controller-gen")
-            results.append(generate_volcano_crds(controller_gen, echo=echo))
+        if wanted("crds") or wanted("volcano"):
+            results.append(install_volcano_crds(echo=echo))
         if wanted("helm"):
             results.append(install_helm(echo=echo))
     return results

@@ -1,7 +1,8 @@
 """`dev up` / `dev down` / `dev status`: a kwokctl binary-runtime cluster plus our set-up.
 
 `up` is idempotent: it starts (or reuses) the control plane, then creates only what is missing:
-Volcano CRDs and queues, fake Trainium nodes, the FSx volume and claim, and the gang scheduler.
+Volcano's CRDs and queues, fake Trainium nodes with their CSINodes, the FSx volume and claim, and
+the real Volcano scheduler and controller manager.
 """
 
 from __future__ import annotations
@@ -9,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from trainium_operator.devcluster import build, gang, objects, paths, sim, stages, versions
+from trainium_operator.devcluster import build, objects, paths, sim, stages, versions, volcano
 from trainium_operator.devcluster.clients import Clients, clients_for, is_status
 
 Echo = Callable[[str], None]
@@ -85,7 +84,7 @@ def _pid_alive(pid_file: Path) -> int | None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return pid
-    return pid if b"gang_scheduler" in cmdline or b"kube-apiserver" in cmdline else None
+    return pid if b"kube-apiserver" in cmdline else None
 
 
 def apiserver_running(cluster: paths.ClusterPaths) -> bool:
@@ -212,53 +211,19 @@ def create_shared_storage(clients: Clients) -> None:
     )
 
 
-def start_gang_scheduler(cluster: paths.ClusterPaths) -> tuple[int, bool]:
-    """Starts the gang scheduler in its own session (it outlives `dev up`): (pid, started)."""
-    pid = _pid_alive(cluster.gang_scheduler_pid)
-    if pid is not None:
-        return pid, False
-    cluster.state_dir.mkdir(parents=True, exist_ok=True)
-    with cluster.gang_scheduler_log.open("a") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "trainium_operator.devcluster.gang_scheduler",
-                "--kubeconfig",
-                str(cluster.kubeconfig),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
+def create_csi_nodes(clients: Clients, node_names: list[str]) -> None:
+    for name in node_names:
+        node = clients.api_client.sanitize_for_serialization(clients.core.read_node(name))
+        _create_if_missing(
+            functools.partial(clients.storage.create_csi_node, objects.csi_node(node))
         )
-    cluster.gang_scheduler_pid.write_text(f"{process.pid}\n")
-    return process.pid, True
-
-
-def stop_gang_scheduler(cluster: paths.ClusterPaths, *, timeout: float = 10.0) -> bool:
-    pid = _pid_alive(cluster.gang_scheduler_pid)
-    if pid is None:
-        cluster.gang_scheduler_pid.unlink(missing_ok=True)
-        return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and _pid_alive(cluster.gang_scheduler_pid) is not None:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.1)
-    if _pid_alive(cluster.gang_scheduler_pid) is not None:
-        os.kill(pid, signal.SIGKILL)
-    cluster.gang_scheduler_pid.unlink(missing_ok=True)
-    return True
 
 
 def wait_until_ready(clients: Clients, node_names: list[str], *, timeout: float = 60) -> None:
     for name in node_names:
         sim.wait_for(
             functools.partial(clients.core.read_node, name),
-            until=lambda node: gang.node_is_ready(
+            until=lambda node: sim.node_is_ready(
                 clients.api_client.sanitize_for_serialization(node)
             ),
             timeout=timeout,
@@ -278,9 +243,9 @@ def wait_until_ready(clients: Clients, node_names: list[str], *, timeout: float 
         lambda: clients.custom.get_cluster_custom_object(
             objects.VOLCANO_GROUP, objects.VOLCANO_VERSION, "queues", objects.TUTORIAL_QUEUE
         ).get("status", {}),
-        until=lambda status: status.get("state") == gang.QUEUE_OPEN,
+        until=lambda status: status.get("state") == "Open",
         timeout=timeout,
-        description=f"queue {objects.TUTORIAL_QUEUE} Open (set by the gang scheduler)",
+        description=f"queue {objects.TUTORIAL_QUEUE} Open (set by Volcano's queue controller)",
     )
     sim.wait_for(
         lambda: clients.core.read_namespaced_service_account("default", "default"),
@@ -295,7 +260,7 @@ class UpReport:
     kubeconfig: Path
     control_plane: str
     nodes_created: list[str]
-    gang_scheduler_pid: int
+    volcano_pids: dict[str, int]
     timer: StepTimer
 
 
@@ -318,19 +283,24 @@ def up(
     with timer.step("volcano api"):
         install_volcano_api(clients, toolchain.volcano_crd_dir)
     with timer.step("nodes and storage"):
+        node_names = [node["metadata"]["name"] for node in node_objects]
         created = create_nodes(clients, node_objects)
+        create_csi_nodes(clients, node_names)
         create_shared_storage(clients)
-    with timer.step("gang scheduler"):
-        pid, _ = start_gang_scheduler(cluster)
+    with timer.step("volcano"):
+        try:
+            pids = volcano.start(cluster, toolchain)
+        except volcano.VolcanoError as error:
+            raise ClusterError(str(error)) from error
     with timer.step("ready"):
-        wait_until_ready(clients, [node["metadata"]["name"] for node in node_objects])
-    return UpReport(name, cluster.kubeconfig, how, created, pid, timer)
+        wait_until_ready(clients, node_names)
+    return UpReport(name, cluster.kubeconfig, how, created, pids, timer)
 
 
 def down(name: str, *, echo: Echo) -> None:
     cluster = paths.ClusterPaths(name)
-    if stop_gang_scheduler(cluster):
-        echo("stopped the gang scheduler")
+    for stopped in volcano.stop(cluster):
+        echo(f"stopped {stopped}")
     toolchain = build.expected_toolchain()
     if cluster.kwok_dir.exists():
         if os.access(toolchain.binary("kwokctl"), os.X_OK):
@@ -342,8 +312,7 @@ def down(name: str, *, echo: Echo) -> None:
             )
     else:
         echo(f"no cluster {name!r} under {paths.kwok_workdir()}")
-    for leftover in (cluster.kwokctl_config, cluster.gang_scheduler_pid):
-        leftover.unlink(missing_ok=True)
+    cluster.kwokctl_config.unlink(missing_ok=True)
 
 
 @dataclass
@@ -351,8 +320,9 @@ class ClusterStatus:
     name: str
     kubeconfig: Path
     apiserver_running: bool
-    gang_scheduler_pid: int | None
+    volcano: list[tuple[str, int | None, bool]]  # process, pid, healthy
     nodes: list[tuple[str, str, bool]]  # name, instance type, ready
+    queues: list[tuple[str, str, dict[str, int]]]  # name, state, PodGroups per phase
     fsx_claim_phase: str | None
 
 
@@ -361,6 +331,7 @@ def status(name: str) -> ClusterStatus:
     running = apiserver_running(cluster)
     node_rows: list[tuple[str, str, bool]] = []
     claim_phase = None
+    queue_rows: list[tuple[str, str, dict[str, int]]] = []
     if running and cluster.kubeconfig.exists():
         clients = clients_for(cluster.kubeconfig)
         for node in clients.core.list_node().items:
@@ -370,9 +341,19 @@ def status(name: str) -> ClusterStatus:
                 (
                     node.metadata.name,
                     labels.get("node.kubernetes.io/instance-type", "?"),
-                    gang.node_is_ready(node_dict),
+                    sim.node_is_ready(node_dict),
                 )
             )
+        queues = clients.custom.list_cluster_custom_object(
+            objects.VOLCANO_GROUP, objects.VOLCANO_VERSION, "queues"
+        )
+        for queue in queues.get("items", []):
+            queue_status = queue.get("status") or {}
+            counts = {
+                phase: int(queue_status.get(phase.lower()) or 0)
+                for phase in ("Pending", "Inqueue", "Running", "Completed", "Unknown")
+            }
+            queue_rows.append((queue["metadata"]["name"], queue_status.get("state", "-"), counts))
         try:
             claim_phase = clients.core.read_namespaced_persistent_volume_claim(
                 objects.FSX_CLAIM_NAME, objects.FSX_CLAIM_NAMESPACE
@@ -384,7 +365,11 @@ def status(name: str) -> ClusterStatus:
         name=name,
         kubeconfig=cluster.kubeconfig,
         apiserver_running=running,
-        gang_scheduler_pid=_pid_alive(cluster.gang_scheduler_pid),
+        volcano=[
+            (daemon.name, volcano.running_pid(daemon), volcano.healthy(daemon))
+            for daemon in volcano.daemons(cluster)
+        ],
         nodes=node_rows,
+        queues=queue_rows,
         fsx_claim_phase=claim_phase,
     )

@@ -37,7 +37,7 @@ def dev() -> None:
 @click.option(
     "--only",
     multiple=True,
-    type=click.Choice(["kubernetes", "etcd", "kwok", "controller-gen", "crds", "helm"]),
+    type=click.Choice(["kubernetes", "etcd", "kwok", "volcano", "crds", "helm"]),
     help="Build just these components (repeatable).",
 )
 @click.option(
@@ -84,7 +84,8 @@ def up(name: str, nodes: int, instance_type: str, taint: bool) -> None:
     _echo(
         f"cluster {name!r} ready in {report.timer.total:.1f}s "
         f"(control plane {report.control_plane}; {len(report.nodes_created)} node(s) created; "
-        f"gang scheduler pid {report.gang_scheduler_pid})"
+        + ", ".join(f"{process} pid {pid}" for process, pid in report.volcano_pids.items())
+        + ")"
     )
     _echo(f"kubeconfig: {report.kubeconfig}")
     _echo(f'use it:     eval "$(trainium-operator dev env --name {name})"')
@@ -93,7 +94,7 @@ def up(name: str, nodes: int, instance_type: str, taint: bool) -> None:
 @dev.command()
 @name_option
 def down(name: str) -> None:
-    """Stop the gang scheduler and delete the cluster (kwokctl delete cluster)."""
+    """Stop Volcano and delete the cluster (kwokctl delete cluster)."""
     started = time.monotonic()
     try:
         cluster.down(name, echo=_echo)
@@ -105,18 +106,22 @@ def down(name: str) -> None:
 @dev.command()
 @name_option
 def status(name: str) -> None:
-    """Control plane, gang scheduler, nodes and the FSx claim at a glance."""
+    """Control plane, Volcano, queues, nodes and the FSx claim at a glance."""
     state = cluster.status(name)
-    click.echo(f"cluster          {state.name}")
-    click.echo(f"kube-apiserver   {'running' if state.apiserver_running else 'not running'}")
-    pid = state.gang_scheduler_pid
-    click.echo(f"gang scheduler   {f'running (pid {pid})' if pid else 'not running'}")
-    click.echo(f"kubeconfig       {state.kubeconfig}")
-    click.echo(f"fsx-claim        {state.fsx_claim_phase or '-'}")
+    click.echo(f"{'cluster':<22} {state.name}")
+    click.echo(f"{'kube-apiserver':<22} {'running' if state.apiserver_running else 'not running'}")
+    for process, pid, healthy in state.volcano:
+        running = f"running (pid {pid}, {'healthy' if healthy else 'NOT healthy'})"
+        click.echo(f"{process:<22} {running if pid else 'not running'}")
+    click.echo(f"{'kubeconfig':<22} {state.kubeconfig}")
+    click.echo(f"{'fsx-claim':<22} {state.fsx_claim_phase or '-'}")
     for node, instance_type, ready in state.nodes:
         click.echo(
-            f"node             {node:<24} {instance_type:<16} {'Ready' if ready else 'NotReady'}"
+            f"{'node':<22} {node:<24} {instance_type:<16} {'Ready' if ready else 'NotReady'}"
         )
+    for queue, queue_state, counts in state.queues:
+        phases = " ".join(f"{phase.lower()}={count}" for phase, count in counts.items())
+        click.echo(f"{'queue':<22} {queue:<24} {queue_state:<16} {phases}")
     if not state.apiserver_running:
         sys.exit(1)
 
@@ -136,19 +141,6 @@ def env(name: str) -> None:
     click.echo(f"export KUBECONFIG={shlex.quote(str(paths.ClusterPaths(name).kubeconfig))}")
     click.echo(f"export TRAINIUM_DEV_CLUSTER={shlex.quote(name)}")
     click.echo(f'export PATH={shlex.quote(bin_path)}"{os.pathsep}$PATH"')
-
-
-@dev.command("gang-scheduler")
-@click.option(
-    "--kubeconfig", "kubeconfig_path", type=click.Path(exists=True, dir_okay=False), required=True
-)
-def gang_scheduler_command(kubeconfig_path: str) -> None:
-    """Run the Volcano-compatible gang scheduler in the foreground (`dev up` starts it for you)."""
-    from pathlib import Path
-
-    from trainium_operator.devcluster import gang_scheduler
-
-    gang_scheduler.main(["--kubeconfig", str(Path(kubeconfig_path))])
 
 
 @dev.command("lose-node")

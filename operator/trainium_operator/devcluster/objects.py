@@ -35,7 +35,6 @@ VOLCANO_GROUP = "scheduling.volcano.sh"
 VOLCANO_VERSION = "v1beta1"
 TUTORIAL_QUEUE = "test"
 DEFAULT_QUEUE = "default"
-ROOT_QUEUE = "root"
 
 
 def node_name(instance_type: str, index: int) -> str:
@@ -129,11 +128,15 @@ def fake_nodes(
 
 
 def volcano_queue(
-    name: str, *, weight: int = 1, reclaimable: bool, parent: str | None
+    name: str,
+    *,
+    weight: int = 1,
+    reclaimable: bool,
+    capability: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {"weight": weight, "reclaimable": reclaimable}
-    if parent:
-        spec["parent"] = parent
+    if capability:
+        spec["capability"] = dict(capability)
     return {
         "apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}",
         "kind": "Queue",
@@ -143,11 +146,11 @@ def volcano_queue(
 
 
 def volcano_queues() -> list[dict[str, Any]]:
-    """The queues Volcano creates at start-up (root, default) plus the tutorial's `test`."""
+    """`default` (vc-scheduler also creates it at start-up) and the tutorial's `test` queue,
+    as its create_volcano_test_queue.sh declares it: weight 1, not reclaimable, no capability."""
     return [
-        volcano_queue(ROOT_QUEUE, reclaimable=False, parent=None),
-        volcano_queue(DEFAULT_QUEUE, reclaimable=True, parent=ROOT_QUEUE),
-        volcano_queue(TUTORIAL_QUEUE, reclaimable=False, parent=ROOT_QUEUE),
+        volcano_queue(DEFAULT_QUEUE, reclaimable=True),
+        volcano_queue(TUTORIAL_QUEUE, reclaimable=False),
     ]
 
 
@@ -161,6 +164,29 @@ def fsx_csi_driver() -> dict[str, Any]:
             "attachRequired": False,
             "podInfoOnMount": False,
             "fsGroupPolicy": "ReadWriteOnceWithFSType",
+        },
+    }
+
+
+def csi_node(node: dict[str, Any]) -> dict[str, Any]:
+    """The CSINode the FSx CSI node plugin registers on every EKS node (through its kubelet).
+
+    Volcano's predicates count a pod's CSI volumes against the node's CSINode driver entries;
+    a node without one has no room for any pod that mounts the FSx claim.
+    """
+    name = node["metadata"]["name"]
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "CSINode",
+        "metadata": {
+            "name": name,
+            # As the kubelet creates it: owned by its Node, so it goes when the node goes.
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
+            ],
+        },
+        "spec": {
+            "drivers": [{"name": FSX_CSI_DRIVER, "nodeID": name, "topologyKeys": [ZONE_LABEL]}]
         },
     }
 

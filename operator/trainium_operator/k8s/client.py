@@ -25,6 +25,7 @@ Obj = dict[str, Any]
 VOLCANO_GROUP = "scheduling.volcano.sh"
 VOLCANO_VERSION = "v1beta1"
 PODGROUPS = "podgroups"
+QUEUES = "queues"
 
 
 @dataclass
@@ -213,12 +214,26 @@ class Cluster:
         result = self.core.list_namespaced_pod(namespace, label_selector=label_selector)
         return [self._to_dict(p) for p in result.items]
 
-    def list_podgroup_names(self, namespace: str, label_selector: str) -> list[str]:
+    def list_podgroups(self, namespace: str, label_selector: str) -> list[Obj]:
         self.counter.add("list", PODGROUPS)
         result = self.custom.list_namespaced_custom_object(
             VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, label_selector=label_selector
         )
-        return [item["metadata"]["name"] for item in result.get("items", [])]
+        items: list[Obj] = result.get("items", [])
+        return items
+
+    def get_queue(self, name: str) -> Obj | None:
+        """The Volcano Queue (cluster-scoped); None when it does not exist."""
+        self.counter.add("get", QUEUES)
+        try:
+            result: Obj = self.custom.get_cluster_custom_object(
+                VOLCANO_GROUP, VOLCANO_VERSION, QUEUES, name
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return result
 
     def service_exists(self, namespace: str, name: str) -> bool:
         self.counter.add("get", "services")

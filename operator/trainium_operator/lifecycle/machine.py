@@ -439,13 +439,50 @@ def _ensure_gang(
         status.condition("Running", True, "GangRunning", f"{stage.value} stage running")
         status.condition("Restarting", False, "GangRunning", f"attempt {attempt} running")
     elif status.phase is not Phase.RESTARTING:
-        scheduled = sum(1 for p in gang.values() if p.node)
-        status.transition(
-            Phase.PENDING,
-            "WaitingForGang",
-            f"{stage.value} stage: {scheduled}/{job.spec.nodes} pods scheduled, "
-            f"{workers['ready']}/{job.spec.nodes} ready (queue {job.spec.scheduling.queue})",
+        reason, message, warning = _waiting_reason(job, stage, gang, observed)
+        status.transition(Phase.PENDING, reason, message, warning=warning)
+
+
+def _waiting_reason(
+    job: JobRef, stage: Stage, gang: dict[int, PodView], observed: Observed
+) -> tuple[str, str, bool]:
+    """Why a stage's gang is not running yet, in Volcano's own words where it gave some:
+    (reason, message, is a warning)."""
+    queue = job.spec.scheduling.queue
+    nodes = job.spec.nodes
+    if observed.queue is not None and not observed.queue.exists:
+        return (
+            "QueueNotFound",
+            f"spec.scheduling.queue: Volcano queue {queue!r} does not exist; create it "
+            "(kubectl get queues lists them) or name an existing queue",
+            True,
         )
+    if observed.queue is not None and observed.queue.state not in (None, "Open"):
+        return (
+            "QueueClosed",
+            f"spec.scheduling.queue: Volcano queue {queue!r} is {observed.queue.state}; "
+            "it admits no new jobs until it is Open again",
+            True,
+        )
+    group = observed.podgroups.get(job.podgroup_name(stage))
+    scheduled = sum(1 for p in gang.values() if p.node)
+    ready = sum(1 for p in gang.values() if p.phase == "Running" and p.ready and not p.deleting)
+    progress = f"{scheduled}/{nodes} pods scheduled, {ready}/{nodes} ready"
+    if group is not None and group.unschedulable and scheduled < nodes:
+        return (
+            "Unschedulable",
+            f"{stage.value} stage: Volcano cannot place the gang of {nodes} pods "
+            f"(queue {queue}): {group.unschedulable}",
+            True,
+        )
+    if group is not None and not group.admitted:
+        return (
+            "Queued",
+            f"{stage.value} stage: waiting in Volcano queue {queue!r} "
+            f"(PodGroup {group.name} {group.phase or 'not yet seen by the scheduler'}); {progress}",
+            False,
+        )
+    return "WaitingForGang", f"{stage.value} stage: {progress} (queue {queue})", False
 
 
 def _handle_failures(

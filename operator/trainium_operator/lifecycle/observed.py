@@ -62,12 +62,35 @@ class NodeView:
 
 
 @dataclass(frozen=True, slots=True)
+class PodGroupView:
+    """What Volcano wrote on one PodGroup: its phase and why it cannot place the gang."""
+
+    name: str
+    phase: str | None  # Pending | Inqueue | Running | Completed | Unknown; None until scheduled
+    unschedulable: str | None  # Volcano's message while its Unschedulable condition is True
+
+    @property
+    def admitted(self) -> bool:
+        """Volcano's enqueue action let the group in (its queue and the cluster have room)."""
+        return self.phase in ("Inqueue", "Running", "Completed", "Unknown")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    name: str
+    exists: bool
+    state: str | None  # Open | Closed | Closing | Unknown; None until the queue controller runs
+
+
+@dataclass(frozen=True, slots=True)
 class Observed:
     pods: tuple[PodView, ...]
-    podgroups: frozenset[str]
+    podgroups: dict[str, PodGroupView]
     service_exists: bool
     nodes: dict[str, NodeView]
     now: datetime
+    # None when the reconciler did not look (Volcano already admitted the job's gang).
+    queue: QueueView | None = None
 
     def gang(self, stage: Stage, attempt: int) -> dict[int, PodView]:
         return {p.rank: p for p in self.pods if p.stage is stage and p.attempt == attempt}
@@ -125,19 +148,50 @@ def node_view(node: Obj) -> NodeView:
     )
 
 
+def podgroup_view(podgroup: Obj) -> PodGroupView:
+    status = podgroup.get("status") or {}
+    latest: dict[str, Obj] = {
+        str(c.get("type")): c for c in status.get("conditions") or [] if c.get("status") == "True"
+    }
+    unschedulable = None
+    refused = latest.get("Unschedulable")
+    placed = latest.get("Scheduled")
+    # Volcano keeps both condition types; the newer one says how its last attempt went.
+    if refused is not None and (
+        placed is None
+        or str(refused.get("lastTransitionTime") or "")
+        >= str(placed.get("lastTransitionTime") or "")
+    ):
+        unschedulable = str(refused.get("message") or refused.get("reason") or "")
+    return PodGroupView(
+        name=podgroup["metadata"]["name"],
+        phase=status.get("phase"),
+        unschedulable=unschedulable,
+    )
+
+
+def queue_view(name: str, queue: Obj | None) -> QueueView:
+    if queue is None:
+        return QueueView(name=name, exists=False, state=None)
+    return QueueView(name=name, exists=True, state=(queue.get("status") or {}).get("state"))
+
+
 def observe(
     *,
     pods: list[Obj],
-    podgroup_names: list[str],
+    podgroups: list[Obj],
     service_exists: bool,
     nodes: list[Obj],
     now: datetime,
+    queue: QueueView | None = None,
 ) -> Observed:
     views = tuple(v for v in (pod_view(p) for p in pods) if v is not None)
+    groups = (podgroup_view(o) for o in podgroups)
     return Observed(
         pods=views,
-        podgroups=frozenset(podgroup_names),
+        podgroups={g.name: g for g in groups},
         service_exists=service_exists,
         nodes={n.name: n for n in (node_view(o) for o in nodes)},
         now=now,
+        queue=queue,
     )

@@ -1,0 +1,217 @@
+"""The real Volcano processes of a dev cluster: vc-scheduler and vc-controller-manager.
+
+Both run as background processes in their own session (they outlive `dev up`), with their logs
+and pid files beside the cluster's state, health-checked on their `/healthz` endpoints, and are
+stopped by `dev down`. The argv builders are pure so tests can check them without a cluster.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainium_operator.devcluster import build, paths
+
+SCHEDULER_NAME = "volcano"  # pods with this schedulerName are Volcano's
+SCHEDULER_CONF = Path(__file__).parent / "volcano-scheduler.yaml"
+# The controllers a bare-pod Volcano user relies on: PodGroups for volcano pods without one
+# (pg), queue status and state (queue), and TTL clean-up of finished vcjobs (gc). The job,
+# jobflow and jobtemplate controllers act on vcjob objects nobody creates here.
+CONTROLLERS = ("+pg-controller", "+queue-controller", "+gc-controller")
+HEALTH_TIMEOUT = 60.0
+
+
+class VolcanoError(RuntimeError):
+    """A Volcano process did not start or became unhealthy; the message names its log."""
+
+
+@dataclass(frozen=True, slots=True)
+class Daemon:
+    """One Volcano process of one cluster: where its pid, port and log live."""
+
+    name: str  # also the binary's name: vc-scheduler | vc-controller-manager
+    cluster: paths.ClusterPaths
+
+    @property
+    def pid_file(self) -> Path:
+        return self.cluster.state_dir / f"{self.name}.pid"
+
+    @property
+    def port_file(self) -> Path:
+        return self.cluster.state_dir / f"{self.name}.healthz-port"
+
+    @property
+    def log(self) -> Path:
+        return self.cluster.state_dir / f"{self.name}.log"
+
+
+def daemons(cluster: paths.ClusterPaths) -> tuple[Daemon, Daemon]:
+    return Daemon("vc-scheduler", cluster), Daemon("vc-controller-manager", cluster)
+
+
+def scheduler_argv(
+    binary: Path, kubeconfig: Path, *, healthz_port: int, metrics_port: int
+) -> list[str]:
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--scheduler-conf={SCHEDULER_CONF}",
+        f"--scheduler-name={SCHEDULER_NAME}",
+        # One scheduler per dev cluster: no Lease to wait for on a restart.
+        "--leader-elect=false",
+        "--enable-healthz=true",
+        f"--healthz-address=127.0.0.1:{healthz_port}",
+        f"--listen-address=127.0.0.1:{metrics_port}",
+        "--enable-metrics=true",
+        # Default 1 s; kept explicit because tests' timings depend on it.
+        "--schedule-period=1s",
+        # The cache dumper writes into /tmp on SIGUSR2; nothing here asks for it.
+        "--cache-dumper=false",
+        "--logtostderr=true",
+        "-v=3",
+    ]
+
+
+def controller_manager_argv(binary: Path, kubeconfig: Path, *, healthz_port: int) -> list[str]:
+    return [
+        str(binary),
+        f"--kubeconfig={kubeconfig}",
+        f"--scheduler-name={SCHEDULER_NAME}",
+        "--leader-elect=false",
+        f"--controllers={','.join(CONTROLLERS)}",
+        "--enable-healthz=true",
+        f"--healthz-address=127.0.0.1:{healthz_port}",
+        "--logtostderr=true",
+        "-v=2",
+    ]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def running_pid(daemon: Daemon) -> int | None:
+    """The daemon's pid if that process is alive and is our binary (not a recycled pid)."""
+    try:
+        pid = int(daemon.pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (ProcessLookupError, FileNotFoundError):
+        return None
+    except PermissionError:
+        return pid
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        state = "?"
+    if state == "Z":
+        return None
+    return pid if daemon.name.encode() in cmdline else None
+
+
+def healthz_port(daemon: Daemon) -> int | None:
+    try:
+        return int(daemon.port_file.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def healthy(daemon: Daemon) -> bool:
+    port = healthz_port(daemon)
+    if port is None or running_pid(daemon) is None:
+        return False
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _log_tail(daemon: Daemon, lines: int = 20) -> str:
+    try:
+        return "".join(daemon.log.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _start(daemon: Daemon, toolchain: build.Toolchain) -> int:
+    binary = toolchain.binary(daemon.name)
+    kubeconfig = daemon.cluster.kubeconfig
+    port = _free_port()
+    if daemon.name == "vc-scheduler":
+        argv = scheduler_argv(binary, kubeconfig, healthz_port=port, metrics_port=_free_port())
+    else:
+        argv = controller_manager_argv(binary, kubeconfig, healthz_port=port)
+    daemon.cluster.state_dir.mkdir(parents=True, exist_ok=True)
+    with daemon.log.open("a") as log:
+        log.write(f"$ {' '.join(argv)}\n")
+        log.flush()
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+    daemon.pid_file.write_text(f"{process.pid}\n")
+    daemon.port_file.write_text(f"{port}\n")
+    return process.pid
+
+
+def start(cluster: paths.ClusterPaths, toolchain: build.Toolchain) -> dict[str, int]:
+    """Starts whichever Volcano process is not running and waits until both are healthy."""
+    pids: dict[str, int] = {}
+    for daemon in daemons(cluster):
+        # A running one is left alone (a stuck one is reported below, with its log).
+        pid = running_pid(daemon)
+        pids[daemon.name] = pid if pid is not None else _start(daemon, toolchain)
+    deadline = time.monotonic() + HEALTH_TIMEOUT
+    for daemon in daemons(cluster):
+        while not healthy(daemon):
+            if running_pid(daemon) is None:
+                raise VolcanoError(
+                    f"{daemon.name} exited during start-up; log {daemon.log}:\n{_log_tail(daemon)}"
+                )
+            if time.monotonic() > deadline:
+                raise VolcanoError(
+                    f"{daemon.name} not healthy after {HEALTH_TIMEOUT:.0f}s; log {daemon.log}:\n"
+                    f"{_log_tail(daemon)}"
+                )
+            time.sleep(0.2)
+    return pids
+
+
+def stop(cluster: paths.ClusterPaths, *, timeout: float = 10.0) -> list[str]:
+    """SIGTERM, then SIGKILL after `timeout`; returns the names of the processes stopped."""
+    stopped = []
+    for daemon in daemons(cluster):
+        pid = running_pid(daemon)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and running_pid(daemon) is not None:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+                time.sleep(0.1)
+            if running_pid(daemon) is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            stopped.append(daemon.name)
+        daemon.pid_file.unlink(missing_ok=True)
+        daemon.port_file.unlink(missing_ok=True)
+    return stopped
