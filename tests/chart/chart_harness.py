@@ -172,7 +172,7 @@ def _crd_documents() -> Iterable[Manifest]:
 
 @cache
 def volcano_crds() -> tuple[Manifest, ...]:
-    """Volcano's CRDs as the dev cluster generates them (controller-gen over volcano.sh/apis)."""
+    """Volcano's own CRDs, as the dev cluster installs them from the volcano.sh/volcano module."""
     from trainium_operator.devcluster import build
 
     directory = build.volcano_crd_dir()

@@ -19,6 +19,7 @@ class Clients:
     coordination: Any  # CoordinationV1Api
     apps: Any  # AppsV1Api
     batch: Any  # BatchV1Api
+    scheduling: Any  # SchedulingV1Api (PriorityClasses)
 
 
 def clients_for(kubeconfig: Path) -> Clients:
@@ -32,6 +33,7 @@ def clients_for(kubeconfig: Path) -> Clients:
         coordination=client.CoordinationV1Api(api_client),
         apps=client.AppsV1Api(api_client),
         batch=client.BatchV1Api(api_client),
+        scheduling=client.SchedulingV1Api(api_client),
     )
 
 
