@@ -7,6 +7,7 @@ that `trainium-operator profile ...` never pays for kopf and `dev` never for tor
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
 import click
 
@@ -19,15 +20,36 @@ _SUBCOMMANDS: dict[str, str] = {
 }
 
 
+# Installed only from a source checkout (the wheel and the operator image leave it out).
+_DEV_ONLY = {"dev"}
+
+
+def _available(module_name: str) -> bool:
+    try:
+        return importlib.util.find_spec(module_name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 class _LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(_SUBCOMMANDS)
+        return sorted(
+            name
+            for name, target in _SUBCOMMANDS.items()
+            if name not in _DEV_ONLY or _available(target.partition(":")[0])
+        )
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         target = _SUBCOMMANDS.get(cmd_name)
         if target is None:
             return None
         module_name, _, attribute = target.partition(":")
+        if cmd_name in _DEV_ONLY and not _available(module_name):
+            raise click.UsageError(
+                f"`trainium-operator {cmd_name}` is the local development cluster; it runs from a "
+                "source checkout (pip install -e '.[dev]'), not from an installed wheel or the "
+                "operator image"
+            )
         command = getattr(importlib.import_module(module_name), attribute)
         if not isinstance(command, click.Command):
             raise TypeError(f"{target} is not a click command")

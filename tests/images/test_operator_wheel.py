@@ -1,0 +1,75 @@
+"""The wheel the operator image installs carries the operator, never the dev harness."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from images.dockerfile_model import ROOT
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    out = tmp_path_factory.mktemp("wheel")
+    # Built the way images/operator/Dockerfile builds it (pip wheel of the checkout), but from a
+    # copy so no build/ directory is left in the checkout.
+    build_root = out / "src"
+    build_root.mkdir()
+    for part in ("operator", "pyproject.toml", "README.md"):
+        subprocess.run(["cp", "-r", str(ROOT / part), str(build_root)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            str(build_root),
+            "-w",
+            str(out / "dist"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (path,) = (out / "dist").glob("trainium_operator-*.whl")
+    return zipfile.ZipFile(path)
+
+
+def names(wheel: zipfile.ZipFile) -> list[str]:
+    return wheel.namelist()
+
+
+def test_the_wheel_has_the_operator_ui_and_profiler(wheel: zipfile.ZipFile) -> None:
+    files = names(wheel)
+    for expected in (
+        "trainium_operator/controller/handlers.py",
+        "trainium_operator/ui/static/app.js",
+        "trainium_operator/profiler/capture.py",
+    ):
+        assert expected in files
+
+
+def test_the_wheel_carries_no_dev_cluster_go_modules_or_scheduler(wheel: zipfile.ZipFile) -> None:
+    files = names(wheel)
+    assert not [f for f in files if "/devcluster/" in f]
+    assert not [f for f in files if f.endswith(("go.mod", "go.sum"))]
+    assert not [f for f in files if "gang" in Path(f).name or "volcano-scheduler" in f]
+
+
+def test_the_wheels_runtime_requirements_hold_no_dev_or_test_package(
+    wheel: zipfile.ZipFile,
+) -> None:
+    (metadata,) = [n for n in names(wheel) if n.endswith(".dist-info/METADATA")]
+    requires = [
+        line.removeprefix("Requires-Dist: ")
+        for line in wheel.read(metadata).decode().splitlines()
+        if line.startswith("Requires-Dist: ") and "extra ==" not in line
+    ]
+    runtime = {r.split("==")[0].strip().lower() for r in requires}
+    assert runtime == {"kopf", "kubernetes", "urllib3", "pyyaml", "pydantic", "aiohttp", "numpy"}
