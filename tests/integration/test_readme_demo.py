@@ -63,6 +63,23 @@ def test_readme_first_command_runs_the_tutorial_job_to_success_in_a_fresh_clone(
         assert re.search(r"bert-large-pretrain\s+Training", output), output[-6000:]
         assert re.search(r"bert-large-pretrain\s+Succeeded\s+2\s", output), output[-6000:]
         assert "Where to look next" in output
+        # PodGroups whose status the real Volcano wrote, and no Python scheduler anywhere.
+        podgroup_rows = re.findall(
+            r"^bert-large-pretrain-(?:compile|train)\s+(\w+)\s.*$", output, re.M
+        )
+        assert "Running" in podgroup_rows, output[-6000:]
+        assert re.search(r"^bert-large-pretrain-train\s.*vc-scheduler", output, re.M), output[
+            -6000:
+        ]
+        # The demo keeps its cluster: its Volcano processes run now, and no Python scheduler.
+        processes = subprocess.run(
+            ["ps", "-eo", "args"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        cluster_name = env["TRAINIUM_DEV_CLUSTER"]
+        ours = [p for p in processes if f"/clusters/{cluster_name}/" in p]
+        assert any("vc-scheduler" in p for p in ours), ours
+        assert any("vc-controller-manager" in p for p in ours), ours
+        assert not [p for p in processes if "gang_scheduler" in p]
         assert "Steps (30 with markers" in output, "the profile summary of the real CPU run"
     finally:
         subprocess.run(

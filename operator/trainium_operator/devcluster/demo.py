@@ -266,6 +266,16 @@ class Demo:
             f"{', '.join(p.spec.node_name for p in gang)}; running their {stage} command locally "
             f"on CPU at demo size (log: {log})"
         )
+        # The gang's PodGroups as Volcano's scheduler and controller manager wrote them.
+        self.echo("$ kubectl get podgroups")
+        self.echo(
+            self.kubectl(
+                "get", "podgroups", "-n", JOB_NAMESPACE, "-o",
+                "custom-columns=NAME:.metadata.name,PHASE:.status.phase,MINMEMBER:.spec.minMember,"
+                "RUNNING:.status.running,SUCCEEDED:.status.succeeded,QUEUE:.spec.queue,"
+                "WRITTEN-BY:.metadata.managedFields[*].manager",
+            ).rstrip()
+        )  # fmt: skip
         self.local = LocalRun(
             stage,
             [p.metadata.name for p in gang],
