@@ -25,8 +25,9 @@ heartbeats and node events to a 2-CPU machine (`--nodes N` changes it).
 The figure is operator_time / direct_time (medians over the repetitions, which alternate
 operator, direct sequential, direct 4 threads). Everything runs on one machine (API server,
 etcd, KWOK, the Volcano scheduler and controller manager, the operator and this script), so
-absolute times follow its load; the ratio is measured in the same run on the same cluster. Between repetitions the run's
-objects are deleted and its pods are gone, so every run starts from the same cluster state.
+absolute times follow its load; the ratio is measured in the same run on the same cluster.
+Between repetitions the run's objects are deleted and its pods are gone, so every run starts
+from the same cluster state.
 Namespaces and the cluster are deleted in `finally` (also on SIGTERM and Ctrl-C).
 """
 
