@@ -6,6 +6,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.observed import (
@@ -114,9 +116,15 @@ def test_worker_failure_restarts_the_whole_gang_with_resume_and_counts_it() -> N
     assert decision.status["attempt"] == 1
     assert decision.status["restarts"] == {"total": 1, "application": 1, "infrastructure": 0}
     assert [d.name for d in decision.delete_pods] == ["bert-train-0-1"]  # failed pod kept for logs
-    assert names(decision.create) == ["bert-train-1-0", "bert-train-1-1"]
-    assert decision.create[0]["spec"]["containers"][0]["command"][-1] == "--resume"
+    # Recorded before anything is deleted; the new gang waits for a later pass.
+    assert decision.status_first
+    assert decision.create == []
     assert decision.status["lastFailure"]["pod"] == "bert-train-0-0"
+    # The old survivor is gone (the failed pod stays for its logs): the new gang starts.
+    started = machine.decide(job, decision.status, observed(failed))
+    assert names(started.create) == ["bert-train-1-0", "bert-train-1-1"]
+    assert started.create[0]["spec"]["containers"][0]["command"][-1] == "--resume"
+    assert started.status["restarts"]["total"] == 1
 
 
 def test_repeating_a_pass_after_a_restart_decision_is_idempotent() -> None:
@@ -128,7 +136,12 @@ def test_repeating_a_pass_after_a_restart_decision_is_idempotent() -> None:
     again = machine.decide(job, after, observed(failed, pod(job, Stage.TRAIN, 0, 1, deleting=True)))
     assert again.status["attempt"] == 1
     assert again.status["restarts"]["total"] == 1
-    assert names(again.create) == ["bert-train-1-0", "bert-train-1-1"]
+    # Never two attempts at once: nothing is created while the old pod is still terminating.
+    assert again.create == []
+    assert again.status["reason"] == "WaitingForOldGang"
+    done = machine.decide(job, again.status, observed(failed))
+    assert names(done.create) == ["bert-train-1-0", "bert-train-1-1"]
+    assert done.status["restarts"]["total"] == 1
 
 
 def test_backoff_limit_exhaustion_fails_the_job() -> None:
@@ -289,3 +302,74 @@ def test_the_newer_of_volcanos_scheduled_and_unschedulable_conditions_wins() -> 
     assert group("2026-12-01T10:00:02Z", "2026-12-01T10:00:01Z").unschedulable == "no room"
     assert group("2026-12-01T10:00:01Z", "2026-12-01T10:00:02Z").unschedulable is None
     assert not podgroup_view({"metadata": {"name": "g"}}).admitted
+
+
+def test_a_pod_vanished_from_a_full_gang_restarts_the_gang_instead_of_being_recreated_alone() -> (
+    None
+):
+    job = job_ref(compile={"enabled": False})
+    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    assert running["training"]["fullGangAttempt"] == 0
+    decision = machine.decide(job, running, observed(pod(job, Stage.TRAIN, 0, 0)))
+    assert decision.create == []
+    assert decision.status["attempt"] == 1
+    assert decision.status["lastFailure"]["reason"] == "PodVanished"
+    assert decision.status["restarts"] == {"total": 1, "application": 0, "infrastructure": 1}
+    assert [d.name for d in decision.delete_pods] == ["bert-train-0-0"]
+
+
+def test_a_gang_still_being_created_gets_its_missing_ranks_not_a_restart() -> None:
+    job = job_ref(compile={"enabled": False})
+    first = machine.decide(job, {}, Observed((), {}, True, NODES, T0)).status
+    partial = machine.decide(job, first, observed(pod(job, Stage.TRAIN, 0, 0, "Pending")))
+    assert names(partial.create) == ["bert-train-0-1"]
+    assert partial.status["restarts"]["total"] == 0
+
+
+def test_an_unknown_node_right_after_start_is_not_a_lost_node() -> None:
+    job = job_ref(compile={"enabled": False})
+    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    empty_cache = replace(observed(*gang(job, Stage.TRAIN, 0), nodes={}), nodes_known=False)
+    decision = machine.decide(job, running, empty_cache)
+    assert decision.status["restarts"]["total"] == 0
+    assert decision.delete_pods == []
+    listed = observed(*gang(job, Stage.TRAIN, 0), nodes={})  # a full list without the node
+    assert machine.decide(job, running, listed).status["lastFailure"]["reason"] == "NodeLost"
+
+
+def test_the_first_training_gang_after_a_compile_restart_does_not_resume() -> None:
+    job = job_ref()
+    compiling = machine.decide(job, {}, observed(*gang(job, Stage.COMPILE, 0))).status
+    lost = pod(job, Stage.COMPILE, 0, 0, "Failed", reason="Evicted")
+    restarting = machine.decide(job, compiling, observed(lost, pod(job, Stage.COMPILE, 0, 1)))
+    assert restarting.status["attempt"] == 1
+    compiled = machine.decide(
+        job, restarting.status, observed(lost, *gang(job, Stage.COMPILE, 1, "Succeeded"))
+    )
+    train = [o for o in compiled.create if o["kind"] == "Pod"]
+    assert names(train) == ["bert-train-1-0", "bert-train-1-1"]
+    assert "--resume" not in train[0]["spec"]["containers"][0]["command"]
+    assert compiled.status["training"]["firstAttempt"] == 1
+
+
+@pytest.mark.parametrize("reason", ["OutOfcpu", "OutOfaws.amazon.com/neuron", "NodeAffinity"])
+def test_kubelet_admission_rejections_are_infrastructure_failures(reason: str) -> None:
+    job = job_ref(compile={"enabled": False})
+    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    rejected = pod(job, Stage.TRAIN, 0, 1, "Failed", reason=reason, message="kubelet said no")
+    decision = machine.decide(job, running, observed(pod(job, Stage.TRAIN, 0, 0), rejected))
+    assert decision.status["restarts"] == {"total": 1, "application": 0, "infrastructure": 1}
+
+
+def test_resuming_a_job_suspended_before_it_started_is_not_a_restart() -> None:
+    job = job_ref(compile={"enabled": False})
+    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    running.pop("startTime")  # suspended before the run counted as started
+    suspended_job = job_ref(compile={"enabled": False}, runPolicy={"suspend": True})
+    suspended = machine.decide(suspended_job, running, observed(*gang(job, Stage.TRAIN, 0)))
+    resumed = machine.decide(job, suspended.status, Observed((), {}, True, NODES, T0))
+    assert resumed.status["restarts"]["total"] == 0
+    assert names([o for o in resumed.create if o["kind"] == "Pod"]) == [
+        "bert-train-0-0",
+        "bert-train-0-1",
+    ]

@@ -107,6 +107,18 @@ def _stage_times_schema(stage: str) -> JsonSchema:
         "properties": {
             "startTime": {"type": "string", "format": "date-time"},
             "completionTime": {"type": "string", "format": "date-time"},
+            "firstAttempt": {
+                "type": "integer",
+                "format": "int32",
+                "description": f"Attempt of the {stage} stage's first gang; a training attempt "
+                "after it resumes from the newest checkpoint.",
+            },
+            "fullGangAttempt": {
+                "type": "integer",
+                "format": "int32",
+                "description": "Newest attempt all of whose pods existed at once; a pod of it "
+                "that vanishes restarts the whole gang instead of being re-created alone.",
+            },
         },
     }
 

@@ -115,7 +115,9 @@ def rendezvous_endpoint(job: JobRef, stage: Stage) -> str:
     return f"{host}:{rdzv.port}"
 
 
-def torchrun_command(job: JobRef, stage: Stage, attempt: int) -> list[str]:
+def torchrun_command(
+    job: JobRef, stage: Stage, attempt: int, *, resume: bool | None = None
+) -> list[str]:
     """The torchrun argv; the compile stage wraps the same command in neuron_parallel_compile.
 
     neuron_parallel_compile needs the command to match the real run except for
@@ -148,7 +150,9 @@ def torchrun_command(job: JobRef, stage: Stage, attempt: int) -> list[str]:
             str(spec.compile.steps),
             *spec.compile.extra_args,
         ]
-    if attempt > 0:
+    # The lifecycle says whether an earlier training gang ran (a compile-stage restart or a
+    # suspend before training also raises the attempt); alone, any later attempt resumes.
+    if resume if resume is not None else attempt > 0:
         argv.append(RESUME_FLAG)
     return argv
 
@@ -161,8 +165,10 @@ NEURON_PROFILE_MERGE_SCRIPT = (
 )
 
 
-def container_command(job: JobRef, stage: Stage, attempt: int) -> list[str]:
-    command = torchrun_command(job, stage, attempt)
+def container_command(
+    job: JobRef, stage: Stage, attempt: int, *, resume: bool | None = None
+) -> list[str]:
+    command = torchrun_command(job, stage, attempt, resume=resume)
     if stage is Stage.TRAIN and job.spec.profile.enabled and job.spec.profile.neuron_device_profile:
         return ["/bin/sh", "-c", NEURON_PROFILE_MERGE_SCRIPT, "sh", *command]
     return command
@@ -230,7 +236,7 @@ def container_resources(job: JobRef) -> Obj:
     return resources
 
 
-def pod(job: JobRef, stage: Stage, attempt: int, rank: int) -> Obj:
+def pod(job: JobRef, stage: Stage, attempt: int, rank: int, *, resume: bool | None = None) -> Obj:
     spec = job.spec
     name = job.pod_name(stage, attempt, rank)
     metadata = job.metadata(name, stage)
@@ -256,7 +262,7 @@ def pod(job: JobRef, stage: Stage, attempt: int, rank: int) -> Obj:
                 "name": CONTAINER_NAME,
                 "image": spec.image,
                 "imagePullPolicy": spec.image_pull_policy,
-                "command": container_command(job, stage, attempt),
+                "command": container_command(job, stage, attempt, resume=resume),
                 "env": container_env(job, stage, rank, attempt),
                 "resources": container_resources(job),
                 "volumeMounts": [

@@ -19,7 +19,11 @@ from aiohttp import web
 from trainium_operator.api import spec as spec_model
 from trainium_operator.builders.job import LABEL_JOB_NAME
 from trainium_operator.controller.peering import PeeringGate
-from trainium_operator.controller.reconciler import PermissionDeniedError, Reconciler
+from trainium_operator.controller.reconciler import (
+    JobGoneError,
+    PermissionDeniedError,
+    Reconciler,
+)
 from trainium_operator.controller.workqueue import Key, WorkQueue
 from trainium_operator.k8s.client import Cluster, credentials, is_conflict, load_api_client
 
@@ -45,6 +49,8 @@ class Runtime:
     cluster: Cluster | None = None
     reconciler: Reconciler | None = None
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # True once `nodes` holds a full LIST; until then a missing node is unknown, not lost.
+    nodes_synced: bool = False
     node_ready: dict[str, bool] = field(default_factory=dict)
     seen_generations: dict[Key, tuple[Any, ...]] = field(default_factory=dict)
     reconciles: int = 0
@@ -89,7 +95,10 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.networking.error_backoffs = [1, 2, 5, 10]
     runtime.queue = WorkQueue()
     runtime.cluster = Cluster(load_api_client(runtime.kubeconfig))
-    runtime.reconciler = Reconciler(runtime.cluster, nodes=lambda: list(runtime.nodes.values()))
+    runtime.reconciler = Reconciler(
+        runtime.cluster,
+        nodes=lambda: list(runtime.nodes.values()) if runtime.nodes_synced else None,
+    )
     queue, reconciler = runtime.queue, runtime.reconciler
     if runtime.peering:
         runtime.gate = PeeringGate(
@@ -103,6 +112,10 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         runtime.reconciles += 1
         try:
             requeue_after = await asyncio.to_thread(reconciler.reconcile, *key)
+        except JobGoneError:
+            queue.forget(key)
+            runtime.seen_generations.pop(key, None)
+            return None
         except PermissionDeniedError as error:
             runtime.reconcile_errors += 1
             log.error("%s/%s: permission denied: %s", *key, error)
@@ -119,6 +132,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     for _index in range(runtime.workers):
         runtime.tasks.append(asyncio.create_task(queue.run_worker(process)))
     runtime.tasks.append(asyncio.create_task(_resync(queue)))
+    runtime.tasks.append(asyncio.create_task(_sync_nodes(runtime)))
     if runtime.metrics_port:
         runtime.tasks.append(asyncio.create_task(_serve_metrics(runtime, runtime.metrics_port)))
 
@@ -129,6 +143,30 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     for task in runtime.tasks:
         task.cancel()
     await asyncio.gather(*runtime.tasks, return_exceptions=True)
+
+
+async def _sync_nodes(runtime: Runtime) -> None:
+    """One full LIST of nodes before any node may count as gone: kopf's node watch fills the
+    cache node by node, and a reconcile right after a start (or a standby taking over) must not
+    see a half-filled cache as lost nodes and restart every running gang."""
+    assert runtime.cluster is not None
+    delay = 1.0
+    while not runtime.nodes_synced:
+        try:
+            listed = await asyncio.to_thread(runtime.cluster.list_nodes)
+        except Exception as error:
+            log.warning("listing nodes failed (%s); node loss is not judged until it works", error)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+            continue
+        for node in listed:
+            name = node["metadata"]["name"]
+            # A watch event that already arrived is newer than this snapshot.
+            runtime.nodes.setdefault(name, {"metadata": {"name": name}, "status": node["status"]})
+        runtime.nodes_synced = True
+        if runtime.queue is not None:
+            for key in list(runtime.queue.known):
+                runtime.queue.add(key)
 
 
 async def _resync(queue: WorkQueue) -> None:
@@ -163,7 +201,9 @@ def training_job_event(
 @kopf.on.event("", "v1", "pods", labels={LABEL_JOB_NAME: kopf.PRESENT})
 def pod_event(labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any) -> None:
     if namespace is not None:
-        _queue(memo).add((namespace, labels[LABEL_JOB_NAME]))
+        # Only jobs the TrainingJob watch has seen: a deleted job's pods going away must not
+        # bring its key back for every resync, forever.
+        _queue(memo).touch((namespace, labels[LABEL_JOB_NAME]))
 
 
 @kopf.on.event("", "v1", "nodes")

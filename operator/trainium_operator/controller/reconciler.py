@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 CREATE_CONCURRENCY = 8
 
 
+class JobGoneError(LookupError):
+    """The TrainingJob no longer exists (or is being deleted): nothing is left to reconcile."""
+
+
 class PermissionDeniedError(RuntimeError):
     """The operator's ServiceAccount lacks an RBAC rule; retrying soon will not help."""
 
@@ -69,7 +73,7 @@ class Reconciler:
     def __init__(
         self,
         cluster: Cluster,
-        nodes: Callable[[], list[Obj]],
+        nodes: Callable[[], list[Obj] | None],
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ):
         self.cluster = cluster
@@ -95,7 +99,7 @@ class Reconciler:
         body = self.cluster.get_training_job(namespace, name)
         if body is None or body["metadata"].get("deletionTimestamp"):
             # Garbage collection removes the children through their owner references.
-            return None
+            raise JobGoneError(f"{namespace}/{name}")
         try:
             return self._reconcile(body)
         except Exception as error:
@@ -127,13 +131,15 @@ class Reconciler:
             # likely reason, and Volcano itself (without its admission webhook) says nothing.
             name = job.spec.scheduling.queue
             queue = queue_view(name, self.cluster.get_queue(name))
+        nodes = self.nodes()
         observed = observe(
             pods=pods,
             podgroups=podgroups,
             service_exists=self.cluster.service_exists(job.namespace, job.service_name),
-            nodes=self.nodes(),
+            nodes=nodes or [],
             now=now,
             queue=queue,
+            nodes_known=nodes is not None,
         )
         decision = machine.decide(job, current_status, observed)
         return self._apply(body, current_status, decision)
@@ -146,12 +152,19 @@ class Reconciler:
     ) -> float | None:
         meta = body["metadata"]
         namespace = meta["namespace"]
+        status_written = False
+        if decision.status_first and decision.status != current_status:
+            # A restart is recorded before its side effects; a stale view fails here with 409.
+            self.cluster.patch_training_job_status(
+                namespace, meta["name"], decision.status, meta.get("resourceVersion")
+            )
+            status_written = True
         for deletion in decision.delete_pods:
             self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
         for podgroup in decision.delete_podgroups:
             self.cluster.delete_podgroup(namespace, podgroup)
         self._create_all(decision.create)
-        if decision.status != current_status:
+        if decision.status != current_status and not status_written:
             # resourceVersion makes a stale pass fail with 409 and retry, never overwrite;
             # events follow the status so a retried pass does not post them twice.
             self.cluster.patch_training_job_status(

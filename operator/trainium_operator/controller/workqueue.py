@@ -36,6 +36,11 @@ class WorkQueue:
             self._queued.add(key)
             self._queue.put_nowait(key)
 
+    def touch(self, key: Key) -> None:
+        """Marks a known job dirty; a child's event never resurrects a deleted job's key."""
+        if key in self.known:
+            self.add(key)
+
     def add_after(self, key: Key, seconds: float) -> None:
         timer = self._timers.get(key)
         loop = asyncio.get_running_loop()
@@ -48,7 +53,7 @@ class WorkQueue:
 
     def _fire(self, key: Key) -> None:
         self._timers.pop(key, None)
-        self.add(key)
+        self.touch(key)
 
     def forget(self, key: Key) -> None:
         self.known.discard(key)
@@ -80,5 +85,5 @@ class WorkQueue:
                 self._active.discard(key)
                 if key in self._dirty_while_active:
                     self._dirty_while_active.discard(key)
-                    self.add(key)
+                    self.touch(key)
                 self._queue.task_done()

@@ -63,6 +63,10 @@ class Decision:
     status: Obj = field(default_factory=dict)
     events: list[EventRecord] = field(default_factory=list)
     requeue_after: float | None = None
+    # A restart: the new attempt and restart counts are written (guarded by resourceVersion)
+    # before anything is deleted, so a crash in between neither loses the count nor lets a
+    # later pass re-create the old attempt.
+    status_first: bool = False
 
     def requeue(self, seconds: float) -> None:
         seconds = max(seconds, 1.0)
@@ -137,6 +141,15 @@ class _Status:
         value = self.data.get(section, {}).get(key)
         return str(value) if value else None
 
+    def stage_int(self, stage: Stage, key: str) -> int | None:
+        section = "compile" if stage is Stage.COMPILE else "training"
+        value = self.data.get(section, {}).get(key)
+        return int(value) if value is not None else None
+
+    def set_stage(self, stage: Stage, key: str, value: int) -> None:
+        section = "compile" if stage is Stage.COMPILE else "training"
+        self.data.setdefault(section, {})[key] = value
+
     def mark_stage(self, stage: Stage, key: str) -> None:
         section = "compile" if stage is Stage.COMPILE else "training"
         self.data.setdefault(section, {}).setdefault(key, _ts(self.now))
@@ -193,7 +206,7 @@ def _failure_of(pod: PodView, observed: Observed, grace: float) -> Failure | Non
     """Why this pod of the current gang counts as failed, if it does."""
     node = observed.nodes.get(pod.node) if pod.node else None
     if pod.node and not pod.terminal:
-        node_gone = node is None
+        node_gone = node is None and observed.nodes_known
         lost_for = (
             (observed.now - node.not_ready_since).total_seconds()
             if node is not None and not node.ready and node.not_ready_since is not None
@@ -227,6 +240,22 @@ def _failure_of(pod: PodView, observed: Observed, grace: float) -> Failure | Non
     return None
 
 
+def _vanished(job: JobRef, stage: Stage, attempt: int, rank: int) -> Failure:
+    """A pod of a gang that had all its pods is gone (force delete, PodGC, a delete that
+    completed between two passes): re-created alone it could not join the closed rendezvous."""
+    name = job.pod_name(stage, attempt, rank)
+    return Failure(
+        FailureClass.INFRASTRUCTURE,
+        stage,
+        name,
+        None,
+        rank,
+        None,
+        "PodVanished",
+        f"pod {name} (rank {rank}) disappeared from its running gang",
+    )
+
+
 def _node_lost_requeue(gang: dict[int, PodView], observed: Observed, grace: float) -> float | None:
     waits = []
     for pod in gang.values():
@@ -238,7 +267,9 @@ def _node_lost_requeue(gang: dict[int, PodView], observed: Observed, grace: floa
 
 def _is_lost(pod: PodView, observed: Observed) -> bool:
     node = observed.nodes.get(pod.node) if pod.node else None
-    return bool(pod.node) and (node is None or not node.ready)
+    if node is None:
+        return bool(pod.node) and observed.nodes_known
+    return not node.ready
 
 
 def _delete_gang(decision: Decision, pods: list[PodView], observed: Observed) -> None:
@@ -317,6 +348,9 @@ def decide(job: JobRef, current_status: Obj, observed: Observed) -> Decision:
             status.condition("Running", False, "Suspended", "job suspended")
         _delete_gang(decision, [p for p in observed.pods if not p.terminal], observed)
         decision.delete_podgroups.extend(sorted(observed.podgroups))
+        for section in ("compile", "training"):
+            # Suspend removes the pods on purpose: their absence is not a vanished pod.
+            status.data.get(section, {}).pop("fullGangAttempt", None)
         status.data["workers"] = _workers({}, job.spec.nodes)
         decision.status = status.data
         return decision
@@ -346,9 +380,20 @@ def decide(job: JobRef, current_status: Obj, observed: Observed) -> Decision:
             return decision
         decision.requeue(remaining)
 
+    # Never go below an attempt a pod already carries (a status write that was lost).
+    highest = max((p.attempt for p in observed.pods), default=attempt)
+    if highest > attempt:
+        attempt = highest
+        status.data["attempt"] = attempt
     gang = observed.gang(stage, attempt)
     grace = float(run_policy.node_lost_grace_period_seconds)
     failures = [f for f in (_failure_of(p, observed, grace) for p in gang.values()) if f]
+    if status.stage_int(stage, "fullGangAttempt") == attempt:
+        failures += [
+            _vanished(job, stage, attempt, rank)
+            for rank in range(job.spec.nodes)
+            if rank not in gang
+        ]
     if failures:
         _handle_failures(
             job,
@@ -419,9 +464,32 @@ def _ensure_gang(
         decision.create.append(pod_builders.headless_service(job))
     if job.podgroup_name(stage) not in observed.podgroups:
         decision.create.append(pod_builders.podgroup(job, stage))
+    older = [p for p in observed.pods if p.attempt < attempt and not p.terminal]
+    if older:
+        # The restart protocol: the next gang starts only once every older pod has stopped,
+        # so two attempts never run (or rendezvous) at once.
+        _delete_gang(decision, older, observed)
+        status.data["workers"] = _workers(gang, job.spec.nodes)
+        status.transition(
+            Phase.RESTARTING,
+            "WaitingForOldGang",
+            f"attempt {attempt} starts once {len(older)} pod(s) of earlier attempts have "
+            f"stopped: {', '.join(sorted(p.name for p in older))}",
+        )
+        decision.requeue(5.0)
+        return
+    first_attempt = status.stage_int(stage, "firstAttempt")
+    if first_attempt is None:
+        first_attempt = attempt
+        status.set_stage(stage, "firstAttempt", attempt)
+    # Resume only when an earlier training gang ran: a compile-stage restart or a suspend
+    # before training raises the attempt too, and must not pick up an older run's checkpoints.
+    resume = stage is Stage.TRAIN and attempt > first_attempt
     for rank in range(job.spec.nodes):
         if rank not in gang:
-            decision.create.append(pod_builders.pod(job, stage, attempt, rank))
+            decision.create.append(pod_builders.pod(job, stage, attempt, rank, resume=resume))
+    if len(gang) == job.spec.nodes:
+        status.set_stage(stage, "fullGangAttempt", attempt)
     if stage is Stage.TRAIN and job.spec.profile.enabled:
         status.data["profile"] = {
             "path": job.profile_dir(attempt),
@@ -553,8 +621,10 @@ def _handle_failures(
     )
     status.condition("Restarting", True, first.reason, first.message)
     status.condition("Running", False, "GangRestart", f"attempt {new_attempt} starting")
-    for rank in range(job.spec.nodes):
-        decision.create.append(pod_builders.pod(job, stage, new_attempt, rank))
+    # The new gang is created by a later pass, once this status is stored and the old pods
+    # are gone (their deletion events wake the job).
+    decision.status_first = True
+    decision.requeue(1.0)
     status.data["workers"] = _workers({}, job.spec.nodes)
     if stage is Stage.TRAIN and job.spec.profile.enabled:
         status.data["profile"] = {

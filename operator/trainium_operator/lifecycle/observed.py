@@ -20,8 +20,15 @@ INFRASTRUCTURE_POD_REASONS = frozenset(
         "Terminated",
         "Shutdown",
         "UnexpectedAdmissionError",
+        # The kubelet refused the pod at admission (the scheduler's view was stale): the node's
+        # doing, not the script's. Resource shortfalls come as OutOf<resource>.
+        "NodeAffinity",
+        "NodePorts",
+        "InvalidNodeInfo",
+        "PodOSNotSupported",
     }
 )
+KUBELET_OUT_OF_RESOURCE_PREFIX = "OutOf"
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -51,7 +58,12 @@ class PodView:
 
     @property
     def infrastructure_failure(self) -> bool:
-        return self.disrupted or (self.reason or "") in INFRASTRUCTURE_POD_REASONS
+        reason = self.reason or ""
+        return (
+            self.disrupted
+            or reason in INFRASTRUCTURE_POD_REASONS
+            or reason.startswith(KUBELET_OUT_OF_RESOURCE_PREFIX)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +103,9 @@ class Observed:
     now: datetime
     # None when the reconciler did not look (Volcano already admitted the job's gang).
     queue: QueueView | None = None
+    # False until the node cache holds a full list: a node missing from it is then unknown,
+    # not lost (right after an operator start, every node would look gone).
+    nodes_known: bool = True
 
     def gang(self, stage: Stage, attempt: int) -> dict[int, PodView]:
         return {p.rank: p for p in self.pods if p.stage is stage and p.attempt == attempt}
@@ -184,6 +199,7 @@ def observe(
     nodes: list[Obj],
     now: datetime,
     queue: QueueView | None = None,
+    nodes_known: bool = True,
 ) -> Observed:
     views = tuple(v for v in (pod_view(p) for p in pods) if v is not None)
     groups = (podgroup_view(o) for o in podgroups)
@@ -194,4 +210,5 @@ def observe(
         nodes={n.name: n for n in (node_view(o) for o in nodes)},
         now=now,
         queue=queue,
+        nodes_known=nodes_known,
     )
