@@ -1,0 +1,198 @@
+"""Failure modes of the crash-safety review, each reproduced on the real local cluster.
+
+Each test is one numbered scenario: it failed against the operator before the fix it names.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integration.operator_harness import (
+    OperatorProcess,
+    create_job,
+    finish_pods,
+    get_job,
+    install_crds,
+    job_manifest,
+    job_pods,
+    running_operator,
+    wait_gang_running,
+    wait_phase,
+)
+from trainium_operator.devcluster.sim import simulate_pod_outcome, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module", autouse=True)
+def crds(dev_cluster: Any) -> None:
+    install_crds(dev_cluster.clients)
+
+
+@pytest.fixture
+def operator(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    with running_operator(dev_cluster, namespace, tmp_path) as proc:
+        yield proc
+
+
+def attempts_alive(clients: Any, namespace: str, name: str) -> set[str]:
+    return {
+        p.metadata.labels["trainium.dev/attempt"]
+        for p in job_pods(clients, namespace, name)
+        if p.status.phase not in ("Succeeded", "Failed")
+    }
+
+
+def test_operator_restarts_never_restart_a_running_gang(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    """Scenario 1: right after a start the node cache is empty; that is not node loss."""
+    clients = dev_cluster.clients
+    create_job(clients, namespace, job_manifest("steady", compile={"enabled": False}))
+    pods = wait_gang_running(clients, namespace, "steady", "train", 0)
+    wait_phase(clients, namespace, "steady", "Training")
+    uids = {p.metadata.uid for p in pods}
+    for _ in range(3):
+        operator.kill()
+        operator.start()
+        time.sleep(4)  # the new process's first reconciles, with the node watch still filling
+    job = get_job(clients, namespace, "steady")
+    assert job["status"]["restarts"]["total"] == 0
+    assert job["status"]["attempt"] == 0
+    assert {p.metadata.uid for p in job_pods(clients, namespace, "steady")} == uids
+    finish_pods(clients, namespace, pods)
+    wait_phase(clients, namespace, "steady", "Succeeded")
+
+
+def test_a_force_deleted_training_pod_restarts_the_whole_gang_not_one_rank(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    """Scenario 3: the vanished rank is not re-created alone beside the old survivors."""
+    clients = dev_cluster.clients
+    create_job(clients, namespace, job_manifest("gone", compile={"enabled": False}))
+    pods = wait_gang_running(clients, namespace, "gone", "train", 0)
+    wait_phase(clients, namespace, "gone", "Training")
+    clients.core.delete_namespaced_pod(pods[1].metadata.name, namespace, grace_period_seconds=0)
+
+    seen: list[set[str]] = []
+
+    def restarted() -> list[Any]:
+        seen.append(attempts_alive(clients, namespace, "gone"))
+        fresh = job_pods(clients, namespace, "gone", "train", 1)
+        return fresh if len(fresh) == 2 and all(p.status.phase == "Running" for p in fresh) else []
+
+    new = wait_for(restarted, timeout=90, description="attempt 1 gang Running")
+    # Rank 1 of attempt 0 was never re-created, and two attempts were never alive at once.
+    assert all(
+        p.metadata.name != pods[1].metadata.name for p in job_pods(clients, namespace, "gone")
+    )
+    assert all(len(alive) <= 1 for alive in seen), seen
+    job = wait_phase(clients, namespace, "gone", "Training")
+    assert job["status"]["lastFailure"]["reason"] == "PodVanished"
+    assert job["status"]["restarts"] == {"total": 1, "application": 0, "infrastructure": 1}
+    assert "--resume" in new[0].spec.containers[0].command
+    finish_pods(clients, namespace, new)
+    wait_phase(clients, namespace, "gone", "Succeeded")
+
+
+def test_a_restart_never_runs_two_attempts_at_once_and_counts_once(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    """Scenario 2: the new attempt is recorded first and starts after the old gang is gone."""
+    clients = dev_cluster.clients
+    create_job(clients, namespace, job_manifest("once", compile={"enabled": False}))
+    pods = wait_gang_running(clients, namespace, "once", "train", 0)
+    seen: list[set[str]] = []
+    finish_pods(clients, namespace, pods[:1], succeeded=False, exit_code=1)
+    # The operator dies right after it decided the restart, and comes back.
+    wait_for(
+        lambda: get_job(clients, namespace, "once"),
+        until=lambda j: (j.get("status") or {}).get("attempt") == 1,
+        timeout=30,
+        description="attempt 1 recorded",
+    )
+    operator.kill()
+    operator.start()
+
+    def second_gang() -> list[Any]:
+        seen.append(attempts_alive(clients, namespace, "once"))
+        fresh = job_pods(clients, namespace, "once", "train", 1)
+        return fresh if len(fresh) == 2 and all(p.status.phase == "Running" for p in fresh) else []
+
+    new = wait_for(second_gang, timeout=90, description="attempt 1 gang Running")
+    assert all(len(alive) <= 1 for alive in seen), seen
+    assert not job_pods(clients, namespace, "once", "train", 2)
+    job = wait_phase(clients, namespace, "once", "Training")
+    assert job["status"]["restarts"] == {"total": 1, "application": 1, "infrastructure": 0}
+    finish_pods(clients, namespace, new)
+    wait_phase(clients, namespace, "once", "Succeeded")
+
+
+def test_a_kubelet_admission_rejection_is_charged_as_infrastructure(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    """Scenario 8: OutOf<resource> is the node's doing, not the script's backoffLimit."""
+    clients = dev_cluster.clients
+    manifest = job_manifest("refused", compile={"enabled": False}, runPolicy={"backoffLimit": 0})
+    create_job(clients, namespace, manifest)
+    pods = wait_gang_running(clients, namespace, "refused", "train", 0)
+    simulate_pod_outcome(
+        clients.core,
+        namespace,
+        pods[0].metadata.name,
+        succeeded=False,
+        # KWOK sets the reason on the container's termination; the kubelet puts it on the pod
+        # status, which the operator reads first. Both count the same.
+        exit_code=1,
+        reason="OutOfaws.amazon.com/neuron",
+        message="Node didn't have enough resource: aws.amazon.com/neuron",
+    )
+    new = wait_gang_running(clients, namespace, "refused", "train", 1)
+    job = get_job(clients, namespace, "refused")
+    assert job["status"]["restarts"] == {"total": 1, "application": 0, "infrastructure": 1}
+    assert job["status"]["phase"] != "Failed"
+    finish_pods(clients, namespace, new)
+    wait_phase(clients, namespace, "refused", "Succeeded")
+
+
+def test_a_deleted_job_is_forgotten_by_the_work_queue(
+    dev_cluster: Any, namespace: str, tmp_path: Path
+) -> None:
+    """Scenario 7: its pods' deletion events do not bring it back for every resync."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    clients = dev_cluster.clients
+    with running_operator(dev_cluster, namespace, tmp_path) as operator:
+        operator.stop()
+        operator.extra_args = ("--metrics-port", str(port))
+        operator.start()
+
+        def known_jobs() -> int:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as reply:
+                text = reply.read().decode()
+            (line,) = [x for x in text.splitlines() if x.startswith("trainium_operator_known_jobs")]
+            return int(float(line.split()[-1]))
+
+        create_job(clients, namespace, job_manifest("brief", compile={"enabled": False}))
+        wait_gang_running(clients, namespace, "brief", "train", 0)
+        assert wait_for(known_jobs, until=lambda n: n == 1, timeout=30, description="1 job")
+        clients.custom.delete_namespaced_custom_object(
+            "trainium.dev", "v1alpha1", namespace, "trainingjobs", "brief"
+        )
+        wait_for(
+            lambda: job_pods(clients, namespace, "brief"),
+            until=lambda pods: not pods,
+            timeout=60,
+            description="the job's pods garbage-collected",
+        )
+        time.sleep(2)
+        assert known_jobs() == 0
