@@ -18,6 +18,7 @@ from integration.operator_harness import (
     finish_pods,
     get_job,
     install_crds,
+    job_events,
     job_manifest,
     job_pods,
     running_operator,
@@ -196,3 +197,58 @@ def test_a_deleted_job_is_forgotten_by_the_work_queue(
         )
         time.sleep(2)
         assert known_jobs() == 0
+
+
+def test_a_missing_priority_class_is_reported_as_such_not_as_rbac(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    """Scenario 4: the admission refusal names its real cause, and the job does not spin."""
+    clients = dev_cluster.clients
+    scheduling = {"queue": "test", "priorityClassName": "no-such-class"}
+    create_job(clients, namespace, job_manifest("noclass", scheduling=scheduling))
+    job = wait_for(
+        lambda: get_job(clients, namespace, "noclass"),
+        until=lambda j: (j.get("status") or {}).get("reason") == "PriorityClassNotFound",
+        timeout=60,
+        description="TrainingJob noclass PriorityClassNotFound",
+    )
+    assert job["status"]["phase"] == "Pending"
+    assert "no PriorityClass with name no-such-class" in job["status"]["message"]
+    (admitted,) = [c for c in job["status"]["conditions"] if c["type"] == "Admitted"]
+    assert admitted["status"] == "False"
+    events = [e for e in job_events(clients, namespace, "noclass") if e[1] == "PermissionDenied"]
+    assert not events
+    time.sleep(5)
+    assert "permission denied" not in operator.log()
+
+
+def test_a_resource_quota_refusal_is_reported_with_the_quota(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    clients = dev_cluster.clients
+    quota = {"metadata": {"name": "two-pods"}, "spec": {"hard": {"pods": "1"}}}
+    clients.core.create_namespaced_resource_quota(namespace, quota)
+    wait_for(
+        lambda: clients.core.read_namespaced_resource_quota("two-pods", namespace).status.hard,
+        timeout=30,
+        description="quota status",
+    )
+    create_job(clients, namespace, job_manifest("quota", compile={"enabled": False}))
+    job = wait_for(
+        lambda: get_job(clients, namespace, "quota"),
+        until=lambda j: (j.get("status") or {}).get("reason") == "QuotaExceeded",
+        timeout=60,
+        description="TrainingJob quota QuotaExceeded",
+    )
+    assert "exceeded quota: two-pods" in job["status"]["message"]
+
+
+def test_an_invalid_pass_through_field_fails_the_job_with_the_api_servers_reason(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    clients = dev_cluster.clients
+    manifest = job_manifest("badlabel", podMetadata={"labels": {"team": "not a valid value!"}})
+    create_job(clients, namespace, manifest)
+    job = wait_phase(clients, namespace, "badlabel", "Failed", timeout=60)
+    assert job["status"]["reason"] == "InvalidPodSpec"
+    assert "metadata.labels" in job["status"]["message"]

@@ -18,13 +18,30 @@ from pydantic import ValidationError
 
 from trainium_operator.api.spec import TrainingJobSpec
 from trainium_operator.builders.job import LABEL_JOB_NAME, JobRef
-from trainium_operator.k8s.client import Cluster, EventPoster, api_error_message, is_forbidden
+from trainium_operator.k8s.client import (
+    AdmissionRejection,
+    Cluster,
+    EventPoster,
+    admission_rejection,
+    api_error_message,
+    is_forbidden,
+)
 from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.observed import observe, podgroup_view, queue_view
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
 CREATE_CONCURRENCY = 8
+
+
+ADMISSION_RETRY_SECONDS = 120.0  # a refusal the cluster may lift (quota freed, class created)
+
+
+class _CreateError(Exception):
+    def __init__(self, obj: Obj, error: Exception):
+        super().__init__(str(error))
+        self.obj = obj
+        self.error = error
 
 
 class JobGoneError(LookupError):
@@ -86,14 +103,24 @@ class Reconciler:
             max_workers=CREATE_CONCURRENCY, thread_name_prefix="create"
         )
 
+    def _create_one(self, obj: Obj) -> tuple[Obj, Exception | None]:
+        try:
+            self.cluster.create(obj)
+        except Exception as error:
+            return obj, error
+        return obj, None
+
     def _create_all(self, objects: list[Obj]) -> None:
+        """Creates every object; raises the first error with the object it was for."""
         # Service and PodGroup first: pods name the group, and the first pods to arrive
         # should find it.
         pods = [o for o in objects if o["kind"] == "Pod"]
-        for obj in objects:
-            if obj["kind"] != "Pod":
-                self.cluster.create(obj)
-        list(self._creators.map(self.cluster.create, pods))
+        results = [self._create_one(o) for o in objects if o["kind"] != "Pod"]
+        if not any(error for _, error in results):
+            results += list(self._creators.map(self._create_one, pods))
+        for obj, error in results:
+            if error is not None:
+                raise _CreateError(obj, error) from error
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         body = self.cluster.get_training_job(namespace, name)
@@ -102,15 +129,44 @@ class Reconciler:
             raise JobGoneError(f"{namespace}/{name}")
         try:
             return self._reconcile(body)
-        except Exception as error:
-            if not is_forbidden(error):
-                raise
-            message = (
-                f"{api_error_message(error)}; the operator's RBAC (Helm chart "
-                "templates/_rbac.tpl) must grant it"
-            )
-            self.events.post(body, "Warning", "PermissionDenied", message, _now(self.clock))
-            raise PermissionDeniedError(message) from error
+        except _CreateError as failed:
+            rejection = admission_rejection(failed.error)
+            if rejection is not None:
+                return self._rejected(body, failed.obj, rejection)
+            error: Exception = failed.error
+        except Exception as caught:
+            error = caught
+        if not is_forbidden(error):
+            raise error
+        message = (
+            f"{api_error_message(error)}; the operator's RBAC (Helm chart "
+            "templates/_rbac.tpl) must grant it"
+        )
+        self.events.post(body, "Warning", "PermissionDenied", message, _now(self.clock))
+        raise PermissionDeniedError(message) from error
+
+    def _rejected(self, body: Obj, obj: Obj, rejection: AdmissionRejection) -> float | None:
+        """Admission refused a child: the status names the real cause; no quick retries."""
+        meta = body["metadata"]
+        message = (
+            f"{obj['kind']} {obj['metadata']['name']} was refused by the API server: "
+            f"{rejection.message}"
+        )
+        fresh = self.cluster.get_training_job(meta["namespace"], meta["name"])
+        if fresh is None:
+            raise JobGoneError(f"{meta['namespace']}/{meta['name']}")
+        current: Obj = fresh.get("status") or {}
+        decision = machine.admission_rejected(
+            current,
+            int(fresh["metadata"].get("generation", 1)),
+            rejection.reason,
+            message,
+            fatal=rejection.fatal,
+            now=self.clock(),
+        )
+        self._apply(fresh, current, decision)
+        # A spec change wakes the job at once; the cluster changing is seen at the next resync.
+        return None if rejection.fatal else ADMISSION_RETRY_SECONDS
 
     def _reconcile(self, body: Obj) -> float | None:
         now = self.clock()

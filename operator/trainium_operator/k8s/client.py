@@ -50,9 +50,50 @@ def is_conflict(error: BaseException) -> bool:
     return isinstance(error, ApiException) and error.status == 409
 
 
+@dataclass(frozen=True, slots=True)
+class AdmissionRejection:
+    """The API server's admission refused an object for a reason RBAC has nothing to do with."""
+
+    reason: str  # QuotaExceeded | PriorityClassNotFound | ServiceAccountNotFound | ...
+    message: str
+    fatal: bool  # only a spec change can fix it (an invalid field); else the cluster may
+
+
+# (reason, fatal, what identifies it in the API server's message), checked in order.
+_ADMISSION_RULES: tuple[tuple[str, bool, str], ...] = (
+    ("QuotaExceeded", False, "exceeded quota"),
+    ("QuotaExceeded", False, "must specify limits"),
+    ("PriorityClassNotFound", False, "no PriorityClass with name"),
+    ("ServiceAccountNotFound", False, "error looking up service account"),
+    ("PodSecurityRejected", False, "violates PodSecurity"),
+    ("LimitRangeRejected", False, "maximum cpu usage per"),
+    ("LimitRangeRejected", False, "maximum memory usage per"),
+)
+
+
+def admission_rejection(error: BaseException) -> AdmissionRejection | None:
+    """What an admission refusal means, or None (an RBAC denial, a conflict, any other error)."""
+    if not isinstance(error, ApiException):
+        return None
+    message = api_error_message(error)
+    if error.status == 422:
+        return AdmissionRejection("InvalidPodSpec", message, fatal=True)
+    if error.status == 403:
+        for reason, fatal, marker in _ADMISSION_RULES:
+            if marker in message:
+                return AdmissionRejection(reason, message, fatal)
+        if "denied the request" in message:  # a validating webhook (Kyverno, Gatekeeper...)
+            return AdmissionRejection("AdmissionWebhookRejected", message, fatal=False)
+    return None
+
+
 def is_forbidden(error: BaseException) -> bool:
-    """The operator's identity lacks an RBAC permission."""
-    return isinstance(error, ApiException) and error.status == 403
+    """The operator's identity lacks an RBAC permission (not an admission refusal)."""
+    return (
+        isinstance(error, ApiException)
+        and error.status == 403
+        and admission_rejection(error) is None
+    )
 
 
 def api_error_message(error: BaseException) -> str:

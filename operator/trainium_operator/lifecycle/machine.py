@@ -316,6 +316,22 @@ def invalid(current_status: Obj, generation: int, problems: list[str], now: date
     return decision
 
 
+def admission_rejected(
+    status_after: Obj, generation: int, reason: str, message: str, *, fatal: bool, now: datetime
+) -> Decision:
+    """The API server refused a child for a reason only the spec (fatal) or the cluster (quota,
+    a PriorityClass or ServiceAccount created later) can fix: say so once, do not spin."""
+    decision = Decision()
+    status = _Status(status_after, generation, now, decision)
+    status.condition("Admitted", False, reason, message)
+    if fatal:
+        status.finish(Phase.FAILED, reason, message)
+    else:
+        status.transition(Phase.PENDING, reason, message, warning=True)
+    decision.status = status.data
+    return decision
+
+
 def decide(job: JobRef, current_status: Obj, observed: Observed) -> Decision:
     decision = Decision()
     status = _Status(current_status, job.generation, observed.now, decision)
@@ -490,6 +506,8 @@ def _ensure_gang(
             decision.create.append(pod_builders.pod(job, stage, attempt, rank, resume=resume))
     if len(gang) == job.spec.nodes:
         status.set_stage(stage, "fullGangAttempt", attempt)
+        if any(c["type"] == "Admitted" for c in status.data.get("conditions", [])):
+            status.condition("Admitted", True, "PodsCreated", f"all {stage.value} pods exist")
     if stage is Stage.TRAIN and job.spec.profile.enabled:
         status.data["profile"] = {
             "path": job.profile_dir(attempt),

@@ -1,0 +1,80 @@
+"""Admission refusals are told apart from RBAC denials by the API server's own message."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from trainium_operator.k8s.client import admission_rejection, is_forbidden
+from trainium_operator.lifecycle import machine
+from unit.test_lifecycle import T0
+
+
+def api_error(status: int, message: str) -> ApiException:
+    error = ApiException(status=status, reason="Forbidden" if status == 403 else "Invalid")
+    error.body = json.dumps({"kind": "Status", "message": message})
+    return error
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (
+            'pods "j-train-0-1" is forbidden: exceeded quota: q, requested: pods=1, used: '
+            "pods=1, limited: pods=1",
+            "QuotaExceeded",
+        ),
+        (
+            'pods "j-train-0-0" is forbidden: no PriorityClass with name hi was found',
+            "PriorityClassNotFound",
+        ),
+        (
+            'pods "j-train-0-0" is forbidden: error looking up service account ns/trainer: '
+            'serviceaccount "trainer" not found',
+            "ServiceAccountNotFound",
+        ),
+        (
+            'pods "j-train-0-0" is forbidden: violates PodSecurity "restricted:latest": '
+            "allowPrivilegeEscalation != false",
+            "PodSecurityRejected",
+        ),
+    ],
+)
+def test_admission_refusals_are_not_rbac(message: str, reason: str) -> None:
+    rejection = admission_rejection(api_error(403, message))
+    assert rejection is not None
+    assert (rejection.reason, rejection.fatal) == (reason, False)
+    assert rejection.message == message
+    assert not is_forbidden(api_error(403, message))
+
+
+def test_an_rbac_denial_stays_a_permission_problem() -> None:
+    message = 'pods is forbidden: User "system:serviceaccount:x:op" cannot create resource "pods"'
+    assert admission_rejection(api_error(403, message)) is None
+    assert is_forbidden(api_error(403, message))
+
+
+def test_an_invalid_field_is_fatal() -> None:
+    message = 'Pod "j-train-0-0" is invalid: metadata.labels: Invalid value: "a b"'
+    rejection = admission_rejection(api_error(422, message))
+    assert rejection is not None
+    assert (rejection.reason, rejection.fatal) == ("InvalidPodSpec", True)
+
+
+def test_a_refusal_the_cluster_can_lift_keeps_the_job_pending_with_the_cause() -> None:
+    decision = machine.admission_rejected(
+        {"phase": "Pending"}, 1, "QuotaExceeded", "exceeded quota", fatal=False, now=T0
+    )
+    assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "QuotaExceeded")
+    (admitted,) = [c for c in decision.status["conditions"] if c["type"] == "Admitted"]
+    assert (admitted["status"], admitted["reason"]) == ("False", "QuotaExceeded")
+    assert [e.reason for e in decision.events] == ["QuotaExceeded"]
+
+
+def test_an_invalid_pod_fails_the_job() -> None:
+    decision = machine.admission_rejected(
+        {"phase": "Pending"}, 1, "InvalidPodSpec", "invalid label", fatal=True, now=T0
+    )
+    assert (decision.status["phase"], decision.status["reason"]) == ("Failed", "InvalidPodSpec")
