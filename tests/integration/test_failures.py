@@ -252,3 +252,27 @@ def test_an_invalid_pass_through_field_fails_the_job_with_the_api_servers_reason
     job = wait_phase(clients, namespace, "badlabel", "Failed", timeout=60)
     assert job["status"]["reason"] == "InvalidPodSpec"
     assert "metadata.labels" in job["status"]["message"]
+
+
+def test_a_missing_claim_is_named_then_fails_the_job_after_the_startup_timeout(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    """Scenario 5: Volcano's own words about the claim become the job's reason."""
+    clients = dev_cluster.clients
+    manifest = job_manifest(
+        "noclaim",
+        storage={"claimName": "no-such-claim"},
+        runPolicy={"startupTimeoutSeconds": 20},
+    )
+    create_job(clients, namespace, manifest)
+    job = wait_for(
+        lambda: get_job(clients, namespace, "noclaim"),
+        until=lambda j: (j.get("status") or {}).get("reason") == "ClaimNotFound",
+        timeout=60,
+        description="TrainingJob noclaim ClaimNotFound",
+    )
+    assert job["status"]["phase"] == "Pending"
+    assert "'no-such-claim' does not exist" in job["status"]["message"]
+    failed = wait_phase(clients, namespace, "noclaim", "Failed", timeout=60)
+    assert failed["status"]["reason"] == "ClaimNotFound"
+    assert "startupTimeoutSeconds (20s)" in failed["status"]["message"]

@@ -373,3 +373,69 @@ def test_resuming_a_job_suspended_before_it_started_is_not_a_restart() -> None:
         "bert-train-0-0",
         "bert-train-0-1",
     ]
+
+
+def _placed(job: JobRef, rank: int, at: datetime, **kw: Any) -> PodView:
+    return pod(job, Stage.TRAIN, 0, rank, kw.pop("phase", "Pending"), scheduled_at=at, **kw)
+
+
+def test_a_pod_that_cannot_pull_its_image_is_the_jobs_reason_then_fails_it() -> None:
+    job = job_ref(compile={"enabled": False}, runPolicy={"startupTimeoutSeconds": 60})
+    pulling = _placed(
+        job, 1, T0, waiting_reason="ImagePullBackOff", waiting_message="Back-off pulling image"
+    )
+    running = _placed(job, 0, T0, phase="Running")
+    early = machine.decide(job, {}, observed(running, pulling, now=T0 + timedelta(seconds=10)))
+    assert (early.status["phase"], early.status["reason"]) == ("Pending", "ImagePullBackOff")
+    assert "bert-train-0-1 (rank 1) cannot start" in early.status["message"]
+    assert early.requeue_after is not None
+    assert early.requeue_after <= 50
+    late = machine.decide(
+        job, early.status, observed(running, pulling, now=T0 + timedelta(seconds=61))
+    )
+    assert (late.status["phase"], late.status["reason"]) == ("Failed", "ImagePullBackOff")
+    assert late.status["lastFailure"]["pod"] == "bert-train-0-1"
+    assert "startupTimeoutSeconds (60s)" in late.status["message"]
+
+
+def test_a_gang_stuck_starting_without_a_cause_restarts_as_infrastructure() -> None:
+    job = job_ref(compile={"enabled": False}, runPolicy={"startupTimeoutSeconds": 60})
+    stuck = _placed(job, 1, T0)  # placed, never Running, no reason given
+    decision = machine.decide(
+        job,
+        {},
+        observed(_placed(job, 0, T0, phase="Running"), stuck, now=T0 + timedelta(minutes=2)),
+    )
+    assert decision.status["lastFailure"]["reason"] == "StartupTimeout"
+    assert decision.status["restarts"] == {"total": 1, "application": 0, "infrastructure": 1}
+
+
+def test_waiting_in_the_queue_never_times_out() -> None:
+    job = job_ref(compile={"enabled": False}, runPolicy={"startupTimeoutSeconds": 60})
+    queued = [pod(job, Stage.TRAIN, 0, r, "Pending", node=None) for r in range(2)]
+    decision = machine.decide(job, {}, observed(*queued, now=T0 + timedelta(days=2)))
+    assert decision.status["phase"] == "Pending"
+    assert "lastFailure" not in decision.status
+
+
+def test_a_rendezvous_timeout_is_blamed_on_the_rank_that_never_started() -> None:
+    job = job_ref(compile={"enabled": False})
+    timed_out = _placed(job, 0, T0, phase="Failed", exit_code=1, message="rendezvous timeout")
+    never = _placed(job, 1, T0, waiting_reason="ErrImagePull", waiting_message="not found")
+    decision = machine.decide(job, {}, observed(timed_out, never))
+    assert decision.status["lastFailure"]["pod"] == "bert-train-0-1"
+    assert decision.status["lastFailure"]["reason"] == "ErrImagePull"
+
+
+def test_a_missing_claim_is_named_with_the_field() -> None:
+    job = job_ref(compile={"enabled": False})
+    message = (
+        '0/2 nodes are unavailable: 2 looking up PVC team-a/nope: persistentvolumeclaim "nope" '
+        "not found."
+    )
+    waiting = [
+        pod(job, Stage.TRAIN, 0, r, "Pending", node=None, unschedulable=message) for r in range(2)
+    ]
+    status = machine.decide(job, {}, observed(*waiting)).status
+    assert status["reason"] == "ClaimNotFound"
+    assert status["message"].startswith("spec.storage.claimName: PersistentVolumeClaim 'nope'")

@@ -201,6 +201,11 @@ class RunPolicy(_Model):
     node_lost_grace_period_seconds: Annotated[int, Field(ge=0)] = 30
     """How long a node may be NotReady before its pods are force-deleted and the gang
     restarts elsewhere."""
+    startup_timeout_seconds: Annotated[int, Field(ge=1)] = 900
+    """How long a gang's pods may take to start once one of them is placed on a node or cannot
+    start (image pull, container config, a missing claim). Then the job fails with the pod's
+    reason, or, when nothing names a cause, the gang restarts (infrastructureBackoffLimit).
+    Waiting in the Volcano queue for capacity never times out."""
 
 
 class SchedulingSpec(_Model):

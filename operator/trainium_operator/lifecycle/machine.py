@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -34,6 +35,19 @@ class Phase(enum.StrEnum):
 
 TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 STAGE_PHASE = {Stage.COMPILE: Phase.COMPILING, Stage.TRAIN: Phase.TRAINING}
+# Container waiting reasons a restart cannot fix: the image or the pod's configuration.
+CANNOT_START_REASONS = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "InvalidImageName",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+    }
+)
+CLAIM_NOT_FOUND = "ClaimNotFound"
+_CLAIM_NOT_FOUND_MESSAGE = re.compile(r'persistentvolumeclaim "([^"]+)" not found')
 
 
 class FailureClass(enum.StrEnum):
@@ -240,6 +254,60 @@ def _failure_of(pod: PodView, observed: Observed, grace: float) -> Failure | Non
     return None
 
 
+def _start_blocker(job: JobRef, gang: dict[int, PodView]) -> Failure | None:
+    """A pod of the gang that says why it cannot start (image, config, a missing claim)."""
+    for pod in sorted(gang.values(), key=lambda p: p.rank):
+        if pod.terminal or pod.deleting:
+            continue
+        if pod.waiting_reason in CANNOT_START_REASONS:
+            message = (
+                f"pod {pod.name} (rank {pod.rank}) cannot start: {pod.waiting_reason}: "
+                f"{pod.waiting_message or 'no detail'}"
+            )
+            return Failure.of(pod, FailureClass.APPLICATION, pod.waiting_reason, message)
+        claim = _CLAIM_NOT_FOUND_MESSAGE.search(pod.unschedulable or "")
+        if claim:
+            message = (
+                f"spec.storage.claimName: PersistentVolumeClaim {claim.group(1)!r} does not exist "
+                f"in namespace {job.namespace}; create it or name an existing claim "
+                f"(pod {pod.name}: {pod.unschedulable})"
+            )
+            return Failure.of(pod, FailureClass.APPLICATION, CLAIM_NOT_FOUND, message)
+    return None
+
+
+def _startup_overdue(
+    job: JobRef, gang: dict[int, PodView], observed: Observed, decision: Decision
+) -> Failure | None:
+    """A gang that has had `startupTimeoutSeconds` to start since its first pod was placed (or
+    said it cannot start) and is still not running; waiting in the queue never counts."""
+    if len(gang) == job.spec.nodes and all(p.phase == "Running" for p in gang.values()):
+        return None
+    blocker = _start_blocker(job, gang)
+    clocks = [p.scheduled_at for p in gang.values() if p.scheduled_at and not p.terminal]
+    if blocker is not None:
+        clocks += [p.created for p in gang.values() if p.name == blocker.pod and p.created]
+    if not clocks:
+        return None
+    timeout = float(job.spec.run_policy.startup_timeout_seconds)
+    remaining = timeout - (observed.now - min(clocks)).total_seconds()
+    if remaining > 0:
+        decision.requeue(remaining)
+        return None
+    if blocker is not None:
+        return blocker
+    ranked = sorted(gang.values(), key=lambda p: p.rank)
+    stuck = next((p for p in ranked if p.phase != "Running"), ranked[0])
+    return Failure.of(
+        stuck,
+        FailureClass.INFRASTRUCTURE,
+        "StartupTimeout",
+        f"pod {stuck.name} (rank {stuck.rank}) of {len(gang)}/{job.spec.nodes} not running "
+        f"{job.spec.run_policy.startup_timeout_seconds}s after the gang was placed "
+        "(spec.runPolicy.startupTimeoutSeconds)",
+    )
+
+
 def _vanished(job: JobRef, stage: Stage, attempt: int, rank: int) -> Failure:
     """A pod of a gang that had all its pods is gone (force delete, PodGC, a delete that
     completed between two passes): re-created alone it could not join the closed rendezvous."""
@@ -410,6 +478,26 @@ def decide(job: JobRef, current_status: Obj, observed: Observed) -> Decision:
             for rank in range(job.spec.nodes)
             if rank not in gang
         ]
+    blocker = _start_blocker(job, gang)
+    if failures and blocker is not None:
+        # A healthy rank timing out in rendezvous is not the cause: the rank that never
+        # started is.
+        failures.insert(0, blocker)
+    if not failures:
+        overdue = _startup_overdue(job, gang, observed, decision)
+        if overdue is not None and overdue.klass is FailureClass.APPLICATION:
+            status.data["lastFailure"] = overdue.as_status(observed.now)
+            status.finish(
+                Phase.FAILED,
+                overdue.reason,
+                f"{overdue.message}; gave up after spec.runPolicy.startupTimeoutSeconds "
+                f"({run_policy.startup_timeout_seconds}s)",
+            )
+            _cleanup_on_finish(job, decision, observed)
+            decision.status = status.data
+            return decision
+        if overdue is not None:
+            failures = [overdue]
     if failures:
         _handle_failures(
             job,
@@ -550,6 +638,9 @@ def _waiting_reason(
             "it admits no new jobs until it is Open again",
             True,
         )
+    blocker = _start_blocker(job, gang)
+    if blocker is not None:
+        return blocker.reason, blocker.message, True
     group = observed.podgroups.get(job.podgroup_name(stage))
     scheduled = sum(1 for p in gang.values() if p.node)
     ready = sum(1 for p in gang.values() if p.phase == "Running" and p.ready and not p.deleting)
@@ -582,7 +673,13 @@ def _handle_failures(
     failures: list[Failure],
 ) -> None:
     # An application failure explains more than the infrastructure noise it causes.
-    failures.sort(key=lambda f: (f.klass is not FailureClass.APPLICATION, f.rank))
+    failures.sort(
+        key=lambda f: (
+            f.reason not in CANNOT_START_REASONS and f.reason != CLAIM_NOT_FOUND,
+            f.klass is not FailureClass.APPLICATION,
+            f.rank,
+        )
+    )
     first = failures[0]
     status.data["lastFailure"] = first.as_status(observed.now)
     for failure in failures:

@@ -51,6 +51,11 @@ class PodView:
     reason: str | None
     message: str | None
     disrupted: bool  # DisruptionTarget condition: evicted, preempted, node drained
+    created: datetime | None = None
+    waiting_reason: str | None = None  # a container's waiting reason (ErrImagePull, ...)
+    waiting_message: str | None = None
+    unschedulable: str | None = None  # the PodScheduled=False message (scheduler's words)
+    scheduled_at: datetime | None = None  # when PodScheduled turned True
 
     @property
     def terminal(self) -> bool:
@@ -111,6 +116,14 @@ class Observed:
         return {p.rank: p for p in self.pods if p.stage is stage and p.attempt == attempt}
 
 
+def _waiting_state(pod: Obj) -> Obj:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        waiting = (status.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
+            return dict(waiting)
+    return {}
+
+
 def _terminated_state(pod: Obj) -> Obj:
     for status in pod.get("status", {}).get("containerStatuses") or []:
         state = status.get("state") or {}
@@ -136,6 +149,8 @@ def pod_view(pod: Obj) -> PodView | None:
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
     terminated = _terminated_state(pod)
     exit_code = terminated.get("exitCode")
+    waiting = _waiting_state(pod)
+    scheduled = conditions.get("PodScheduled") or {}
     return PodView(
         name=meta["name"],
         stage=stage,
@@ -149,6 +164,17 @@ def pod_view(pod: Obj) -> PodView | None:
         reason=status.get("reason") or terminated.get("reason"),
         message=status.get("message") or terminated.get("message"),
         disrupted=(conditions.get("DisruptionTarget") or {}).get("status") == "True",
+        created=parse_time(meta.get("creationTimestamp")),
+        waiting_reason=waiting.get("reason"),
+        waiting_message=waiting.get("message"),
+        unschedulable=(
+            str(scheduled.get("message") or "") if scheduled.get("status") == "False" else None
+        ),
+        scheduled_at=(
+            parse_time(scheduled.get("lastTransitionTime"))
+            if scheduled.get("status") == "True"
+            else None
+        ),
     )
 
 
