@@ -439,3 +439,12 @@ def test_a_missing_claim_is_named_with_the_field() -> None:
     status = machine.decide(job, {}, observed(*waiting)).status
     assert status["reason"] == "ClaimNotFound"
     assert status["message"].startswith("spec.storage.claimName: PersistentVolumeClaim 'nope'")
+
+
+def test_ranks_finishing_at_different_times_are_not_a_startup_timeout() -> None:
+    job = job_ref(compile={"enabled": False}, runPolicy={"startupTimeoutSeconds": 60})
+    done = _placed(job, 0, T0, phase="Succeeded")
+    still = _placed(job, 1, T0, phase="Running")
+    decision = machine.decide(job, {}, observed(done, still, now=T0 + timedelta(hours=3)))
+    assert "lastFailure" not in decision.status
+    assert decision.status["restarts"]["total"] == 0

@@ -272,7 +272,7 @@ class Demo:
             self.kubectl(
                 "get", "podgroups", "-n", JOB_NAMESPACE, "-o",
                 "custom-columns=NAME:.metadata.name,PHASE:.status.phase,MINMEMBER:.spec.minMember,"
-                "RUNNING:.status.running,SUCCEEDED:.status.succeeded,QUEUE:.spec.queue,"
+                "SUCCEEDED:.status.succeeded,QUEUE:.spec.queue,"
                 "WRITTEN-BY:.metadata.managedFields[*].manager",
             ).rstrip()
         )  # fmt: skip

@@ -281,8 +281,10 @@ def _startup_overdue(
 ) -> Failure | None:
     """A gang that has had `startupTimeoutSeconds` to start since its first pod was placed (or
     said it cannot start) and is still not running; waiting in the queue never counts."""
-    if len(gang) == job.spec.nodes and all(p.phase == "Running" for p in gang.values()):
-        return None
+    if len(gang) == job.spec.nodes and all(
+        p.phase == "Running" or p.terminal for p in gang.values()
+    ):
+        return None  # started (ranks that already finished count as started)
     blocker = _start_blocker(job, gang)
     clocks = [p.scheduled_at for p in gang.values() if p.scheduled_at and not p.terminal]
     if blocker is not None:
