@@ -276,3 +276,45 @@ def test_a_missing_claim_is_named_then_fails_the_job_after_the_startup_timeout(
     failed = wait_phase(clients, namespace, "noclaim", "Failed", timeout=60)
     assert failed["status"]["reason"] == "ClaimNotFound"
     assert "startupTimeoutSeconds (20s)" in failed["status"]["message"]
+
+
+def test_a_recreated_job_waits_for_its_predecessors_terminating_pod_instead_of_adopting_it(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    """A 409 AlreadyExists is success only for our own child."""
+    clients = dev_cluster.clients
+    manifest = job_manifest("twin", compile={"enabled": False})
+    create_job(clients, namespace, manifest)
+    old = wait_gang_running(clients, namespace, "twin", "train", 0)
+    held = old[1].metadata.name
+    hold = {"metadata": {"finalizers": ["sim.trainium.dev/hold"]}}
+    clients.core.patch_namespaced_pod(held, namespace, hold)
+    clients.custom.delete_namespaced_custom_object(
+        "trainium.dev", "v1alpha1", namespace, "trainingjobs", "twin"
+    )
+    wait_for(
+        lambda: clients.core.read_namespaced_pod(held, namespace),
+        until=lambda p: p.metadata.deletion_timestamp is not None,
+        timeout=60,
+        description=f"{held} terminating",
+    )
+    wait_for(
+        lambda: [p.metadata.name for p in job_pods(clients, namespace, "twin")],
+        until=lambda names: names == [held],
+        timeout=60,
+        description="only the held pod left",
+    )
+    create_job(clients, namespace, manifest)
+    job = wait_for(
+        lambda: get_job(clients, namespace, "twin"),
+        until=lambda j: (j.get("status") or {}).get("reason") == "WaitingForPredecessor",
+        timeout=60,
+        description="the new twin waits for the old pod",
+    )
+    assert held in job["status"]["message"]
+    clients.core.patch_namespaced_pod(held, namespace, {"metadata": {"finalizers": None}})
+    new = wait_gang_running(clients, namespace, "twin", "train", 0)
+    new_uid = get_job(clients, namespace, "twin")["metadata"]["uid"]
+    assert all(p.metadata.owner_references[0].uid == new_uid for p in new)
+    finish_pods(clients, namespace, new)
+    wait_phase(clients, namespace, "twin", "Succeeded")

@@ -44,6 +44,19 @@ class _CreateError(Exception):
         self.error = error
 
 
+PREDECESSOR_RETRY_SECONDS = 5.0
+
+
+class ForeignChildError(RuntimeError):
+    """A child's name is taken by an object this job does not own (a deleted predecessor's
+    pod still terminating): adopting it would run someone else's pod as ours."""
+
+    def __init__(self, obj: Obj, owners: list[str]):
+        super().__init__(f"{obj['kind']} {obj['metadata']['name']} is owned by {owners}")
+        self.obj = obj
+        self.owners = owners
+
+
 class JobGoneError(LookupError):
     """The TrainingJob no longer exists (or is being deleted): nothing is left to reconcile."""
 
@@ -105,7 +118,13 @@ class Reconciler:
 
     def _create_one(self, obj: Obj) -> tuple[Obj, Exception | None]:
         try:
-            self.cluster.create(obj)
+            if not self.cluster.create(obj):
+                # 409: ours from an earlier pass, or another owner's object of the same name.
+                meta = obj["metadata"]
+                owners = self.cluster.owner_uids(obj["kind"], meta["namespace"], meta["name"])
+                ours = {r["uid"] for r in meta.get("ownerReferences") or []}
+                if owners is not None and not ours & set(owners):
+                    return obj, ForeignChildError(obj, owners)
         except Exception as error:
             return obj, error
         return obj, None
@@ -130,6 +149,8 @@ class Reconciler:
         try:
             return self._reconcile(body)
         except _CreateError as failed:
+            if isinstance(failed.error, ForeignChildError):
+                return self._blocked_by_predecessor(body, failed.error)
             rejection = admission_rejection(failed.error)
             if rejection is not None:
                 return self._rejected(body, failed.obj, rejection)
@@ -144,6 +165,27 @@ class Reconciler:
         )
         self.events.post(body, "Warning", "PermissionDenied", message, _now(self.clock))
         raise PermissionDeniedError(message) from error
+
+    def _blocked_by_predecessor(self, body: Obj, error: ForeignChildError) -> float:
+        meta = body["metadata"]
+        message = (
+            f"{error.obj['kind']} {error.obj['metadata']['name']} already exists and belongs to "
+            f"another owner ({', '.join(error.owners) or 'none'}), likely a deleted job of the "
+            "same name whose children are still terminating; waiting for it to go"
+        )
+        fresh = self.cluster.get_training_job(meta["namespace"], meta["name"])
+        if fresh is None:
+            raise JobGoneError(f"{meta['namespace']}/{meta['name']}")
+        current: Obj = fresh.get("status") or {}
+        decision = machine.blocked(
+            current,
+            int(fresh["metadata"].get("generation", 1)),
+            "WaitingForPredecessor",
+            message,
+            now=self.clock(),
+        )
+        self._apply(fresh, current, decision)
+        return PREDECESSOR_RETRY_SECONDS
 
     def _rejected(self, body: Obj, obj: Obj, rejection: AdmissionRejection) -> float | None:
         """Admission refused a child: the status names the real cause; no quick retries."""
@@ -179,8 +221,12 @@ class Reconciler:
             return self._apply(body, current_status, decision)
         job = parsed
         selector = f"{LABEL_JOB_NAME}={job.name}"
+        # Only children this job owns: a re-created job of the same name must not adopt its
+        # predecessor's pods, PodGroups or Service that garbage collection has not removed yet.
         pods = [p for p in self.cluster.list_pods(job.namespace, selector) if _owned_by(p, job.uid)]
-        podgroups = self.cluster.list_podgroups(job.namespace, selector)
+        podgroups = [
+            g for g in self.cluster.list_podgroups(job.namespace, selector) if _owned_by(g, job.uid)
+        ]
         queue = None
         if not any(podgroup_view(g).admitted for g in podgroups):
             # Only while Volcano has not let a gang in: then a missing or closed queue is the
@@ -191,7 +237,8 @@ class Reconciler:
         observed = observe(
             pods=pods,
             podgroups=podgroups,
-            service_exists=self.cluster.service_exists(job.namespace, job.service_name),
+            service_exists=job.uid
+            in (self.cluster.owner_uids("Service", job.namespace, job.service_name) or []),
             nodes=nodes or [],
             now=now,
             queue=queue,

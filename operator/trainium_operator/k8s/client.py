@@ -276,16 +276,6 @@ class Cluster:
             raise
         return result
 
-    def service_exists(self, namespace: str, name: str) -> bool:
-        self.counter.add("get", "services")
-        try:
-            self.core.read_namespaced_service(name, namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return False
-            raise
-        return True
-
     def list_nodes(self) -> list[Obj]:
         self.counter.add("list", "nodes")
         return [self._to_dict(n) for n in self.core.list_node().items]
@@ -311,6 +301,29 @@ class Cluster:
                 return False
             raise
         return True
+
+    def owner_uids(self, kind: str, namespace: str, name: str) -> list[str] | None:
+        """The owner UIDs of an existing child, or None when it does not exist."""
+        self.counter.add("get", kind.lower() + "s")
+        try:
+            if kind == "Pod":
+                meta = self.core.read_namespaced_pod(name, namespace).metadata
+                refs = [r.uid for r in meta.owner_references or []]
+            elif kind == "Service":
+                meta = self.core.read_namespaced_service(name, namespace).metadata
+                refs = [r.uid for r in meta.owner_references or []]
+            elif kind == "PodGroup":
+                body = self.custom.get_namespaced_custom_object(
+                    VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, name
+                )
+                refs = [r.get("uid") for r in body["metadata"].get("ownerReferences") or []]
+            else:
+                raise ValueError(f"the operator does not own {kind} objects")
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return [str(uid) for uid in refs]
 
     def delete_pod(self, namespace: str, name: str, *, force: bool) -> None:
         self.counter.add("delete", "pods")

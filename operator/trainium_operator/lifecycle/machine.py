@@ -386,6 +386,18 @@ def invalid(current_status: Obj, generation: int, problems: list[str], now: date
     return decision
 
 
+def blocked(
+    status_after: Obj, generation: int, reason: str, message: str, *, now: datetime
+) -> Decision:
+    """Something outside the job must go first (a predecessor's child of the same name)."""
+    decision = Decision()
+    status = _Status(status_after, generation, now, decision)
+    if status.phase not in TERMINAL_PHASES:
+        status.transition(status.phase or Phase.PENDING, reason, message, warning=True)
+    decision.status = status.data
+    return decision
+
+
 def admission_rejected(
     status_after: Obj, generation: int, reason: str, message: str, *, fatal: bool, now: datetime
 ) -> Decision:
