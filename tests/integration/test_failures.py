@@ -318,3 +318,46 @@ def test_a_recreated_job_waits_for_its_predecessors_terminating_pod_instead_of_a
     assert all(p.metadata.owner_references[0].uid == new_uid for p in new)
     finish_pods(clients, namespace, new)
     wait_phase(clients, namespace, "twin", "Succeeded")
+
+
+def test_foreground_deletion_with_a_lost_node_does_not_hang(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    """The lost node's kubelet never confirms the delete: the operator force-deletes."""
+    from trainium_operator.devcluster.sim import node_is_ready, restore_node, simulate_node_loss
+
+    clients = dev_cluster.clients
+    manifest = job_manifest(
+        "fg", compile={"enabled": False}, runPolicy={"nodeLostGracePeriodSeconds": 3600}
+    )
+    create_job(clients, namespace, manifest)
+    pods = wait_gang_running(clients, namespace, "fg", "train", 0)
+    lost = pods[1].spec.node_name
+    simulate_node_loss(clients.core, lost)
+    try:
+        wait_for(
+            lambda: clients.api_client.sanitize_for_serialization(clients.core.read_node(lost)),
+            until=lambda node: not node_is_ready(node),
+            timeout=60,
+            description=f"{lost} NotReady",
+        )
+        clients.custom.delete_namespaced_custom_object(
+            "trainium.dev",
+            "v1alpha1",
+            namespace,
+            "trainingjobs",
+            "fg",
+            body={"propagationPolicy": "Foreground"},
+        )
+
+        def gone() -> bool:
+            try:
+                get_job(clients, namespace, "fg")
+            except Exception as error:
+                return getattr(error, "status", None) == 404
+            return False
+
+        wait_for(gone, timeout=60, description="TrainingJob fg deleted (foreground)")
+        assert not job_pods(clients, namespace, "fg")
+    finally:
+        restore_node(clients.core, lost)

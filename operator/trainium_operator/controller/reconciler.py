@@ -143,9 +143,12 @@ class Reconciler:
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         body = self.cluster.get_training_job(namespace, name)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            # Garbage collection removes the children through their owner references.
+        if body is None:
             raise JobGoneError(f"{namespace}/{name}")
+        if body["metadata"].get("deletionTimestamp"):
+            # Garbage collection removes the children through their owner references; we only
+            # unblock pods whose node cannot confirm their deletion.
+            return self._help_deletion(body)
         try:
             return self._reconcile(body)
         except _CreateError as failed:
@@ -165,6 +168,26 @@ class Reconciler:
         )
         self.events.post(body, "Warning", "PermissionDenied", message, _now(self.clock))
         raise PermissionDeniedError(message) from error
+
+    def _help_deletion(self, body: Obj) -> float:
+        meta = body["metadata"]
+        namespace, uid = meta["namespace"], meta["uid"]
+        selector = f"{LABEL_JOB_NAME}={meta['name']}"
+        pods = [p for p in self.cluster.list_pods(namespace, selector) if _owned_by(p, uid)]
+        if not pods:
+            raise JobGoneError(f"{namespace}/{meta['name']}")
+        nodes = self.nodes()
+        observed = observe(
+            pods=pods,
+            podgroups=[],
+            service_exists=False,
+            nodes=nodes or [],
+            now=self.clock(),
+            nodes_known=nodes is not None,
+        )
+        for deletion in machine.while_deleting(observed):
+            self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
+        return PREDECESSOR_RETRY_SECONDS
 
     def _blocked_by_predecessor(self, body: Obj, error: ForeignChildError) -> float:
         meta = body["metadata"]

@@ -386,6 +386,16 @@ def invalid(current_status: Obj, generation: int, problems: list[str], now: date
     return decision
 
 
+def while_deleting(observed: Observed) -> list[PodDeletion]:
+    """The job is being deleted (foreground deletion waits for its children): pods on a lost
+    node would stay Terminating forever, so those are force-deleted."""
+    return [
+        PodDeletion(p.name, force=True)
+        for p in observed.pods
+        if p.deleting and not p.terminal and _is_lost(p, observed)
+    ]
+
+
 def blocked(
     status_after: Obj, generation: int, reason: str, message: str, *, now: datetime
 ) -> Decision:
