@@ -73,7 +73,7 @@ def test_readme_first_command_runs_the_tutorial_job_to_success_in_a_fresh_clone(
         ]
         # The demo keeps its cluster: its Volcano processes run now, and no Python scheduler.
         processes = subprocess.run(
-            ["ps", "-eo", "args"], capture_output=True, text=True, check=True
+            ["ps", "-ww", "-eo", "args"], capture_output=True, text=True, check=True
         ).stdout.splitlines()
         cluster_name = env["TRAINIUM_DEV_CLUSTER"]
         ours = [p for p in processes if f"/clusters/{cluster_name}/" in p]
