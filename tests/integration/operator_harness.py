@@ -100,6 +100,16 @@ def running_operator(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterat
     assert "Traceback" not in proc.log(), "the operator logged an unhandled exception"
 
 
+def publish_report(name: str, lines: list[str]) -> Path:
+    """Prints a suite's report and keeps it in artifacts/, where `.ci/run` prints it from."""
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    out = ROOT / "artifacts" / f"{name}-report.txt"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(text)
+    return out
+
+
 def install_crds(clients: Any) -> None:
     for path in sorted((ROOT / "crds").glob("*.yaml")):
         for crd in yaml.safe_load_all(path.read_text()):

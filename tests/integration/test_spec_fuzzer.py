@@ -36,6 +36,7 @@ from integration.operator_harness import (
     install_crds,
     job_manifest,
     job_pods,
+    publish_report,
     running_operator,
     wait_gang_running,
     wait_phase,
@@ -294,12 +295,14 @@ def fuzz(clients: Any, namespace: str, operator: OperatorProcess, port: int) -> 
     time.sleep(10)
     spun = metric(port, "trainium_operator_reconciles_total") - before
     errors = metric(port, "trainium_operator_reconcile_errors_total")
-    print(f"\nspec fuzzer: {sent} examples")
+    report: list[str] = []
+    report.append(f"spec fuzzer: {sent} examples")
     for outcome, count in sorted(outcomes.items()):
-        print(f"  {outcome:<40} {count}")
-    print(f"  reconciles in 10 s once settled          {spun:.0f}")
-    print(f"  reconcile errors                         {errors:.0f}")
-    print(f"  violations                               {len(problems)}")
+        report.append(f"  {outcome:<40} {count}")
+    report.append(f"  reconciles in 10 s once settled          {spun:.0f}")
+    report.append(f"  reconcile errors                         {errors:.0f}")
+    report.append(f"  violations                               {len(problems)}")
+    publish_report("spec-fuzzer", report)
     assert not problems, "\n".join(problems[:20])
     assert spun <= 5, f"{spun} reconciles in 10 s of quiet: the operator loops"
     assert errors == 0

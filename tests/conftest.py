@@ -1,4 +1,5 @@
-"""The local control plane for integration tests: one cluster per session, one namespace per test.
+"""The local control plane for integration and chaos tests: one cluster per session, one namespace
+per test.
 
 Set TRAINIUM_DEV_CLUSTER=<name> to run against a cluster started with `trainium-operator dev up`
 (it is left running). Otherwise the session builds whatever binaries are missing, starts a fresh,
