@@ -361,3 +361,25 @@ def test_foreground_deletion_with_a_lost_node_does_not_hang(
         assert not job_pods(clients, namespace, "fg")
     finally:
         restore_node(clients.core, lost)
+
+
+def test_the_first_training_gang_after_a_compile_restart_starts_fresh(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    """Scenario 6: a compile-stage restart raises the attempt; training must not --resume."""
+    clients = dev_cluster.clients
+    create_job(clients, namespace, job_manifest("fresh"))
+    compile_pods = wait_gang_running(clients, namespace, "fresh", "compile", 0)
+    simulate_pod_outcome(
+        clients.core, namespace, compile_pods[0].metadata.name,
+        succeeded=False, exit_code=137, reason="Evicted", message="node pressure",
+    )  # fmt: skip
+    again = wait_gang_running(clients, namespace, "fresh", "compile", 1)
+    finish_pods(clients, namespace, again)
+    train = wait_gang_running(clients, namespace, "fresh", "train", 1)
+    for pod in train:
+        assert "--resume" not in pod.spec.containers[0].command
+    job = get_job(clients, namespace, "fresh")
+    assert job["status"]["restarts"] == {"total": 1, "application": 0, "infrastructure": 1}
+    finish_pods(clients, namespace, train)
+    wait_phase(clients, namespace, "fresh", "Succeeded")
