@@ -1,5 +1,5 @@
 """The operator, running as a process, against the real local control plane (KWOK nodes,
-Volcano-compatible gang scheduler): the tutorial job end to end and every failure path."""
+the real Volcano scheduler): the tutorial job end to end and every failure path."""
 
 from __future__ import annotations
 
