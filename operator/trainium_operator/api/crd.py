@@ -12,10 +12,11 @@ from typing import Any
 
 from trainium_operator.api import spec as spec_model
 from trainium_operator.api.spec import JOB_NAME_PATTERN, MAX_JOB_NAME_LENGTH
+from trainium_operator.api.status import Phase
 
 JsonSchema = dict[str, Any]
 
-PHASES = ("Pending", "Compiling", "Training", "Restarting", "Succeeded", "Failed", "Suspended")
+PHASES = tuple(phase.value for phase in Phase)
 
 
 def _inline(schema: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from trainium_operator.api.spec import CleanPodPolicy
+from trainium_operator.api.status import TERMINAL_PHASES, Phase
 from trainium_operator.builders import pods as pod_builders
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle.observed import Observed, PodView, parse_time
@@ -23,17 +24,6 @@ from trainium_operator.lifecycle.observed import Observed, PodView, parse_time
 Obj = dict[str, Any]
 
 
-class Phase(enum.StrEnum):
-    PENDING = "Pending"
-    COMPILING = "Compiling"
-    TRAINING = "Training"
-    RESTARTING = "Restarting"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    SUSPENDED = "Suspended"
-
-
-TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 STAGE_PHASE = {Stage.COMPILE: Phase.COMPILING, Stage.TRAIN: Phase.TRAINING}
 # Container waiting reasons a restart cannot fix: the image or the pod's configuration.
 CANNOT_START_REASONS = frozenset(
