@@ -414,79 +414,143 @@ def admission_rejected(
     return decision
 
 
+@dataclass(slots=True)
+class _Pass:
+    """One decision in the making: what each policy below reads and writes."""
+
+    job: JobRef
+    status: _Status
+    decision: Decision
+    observed: Observed
+
+    def done(self) -> Decision:
+        self.decision.status = self.status.data
+        return self.decision
+
+
 def decide(job: JobRef, current_status: Obj, observed: Observed) -> Decision:
+    """The whole lifecycle as one pass through small policies, each of which may end it."""
     decision = Decision()
     status = _Status(current_status, job.generation, observed.now, decision)
     status.data["observedGeneration"] = job.generation
-    run_policy = job.spec.run_policy
-    phase = status.phase
-
-    if phase in TERMINAL_PHASES:
-        _cleanup_on_finish(job, decision, observed)
-        ttl = run_policy.ttl_seconds_after_finished
-        finished = parse_time(status.data.get("completionTime"))
-        if ttl is not None and finished is not None:
-            remaining = ttl - (observed.now - finished).total_seconds()
-            if remaining <= 0:
-                decision.delete_job = True
-            else:
-                decision.requeue(remaining)
-        decision.status = status.data
-        return decision
-
+    p = _Pass(job, status, decision, observed)
+    if _finished(p):
+        return p.done()
     compile_done = not job.spec.compile.enabled or status.stage_time(
         Stage.COMPILE, "completionTime"
     )
     stage = Stage.TRAIN if compile_done else Stage.COMPILE
+    if _suspended(p):
+        return p.done()
+    attempt = _resumed(p, stage)
+    if _past_deadline(p):
+        return p.done()
+    attempt = _attempt_floor(p, attempt)
+    if _failed(p, stage, attempt):
+        return p.done()
+    next_stage = _stage_succeeded(p, stage, attempt)
+    if next_stage is None:
+        return p.done()
+    _ensure_gang(
+        job,
+        status=status,
+        decision=decision,
+        observed=observed,
+        stage=next_stage,
+        attempt=attempt,
+        gang=observed.gang(next_stage, attempt),
+    )
+    grace = float(job.spec.run_policy.node_lost_grace_period_seconds)
+    wait = _node_lost_requeue(observed.gang(next_stage, attempt), observed, grace)
+    if wait is not None:
+        decision.requeue(wait)
+    return p.done()
 
-    if run_policy.suspend:
-        if phase is not Phase.SUSPENDED:
-            status.transition(Phase.SUSPENDED, "Suspended", "job suspended: pods deleted")
-            status.condition("Suspended", True, "Suspended", "spec.runPolicy.suspend is true")
-            status.condition("Running", False, "Suspended", "job suspended")
-        _delete_gang(decision, [p for p in observed.pods if not p.terminal], observed)
-        decision.delete_podgroups.extend(sorted(observed.podgroups))
-        for section in ("compile", "training"):
-            # Suspend removes the pods on purpose: their absence is not a vanished pod.
-            status.data.get(section, {}).pop("fullGangAttempt", None)
-        status.data["workers"] = _workers({}, job.spec.nodes)
-        decision.status = status.data
-        return decision
 
+def _finished(p: _Pass) -> bool:
+    """Terminal: clean up per cleanPodPolicy and honour ttlSecondsAfterFinished."""
+    if p.status.phase not in TERMINAL_PHASES:
+        return False
+    _cleanup_on_finish(p.job, p.decision, p.observed)
+    ttl = p.job.spec.run_policy.ttl_seconds_after_finished
+    finished = parse_time(p.status.data.get("completionTime"))
+    if ttl is not None and finished is not None:
+        remaining = ttl - (p.observed.now - finished).total_seconds()
+        if remaining <= 0:
+            p.decision.delete_job = True
+        else:
+            p.decision.requeue(remaining)
+    return True
+
+
+def _suspended(p: _Pass) -> bool:
+    """spec.runPolicy.suspend: no pods, no PodGroups."""
+    if not p.job.spec.run_policy.suspend:
+        return False
+    status = p.status
+    if status.phase is not Phase.SUSPENDED:
+        status.transition(Phase.SUSPENDED, "Suspended", "job suspended: pods deleted")
+        status.condition("Suspended", True, "Suspended", "spec.runPolicy.suspend is true")
+        status.condition("Running", False, "Suspended", "job suspended")
+    _delete_gang(p.decision, [pod for pod in p.observed.pods if not pod.terminal], p.observed)
+    p.decision.delete_podgroups.extend(sorted(p.observed.podgroups))
+    for section in ("compile", "training"):
+        # Suspend removes the pods on purpose: their absence is not a vanished pod.
+        status.data.get(section, {}).pop("fullGangAttempt", None)
+    status.data["workers"] = _workers({}, p.job.spec.nodes)
+    return True
+
+
+def _resumed(p: _Pass, stage: Stage) -> int:
+    """Leaving Suspended: a new gang (a new attempt once the job had started)."""
+    status = p.status
     attempt = status.attempt
-    if phase is Phase.SUSPENDED:
-        # Resume as a new gang that continues from the last checkpoint.
+    if status.phase is Phase.SUSPENDED:
         if status.data.get("startTime"):
             attempt += 1
             status.data["attempt"] = attempt
-        status.data["startTime"] = _ts(observed.now)
+        status.data["startTime"] = _ts(p.observed.now)
         status.condition("Suspended", False, "Resumed", "spec.runPolicy.suspend is false")
         status.transition(Phase.PENDING, "Resumed", f"resuming the {stage.value} stage")
+    return attempt
 
-    started = parse_time(status.data.get("startTime"))
-    if run_policy.active_deadline_seconds is not None and started is not None:
-        remaining = run_policy.active_deadline_seconds - (observed.now - started).total_seconds()
-        if remaining <= 0:
-            status.finish(
-                Phase.FAILED,
-                "DeadlineExceeded",
-                f"job was active longer than spec.runPolicy.activeDeadlineSeconds "
-                f"({run_policy.active_deadline_seconds}s)",
-            )
-            _cleanup_on_finish(job, decision, observed)
-            decision.status = status.data
-            return decision
-        decision.requeue(remaining)
 
-    # Never go below an attempt a pod already carries (a status write that was lost).
-    highest = max((p.attempt for p in observed.pods), default=attempt)
+def _past_deadline(p: _Pass) -> bool:
+    """spec.runPolicy.activeDeadlineSeconds."""
+    deadline = p.job.spec.run_policy.active_deadline_seconds
+    started = parse_time(p.status.data.get("startTime"))
+    if deadline is None or started is None:
+        return False
+    remaining = deadline - (p.observed.now - started).total_seconds()
+    if remaining > 0:
+        p.decision.requeue(remaining)
+        return False
+    p.status.finish(
+        Phase.FAILED,
+        "DeadlineExceeded",
+        f"job was active longer than spec.runPolicy.activeDeadlineSeconds ({deadline}s)",
+    )
+    _cleanup_on_finish(p.job, p.decision, p.observed)
+    return True
+
+
+def _attempt_floor(p: _Pass, attempt: int) -> int:
+    """Never go below an attempt a pod already carries (a status write that was lost)."""
+    highest = max((pod.attempt for pod in p.observed.pods), default=attempt)
     if highest > attempt:
-        attempt = highest
-        status.data["attempt"] = attempt
+        p.status.data["attempt"] = highest
+        return highest
+    return attempt
+
+
+def _failed(p: _Pass, stage: Stage, attempt: int) -> bool:
+    """Failures of the current gang (including pods that vanished or never start): a restart,
+    or the end of the job."""
+    job, observed, run_policy = p.job, p.observed, p.job.spec.run_policy
     gang = observed.gang(stage, attempt)
     grace = float(run_policy.node_lost_grace_period_seconds)
-    failures = [f for f in (_failure_of(p, observed, grace) for p in gang.values()) if f]
-    if status.stage_int(stage, "fullGangAttempt") == attempt:
+    failures = [f for f in (_failure_of(pod, observed, grace) for pod in gang.values()) if f]
+    if p.status.stage_int(stage, "fullGangAttempt") == attempt:
         failures += [
             _vanished(job, stage, attempt, rank)
             for rank in range(job.spec.nodes)
@@ -498,70 +562,61 @@ def decide(job: JobRef, current_status: Obj, observed: Observed) -> Decision:
         # started is.
         failures.insert(0, blocker)
     if not failures:
-        overdue = _startup_overdue(job, gang, observed, decision)
+        overdue = _startup_overdue(job, gang, observed, p.decision)
         if overdue is not None and overdue.klass is FailureClass.APPLICATION:
-            status.data["lastFailure"] = overdue.as_status(observed.now)
-            status.finish(
+            p.status.data["lastFailure"] = overdue.as_status(observed.now)
+            p.status.finish(
                 Phase.FAILED,
                 overdue.reason,
                 f"{overdue.message}; gave up after spec.runPolicy.startupTimeoutSeconds "
                 f"({run_policy.startup_timeout_seconds}s)",
             )
-            _cleanup_on_finish(job, decision, observed)
-            decision.status = status.data
-            return decision
+            _cleanup_on_finish(job, p.decision, observed)
+            return True
         if overdue is not None:
             failures = [overdue]
-    if failures:
-        _handle_failures(
-            job,
-            status=status,
-            decision=decision,
-            observed=observed,
-            stage=stage,
-            attempt=attempt,
-            failures=failures,
-        )
-        decision.status = status.data
-        return decision
-
-    if gang and len(gang) == job.spec.nodes and all(p.phase == "Succeeded" for p in gang.values()):
-        status.mark_stage(stage, "completionTime")
-        if stage is Stage.TRAIN:
-            status.data["workers"] = _workers(gang, job.spec.nodes)
-            status.finish(
-                Phase.SUCCEEDED,
-                "TrainingSucceeded",
-                f"all {job.spec.nodes} training pods succeeded",
-            )
-            _cleanup_on_finish(job, decision, observed)
-            decision.status = status.data
-            return decision
-        status.condition(
-            "Compiled", True, "CompileSucceeded", "neuron_parallel_compile filled the compile cache"
-        )
-        decision.events.append(
-            EventRecord("Normal", "CompileSucceeded", "compile stage finished; starting training")
-        )
-        stage = Stage.TRAIN
-        gang = observed.gang(stage, attempt)
-
-    if stage is Stage.COMPILE:
-        status.condition("Compiled", False, "Compiling", "compile stage running")
-    _ensure_gang(
+    if not failures:
+        return False
+    _handle_failures(
         job,
-        status=status,
-        decision=decision,
+        status=p.status,
+        decision=p.decision,
         observed=observed,
         stage=stage,
         attempt=attempt,
-        gang=gang,
+        failures=failures,
     )
-    wait = _node_lost_requeue(gang, observed, grace)
-    if wait is not None:
-        decision.requeue(wait)
-    decision.status = status.data
-    return decision
+    return True
+
+
+def _stage_succeeded(p: _Pass, stage: Stage, attempt: int) -> Stage | None:
+    """The stage whose gang should run now; None once training succeeded (the job is done)."""
+    job, status = p.job, p.status
+    gang = p.observed.gang(stage, attempt)
+    done = (
+        gang
+        and len(gang) == job.spec.nodes
+        and all(pod.phase == "Succeeded" for pod in gang.values())
+    )
+    if not done:
+        if stage is Stage.COMPILE:
+            status.condition("Compiled", False, "Compiling", "compile stage running")
+        return stage
+    status.mark_stage(stage, "completionTime")
+    if stage is Stage.TRAIN:
+        status.data["workers"] = _workers(gang, job.spec.nodes)
+        status.finish(
+            Phase.SUCCEEDED, "TrainingSucceeded", f"all {job.spec.nodes} training pods succeeded"
+        )
+        _cleanup_on_finish(job, p.decision, p.observed)
+        return None
+    status.condition(
+        "Compiled", True, "CompileSucceeded", "neuron_parallel_compile filled the compile cache"
+    )
+    p.decision.events.append(
+        EventRecord("Normal", "CompileSucceeded", "compile stage finished; starting training")
+    )
+    return Stage.TRAIN
 
 
 def _ensure_gang(
