@@ -9,9 +9,8 @@ while. After every step (and on every poll while waiting) the invariants are che
 - never two attempts' live pods of one job at once;
 - a job's attempt number and restart count only grow, and each restart was counted
   (restarts.total == attempt for jobs that are never suspended);
-- at the end every job reaches the phase and reason its faults call for: Succeeded, or
-  Failed/CompileFailed when the suite failed one of its compile pods (the limits are far above
-  the faults injected);
+- at the end every job reaches Succeeded/TrainingSucceeded (compile pods are evicted, not failed,
+  and the limits are far above the faults injected), and the faults caused at least 5 restarts;
 - after deletion nothing the jobs created is left.
 
 `CHAOS_SEED` picks the run (default 20261201); `CHAOS_STEPS` its length. The report (kills,
@@ -133,8 +132,6 @@ class Chaos:
     ledger: Ledger
     lost_node: str | None = None
     kills: int = 0
-    # The terminal (phase, reason) each job must reach; a failed compile pod fails its job.
-    expected: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def kill_operator(self) -> None:
         # At a random moment: often mid-reconcile, since every fault wakes the jobs.
@@ -159,13 +156,14 @@ class Chaos:
             )
 
     def fail_pod(self) -> None:
+        """A training process exits non-zero; a compile pod is evicted (a compile failure would
+        end the job, and the suite wants its jobs alive through the faults)."""
         if pod := self.pick_pod():
-            job = pod.metadata.labels["trainium.dev/job-name"]
-            if pod.metadata.labels["trainium.dev/stage"] == "compile":
-                self.expected.setdefault(job, ("Failed", "CompileFailed"))
+            compile_pod = pod.metadata.labels["trainium.dev/stage"] == "compile"
             simulate_pod_outcome(
                 self.clients.core, self.namespace, pod.metadata.name, succeeded=False,
-                exit_code=self.rng.choice([1, 137]), reason="Error",
+                exit_code=self.rng.choice([1, 137]),
+                reason="Evicted" if compile_pod else "Error",
             )  # fmt: skip
 
     def finish_gang(self) -> None:
@@ -217,8 +215,8 @@ class Chaos:
     def faults(self) -> list[tuple[str, Callable[[], None], int]]:
         return [
             ("kill-operator", self.kill_operator, 10),
-            ("finish-gang", self.finish_gang, 5),
-            ("fail-pod", self.fail_pod, 2),
+            ("finish-gang", self.finish_gang, 2),
+            ("fail-pod", self.fail_pod, 3),
             ("delete-pod", self.delete_pod, 1),
             ("force-delete-pod", self.force_delete_pod, 1),
             ("delete-podgroup", self.delete_podgroup, 1),
@@ -282,7 +280,7 @@ def test_invariants_hold_under_seeded_faults(
             watch(clients, namespace, names, ledger, 0.5)
         for name in names:
             status = get_job(clients, namespace, name).get("status") or {}
-            want = chaos.expected.get(name, ("Succeeded", "TrainingSucceeded"))
+            want = ("Succeeded", "TrainingSucceeded")
             if (status.get("phase"), status.get("reason")) != want:
                 ledger.violation(
                     f"{name} ended {status.get('phase')}/{status.get('reason')}, expected "
@@ -316,4 +314,6 @@ def test_invariants_hold_under_seeded_faults(
     report.append(f"  violations            {len(ledger.violations)}")
     publish_report("chaos", report)
     assert chaos.kills >= MIN_KILLS
+    # Not vacuous: the faults did restart gangs, and each restart was counted (checked above).
+    assert sum(restarts.values()) >= 5, restarts
     assert not ledger.violations, "\n".join(ledger.violations[:20])

@@ -131,7 +131,7 @@ def healthz_port(daemon: Daemon) -> int | None:
 
 def healthy(daemon: Daemon) -> bool:
     port = healthz_port(daemon)
-    if port is None or running_pid(daemon) is None:
+    if port is None:
         return False
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
@@ -147,7 +147,7 @@ def _log_tail(daemon: Daemon, lines: int = 20) -> str:
         return "(no log)"
 
 
-def _start(daemon: Daemon, toolchain: build.Toolchain) -> int:
+def _start(daemon: Daemon, toolchain: build.Toolchain) -> subprocess.Popen[bytes]:
     binary = toolchain.binary(daemon.name)
     kubeconfig = daemon.cluster.kubeconfig
     port = _free_port()
@@ -169,20 +169,28 @@ def _start(daemon: Daemon, toolchain: build.Toolchain) -> int:
         )
     daemon.pid_file.write_text(f"{process.pid}\n")
     daemon.port_file.write_text(f"{port}\n")
-    return process.pid
+    return process
 
 
 def start(cluster: paths.ClusterPaths, toolchain: build.Toolchain) -> dict[str, int]:
     """Starts whichever Volcano process is not running and waits until both are healthy."""
     pids: dict[str, int] = {}
+    started: dict[str, subprocess.Popen[bytes]] = {}
     for daemon in daemons(cluster):
         # A running one is left alone (a stuck one is reported below, with its log).
         pid = running_pid(daemon)
-        pids[daemon.name] = pid if pid is not None else _start(daemon, toolchain)
+        if pid is None:
+            started[daemon.name] = _start(daemon, toolchain)
+            pid = started[daemon.name].pid
+        pids[daemon.name] = pid
     deadline = time.monotonic() + HEALTH_TIMEOUT
     for daemon in daemons(cluster):
         while not healthy(daemon):
-            if running_pid(daemon) is None:
+            # For a process we just started, ask it: until it has exec'd, /proc shows our own
+            # command line, and running_pid would call it gone.
+            process = started.get(daemon.name)
+            exited = process.poll() is not None if process else running_pid(daemon) is None
+            if exited:
                 raise VolcanoError(
                     f"{daemon.name} exited during start-up; log {daemon.log}:\n{_log_tail(daemon)}"
                 )
