@@ -189,47 +189,48 @@ class Reconciler:
             self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
         return PREDECESSOR_RETRY_SECONDS
 
-    def _blocked_by_predecessor(self, body: Obj, error: ForeignChildError) -> float:
+    def _record(self, body: Obj, decide: Callable[[Obj, int], machine.Decision]) -> None:
+        """Writes an outcome found while applying (the pass's own writes were cut short) on the
+        job as it is now: `decide(current status, generation)` builds it."""
         meta = body["metadata"]
+        fresh = self.cluster.get_training_job(meta["namespace"], meta["name"])
+        if fresh is None:
+            raise JobGoneError(f"{meta['namespace']}/{meta['name']}")
+        current: Obj = fresh.get("status") or {}
+        generation = int(fresh["metadata"].get("generation", 1))
+        self._apply(fresh, current, decide(current, generation))
+
+    def _blocked_by_predecessor(self, body: Obj, error: ForeignChildError) -> float:
         message = (
             f"{error.obj['kind']} {error.obj['metadata']['name']} already exists and belongs to "
             f"another owner ({', '.join(error.owners) or 'none'}), likely a deleted job of the "
             "same name whose children are still terminating; waiting for it to go"
         )
-        fresh = self.cluster.get_training_job(meta["namespace"], meta["name"])
-        if fresh is None:
-            raise JobGoneError(f"{meta['namespace']}/{meta['name']}")
-        current: Obj = fresh.get("status") or {}
-        decision = machine.blocked(
-            current,
-            int(fresh["metadata"].get("generation", 1)),
-            "WaitingForPredecessor",
-            message,
-            now=self.clock(),
+        self._record(
+            body,
+            lambda current, generation: machine.blocked(
+                current, generation, "WaitingForPredecessor", message, now=self.clock()
+            ),
         )
-        self._apply(fresh, current, decision)
         return PREDECESSOR_RETRY_SECONDS
 
     def _rejected(self, body: Obj, obj: Obj, rejection: AdmissionRejection) -> float | None:
         """Admission refused a child: the status names the real cause; no quick retries."""
-        meta = body["metadata"]
         message = (
             f"{obj['kind']} {obj['metadata']['name']} was refused by the API server: "
             f"{rejection.message}"
         )
-        fresh = self.cluster.get_training_job(meta["namespace"], meta["name"])
-        if fresh is None:
-            raise JobGoneError(f"{meta['namespace']}/{meta['name']}")
-        current: Obj = fresh.get("status") or {}
-        decision = machine.admission_rejected(
-            current,
-            int(fresh["metadata"].get("generation", 1)),
-            rejection.reason,
-            message,
-            fatal=rejection.fatal,
-            now=self.clock(),
+        self._record(
+            body,
+            lambda current, generation: machine.admission_rejected(
+                current,
+                generation,
+                rejection.reason,
+                message,
+                fatal=rejection.fatal,
+                now=self.clock(),
+            ),
         )
-        self._apply(fresh, current, decision)
         # A spec change wakes the job at once; the cluster changing is seen at the next resync.
         return None if rejection.fatal else ADMISSION_RETRY_SECONDS
 
