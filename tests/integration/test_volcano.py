@@ -78,10 +78,24 @@ def watch_gangs(
     return samples
 
 
-def assert_never_partial(samples: list[dict[str, int]], jobs: dict[str, int]) -> None:
-    for sample in samples:
+# Volcano binds a gang's pods with one API call each, so a LIST can land between two binds.
+BIND_WINDOW_SECONDS = 3.0
+
+
+def assert_never_partial(timed: list[tuple[float, dict[str, int]]], jobs: dict[str, int]) -> None:
+    """No two gangs hold nodes at once, and no gang stays part-bound beyond one bind window."""
+    partial_since: dict[str, float] = {}
+    for at, sample in timed:
+        holding = [name for name in jobs if sample[name] > 0]
+        assert len(holding) <= 1, f"two gangs hold nodes at once: {sample}"
         for name, size in jobs.items():
-            assert sample[name] in (0, size), f"{name} had {sample[name]}/{size} pods bound"
+            if sample[name] in (0, size):
+                partial_since.pop(name, None)
+                continue
+            since = partial_since.setdefault(name, at)
+            assert at - since < BIND_WINDOW_SECONDS, (
+                f"{name} stayed at {sample[name]}/{size} pods bound for {at - since:.1f} s"
+            )
 
 
 @contextlib.contextmanager
@@ -181,26 +195,34 @@ def test_two_jobs_bigger_than_the_cluster_run_one_after_the_other_never_half_of_
     for name in jobs:
         create_job(clients, namespace, train_only(name))
 
-    samples: list[dict[str, int]] = []
+    timed: list[tuple[float, dict[str, int]]] = []
+
+    def sample() -> dict[str, int]:
+        counts = {name: bound_pods(clients, namespace, name) for name in jobs}
+        timed.append((time.monotonic(), counts))
+        return counts
+
     finished: list[str] = []
     deadline = time.monotonic() + 120
     while len(finished) < len(jobs):
-        assert time.monotonic() < deadline, f"no progress: {samples[-1:]} finished {finished}"
-        sample = {name: bound_pods(clients, namespace, name) for name in jobs}
-        samples.append(sample)
-        running = [n for n, size in jobs.items() if sample[n] == size and n not in finished]
+        assert time.monotonic() < deadline, f"no progress: {timed[-1:]} finished {finished}"
+        counts = sample()
+        running = [n for n, size in jobs.items() if counts[n] == size and n not in finished]
         if running:
             # Both full gangs at once cannot fit on two nodes.
-            assert len(running) == 1, sample
+            assert len(running) == 1, counts
             (name,) = running
             pods = wait_gang_running(clients, namespace, name, "train", 0)
-            samples += watch_gangs(clients, namespace, jobs, seconds=2)
+            watch_until = time.monotonic() + 2
+            while time.monotonic() < watch_until:
+                sample()
+                time.sleep(0.25)
             finish_pods(clients, namespace, pods)
             wait_phase(clients, namespace, name, "Succeeded")
             finished.append(name)
         time.sleep(0.25)
 
-    assert_never_partial(samples, jobs)
+    assert_never_partial(timed, jobs)
     assert sorted(finished) == sorted(jobs)
 
 
