@@ -11,6 +11,7 @@ import copy
 from typing import Any
 
 from trainium_operator.api import spec as spec_model
+from trainium_operator.api import status as status_model
 from trainium_operator.api.spec import JOB_NAME_PATTERN, MAX_JOB_NAME_LENGTH
 from trainium_operator.api.status import Phase
 
@@ -86,111 +87,24 @@ def spec_schema() -> JsonSchema:
     return schema
 
 
-def _condition_schema() -> JsonSchema:
-    return {
-        "type": "object",
-        "required": ["type", "status"],
-        "properties": {
-            "type": {"type": "string", "description": "Condition type, e.g. Compiled."},
-            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-            "reason": {"type": "string", "description": "CamelCase reason."},
-            "message": {"type": "string", "description": "Human-readable detail."},
-            "lastTransitionTime": {"type": "string", "format": "date-time"},
-            "observedGeneration": {"type": "integer", "format": "int64"},
-        },
-    }
-
-
-def _stage_times_schema(stage: str) -> JsonSchema:
-    return {
-        "type": "object",
-        "description": f"When the {stage} stage started and completed.",
-        "properties": {
-            "startTime": {"type": "string", "format": "date-time"},
-            "completionTime": {"type": "string", "format": "date-time"},
-            "firstAttempt": {
-                "type": "integer",
-                "format": "int32",
-                "description": f"Attempt of the {stage} stage's first gang; a training attempt "
-                "after it resumes from the newest checkpoint.",
-            },
-            "fullGangAttempt": {
-                "type": "integer",
-                "format": "int32",
-                "description": "Newest attempt all of whose pods existed at once; a pod of it "
-                "that vanishes restarts the whole gang instead of being re-created alone.",
-            },
-        },
-    }
+def _strip_defaults(schema: JsonSchema) -> JsonSchema:
+    """Status carries no defaults: the API server would otherwise write them into every stored
+    status, and a status field's absence means "not observed yet"."""
+    schema.pop("default", None)
+    for sub in schema.get("properties", {}).values():
+        _strip_defaults(sub)
+    if isinstance(schema.get("items"), dict):
+        _strip_defaults(schema["items"])
+    return schema
 
 
 def status_schema() -> JsonSchema:
-    integer = {"type": "integer", "format": "int32"}
-    return {
-        "type": "object",
-        "description": "Observed state, written by the operator.",
-        "properties": {
-            "phase": {
-                "type": "string",
-                "enum": list(PHASES),
-                "description": "Where the job is: " + ", ".join(PHASES) + ".",
-            },
-            "reason": {"type": "string", "description": "Reason of the latest transition."},
-            "message": {"type": "string", "description": "Detail of the latest transition."},
-            "observedGeneration": {"type": "integer", "format": "int64"},
-            "conditions": {
-                "type": "array",
-                "items": _condition_schema(),
-                "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["type"],
-            },
-            "attempt": {**integer, "description": "Training attempt, 0 for the first."},
-            "startTime": {"type": "string", "format": "date-time"},
-            "completionTime": {"type": "string", "format": "date-time"},
-            "compile": _stage_times_schema("compile"),
-            "training": _stage_times_schema("training"),
-            "workers": {
-                "type": "object",
-                "description": "Pods of the current stage.",
-                "properties": {
-                    "ready": integer,
-                    "total": integer,
-                    "succeeded": integer,
-                    "failed": integer,
-                    "summary": {"type": "string", "description": "ready/total"},
-                },
-            },
-            "restarts": {
-                "type": "object",
-                "description": "Gang restarts by cause.",
-                "properties": {
-                    "total": integer,
-                    "application": integer,
-                    "infrastructure": integer,
-                },
-            },
-            "lastFailure": {
-                "type": "object",
-                "description": "The failure that caused the latest restart or the job failure.",
-                "properties": {
-                    "class": {"type": "string", "enum": ["Application", "Infrastructure"]},
-                    "stage": {"type": "string"},
-                    "pod": {"type": "string"},
-                    "node": {"type": "string"},
-                    "rank": integer,
-                    "exitCode": integer,
-                    "reason": {"type": "string"},
-                    "message": {"type": "string"},
-                    "time": {"type": "string", "format": "date-time"},
-                },
-            },
-            "profile": {
-                "type": "object",
-                "description": "Where the profiler writes (when spec.profile.enabled).",
-                "properties": {"path": {"type": "string"}, "claimName": {"type": "string"}},
-            },
-        },
-    }
+    raw = status_model.TrainingJobStatus.model_json_schema(by_alias=True, mode="serialization")
+    defs = raw.pop("$defs", {})
+    schema = _strip_defaults(_inline(raw, defs))
+    phase = schema["properties"]["phase"]
+    phase["description"] = "Where the job is: " + ", ".join(PHASES) + "."
+    return schema
 
 
 def _printer_columns() -> list[JsonSchema]:

@@ -1,8 +1,17 @@
-"""Names of the TrainingJob status that the CRD schema, the state machine and the UI share."""
+"""The TrainingJob status model: the CRD's status schema, the state machine and the UI share it.
+
+The state machine edits status as a plain mapping (it records transitions field by field) and
+every status it returns passes through `validated_status`, so a field the model does not
+declare, or a value of the wrong type, is a bug caught before it reaches the API server.
+"""
 
 from __future__ import annotations
 
 import enum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
 
 class Phase(enum.StrEnum):
@@ -18,3 +27,127 @@ class Phase(enum.StrEnum):
 
 
 TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
+
+
+class FailureClass(enum.StrEnum):
+    """The budget a failure is charged to: backoffLimit or infrastructureBackoffLimit."""
+
+    APPLICATION = "Application"
+    INFRASTRUCTURE = "Infrastructure"
+
+
+Int32 = Annotated[int, Field(json_schema_extra={"format": "int32"})]
+Count = Annotated[int, Field(ge=0, json_schema_extra={"format": "int32"})]
+Int64 = Annotated[int, Field(json_schema_extra={"format": "int64"})]
+# RFC 3339 as the machine writes it (seconds, "Z"); kept a string so a read-modify-write of
+# the status round-trips byte for byte.
+Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+
+
+class _Status(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+    )
+
+
+class Condition(_Status):
+    """A Kubernetes-style condition; one per type."""
+
+    type: str
+    """Condition type, e.g. Compiled, Running, Restarting, Admitted, Suspended."""
+    status: Literal["True", "False", "Unknown"]
+    reason: str | None = None
+    """CamelCase reason."""
+    message: str | None = None
+    """Human-readable detail."""
+    last_transition_time: Timestamp | None = None
+    observed_generation: Int64 | None = None
+
+
+class StageStatus(_Status):
+    """When a stage (compile or training) started and completed, and its gangs."""
+
+    start_time: Timestamp | None = None
+    completion_time: Timestamp | None = None
+    first_attempt: Count | None = None
+    """Attempt of the stage's first gang; a training attempt after it resumes from the newest
+    checkpoint."""
+    full_gang_attempt: Count | None = None
+    """Newest attempt all of whose pods existed at once; a pod of it that vanishes restarts the
+    whole gang instead of being re-created alone."""
+
+
+class Workers(_Status):
+    """Pods of the current stage."""
+
+    ready: Count = 0
+    total: Count = 0
+    succeeded: Count = 0
+    failed: Count = 0
+    summary: str | None = None
+    """ready/total"""
+
+
+class Restarts(_Status):
+    """Gang restarts by cause; total = application + infrastructure."""
+
+    total: Count = 0
+    application: Count = 0
+    infrastructure: Count = 0
+
+
+class LastFailure(_Status):
+    """The failure that caused the latest restart or the job failure."""
+
+    class_: FailureClass = Field(alias="class")
+    stage: str | None = None
+    pod: str | None = None
+    node: str | None = None
+    rank: Int32 | None = None
+    exit_code: Int32 | None = None
+    reason: str | None = None
+    message: str | None = None
+    time: Timestamp | None = None
+
+
+class ProfileStatus(_Status):
+    """Where the profiler writes (when spec.profile.enabled)."""
+
+    path: str | None = None
+    claim_name: str | None = None
+
+
+class TrainingJobStatus(_Status):
+    """Observed state, written by the operator."""
+
+    phase: Phase | None = None
+    """Where the job is."""
+    reason: str | None = None
+    """Reason of the latest transition."""
+    message: str | None = None
+    """Detail of the latest transition."""
+    observed_generation: Int64 | None = None
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    attempt: Count | None = None
+    """Gang attempt of the current stage, 0 for the first; only grows."""
+    start_time: Timestamp | None = None
+    completion_time: Timestamp | None = None
+    compile: StageStatus | None = None
+    training: StageStatus | None = None
+    workers: Workers | None = None
+    restarts: Restarts | None = None
+    last_failure: LastFailure | None = None
+    profile: ProfileStatus | None = None
+
+
+def validated_status(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` checked against the model, returned unchanged (the machine's own mapping)."""
+    TrainingJobStatus.model_validate(data)
+    return data

@@ -9,14 +9,13 @@ observations (children have deterministic names; counters live in the status).
 from __future__ import annotations
 
 import copy
-import enum
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from trainium_operator.api.spec import CleanPodPolicy
-from trainium_operator.api.status import TERMINAL_PHASES, Phase
+from trainium_operator.api.status import TERMINAL_PHASES, FailureClass, Phase, validated_status
 from trainium_operator.builders import pods as pod_builders
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle.observed import Observed, PodView, parse_time
@@ -38,11 +37,6 @@ CANNOT_START_REASONS = frozenset(
 )
 CLAIM_NOT_FOUND = "ClaimNotFound"
 _CLAIM_NOT_FOUND_MESSAGE = re.compile(r'persistentvolumeclaim "([^"]+)" not found')
-
-
-class FailureClass(enum.StrEnum):
-    APPLICATION = "Application"
-    INFRASTRUCTURE = "Infrastructure"
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,7 +366,7 @@ def invalid(current_status: Obj, generation: int, problems: list[str], now: date
     if status.phase is not Phase.FAILED or status.data.get("message") != message:
         status.finish(Phase.FAILED, "InvalidSpec", message)
     status.data["observedGeneration"] = generation
-    decision.status = status.data
+    decision.status = validated_status(status.data)
     return decision
 
 
@@ -394,7 +388,7 @@ def blocked(
     status = _Status(status_after, generation, now, decision)
     if status.phase not in TERMINAL_PHASES:
         status.transition(status.phase or Phase.PENDING, reason, message, warning=True)
-    decision.status = status.data
+    decision.status = validated_status(status.data)
     return decision
 
 
@@ -410,7 +404,7 @@ def admission_rejected(
         status.finish(Phase.FAILED, reason, message)
     else:
         status.transition(Phase.PENDING, reason, message, warning=True)
-    decision.status = status.data
+    decision.status = validated_status(status.data)
     return decision
 
 
@@ -424,7 +418,7 @@ class _Pass:
     observed: Observed
 
     def done(self) -> Decision:
-        self.decision.status = self.status.data
+        self.decision.status = validated_status(self.status.data)
         return self.decision
 
 
