@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from trainium_operator.api.crd import training_job_crd
-from trainium_operator.api.status import Phase, TrainingJobStatus, validated_status
+from trainium_operator.api.status import Phase, TrainingJobStatus, known_fields, validated_status
 from trainium_operator.lifecycle import machine
 
 
@@ -71,3 +71,24 @@ def test_an_invalid_spec_decision_writes_a_status_the_model_accepts() -> None:
     assert status.phase is Phase.FAILED
     assert status.reason == "InvalidSpec"
     assert status.observed_generation == 3
+
+
+def test_fields_another_operator_version_wrote_are_dropped_when_read_at_every_depth() -> None:
+    stored = {
+        "phase": "Training",
+        "futureField": {"x": 1},
+        "restarts": {"total": 1, "application": 1, "infrastructure": 0, "preempted": 0},
+        "conditions": [{"type": "Running", "status": "True", "severity": "Info"}],
+    }
+    assert known_fields(stored) == {
+        "phase": "Training",
+        "restarts": {"total": 1, "application": 1, "infrastructure": 0},
+        "conditions": [{"type": "Running", "status": "True"}],
+    }
+
+
+def test_a_running_job_whose_status_has_an_unknown_field_is_still_decided() -> None:
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    decision = machine.invalid({"phase": "Training", "legacy": True}, 2, ["spec.x: bad"], now)
+    assert "legacy" not in decision.status
+    assert decision.status["phase"] == "Failed"

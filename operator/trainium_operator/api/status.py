@@ -8,6 +8,7 @@ declare, or a value of the wrong type, is a bug caught before it reaches the API
 from __future__ import annotations
 
 import enum
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -151,3 +152,35 @@ def validated_status(data: dict[str, Any]) -> dict[str, Any]:
     """`data` checked against the model, returned unchanged (the machine's own mapping)."""
     TrainingJobStatus.model_validate(data)
     return data
+
+
+def known_fields(
+    data: dict[str, Any], model: type[BaseModel] = TrainingJobStatus
+) -> dict[str, Any]:
+    """A stored status without the fields this model does not declare (written by another
+    operator version), so an upgrade or downgrade reads its predecessor's status instead of
+    refusing it."""
+    out: dict[str, Any] = {}
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        if key not in data:
+            continue
+        value = data[key]
+        nested = _model_of(field.annotation)
+        if nested is not None and isinstance(value, dict):
+            value = known_fields(value, nested)
+        elif nested is not None and isinstance(value, list):
+            value = [known_fields(v, nested) if isinstance(v, dict) else v for v in value]
+        out[key] = value
+    return out
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    """The model inside `Model | None` or `list[Model]`, if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None

@@ -15,7 +15,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 from trainium_operator.api.spec import CleanPodPolicy
-from trainium_operator.api.status import TERMINAL_PHASES, FailureClass, Phase, validated_status
+from trainium_operator.api.status import (
+    TERMINAL_PHASES,
+    FailureClass,
+    Phase,
+    known_fields,
+    validated_status,
+)
 from trainium_operator.builders import pods as pod_builders
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle.observed import Observed, PodView, parse_time
@@ -120,7 +126,7 @@ class _Status:
     """A mutable copy of the job's status with helpers that record transitions once."""
 
     def __init__(self, current: Obj, generation: int, now: datetime, decision: Decision):
-        self.data: Obj = copy.deepcopy(current) if current else {}
+        self.data: Obj = copy.deepcopy(known_fields(current)) if current else {}
         self.generation = generation
         self.now = now
         self.decision = decision
