@@ -29,15 +29,20 @@ NAMESPACED: Permissions = {
     ("scheduling.volcano.sh", "podgroups"): {"get", "list", "watch", "create", "delete", "patch"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
+    # What can lift an admission refusal: watched instead of retrying on a timer.
+    ("", "resourcequotas"): {"list", "watch"},
+    ("", "limitranges"): {"list", "watch"},
+    ("", "serviceaccounts"): {"list", "watch"},
 }
 # Cluster-scoped reads needed in every mode.
 CLUSTER: Permissions = {
     ("", "nodes"): {"get", "list", "watch"},
     ("scheduling.volcano.sh", "queues"): {"get"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    ("", "namespaces"): {"list", "watch"},
+    ("scheduling.k8s.io", "priorityclasses"): {"list", "watch"},
 }
 PEERING_VERBS = {"get", "list", "watch", "patch"}
-NAMESPACES_WATCH: Permissions = {("", "namespaces"): {"list", "watch"}}
 
 
 def permissions(rules: Iterable[dict[str, Any]]) -> Permissions:
@@ -83,7 +88,7 @@ def test_namespace_install_grants_namespaced_rules_only_in_watched_namespaces(
         assert permissions(role["rules"]) == expected_role
     # The only cluster-wide grant: cluster-scoped reads, nothing on pods or jobs.
     cluster_role = one(manifests, "ClusterRole", FULLNAME)
-    assert permissions(cluster_role["rules"]) == CLUSTER | NAMESPACES_WATCH
+    assert permissions(cluster_role["rules"]) == CLUSTER
 
 
 def test_bindings_grant_the_roles_to_the_operator_service_account_only(tmp_path: Path) -> None:

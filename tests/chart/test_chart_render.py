@@ -204,6 +204,7 @@ def test_peering_runs_two_replicas_with_a_cluster_peering_object(tmp_path: Path)
     assert deployment["spec"]["replicas"] == 2
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     assert "--peering=trainium-operator" in operator_container(manifests)["args"]
+    assert "--peering-lifetime=60" in operator_container(manifests)["args"]
     peering = one(manifests, "ClusterKopfPeering", "trainium-operator")
     assert peering["apiVersion"] == "kopf.dev/v1"
     assert one(manifests, "PodDisruptionBudget")["spec"]["minAvailable"] == 1

@@ -56,14 +56,21 @@ operator never creates Volcano queues, PersistentVolumeClaims or nodes.
   apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
-{{- if not $clusterWide }}
-# kopf: a namespace-bound operator lists and watches namespaces to notice watched ones being
-# created or deleted (a cluster-wide one does not need to).
+# What can lift an admission refusal of a job's pod: the operator retries a refused create when
+# one of these changes instead of on a timer (read only). Namespaces also carry the Pod Security
+# labels; a namespace-bound kopf watches them anyway to notice watched namespaces come and go.
+- scope: namespaced
+  apiGroups: [""]
+  resources: ["resourcequotas", "limitranges", "serviceaccounts"]
+  verbs: ["list", "watch"]
 - scope: cluster
   apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["list", "watch"]
-{{- end }}
+- scope: cluster
+  apiGroups: ["scheduling.k8s.io"]
+  resources: ["priorityclasses"]
+  verbs: ["list", "watch"]
 {{- if .Values.peering.enabled }}
 {{- if $clusterWide }}
 # kopf peering: keep-alives in the ClusterKopfPeering of a cluster-wide operator.

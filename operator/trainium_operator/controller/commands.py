@@ -38,6 +38,14 @@ RENDER_UID = "00000000-0000-0000-0000-000000000000"
     "random, so two replicas never tie (kopf lets tied replicas both work).",
 )
 @click.option(
+    "--peering-lifetime",
+    type=click.IntRange(min=2),
+    default=60,
+    show_default=True,
+    help="Seconds a replica's peering entry lives without a keep-alive: how long a crashed "
+    "active replica blocks its standby.",
+)
+@click.option(
     "--liveness-endpoint",
     default=None,
     help="kopf health endpoint, e.g. http://0.0.0.0:8080/healthz.",
@@ -52,6 +60,7 @@ def run(
     namespaces: tuple[str, ...],
     peering: str | None,
     priority: int | None,
+    peering_lifetime: int,
     liveness_endpoint: str | None,
     metrics_port: int | None,
     workers: int,
@@ -76,6 +85,7 @@ def run(
         metrics_port=metrics_port,
         peering=peering,
         priority=priority or 0,
+        peering_lifetime=peering_lifetime,
         clusterwide=not namespaces,
     )
     kopf.run(

@@ -25,7 +25,13 @@ from trainium_operator.controller.reconciler import (
     Reconciler,
 )
 from trainium_operator.controller.workqueue import Key, WorkQueue
-from trainium_operator.k8s.client import Cluster, credentials, is_conflict, load_api_client
+from trainium_operator.k8s.client import (
+    PRIORITY_CLASS_NOT_FOUND,
+    Cluster,
+    credentials,
+    is_conflict,
+    load_api_client,
+)
 
 log = logging.getLogger(__name__)
 RESYNC_SECONDS = 120.0
@@ -42,6 +48,7 @@ class Runtime:
     workers: int = 4
     peering: str | None = None
     priority: int = 0
+    peering_lifetime: int = 60
     clusterwide: bool = True
     gate: PeeringGate | None = None
     metrics_port: int | None = None
@@ -93,6 +100,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.error_backoffs = [1, 2, 5, 10]
+    settings.peering.lifetime = runtime.peering_lifetime
     runtime.queue = WorkQueue()
     runtime.cluster = Cluster(load_api_client(runtime.kubeconfig))
     runtime.reconciler = Reconciler(
@@ -189,13 +197,50 @@ def training_job_event(
     if type == "DELETED":
         queue.forget(key)
         runtime.seen_generations.pop(key, None)
+        if runtime.reconciler is not None:
+            runtime.reconciler.holds.release(key)
         return
     # Our own status writes come back as events; only spec changes (a new generation),
     # deletion and first sight need a pass. Pod and node events cover the rest.
     revision = (meta.get("uid"), meta.get("generation"), meta.get("deletionTimestamp"))
     if runtime.seen_generations.get(key) != revision:
         runtime.seen_generations[key] = revision
+        if runtime.reconciler is not None:
+            runtime.reconciler.holds.release(key)  # a new spec may fix an admission refusal
         queue.add(key)
+
+
+def _retry_held(memo: Any, keys: list[Key]) -> None:
+    queue = _runtime(memo).queue
+    for key in keys:
+        if queue is not None:
+            queue.touch(key)
+
+
+# What can lift an admission refusal (see controller/admission_holds.py): each change wakes the
+# jobs held in its namespace; a PriorityClass wakes the jobs that named a missing one.
+@kopf.on.event("", "v1", "resourcequotas")
+@kopf.on.event("", "v1", "limitranges")
+@kopf.on.event("", "v1", "serviceaccounts")
+def namespace_policy_event(namespace: str | None, memo: Any, **_: Any) -> None:
+    reconciler = _runtime(memo).reconciler
+    if namespace is not None and reconciler is not None:
+        _retry_held(memo, reconciler.holds.release_namespace(namespace))
+
+
+@kopf.on.event("", "v1", "namespaces")
+def namespace_event(name: str, memo: Any, **_: Any) -> None:
+    # Pod Security admission reads the namespace's labels.
+    reconciler = _runtime(memo).reconciler
+    if reconciler is not None:
+        _retry_held(memo, reconciler.holds.release_namespace(name))
+
+
+@kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses")
+def priority_class_event(memo: Any, **_: Any) -> None:
+    reconciler = _runtime(memo).reconciler
+    if reconciler is not None:
+        _retry_held(memo, reconciler.holds.release_reason(PRIORITY_CLASS_NOT_FOUND))
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_JOB_NAME: kopf.PRESENT})

@@ -18,6 +18,7 @@ from pydantic import ValidationError
 
 from trainium_operator.api.spec import TrainingJobSpec
 from trainium_operator.builders.job import LABEL_JOB_NAME, JobRef
+from trainium_operator.controller.admission_holds import AdmissionHolds, Mark
 from trainium_operator.k8s.client import (
     AdmissionRejection,
     Cluster,
@@ -32,9 +33,6 @@ from trainium_operator.lifecycle.observed import observe, podgroup_view, queue_v
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
 CREATE_CONCURRENCY = 8
-
-
-ADMISSION_RETRY_SECONDS = 120.0  # a refusal the cluster may lift (quota freed, class created)
 
 
 class _CreateError(Exception):
@@ -110,6 +108,7 @@ class Reconciler:
         self.events = EventPoster(cluster)
         self.nodes = nodes
         self.clock = clock
+        self.holds = AdmissionHolds()
         # A gang's pods are independent creates; issuing them together keeps a 16-node
         # job from paying 16 sequential round trips.
         self._creators = ThreadPoolExecutor(
@@ -142,6 +141,11 @@ class Reconciler:
                 raise _CreateError(obj, error) from error
 
     def reconcile(self, namespace: str, name: str) -> float | None:
+        held = self.holds.remaining((namespace, name))
+        if held is not None:
+            # Admission refused this job's child; only a change it watches for releases it.
+            return held
+        since = self.holds.mark(namespace)
         body = self.cluster.get_training_job(namespace, name)
         if body is None:
             raise JobGoneError(f"{namespace}/{name}")
@@ -156,7 +160,7 @@ class Reconciler:
                 return self._blocked_by_predecessor(body, failed.error)
             rejection = admission_rejection(failed.error)
             if rejection is not None:
-                return self._rejected(body, failed.obj, rejection)
+                return self._rejected(body, failed.obj, rejection, since)
             error: Exception = failed.error
         except Exception as caught:
             error = caught
@@ -214,12 +218,23 @@ class Reconciler:
         )
         return PREDECESSOR_RETRY_SECONDS
 
-    def _rejected(self, body: Obj, obj: Obj, rejection: AdmissionRejection) -> float | None:
-        """Admission refused a child: the status names the real cause; no quick retries."""
+    def _rejected(
+        self, body: Obj, obj: Obj, rejection: AdmissionRejection, since: Mark
+    ) -> float | None:
+        """Admission refused a child: the status names the real cause; no timed retries."""
         message = (
             f"{obj['kind']} {obj['metadata']['name']} was refused by the API server: "
             f"{rejection.message}"
         )
+        meta = body["metadata"]
+        if not rejection.fatal:
+            log.info(
+                "%s/%s: %s; held until the spec, its namespace's quota, limits, accounts or "
+                "labels, or the PriorityClasses change",
+                meta["namespace"],
+                meta["name"],
+                message,
+            )
         self._record(
             body,
             lambda current, generation: machine.admission_rejected(
@@ -231,8 +246,9 @@ class Reconciler:
                 now=self.clock(),
             ),
         )
-        # A spec change wakes the job at once; the cluster changing is seen at the next resync.
-        return None if rejection.fatal else ADMISSION_RETRY_SECONDS
+        if rejection.fatal:
+            return None  # only a spec change helps, and it wakes the job itself
+        return self.holds.hold((meta["namespace"], meta["name"]), rejection.reason, since)
 
     def _reconcile(self, body: Obj) -> float | None:
         now = self.clock()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -89,6 +90,58 @@ def _pid_alive(pid_file: Path) -> int | None:
 
 def apiserver_running(cluster: paths.ClusterPaths) -> bool:
     return _pid_alive(cluster.kwok_dir / "pids" / "kube-apiserver.pid") is not None
+
+
+def restart_apiserver(name: str, downtime: float = 1.0, *, timeout: float = 60.0) -> int:
+    """Kills the cluster's kube-apiserver (SIGKILL, a crash), keeps it down for `downtime`
+    seconds and starts it again with the same command line, working directory and log, as a
+    supervisor would; returns the new pid once it serves requests. A fault for the tests."""
+    cluster = paths.ClusterPaths(name)
+    pid_file = cluster.kwok_dir / "pids" / "kube-apiserver.pid"
+    pid = _pid_alive(pid_file)
+    if pid is None:
+        raise ClusterError(f"kube-apiserver of {name!r} is not running ({pid_file})")
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    cwd = os.readlink(f"/proc/{pid}/cwd")
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while not _exited(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(downtime)
+    with (cluster.kwok_dir / "logs" / "kube-apiserver.log").open("ab") as log:
+        process = subprocess.Popen(
+            [a.decode() for a in argv],
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    pid_file.write_text(str(process.pid))
+    clients = clients_for(cluster.kubeconfig)
+    sim.wait_for(
+        lambda: _serves(clients),
+        timeout=max(1.0, deadline - time.monotonic()),
+        description=f"kube-apiserver of {name!r} serving again",
+    )
+    return process.pid
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie nobody has reaped yet (its port is free either way)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def _serves(clients: Clients) -> bool:
+    try:
+        clients.core.list_namespace(limit=1)
+    except Exception:
+        return False
+    return True
 
 
 def write_kwokctl_config(cluster: paths.ClusterPaths, toolchain: build.Toolchain) -> Path:

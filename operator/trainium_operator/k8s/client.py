@@ -59,11 +59,12 @@ class AdmissionRejection:
     fatal: bool  # only a spec change can fix it (an invalid field); else the cluster may
 
 
+PRIORITY_CLASS_NOT_FOUND = "PriorityClassNotFound"
 # (reason, fatal, what identifies it in the API server's message), checked in order.
 _ADMISSION_RULES: tuple[tuple[str, bool, str], ...] = (
     ("QuotaExceeded", False, "exceeded quota"),
     ("QuotaExceeded", False, "must specify limits"),
-    ("PriorityClassNotFound", False, "no PriorityClass with name"),
+    (PRIORITY_CLASS_NOT_FOUND, False, "no PriorityClass with name"),
     ("ServiceAccountNotFound", False, "error looking up service account"),
     ("PodSecurityRejected", False, "violates PodSecurity"),
     ("LimitRangeRejected", False, "maximum cpu usage per"),

@@ -1,0 +1,68 @@
+"""A job refused by admission waits for a change that can lift the refusal, not for a timer."""
+
+from __future__ import annotations
+
+from trainium_operator.controller.admission_holds import (
+    RACED_RETRY_SECONDS,
+    RECHECK_SECONDS,
+    AdmissionHolds,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_held_job_is_not_reconciled_until_released() -> None:
+    holds = AdmissionHolds(Clock())
+    assert holds.remaining(("a", "job")) is None
+    assert holds.hold(("a", "job"), "QuotaExceeded", holds.mark("a")) == RECHECK_SECONDS
+    assert holds.remaining(("a", "job")) == RECHECK_SECONDS
+    assert holds.release(("a", "job"))
+    assert holds.remaining(("a", "job")) is None
+    assert not holds.release(("a", "job"))
+
+
+def test_a_hold_expires_at_the_recheck_for_causes_no_watch_sees() -> None:
+    clock = Clock()
+    holds = AdmissionHolds(clock)
+    holds.hold(("a", "job"), "AdmissionWebhookRejected", holds.mark("a"))
+    clock.now += RECHECK_SECONDS - 1
+    assert holds.remaining(("a", "job")) == 1
+    clock.now += 1
+    assert holds.remaining(("a", "job")) is None
+    assert len(holds) == 0
+
+
+def test_a_namespace_change_releases_only_that_namespaces_jobs() -> None:
+    holds = AdmissionHolds(Clock())
+    holds.hold(("a", "one"), "QuotaExceeded", holds.mark("a"))
+    holds.hold(("a", "two"), "ServiceAccountNotFound", holds.mark("a"))
+    holds.hold(("b", "three"), "QuotaExceeded", holds.mark("b"))
+    assert sorted(holds.release_namespace("a")) == [("a", "one"), ("a", "two")]
+    assert holds.remaining(("b", "three")) is not None
+
+
+def test_a_priority_class_releases_only_jobs_that_named_a_missing_one() -> None:
+    holds = AdmissionHolds(Clock())
+    holds.hold(("a", "one"), "PriorityClassNotFound", holds.mark("a"))
+    holds.hold(("b", "two"), "PriorityClassNotFound", holds.mark("b"))
+    holds.hold(("b", "three"), "QuotaExceeded", holds.mark("b"))
+    assert sorted(holds.release_reason("PriorityClassNotFound")) == [("a", "one"), ("b", "two")]
+    assert len(holds) == 1
+
+
+def test_a_change_seen_while_the_refused_pass_ran_means_a_quick_retry_not_a_hold() -> None:
+    holds = AdmissionHolds(Clock())
+    namespace_mark = holds.mark("a")
+    holds.release_namespace("a")  # the quota was raised while the create was being refused
+    assert holds.hold(("a", "job"), "QuotaExceeded", namespace_mark) == RACED_RETRY_SECONDS
+    assert holds.remaining(("a", "job")) is None
+    cluster_mark = holds.mark("a")
+    holds.release_reason("PriorityClassNotFound")
+    assert holds.hold(("a", "job"), "PriorityClassNotFound", cluster_mark) == RACED_RETRY_SECONDS
+    assert holds.remaining(("a", "job")) is None
