@@ -1,17 +1,21 @@
 """Chaos suite: seeded, bounded fault injection on the real local cluster, invariants after every
 step.
 
-Jobs run through compile, training and restarts while the operator is SIGKILLed at random moments
-(at least 50 times), pods are deleted and force-deleted, PodGroups and Services are deleted by
-hand, training processes fail, a node is lost and restored, and a ResourceQuota refuses pods for a
-while. After every step (and on every poll while waiting) the invariants are checked:
+Two operator replicas run with kopf peering (one active, one standby; a short peering lifetime so
+a crashed active one is replaced in seconds). Jobs run through compile, training and restarts
+while a replica is SIGKILLed at random moments (at least 50 times; each restart takes a new random
+priority, so the active one changes), the kube-apiserver crashes and comes back, pods are deleted
+and force-deleted, PodGroups and Services are deleted by hand, training processes fail, a node is
+lost and restored, and a ResourceQuota refuses pods for a while. After every step (and on every
+poll while waiting) the invariants are checked:
 
 - never two attempts' live pods of one job at once;
 - a job's attempt number and restart count only grow, and each restart was counted
   (restarts.total == attempt for jobs that are never suspended);
 - at the end every job reaches Succeeded/TrainingSucceeded (compile pods are evicted, not failed,
   and the limits are far above the faults injected), and the faults caused at least 5 restarts;
-- after deletion nothing the jobs created is left.
+- after deletion nothing the jobs created is left;
+- neither replica crashed or logged an unhandled exception.
 
 `CHAOS_SEED` picks the run (default 20261201); `CHAOS_STEPS` its length. The report (kills,
 faults, jobs, violations) is printed; any violation fails the test with the step that broke it.
@@ -19,11 +23,12 @@ faults, jobs, violations) is printed; any violation fails the test with the step
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,14 +38,15 @@ import pytest
 from integration.operator_harness import (
     OperatorProcess,
     create_job,
+    ensure_shared_claim,
     finish_pods,
     get_job,
     install_crds,
     job_manifest,
     job_pods,
     publish_report,
-    running_operator,
 )
+from trainium_operator.devcluster import cluster
 from trainium_operator.devcluster.sim import (
     restore_node,
     simulate_node_loss,
@@ -54,6 +60,8 @@ SEED = int(os.environ.get("CHAOS_SEED", "20261201"))
 STEPS = int(os.environ.get("CHAOS_STEPS", "110"))
 MIN_KILLS = 50
 VOLCANO = ("scheduling.volcano.sh", "v1beta1")
+PEERING = "chaos"
+PEERING_LIFETIME_SECONDS = 4
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -125,8 +133,9 @@ def running_pods(clients: Any, namespace: str, names: list[str]) -> list[Any]:
 @dataclass
 class Chaos:
     clients: Any
+    cluster_name: str
     namespace: str
-    operator: OperatorProcess
+    replicas: list[OperatorProcess]
     names: list[str]
     rng: random.Random
     ledger: Ledger
@@ -134,12 +143,17 @@ class Chaos:
     kills: int = 0
 
     def kill_operator(self) -> None:
-        # At a random moment: often mid-reconcile, since every fault wakes the jobs.
+        # At a random moment: often mid-reconcile, since every fault wakes the jobs. The
+        # replica comes back with a new random priority, as a new pod of the Deployment would.
         time.sleep(self.rng.uniform(0.0, 0.8))
-        self.operator.kill()
+        replica = self.rng.choice(self.replicas)
+        replica.kill()
         self.kills += 1
         time.sleep(self.rng.uniform(0.0, 0.5))
-        self.operator.start()
+        replica.start()
+
+    def restart_apiserver(self) -> None:
+        cluster.restart_apiserver(self.cluster_name, downtime=self.rng.uniform(0.5, 3.0))
 
     def pick_pod(self) -> Any | None:
         pods = running_pods(self.clients, self.namespace, self.names)
@@ -215,6 +229,7 @@ class Chaos:
     def faults(self) -> list[tuple[str, Callable[[], None], int]]:
         return [
             ("kill-operator", self.kill_operator, 10),
+            ("restart-apiserver", self.restart_apiserver, 1),
             ("finish-gang", self.finish_gang, 2),
             ("fail-pod", self.fail_pod, 3),
             ("delete-pod", self.delete_pod, 1),
@@ -224,6 +239,39 @@ class Chaos:
             ("quota", self.quota_for_a_while, 1),
             ("lose-or-restore-node", self.lose_node, 1),
         ]
+
+
+@contextlib.contextmanager
+def peered_replicas(
+    dev_cluster: Any, namespace: str, tmp_path: Path
+) -> Iterator[list[OperatorProcess]]:
+    """Two replicas sharing a KopfPeering, each with a random priority (the CLI's default)."""
+    clients = dev_cluster.clients
+    ensure_shared_claim(clients, namespace)
+    peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
+    clients.custom.create_namespaced_custom_object(
+        "kopf.dev", "v1", namespace, "kopfpeerings", peering
+    )
+    args = ("--peering", PEERING, "--peering-lifetime", str(PEERING_LIFETIME_SECONDS))
+    replicas = [
+        OperatorProcess(
+            Path(dev_cluster.kubeconfig), namespace, tmp_path / f"replica-{i}.log", extra_args=args
+        )
+        for i in range(2)
+    ]
+    for replica in replicas:
+        replica.start()
+    try:
+        yield replicas
+    finally:
+        alive = [r.process is not None and r.process.poll() is None for r in replicas]
+        for replica in replicas:
+            replica.stop()
+        for replica in replicas:
+            print(replica.log()[-3000:])
+    assert all(alive), "a replica crashed during the suite"
+    for replica in replicas:
+        assert "Traceback" not in replica.log(), "a replica logged an unhandled exception"
 
 
 def test_invariants_hold_under_seeded_faults(
@@ -244,10 +292,10 @@ def test_invariants_hold_under_seeded_faults(
     }
     names = list(jobs)
     started = time.monotonic()
-    with running_operator(dev_cluster, namespace, tmp_path) as operator:
+    with peered_replicas(dev_cluster, namespace, tmp_path) as replicas:
         for manifest in jobs.values():
             create_job(clients, namespace, manifest)
-        chaos = Chaos(clients, namespace, operator, names, rng, ledger)
+        chaos = Chaos(clients, dev_cluster.name, namespace, replicas, names, rng, ledger)
         faults = chaos.faults()
         weights = [w for _, _, w in faults]
         for index in range(STEPS):
@@ -307,6 +355,9 @@ def test_invariants_hold_under_seeded_faults(
         restarts = dict(ledger.restarts)
     report: list[str] = []
     report.append(f"chaos suite: seed {SEED}, {STEPS} steps, {time.monotonic() - started:.0f} s")
+    report.append(
+        f"  replicas              2 (kopf peering, lifetime {PEERING_LIFETIME_SECONDS} s)"
+    )
     report.append(f"  operator kills        {chaos.kills}")
     for label, count in sorted(ledger.faults.items()):
         report.append(f"  {label:<21} {count}")

@@ -15,7 +15,7 @@ import pytest
 
 from trainium_operator.api import instance_types
 from trainium_operator.builders.job import VOLCANO_GROUP_ANNOTATION
-from trainium_operator.devcluster import objects, sim, volcano
+from trainium_operator.devcluster import cluster, objects, paths, sim, testing, volcano
 from trainium_operator.devcluster.testing import DevCluster
 
 pytestmark = pytest.mark.integration
@@ -359,6 +359,21 @@ def test_node_loss_makes_the_node_not_ready_and_restore_heals_it(
         wait_running(dev_cluster, namespace, "on-lost-node")
     finally:
         dev_cluster.core.delete_node(name)
+
+
+def test_a_crashed_api_server_comes_back_and_the_control_plane_works_again(
+    dev_cluster: DevCluster,
+) -> None:
+    """The chaos suite's API server fault: SIGKILL, a gap, the same command line again."""
+    old_pid = int(
+        (paths.ClusterPaths(dev_cluster.name).kwok_dir / "pids/kube-apiserver.pid").read_text()
+    )
+    new_pid = cluster.restart_apiserver(dev_cluster.name, downtime=1.0)
+    assert new_pid != old_pid
+    assert cluster.apiserver_running(paths.ClusterPaths(dev_cluster.name))
+    # The controller manager still works: a new namespace gets its default ServiceAccount.
+    with testing.fresh_namespace(dev_cluster) as name:
+        assert dev_cluster.core.read_namespaced_service_account("default", name)
 
 
 def test_kubectl_and_helm_talk_to_the_cluster(dev_cluster: DevCluster) -> None:

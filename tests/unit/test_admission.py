@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from trainium_operator.k8s.client import admission_rejection, is_forbidden
+from trainium_operator.k8s.client import admission_rejection, is_forbidden, is_transient
 from trainium_operator.lifecycle import machine
 from unit.test_lifecycle import T0
 
@@ -78,3 +79,13 @@ def test_an_invalid_pod_fails_the_job() -> None:
         {"phase": "Pending"}, 1, "InvalidPodSpec", "invalid label", fatal=True, now=T0
     )
     assert (decision.status["phase"], decision.status["reason"]) == ("Failed", "InvalidPodSpec")
+
+
+def test_an_unreachable_or_restarting_api_server_is_transient_not_a_bug() -> None:
+    refused = urllib3.exceptions.MaxRetryError(None, "/api", reason="connection refused")  # type: ignore[arg-type]
+    assert is_transient(refused)
+    assert is_transient(ApiException(status=503, reason="Service Unavailable"))
+    assert is_transient(ApiException(status=429, reason="Too Many Requests"))
+    assert not is_transient(ApiException(status=404, reason="Not Found"))
+    assert not is_transient(ApiException(status=403, reason="Forbidden"))
+    assert not is_transient(ValueError("a bug"))

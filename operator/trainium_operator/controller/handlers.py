@@ -24,12 +24,13 @@ from trainium_operator.controller.reconciler import (
     PermissionDeniedError,
     Reconciler,
 )
-from trainium_operator.controller.workqueue import Key, WorkQueue
+from trainium_operator.controller.workqueue import Key, RetryableError, WorkQueue
 from trainium_operator.k8s.client import (
     PRIORITY_CLASS_NOT_FOUND,
     Cluster,
     credentials,
     is_conflict,
+    is_transient,
     load_api_client,
 )
 
@@ -115,8 +116,15 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     gate = runtime.gate
 
     async def process(key: Key) -> float | None:
-        if gate is not None and not await asyncio.to_thread(gate.may_work, key[0]):
-            return PEERING_RECHECK_SECONDS  # another replica works; keep the key warm
+        if gate is not None:
+            try:
+                may_work = await asyncio.to_thread(gate.may_work, key[0])
+            except Exception as error:
+                if is_transient(error):
+                    raise RetryableError(f"peering unreadable ({error!r})") from error
+                raise
+            if not may_work:
+                return PEERING_RECHECK_SECONDS  # another replica works; keep the key warm
         runtime.reconciles += 1
         try:
             requeue_after = await asyncio.to_thread(reconciler.reconcile, *key)
@@ -134,6 +142,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
                 log.info("%s/%s changed during reconcile; re-reading", *key)
                 return CONFLICT_RETRY_SECONDS
             runtime.reconcile_errors += 1
+            if is_transient(error):
+                raise RetryableError(f"the API server is unavailable ({error!r})") from error
             raise
         return requeue_after
 

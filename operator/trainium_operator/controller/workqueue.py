@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import Awaitable, Callable
 
 Key = tuple[str, str]  # (namespace, name)
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF_SECONDS = 60.0
+
+
+class RetryableError(Exception):
+    """A pass that failed for a passing reason (the API server restarting): retried with the
+    same backoff, logged on one line instead of with a traceback."""
 
 
 class WorkQueue:
@@ -75,7 +81,11 @@ class WorkQueue:
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
                 delay = min(MAX_BACKOFF_SECONDS, 0.5 * 2 ** (failures - 1))
-                log.exception("reconcile of %s/%s failed; retrying in %.1fs", *key, delay)
+                error = sys.exc_info()[1]
+                if isinstance(error, RetryableError):
+                    log.warning("reconcile of %s/%s: %s; retrying in %.1fs", *key, error, delay)
+                else:
+                    log.exception("reconcile of %s/%s failed; retrying in %.1fs", *key, delay)
                 self.add_after(key, delay)
             else:
                 self._failures.pop(key, None)

@@ -92,38 +92,71 @@ def apiserver_running(cluster: paths.ClusterPaths) -> bool:
     return _pid_alive(cluster.kwok_dir / "pids" / "kube-apiserver.pid") is not None
 
 
+CONTROL_PLANE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok-controller")
+
+
 def restart_apiserver(name: str, downtime: float = 1.0, *, timeout: float = 60.0) -> int:
     """Kills the cluster's kube-apiserver (SIGKILL, a crash), keeps it down for `downtime`
     seconds and starts it again with the same command line, working directory and log, as a
-    supervisor would; returns the new pid once it serves requests. A fault for the tests."""
+    supervisor would; returns the new pid once it serves requests. A fault for the tests.
+
+    Like the kubelet that runs a real control plane's static pods, it also restarts a component
+    that exited meanwhile (the controller manager and scheduler exit when they cannot renew
+    their leader lease within ten seconds)."""
     cluster = paths.ClusterPaths(name)
-    pid_file = cluster.kwok_dir / "pids" / "kube-apiserver.pid"
-    pid = _pid_alive(pid_file)
-    if pid is None:
-        raise ClusterError(f"kube-apiserver of {name!r} is not running ({pid_file})")
-    argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-    cwd = os.readlink(f"/proc/{pid}/cwd")
-    os.kill(pid, signal.SIGKILL)
+    pids = cluster.kwok_dir / "pids"
+    launches = {c: _launch_of(pids / f"{c}.pid") for c in CONTROL_PLANE}
+    apiserver = launches["kube-apiserver"]
+    if apiserver is None:
+        raise ClusterError(f"kube-apiserver of {name!r} is not running ({pids})")
+    os.kill(apiserver.pid, signal.SIGKILL)
     deadline = time.monotonic() + timeout
-    while not _exited(pid) and time.monotonic() < deadline:
+    while not _exited(apiserver.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     time.sleep(downtime)
-    with (cluster.kwok_dir / "logs" / "kube-apiserver.log").open("ab") as log:
-        process = subprocess.Popen(
-            [a.decode() for a in argv],
-            cwd=cwd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    pid_file.write_text(str(process.pid))
+    new_pid = _relaunch(cluster, "kube-apiserver", apiserver)
     clients = clients_for(cluster.kubeconfig)
     sim.wait_for(
         lambda: _serves(clients),
         timeout=max(1.0, deadline - time.monotonic()),
         description=f"kube-apiserver of {name!r} serving again",
     )
+    for component, launch in launches.items():
+        if launch is not None and component != "kube-apiserver" and _exited(launch.pid):
+            _relaunch(cluster, component, launch)
+    return new_pid
+
+
+@dataclass(frozen=True)
+class _Launch:
+    pid: int
+    argv: list[str]
+    cwd: str
+
+
+def _launch_of(pid_file: Path) -> _Launch | None:
+    try:
+        pid = int(pid_file.read_text().strip())
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        cwd = os.readlink(f"/proc/{pid}/cwd")
+    except (OSError, ValueError):
+        return None
+    if _exited(pid) or not argv[0]:
+        return None
+    return _Launch(pid, [a.decode() for a in argv], cwd)
+
+
+def _relaunch(cluster: paths.ClusterPaths, component: str, launch: _Launch) -> int:
+    with (cluster.kwok_dir / "logs" / f"{component}.log").open("ab") as log:
+        process = subprocess.Popen(
+            launch.argv,
+            cwd=launch.cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    (cluster.kwok_dir / "pids" / f"{component}.pid").write_text(str(process.pid))
     return process.pid
 
 

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import urllib3.exceptions
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -48,6 +49,17 @@ class RequestCounter:
 def is_conflict(error: BaseException) -> bool:
     """A write lost a race (stale resourceVersion, object changed meanwhile): just re-read."""
     return isinstance(error, ApiException) and error.status == 409
+
+
+# The API server restarting, overloaded or behind a load balancer that is shifting.
+_TRANSIENT_STATUSES = frozenset({0, 429, 500, 502, 503, 504})
+
+
+def is_transient(error: BaseException) -> bool:
+    """The API server could not be reached or answered "try again": not the request's fault."""
+    if isinstance(error, ApiException):
+        return error.status in _TRANSIENT_STATUSES
+    return isinstance(error, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
 
 
 @dataclass(frozen=True, slots=True)
