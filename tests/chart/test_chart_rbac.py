@@ -37,7 +37,7 @@ NAMESPACED: Permissions = {
 # Cluster-scoped reads needed in every mode.
 CLUSTER: Permissions = {
     ("", "nodes"): {"get", "list", "watch"},
-    ("scheduling.volcano.sh", "queues"): {"get"},
+    ("scheduling.volcano.sh", "queues"): {"list", "watch"},
     ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
     ("", "namespaces"): {"list", "watch"},
     ("scheduling.k8s.io", "priorityclasses"): {"list", "watch"},
@@ -129,7 +129,7 @@ def test_the_operator_never_creates_queues_claims_or_nodes(scenario: str, tmp_pa
             assert forbidden not in granted
         assert granted.get(("", "nodes"), set()) <= {"get", "list", "watch"}
         # Queues are read to report a missing or closed one, never written.
-        assert granted.get(("scheduling.volcano.sh", "queues"), set()) <= {"get"}
+        assert granted.get(("scheduling.volcano.sh", "queues"), set()) <= {"get", "list", "watch"}
 
 
 @pytest.mark.parametrize(

@@ -371,7 +371,7 @@ def test_two_peered_replicas_never_both_act_and_the_standby_takes_over(
     active, standby = replicas
     active.start()
     wait_for(
-        lambda: "watch-stream for trainingjobs" in active.log(),
+        lambda: "trainingjobs listed" in active.log(),
         timeout=30,
         description="the high-priority replica watching",
     )

@@ -60,17 +60,48 @@ def names(objs: list[dict[str, Any]]) -> list[str]:
     return [o["metadata"]["name"] for o in objs]
 
 
-def test_new_job_creates_service_podgroup_and_compile_gang_and_waits_pending() -> None:
+def test_new_job_creates_service_and_podgroup_but_no_pods_until_volcano_admits_it() -> None:
     job = job_ref()
     decision = machine.decide(job, {}, Observed((), {}, False, NODES, T0))
-    assert names(decision.create) == [
-        "bert",
-        "bert-compile",
-        "bert-compile-0-0",
-        "bert-compile-0-1",
-    ]
+    assert names(decision.create) == ["bert", "bert-compile"]
     assert decision.status["phase"] == "Pending"
+    assert decision.status["reason"] == "Queued"
+    assert "created once Volcano admits it" in decision.status["message"]
     assert decision.status["workers"]["summary"] == "0/2"
+
+
+@pytest.mark.parametrize("phase", [None, "Pending"])
+def test_a_queued_podgroup_holds_no_pods_and_the_status_says_it_waits_in_its_queue(
+    phase: str | None,
+) -> None:
+    job = job_ref()
+    queued = Observed(
+        (), {"bert-compile": PodGroupView("bert-compile", phase, None)}, True, NODES, T0
+    )
+    decision = machine.decide(job, {}, queued)
+    assert decision.create == []
+    assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "Queued")
+    assert "waiting in Volcano queue 'default'" in decision.status["message"]
+
+
+@pytest.mark.parametrize("phase", ["Inqueue", "Running"])
+def test_an_admitted_podgroup_gets_its_whole_gang_created(phase: str) -> None:
+    job = job_ref()
+    admitted = Observed(
+        (), {"bert-compile": PodGroupView("bert-compile", phase, None)}, True, NODES, T0
+    )
+    decision = machine.decide(job, {}, admitted)
+    assert names(decision.create) == ["bert-compile-0-0", "bert-compile-0-1"]
+
+
+def test_a_gang_with_pods_already_is_completed_even_if_its_podgroup_went_back_to_pending() -> None:
+    job = job_ref()
+    (first, _) = gang(job, Stage.COMPILE, 0, "Pending")
+    view = Observed(
+        (first,), {"bert-compile": PodGroupView("bert-compile", "Pending", None)}, True, NODES, T0
+    )
+    decision = machine.decide(job, {}, view)
+    assert names(decision.create) == ["bert-compile-0-1"]
 
 
 def test_compile_gang_running_means_compiling_then_success_starts_training() -> None:
@@ -205,7 +236,9 @@ def test_suspend_deletes_pods_and_podgroups_and_resume_starts_a_new_attempt() ->
     assert set(suspended.delete_podgroups) == {"bert-compile", "bert-train"}
     resumed = machine.decide(job, suspended.status, Observed((), {}, True, NODES, T0))
     assert resumed.status["attempt"] == 1
-    assert names(resumed.create)[-2:] == ["bert-train-1-0", "bert-train-1-1"]
+    assert names(resumed.create) == ["bert-train"]  # the pods follow once Volcano admits it
+    admitted = machine.decide(job, resumed.status, observed())
+    assert names(admitted.create) == ["bert-train-1-0", "bert-train-1-1"]
 
 
 def test_ttl_after_finished_deletes_the_job_when_due() -> None:
@@ -369,7 +402,8 @@ def test_resuming_a_job_suspended_before_it_started_is_not_a_restart() -> None:
     suspended = machine.decide(suspended_job, running, observed(*gang(job, Stage.TRAIN, 0)))
     resumed = machine.decide(job, suspended.status, Observed((), {}, True, NODES, T0))
     assert resumed.status["restarts"]["total"] == 0
-    assert names([o for o in resumed.create if o["kind"] == "Pod"]) == [
+    admitted = machine.decide(job, resumed.status, observed())
+    assert names([o for o in admitted.create if o["kind"] == "Pod"]) == [
         "bert-train-0-0",
         "bert-train-0-1",
     ]

@@ -40,12 +40,12 @@ operator never creates Volcano queues, PersistentVolumeClaims or nodes.
   apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
-# Volcano queues: read only, to report a job whose queue is missing or closed (the operator never
-# creates or changes a queue).
+# Volcano queues: watched read-only, to report a job whose queue is missing or closed (the
+# operator never creates or changes a queue).
 - scope: cluster
   apiGroups: ["scheduling.volcano.sh"]
   resources: ["queues"]
-  verbs: ["get"]
+  verbs: ["list", "watch"]
 # Node loss: a job whose node disappears or turns NotReady is restarted.
 - scope: cluster
   apiGroups: [""]

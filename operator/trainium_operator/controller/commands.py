@@ -86,6 +86,7 @@ def run(
         peering=peering,
         priority=priority or 0,
         peering_lifetime=peering_lifetime,
+        namespaces=namespaces,
         clusterwide=not namespaces,
     )
     kopf.run(
@@ -117,8 +118,15 @@ def render_job(document: Obj, now: datetime) -> list[Obj]:
     parsed = parse_job({**document, "metadata": meta})
     if isinstance(parsed, list):
         raise ValueError(f"{meta['name']}: invalid spec:\n  " + "\n  ".join(parsed))
-    observed = observe(pods=[], podgroups=[], service_exists=False, nodes=[], now=now)
-    return machine.decide(parsed, {}, observed).create
+    # Two passes, as on a cluster: the Service and PodGroup first, the pods once Volcano has
+    # admitted the PodGroup.
+    empty = observe(pods=[], podgroups=[], service_exists=False, nodes=[], now=now)
+    first = machine.decide(parsed, {}, empty)
+    admitted = [
+        {**obj, "status": {"phase": "Inqueue"}} for obj in first.create if obj["kind"] == "PodGroup"
+    ]
+    in_queue = observe(pods=[], podgroups=admitted, service_exists=True, nodes=[], now=now)
+    return first.create + machine.decide(parsed, first.status, in_queue).create
 
 
 @click.command()

@@ -1,5 +1,9 @@
-"""kopf wiring: watches feed the work queue; workers run the reconciler in threads.
+"""Wiring: watches feed the cache and the work queue; workers run the reconciler in threads.
 
+TrainingJobs and their pods, PodGroups and Services are watched by our own reflectors
+(`k8s.informer`) with server-side label selectors, into one cache (`controller.cache`) the
+reconciler reads; nodes too, and a node's change wakes only the jobs with pods on it. kopf
+runs the process (login, peering, probes) and watches what can lift an admission refusal.
 Only `on.event` handlers are used, so kopf adds no finalizers and no progress annotations:
 deleting a TrainingJob never waits for the operator, and garbage collection removes its
 children through owner references.
@@ -9,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +22,7 @@ from aiohttp import web
 
 from trainium_operator.api import spec as spec_model
 from trainium_operator.builders.job import LABEL_JOB_NAME
+from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.controller.peering import PeeringGate
 from trainium_operator.controller.reconciler import (
     JobGoneError,
@@ -26,13 +31,16 @@ from trainium_operator.controller.reconciler import (
 )
 from trainium_operator.controller.workqueue import Key, RetryableError, WorkQueue
 from trainium_operator.k8s.client import (
+    PODGROUPS,
     PRIORITY_CLASS_NOT_FOUND,
+    QUEUES,
     Cluster,
     credentials,
     is_conflict,
     is_transient,
     load_api_client,
 )
+from trainium_operator.k8s.informer import Reflector, WatchEvent
 
 log = logging.getLogger(__name__)
 RESYNC_SECONDS = 120.0
@@ -50,16 +58,15 @@ class Runtime:
     peering: str | None = None
     priority: int = 0
     peering_lifetime: int = 60
+    namespaces: tuple[str, ...] = ()  # empty: all
     clusterwide: bool = True
     gate: PeeringGate | None = None
     metrics_port: int | None = None
     queue: WorkQueue | None = None
     cluster: Cluster | None = None
     reconciler: Reconciler | None = None
-    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # True once `nodes` holds a full LIST; until then a missing node is unknown, not lost.
-    nodes_synced: bool = False
-    node_ready: dict[str, bool] = field(default_factory=dict)
+    cache: ClusterCache = field(default_factory=ClusterCache)
+    reflectors: list[Reflector] = field(default_factory=list)
     seen_generations: dict[Key, tuple[Any, ...]] = field(default_factory=dict)
     reconciles: int = 0
     reconcile_errors: int = 0
@@ -106,7 +113,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     runtime.cluster = Cluster(load_api_client(runtime.kubeconfig))
     runtime.reconciler = Reconciler(
         runtime.cluster,
-        nodes=lambda: list(runtime.nodes.values()) if runtime.nodes_synced else None,
+        runtime.cache,
+        synced=lambda: all(r.synced.is_set() for r in runtime.reflectors),
     )
     queue, reconciler = runtime.queue, runtime.reconciler
     if runtime.peering:
@@ -150,7 +158,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     for _index in range(runtime.workers):
         runtime.tasks.append(asyncio.create_task(queue.run_worker(process)))
     runtime.tasks.append(asyncio.create_task(_resync(queue)))
-    runtime.tasks.append(asyncio.create_task(_sync_nodes(runtime)))
+    _start_watches(runtime, asyncio.get_running_loop())
     if runtime.metrics_port:
         runtime.tasks.append(asyncio.create_task(_serve_metrics(runtime, runtime.metrics_port)))
 
@@ -158,33 +166,90 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
     runtime = _runtime(memo)
+    for reflector in runtime.reflectors:
+        reflector.stop()
     for task in runtime.tasks:
         task.cancel()
     await asyncio.gather(*runtime.tasks, return_exceptions=True)
 
 
-async def _sync_nodes(runtime: Runtime) -> None:
-    """One full LIST of nodes before any node may count as gone: kopf's node watch fills the
-    cache node by node, and a reconcile right after a start (or a standby taking over) must not
-    see a half-filled cache as lost nodes and restart every running gang."""
+def _start_watches(runtime: Runtime, loop: asyncio.AbstractEventLoop) -> None:
+    """One reflector per kind (and watched namespace); each updates the cache in its own
+    thread and hands the job keys to wake to the event loop."""
     assert runtime.cluster is not None
-    delay = 1.0
-    while not runtime.nodes_synced:
-        try:
-            listed = await asyncio.to_thread(runtime.cluster.list_nodes)
-        except Exception as error:
-            log.warning("listing nodes failed (%s); node loss is not judged until it works", error)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
-            continue
-        for node in listed:
-            name = node["metadata"]["name"]
-            # A watch event that already arrived is newer than this snapshot.
-            runtime.nodes.setdefault(name, {"metadata": {"name": name}, "status": node["status"]})
-        runtime.nodes_synced = True
-        if runtime.queue is not None:
-            for key in list(runtime.queue.known):
-                runtime.queue.add(key)
+    assert runtime.queue is not None
+    cluster, cache, queue = runtime.cluster, runtime.cache, runtime.queue
+
+    def wake(keys: list[Key]) -> None:
+        for key in keys:
+            queue.touch(key)
+
+    def on_job(event: WatchEvent) -> None:
+        key = cache.on_job(event)
+        meta = event.obj["metadata"]
+        revision = (meta.get("uid"), meta.get("generation"), meta.get("deletionTimestamp"))
+        loop.call_soon_threadsafe(_job_changed, runtime, key, event.type, revision)
+
+    def child(update: Callable[[WatchEvent], Key | None]) -> Callable[[WatchEvent], None]:
+        def on_event(event: WatchEvent) -> None:
+            key = update(event)
+            if key is not None:
+                loop.call_soon_threadsafe(wake, [key])
+
+        return on_event
+
+    def several(update: Callable[[WatchEvent], list[Key]]) -> Callable[[WatchEvent], None]:
+        def on_event(event: WatchEvent) -> None:
+            keys = update(event)
+            if keys:
+                loop.call_soon_threadsafe(wake, keys)
+
+        return on_event
+
+    handlers: dict[str, Callable[[WatchEvent], None]] = {
+        spec_model.PLURAL: on_job,
+        "pods": child(cache.on_pod),
+        "services": child(cache.on_service),
+        PODGROUPS: child(cache.on_podgroup),
+    }
+    # Only the operator's children, selected by the API server: nothing else is held.
+    selectors = {spec_model.PLURAL: None, "pods": LABEL_JOB_NAME, "services": LABEL_JOB_NAME}
+    for namespace in runtime.namespaces or (None,):
+        for resource, call in cluster.watch_sources(namespace).items():
+            runtime.reflectors.append(
+                Reflector(
+                    resource,
+                    call,
+                    handlers[resource],
+                    label_selector=selectors.get(resource, LABEL_JOB_NAME),
+                    counter=cluster.counter,
+                )
+            )
+    counter = cluster.counter
+    runtime.reflectors += [
+        Reflector("nodes", cluster.node_source(), several(cache.on_node), counter=counter),
+        Reflector(QUEUES, cluster.queue_source(), several(cache.on_queue), counter=counter),
+    ]
+    for reflector in runtime.reflectors:
+        reflector.start()
+
+
+def _job_changed(runtime: Runtime, key: Key, event_type: str, revision: tuple[Any, ...]) -> None:
+    queue = runtime.queue
+    assert queue is not None
+    if event_type == "DELETED":
+        queue.forget(key)
+        runtime.seen_generations.pop(key, None)
+        if runtime.reconciler is not None:
+            runtime.reconciler.holds.release(key)
+        return
+    # Our own status writes come back as events; only spec changes (a new generation),
+    # deletion and first sight need a pass. Pod and node events cover the rest.
+    if runtime.seen_generations.get(key) != revision:
+        runtime.seen_generations[key] = revision
+        if runtime.reconciler is not None:
+            runtime.reconciler.holds.release(key)  # a new spec may fix an admission refusal
+        queue.add(key)
 
 
 async def _resync(queue: WorkQueue) -> None:
@@ -193,31 +258,6 @@ async def _resync(queue: WorkQueue) -> None:
         await asyncio.sleep(RESYNC_SECONDS)
         for key in list(queue.known):
             queue.add(key)
-
-
-@kopf.on.event(spec_model.GROUP, spec_model.VERSION, spec_model.PLURAL)
-def training_job_event(
-    type: str | None, namespace: str | None, name: str, meta: kopf.Meta, memo: Any, **_: Any
-) -> None:
-    runtime = _runtime(memo)
-    queue = _queue(memo)
-    if namespace is None:
-        return
-    key = (namespace, name)
-    if type == "DELETED":
-        queue.forget(key)
-        runtime.seen_generations.pop(key, None)
-        if runtime.reconciler is not None:
-            runtime.reconciler.holds.release(key)
-        return
-    # Our own status writes come back as events; only spec changes (a new generation),
-    # deletion and first sight need a pass. Pod and node events cover the rest.
-    revision = (meta.get("uid"), meta.get("generation"), meta.get("deletionTimestamp"))
-    if runtime.seen_generations.get(key) != revision:
-        runtime.seen_generations[key] = revision
-        if runtime.reconciler is not None:
-            runtime.reconciler.holds.release(key)  # a new spec may fix an admission refusal
-        queue.add(key)
 
 
 def _retry_held(memo: Any, keys: list[Key]) -> None:
@@ -253,33 +293,6 @@ def priority_class_event(memo: Any, **_: Any) -> None:
         _retry_held(memo, reconciler.holds.release_reason(PRIORITY_CLASS_NOT_FOUND))
 
 
-@kopf.on.event("", "v1", "pods", labels={LABEL_JOB_NAME: kopf.PRESENT})
-def pod_event(labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any) -> None:
-    if namespace is not None:
-        # Only jobs the TrainingJob watch has seen: a deleted job's pods going away must not
-        # bring its key back for every resync, forever.
-        _queue(memo).touch((namespace, labels[LABEL_JOB_NAME]))
-
-
-@kopf.on.event("", "v1", "nodes")
-def node_event(type: str | None, body: kopf.Body, name: str, memo: Any, **_: Any) -> None:
-    runtime = _runtime(memo)
-    if type == "DELETED":
-        runtime.nodes.pop(name, None)
-        ready = False
-    else:
-        node = {"metadata": {"name": name}, "status": dict(body.get("status", {}))}
-        runtime.nodes[name] = node
-        conditions = node["status"].get("conditions") or []
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-    changed = runtime.node_ready.get(name) != ready
-    runtime.node_ready[name] = ready
-    if changed and runtime.queue is not None and type is not None:
-        # A node going NotReady (or away) may doom a gang: look at every job now.
-        for key in list(runtime.queue.known):
-            runtime.queue.add(key)
-
-
 @kopf.on.probe(id="queue")
 def queue_probe(memo: kopf.Memo, **_: Any) -> dict[str, int]:
     runtime = _runtime(memo)
@@ -287,6 +300,7 @@ def queue_probe(memo: kopf.Memo, **_: Any) -> dict[str, int]:
         "known_jobs": len(runtime.queue.known) if runtime.queue else 0,
         "reconciles": runtime.reconciles,
         "reconcile_errors": runtime.reconcile_errors,
+        **{f"cached_{kind}": count for kind, count in runtime.cache.sizes().items()},
     }
 
 

@@ -1,9 +1,12 @@
 """One reconcile pass: read the job and its children, decide, apply. Thin by design.
 
-All judgement lives in `lifecycle.machine.decide`; this module only fetches, filters
-children by owner UID (a re-created job with the same name must not adopt its
-predecessor's pods that garbage collection has not removed yet), and applies the decision
-in a safe order: deletions, creations, events, then one status write if anything changed.
+All judgement lives in `lifecycle.machine.decide`; this module reads the watch-fed cache
+(`controller.cache`: no LIST or GET per pass), filters children by owner UID (a re-created job
+with the same name must not adopt its predecessor's pods that garbage collection has not
+removed yet), and applies the decision in a safe order: deletions, creations, events, then one
+status write if anything changed. Writes go straight to the API server, the status write with a
+resourceVersion precondition, and each is remembered until the cache has seen it, so no pass
+decides on a view older than the operator's own writes.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainium_operator.api.spec import TrainingJobSpec
-from trainium_operator.builders.job import LABEL_JOB_NAME, JobRef
+from trainium_operator.builders.job import JobRef
 from trainium_operator.controller.admission_holds import AdmissionHolds, Mark
+from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.k8s.client import (
     AdmissionRejection,
     Cluster,
@@ -43,6 +47,7 @@ class _CreateError(Exception):
 
 
 PREDECESSOR_RETRY_SECONDS = 5.0
+CACHE_WAIT_SECONDS = 0.2  # the watches deliver an own write in milliseconds
 
 
 class ForeignChildError(RuntimeError):
@@ -101,12 +106,16 @@ class Reconciler:
     def __init__(
         self,
         cluster: Cluster,
-        nodes: Callable[[], list[Obj] | None],
+        cache: ClusterCache,
+        synced: Callable[[], bool],
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ):
         self.cluster = cluster
+        self.cache = cache
+        # True once every watch has delivered its first full LIST: until then a missing pod or
+        # node is unknown, not gone.
+        self.synced = synced
         self.events = EventPoster(cluster)
-        self.nodes = nodes
         self.clock = clock
         self.holds = AdmissionHolds()
         # A gang's pods are independent creates; issuing them together keeps a 16-node
@@ -146,7 +155,9 @@ class Reconciler:
             # Admission refused this job's child; only a change it watches for releases it.
             return held
         since = self.holds.mark(namespace)
-        body = self.cluster.get_training_job(namespace, name)
+        if not self.synced() or not self.cache.settled((namespace, name)):
+            return CACHE_WAIT_SECONDS
+        body = self.cache.job((namespace, name))
         if body is None:
             raise JobGoneError(f"{namespace}/{name}")
         if body["metadata"].get("deletionTimestamp"):
@@ -176,21 +187,21 @@ class Reconciler:
     def _help_deletion(self, body: Obj) -> float:
         meta = body["metadata"]
         namespace, uid = meta["namespace"], meta["uid"]
-        selector = f"{LABEL_JOB_NAME}={meta['name']}"
-        pods = [p for p in self.cluster.list_pods(namespace, selector) if _owned_by(p, uid)]
+        key = (namespace, meta["name"])
+        pods = [p for p in self.cache.pods(key) if _owned_by(p, uid)]
         if not pods:
             raise JobGoneError(f"{namespace}/{meta['name']}")
-        nodes = self.nodes()
         observed = observe(
             pods=pods,
             podgroups=[],
             service_exists=False,
-            nodes=nodes or [],
+            nodes=self.cache.nodes(),
             now=self.clock(),
-            nodes_known=nodes is not None,
         )
-        for deletion in machine.while_deleting(observed):
+        deletions = machine.while_deleting(observed)
+        for deletion in deletions:
             self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
+        self.cache.expect(key, deleted=[d.name for d in deletions])
         return PREDECESSOR_RETRY_SECONDS
 
     def _record(self, body: Obj, decide: Callable[[Obj, int], machine.Decision]) -> None:
@@ -260,29 +271,25 @@ class Reconciler:
             )
             return self._apply(body, current_status, decision)
         job = parsed
-        selector = f"{LABEL_JOB_NAME}={job.name}"
+        key = (job.namespace, job.name)
         # Only children this job owns: a re-created job of the same name must not adopt its
         # predecessor's pods, PodGroups or Service that garbage collection has not removed yet.
-        pods = [p for p in self.cluster.list_pods(job.namespace, selector) if _owned_by(p, job.uid)]
-        podgroups = [
-            g for g in self.cluster.list_podgroups(job.namespace, selector) if _owned_by(g, job.uid)
-        ]
+        pods = [p for p in self.cache.pods(key) if _owned_by(p, job.uid)]
+        podgroups = [g for g in self.cache.podgroups(key) if _owned_by(g, job.uid)]
         queue = None
         if not any(podgroup_view(g).admitted for g in podgroups):
             # Only while Volcano has not let a gang in: then a missing or closed queue is the
             # likely reason, and Volcano itself (without its admission webhook) says nothing.
             name = job.spec.scheduling.queue
-            queue = queue_view(name, self.cluster.get_queue(name))
-        nodes = self.nodes()
+            queue = queue_view(name, self.cache.queue(name))
+        service = self.cache.service(job.namespace, job.service_name)
         observed = observe(
             pods=pods,
             podgroups=podgroups,
-            service_exists=job.uid
-            in (self.cluster.owner_uids("Service", job.namespace, job.service_name) or []),
-            nodes=nodes or [],
+            service_exists=service is not None and _owned_by(service, job.uid),
+            nodes=self.cache.nodes(),
             now=now,
             queue=queue,
-            nodes_known=nodes is not None,
         )
         decision = machine.decide(job, current_status, observed)
         return self._apply(body, current_status, decision)
@@ -295,24 +302,26 @@ class Reconciler:
     ) -> float | None:
         meta = body["metadata"]
         namespace = meta["namespace"]
+        key = (namespace, meta["name"])
         status_written = False
         if decision.status_first and decision.status != current_status:
             # A restart is recorded before its side effects; a stale view fails here with 409.
-            self.cluster.patch_training_job_status(
-                namespace, meta["name"], decision.status, meta.get("resourceVersion")
-            )
+            self._write_status(body, decision.status)
             status_written = True
         for deletion in decision.delete_pods:
             self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
+        self.cache.expect(key, deleted=[d.name for d in decision.delete_pods])
         for podgroup in decision.delete_podgroups:
             self.cluster.delete_podgroup(namespace, podgroup)
-        self._create_all(decision.create)
+        try:
+            self._create_all(decision.create)
+        finally:
+            created = [o["metadata"]["name"] for o in decision.create if o["kind"] == "Pod"]
+            self.cache.expect(key, created=created)
         if decision.status != current_status and not status_written:
             # resourceVersion makes a stale pass fail with 409 and retry, never overwrite;
             # events follow the status so a retried pass does not post them twice.
-            self.cluster.patch_training_job_status(
-                namespace, meta["name"], decision.status, meta.get("resourceVersion")
-            )
+            self._write_status(body, decision.status)
         now = _now(self.clock)
         for event in decision.events:
             log.info("%s/%s %s: %s", namespace, meta["name"], event.reason, event.message)
@@ -321,3 +330,12 @@ class Reconciler:
             log.info("%s/%s: ttlSecondsAfterFinished elapsed, deleting", namespace, meta["name"])
             self.cluster.delete_training_job(namespace, meta["name"], meta["uid"])
         return decision.requeue_after
+
+    def _write_status(self, body: Obj, status: Obj) -> None:
+        meta = body["metadata"]
+        written = self.cluster.patch_training_job_status(
+            meta["namespace"], meta["name"], status, meta.get("resourceVersion")
+        )
+        if written is not None:
+            version = written["metadata"].get("resourceVersion")
+            self.cache.expect((meta["namespace"], meta["name"]), job_version=version)

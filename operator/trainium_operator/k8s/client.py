@@ -12,7 +12,9 @@ import os
 import secrets
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import urllib3.exceptions
@@ -263,35 +265,41 @@ class Cluster:
         return status
 
     # -- children ----------------------------------------------------------------------
-    def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
-        self.counter.add("list", "pods")
-        result = self.core.list_namespaced_pod(namespace, label_selector=label_selector)
-        return [self._to_dict(p) for p in result.items]
+    def watch_sources(self, namespace: str | None) -> dict[str, Callable[..., Any]]:
+        """The list functions the operator's watches use, for one namespace or (None) all:
+        TrainingJobs, and the kinds of their children (filtered by label by the caller)."""
+        core, custom = self.core, self.custom
+        job_api = (spec_model.GROUP, spec_model.VERSION)
+        volcano = (VOLCANO_GROUP, VOLCANO_VERSION)
+        if namespace is None:
+            return {
+                spec_model.PLURAL: partial(
+                    custom.list_cluster_custom_object, *job_api, spec_model.PLURAL
+                ),
+                "pods": core.list_pod_for_all_namespaces,
+                "services": core.list_service_for_all_namespaces,
+                PODGROUPS: partial(custom.list_cluster_custom_object, *volcano, PODGROUPS),
+            }
+        return {
+            spec_model.PLURAL: partial(
+                custom.list_namespaced_custom_object, *job_api, namespace, spec_model.PLURAL
+            ),
+            "pods": partial(core.list_namespaced_pod, namespace),
+            "services": partial(core.list_namespaced_service, namespace),
+            PODGROUPS: partial(
+                custom.list_namespaced_custom_object, *volcano, namespace, PODGROUPS
+            ),
+        }
 
-    def list_podgroups(self, namespace: str, label_selector: str) -> list[Obj]:
-        self.counter.add("list", PODGROUPS)
-        result = self.custom.list_namespaced_custom_object(
-            VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, label_selector=label_selector
+    def node_source(self) -> Callable[..., Any]:
+        source: Callable[..., Any] = self.core.list_node
+        return source
+
+    def queue_source(self) -> Callable[..., Any]:
+        """Volcano queues (cluster-scoped)."""
+        return partial(
+            self.custom.list_cluster_custom_object, VOLCANO_GROUP, VOLCANO_VERSION, QUEUES
         )
-        items: list[Obj] = result.get("items", [])
-        return items
-
-    def get_queue(self, name: str) -> Obj | None:
-        """The Volcano Queue (cluster-scoped); None when it does not exist."""
-        self.counter.add("get", QUEUES)
-        try:
-            result: Obj = self.custom.get_cluster_custom_object(
-                VOLCANO_GROUP, VOLCANO_VERSION, QUEUES, name
-            )
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return result
-
-    def list_nodes(self) -> list[Obj]:
-        self.counter.add("list", "nodes")
-        return [self._to_dict(n) for n in self.core.list_node().items]
 
     def create(self, obj: Obj) -> bool:
         """Create a child; False when it already exists (a repeated reconcile)."""

@@ -651,6 +651,16 @@ def _ensure_gang(
         )
         decision.requeue(5.0)
         return
+    group = observed.podgroups.get(job.podgroup_name(stage))
+    if not gang and (group is None or not group.admitted):
+        # As Kubeflow's operator does under Volcano: a gang waiting in its queue holds one
+        # PodGroup (with minResources, all Volcano's enqueue needs), not Pending pods in etcd.
+        # The PodGroup's watch event wakes the job once Volcano lets it in.
+        status.data["workers"] = _workers(gang, job.spec.nodes)
+        if status.phase is not Phase.RESTARTING:
+            reason, message, warning = _waiting_reason(job, stage, gang, observed)
+            status.transition(Phase.PENDING, reason, message, warning=warning)
+        return
     first_attempt = status.stage_int(stage, "firstAttempt")
     if first_attempt is None:
         first_attempt = attempt
@@ -721,11 +731,13 @@ def _waiting_reason(
             f"(queue {queue}): {group.unschedulable}",
             True,
         )
-    if group is not None and not group.admitted:
+    if group is None or not group.admitted:
+        seen = f"{group.phase or 'not yet seen by the scheduler'}" if group else "being created"
+        pods = f"{progress}" if gang else "its pods are created once Volcano admits it"
         return (
             "Queued",
             f"{stage.value} stage: waiting in Volcano queue {queue!r} "
-            f"(PodGroup {group.name} {group.phase or 'not yet seen by the scheduler'}); {progress}",
+            f"(PodGroup {job.podgroup_name(stage)} {seen}); {pods}",
             False,
         )
     return "WaitingForGang", f"{stage.value} stage: {progress} (queue {queue})", False

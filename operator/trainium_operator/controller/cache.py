@@ -1,0 +1,267 @@
+"""The operator's view of the cluster, fed by watches, read by the reconciler.
+
+Jobs, their pods, PodGroups and Services, and nodes, kept as the watches deliver them, with
+the indexes the operator asks by: a job's children (by the job-name label), and the jobs with
+pods on a node (so a node change wakes only those).
+
+A watch lags the API server, so the cache also remembers what the operator itself has just
+written and not yet seen come back (a status write's resourceVersion, pods created or deleted).
+Until those arrive, `settled` is False and the reconciler waits instead of deciding on a view
+older than its own writes: a stale cache can delay a decision, never make a wrong one. An
+expectation that never arrives expires after EXPECTATION_SECONDS (a write the server dropped
+would otherwise hold the job forever).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainium_operator.builders.job import LABEL_JOB_NAME
+from trainium_operator.k8s.informer import WatchEvent
+
+Obj = dict[str, Any]
+Key = tuple[str, str]  # (namespace, job name)
+EXPECTATION_SECONDS = 30.0
+RECENT_VERSIONS = 16  # a job's own write may be followed by others before it is expected
+
+
+def _job_of(obj: Obj) -> Key | None:
+    meta = obj["metadata"]
+    name = (meta.get("labels") or {}).get(LABEL_JOB_NAME)
+    namespace = meta.get("namespace")
+    return (namespace, name) if name and namespace else None
+
+
+def _queue_state(queue: Obj) -> str | None:
+    state = (queue.get("status") or {}).get("state")
+    return str(state) if state is not None else None
+
+
+def _queue_of(job: Obj) -> str:
+    scheduling = (job.get("spec") or {}).get("scheduling") or {}
+    return str(scheduling.get("queue") or "default")
+
+
+def _ready(node: Obj) -> bool:
+    return any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (node.get("status") or {}).get("conditions") or []
+    )
+
+
+@dataclass
+class _Expected:
+    """What the operator wrote for one job and has not seen in the watches yet."""
+
+    job_version: str | None = None
+    present: set[str] = field(default_factory=set)  # pods created
+    gone: set[str] = field(default_factory=set)  # pods deleted
+    since: float = 0.0
+
+    def empty(self) -> bool:
+        return self.job_version is None and not self.present and not self.gone
+
+
+class ClusterCache:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._jobs: dict[Key, Obj] = {}
+        self._pods: dict[Key, dict[str, Obj]] = {}
+        self._podgroups: dict[Key, dict[str, Obj]] = {}
+        self._services: dict[Key, Obj] = {}  # by (namespace, service name)
+        self._nodes: dict[str, Obj] = {}
+        self._queues: dict[str, Obj] = {}
+        self._pods_on_node: dict[str, set[tuple[Key, str]]] = {}
+        self._expected: dict[Key, _Expected] = {}
+        self._recent_versions: dict[Key, deque[str]] = {}
+
+    # -- fed by the watches -------------------------------------------------------------
+    def on_job(self, event: WatchEvent) -> Key:
+        meta = event.obj["metadata"]
+        key = (meta["namespace"], meta["name"])
+        with self._lock:
+            if event.type == "DELETED":
+                self._jobs.pop(key, None)
+                self._expected.pop(key, None)
+                self._recent_versions.pop(key, None)
+            else:
+                self._jobs[key] = event.obj
+                recent = self._recent_versions.setdefault(key, deque(maxlen=RECENT_VERSIONS))
+                recent.append(str(meta.get("resourceVersion")))
+                expected = self._expected.get(key)
+                if expected is not None and expected.job_version == meta.get("resourceVersion"):
+                    expected.job_version = None
+                    self._drop_if_met(key)
+        return key
+
+    def on_pod(self, event: WatchEvent) -> Key | None:
+        key = _job_of(event.obj)
+        if key is None:
+            return None
+        meta = event.obj["metadata"]
+        name = meta["name"]
+        node = (event.obj.get("spec") or {}).get("nodeName")
+        with self._lock:
+            pods = self._pods.setdefault(key, {})
+            old = pods.get(name)
+            old_node = (old.get("spec") or {}).get("nodeName") if old else None
+            if old_node and (old_node != node or event.type == "DELETED"):
+                self._pods_on_node.get(old_node, set()).discard((key, name))
+            expected = self._expected.get(key)
+            if event.type == "DELETED":
+                pods.pop(name, None)
+                if not pods:
+                    self._pods.pop(key, None)
+            else:
+                pods[name] = event.obj
+                if node:
+                    self._pods_on_node.setdefault(node, set()).add((key, name))
+            if expected is not None:
+                if event.type != "DELETED":
+                    expected.present.discard(name)
+                if event.type == "DELETED" or meta.get("deletionTimestamp"):
+                    expected.gone.discard(name)
+                self._drop_if_met(key)
+        return key
+
+    def on_podgroup(self, event: WatchEvent) -> Key | None:
+        return self._on_child(self._podgroups, event)
+
+    def on_service(self, event: WatchEvent) -> Key | None:
+        meta = event.obj["metadata"]
+        with self._lock:
+            if event.type == "DELETED":
+                self._services.pop((meta["namespace"], meta["name"]), None)
+            else:
+                self._services[(meta["namespace"], meta["name"])] = event.obj
+        return _job_of(event.obj)
+
+    def on_node(self, event: WatchEvent) -> list[Key]:
+        """Stores the node; returns the jobs with pods on it when its readiness changed."""
+        name = event.obj["metadata"]["name"]
+        with self._lock:
+            before = self._nodes.get(name)
+            if event.type == "DELETED":
+                self._nodes.pop(name, None)
+            else:
+                self._nodes[name] = event.obj
+            was_ready = before is not None and _ready(before)
+            is_ready = event.type != "DELETED" and _ready(event.obj)
+            if was_ready == is_ready and before is not None:
+                return []
+            return sorted({job for job, _pod in self._pods_on_node.get(name, set())})
+
+    def on_queue(self, event: WatchEvent) -> list[Key]:
+        """Stores the Volcano queue; returns the jobs naming it when it appeared, went or
+        changed state (not on Volcano's frequent updates of its counts)."""
+        name = event.obj["metadata"]["name"]
+        with self._lock:
+            before = self._queues.get(name)
+            if event.type == "DELETED":
+                self._queues.pop(name, None)
+            else:
+                self._queues[name] = event.obj
+            state = None if event.type == "DELETED" else _queue_state(event.obj)
+            if before is not None and event.type != "DELETED" and _queue_state(before) == state:
+                return []
+            return sorted(key for key, job in self._jobs.items() if _queue_of(job) == name)
+
+    def _on_child(self, store: dict[Key, dict[str, Obj]], event: WatchEvent) -> Key | None:
+        key = _job_of(event.obj)
+        if key is None:
+            return None
+        name = event.obj["metadata"]["name"]
+        with self._lock:
+            children = store.setdefault(key, {})
+            if event.type == "DELETED":
+                children.pop(name, None)
+                if not children:
+                    store.pop(key, None)
+            else:
+                children[name] = event.obj
+        return key
+
+    # -- the operator's own writes --------------------------------------------------------
+    def expect(
+        self,
+        key: Key,
+        *,
+        job_version: str | None = None,
+        created: Iterable[str] = (),
+        deleted: Iterable[str] = (),
+    ) -> None:
+        with self._lock:
+            expected = self._expected.setdefault(key, _Expected())
+            if job_version is not None:
+                seen = job_version in self._recent_versions.get(key, ())
+                expected.job_version = None if seen else job_version
+            pods = self._pods.get(key, {})
+            expected.present |= {n for n in created if n not in pods}
+            expected.gone |= {
+                n for n in deleted if n in pods and not pods[n]["metadata"].get("deletionTimestamp")
+            }
+            expected.since = self._clock()
+            self._drop_if_met(key)
+
+    def settled(self, key: Key) -> bool:
+        """True when the cache has seen every write the operator made for `key`."""
+        with self._lock:
+            expected = self._expected.get(key)
+            if expected is None:
+                return True
+            if self._clock() - expected.since > EXPECTATION_SECONDS:
+                del self._expected[key]
+                return True
+            return False
+
+    def _drop_if_met(self, key: Key) -> None:
+        expected = self._expected.get(key)
+        if expected is not None and expected.empty():
+            del self._expected[key]
+
+    # -- read by the reconciler -----------------------------------------------------------
+    def job(self, key: Key) -> Obj | None:
+        with self._lock:
+            return self._jobs.get(key)
+
+    def job_keys(self) -> list[Key]:
+        with self._lock:
+            return list(self._jobs)
+
+    def pods(self, key: Key) -> list[Obj]:
+        with self._lock:
+            return list(self._pods.get(key, {}).values())
+
+    def podgroups(self, key: Key) -> list[Obj]:
+        with self._lock:
+            return list(self._podgroups.get(key, {}).values())
+
+    def service(self, namespace: str, name: str) -> Obj | None:
+        with self._lock:
+            return self._services.get((namespace, name))
+
+    def queue(self, name: str) -> Obj | None:
+        with self._lock:
+            return self._queues.get(name)
+
+    def nodes(self) -> list[Obj]:
+        with self._lock:
+            return list(self._nodes.values())
+
+    def sizes(self) -> dict[str, int]:
+        with self._lock:
+            return {
+                "jobs": len(self._jobs),
+                "pods": sum(len(p) for p in self._pods.values()),
+                "podgroups": sum(len(g) for g in self._podgroups.values()),
+                "services": len(self._services),
+                "nodes": len(self._nodes),
+                "queues": len(self._queues),
+                "expectations": len(self._expected),
+            }

@@ -1,0 +1,172 @@
+"""List-then-watch of one kind, as client-go's reflector does, over the kubernetes client.
+
+Each `Reflector` LISTs its kind (paginated, with a server-side label selector so the operator
+never holds objects that are not its own), reports every object, then WATCHes from the list's
+resourceVersion with bookmarks. A watch that ends is resumed from the last version seen; one
+the server has compacted away (410 Gone) or that fails is replaced by a fresh LIST, which also
+reports what was deleted meanwhile. `synced` is set once the first LIST is reported, so a
+consumer can tell "absent" from "not listed yet".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.watch.watch import iter_resp_lines
+
+from trainium_operator.k8s.client import RequestCounter
+
+Obj = dict[str, Any]
+ObjKey = tuple[str, str]  # (namespace or "", name)
+log = logging.getLogger(__name__)
+
+LIST_PAGE = 500
+WATCH_SECONDS = 300
+MAX_BACKOFF_SECONDS = 30.0
+
+
+def object_key(obj: Obj) -> ObjKey:
+    meta = obj["metadata"]
+    return (meta.get("namespace") or "", meta["name"])
+
+
+class GoneError(RuntimeError):
+    """The watch's resourceVersion is too old (410): only a new LIST can continue."""
+
+
+@dataclass(frozen=True, slots=True)
+class WatchEvent:
+    type: str  # ADDED | MODIFIED | DELETED
+    obj: Obj
+
+
+class Reflector:
+    """Feeds `on_event` with every change of one kind; `call(**kwargs)` is a list function of
+    the kubernetes client (namespaced or cluster-wide, with its positional arguments bound)."""
+
+    def __init__(
+        self,
+        resource: str,
+        call: Callable[..., Any],
+        on_event: Callable[[WatchEvent], None],
+        *,
+        label_selector: str | None = None,
+        counter: RequestCounter | None = None,
+    ) -> None:
+        self.resource = resource
+        self._call = call
+        self._on_event = on_event
+        self._selector = label_selector
+        self._counter = counter or RequestCounter()
+        self._known: dict[ObjKey, Obj] = {}
+        self._stop = threading.Event()
+        self._response: Any = None
+        self.synced = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"watch-{resource}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        response = self._response
+        if response is not None:
+            response.close()
+
+    def _selector_kwargs(self) -> dict[str, Any]:
+        return {"label_selector": self._selector} if self._selector else {}
+
+    def _run(self) -> None:
+        delay = 1.0
+        version: str | None = None
+        while not self._stop.is_set():
+            try:
+                if version is None:
+                    version = self._relist()
+                    delay = 1.0
+                version = self._watch(version)
+            except GoneError:
+                version = None  # relist at once
+            except Exception as error:
+                if self._stop.is_set():
+                    return
+                log.warning(
+                    "watch of %s failed (%r); listing again in %.0f s", self.resource, error, delay
+                )
+                version = None
+                self._stop.wait(delay)
+                delay = min(delay * 2, MAX_BACKOFF_SECONDS)
+
+    def _relist(self) -> str:
+        items: list[Obj] = []
+        token: str | None = None
+        while True:
+            self._counter.add("list", self.resource)
+            kwargs: dict[str, Any] = {"limit": LIST_PAGE, **self._selector_kwargs()}
+            if token:
+                kwargs["_continue"] = token
+            page = json.loads(self._call(_preload_content=False, **kwargs).data)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                version = str(page["metadata"]["resourceVersion"])
+                break
+        listed = {object_key(o): o for o in items}
+        for key in [k for k in self._known if k not in listed]:
+            self._emit(WatchEvent("DELETED", self._known.pop(key)))
+        for key, obj in listed.items():
+            kind = "MODIFIED" if key in self._known else "ADDED"
+            self._known[key] = obj
+            self._emit(WatchEvent(kind, obj))
+        if not self.synced.is_set():
+            log.info("%s listed (%d objects); watching from there", self.resource, len(listed))
+        self.synced.set()
+        return version
+
+    def _watch(self, version: str) -> str:
+        self._counter.add("watch", self.resource)
+        self._response = self._call(
+            _preload_content=False,
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_SECONDS,
+            **self._selector_kwargs(),
+        )
+        try:
+            for event in self._events(self._response):
+                obj = event["object"]
+                if event["type"] == "ERROR":
+                    if obj.get("code") == 410:
+                        raise GoneError(obj.get("message"))
+                    raise RuntimeError(f"watch error: {obj.get('message')}")
+                version = str(obj["metadata"]["resourceVersion"])
+                if event["type"] == "BOOKMARK":
+                    continue
+                key = object_key(obj)
+                if event["type"] == "DELETED":
+                    self._known.pop(key, None)
+                else:
+                    self._known[key] = obj
+                self._emit(WatchEvent(event["type"], obj))
+        finally:
+            self._response.release_conn()
+            self._response = None
+        return version
+
+    @staticmethod
+    def _events(response: Any) -> Iterator[Obj]:
+        for line in iter_resp_lines(response):
+            if line:
+                yield json.loads(line)
+
+    def _emit(self, event: WatchEvent) -> None:
+        try:
+            self._on_event(event)
+        except Exception:
+            log.exception("handling a %s event of %s failed", event.type, self.resource)

@@ -1,0 +1,139 @@
+"""The watch-fed cache: indexes by job and node, and no decision on a view older than our writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainium_operator.builders.job import LABEL_JOB_NAME
+from trainium_operator.controller.cache import EXPECTATION_SECONDS, ClusterCache
+from trainium_operator.k8s.informer import WatchEvent
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def pod(name: str, job: str, node: str | None = None, **meta: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "labels": {LABEL_JOB_NAME: job}, **meta},
+        "spec": {"nodeName": node} if node else {},
+    }
+
+
+def node(name: str, ready: bool) -> dict[str, Any]:
+    status = "True" if ready else "Unknown"
+    return {
+        "metadata": {"name": name},
+        "status": {"conditions": [{"type": "Ready", "status": status}]},
+    }
+
+
+def job(name: str, version: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "resourceVersion": version}}
+
+
+def test_pods_are_indexed_by_their_job_label() -> None:
+    cache = ClusterCache()
+    assert cache.on_pod(WatchEvent("ADDED", pod("a-0", "a"))) == ("ns", "a")
+    cache.on_pod(WatchEvent("ADDED", pod("b-0", "b")))
+    assert [p["metadata"]["name"] for p in cache.pods(("ns", "a"))] == ["a-0"]
+    cache.on_pod(WatchEvent("DELETED", pod("a-0", "a")))
+    assert cache.pods(("ns", "a")) == []
+
+
+def test_a_pod_without_the_job_label_is_not_ours_and_wakes_nobody() -> None:
+    cache = ClusterCache()
+    stranger = {"metadata": {"name": "x", "namespace": "ns", "labels": {}}, "spec": {}}
+    assert cache.on_pod(WatchEvent("ADDED", stranger)) is None
+
+
+def test_a_node_turning_not_ready_wakes_only_the_jobs_with_pods_on_it() -> None:
+    cache = ClusterCache()
+    for name in ("n1", "n2"):
+        cache.on_node(WatchEvent("ADDED", node(name, True)))
+    cache.on_pod(WatchEvent("ADDED", pod("a-0", "a", "n1")))
+    cache.on_pod(WatchEvent("ADDED", pod("b-0", "b", "n2")))
+    assert cache.on_node(WatchEvent("MODIFIED", node("n1", True))) == []  # a heartbeat
+    assert cache.on_node(WatchEvent("MODIFIED", node("n1", False))) == [("ns", "a")]
+    assert cache.on_node(WatchEvent("DELETED", node("n2", False))) == [("ns", "b")]
+    assert [n["metadata"]["name"] for n in cache.nodes()] == ["n1"]
+
+
+def test_a_pod_that_left_a_node_is_no_longer_woken_by_it() -> None:
+    cache = ClusterCache()
+    cache.on_node(WatchEvent("ADDED", node("n1", True)))
+    cache.on_pod(WatchEvent("ADDED", pod("a-0", "a", "n1")))
+    cache.on_pod(WatchEvent("DELETED", pod("a-0", "a", "n1")))
+    assert cache.on_node(WatchEvent("MODIFIED", node("n1", False))) == []
+
+
+def test_a_status_write_is_awaited_until_the_watch_delivers_its_version() -> None:
+    cache = ClusterCache()
+    key = ("ns", "j")
+    cache.on_job(WatchEvent("ADDED", job("j", "1")))
+    cache.expect(key, job_version="2")
+    assert not cache.settled(key)
+    cache.on_job(WatchEvent("MODIFIED", job("j", "2")))
+    assert cache.settled(key)
+
+
+def test_a_write_the_watch_delivered_before_it_was_expected_does_not_hold_the_job() -> None:
+    cache = ClusterCache()
+    key = ("ns", "j")
+    cache.on_job(WatchEvent("MODIFIED", job("j", "2")))
+    cache.on_job(WatchEvent("MODIFIED", job("j", "3")))  # someone else wrote after us
+    cache.expect(key, job_version="2")
+    assert cache.settled(key)
+
+
+def test_created_and_deleted_pods_are_awaited_until_seen() -> None:
+    cache = ClusterCache()
+    key = ("ns", "a")
+    cache.on_pod(WatchEvent("ADDED", pod("a-0-0", "a")))
+    cache.expect(key, created=["a-1-0"], deleted=["a-0-0"])
+    assert not cache.settled(key)
+    cache.on_pod(WatchEvent("ADDED", pod("a-1-0", "a")))
+    assert not cache.settled(key)
+    terminating = pod("a-0-0", "a", deletionTimestamp="2026-12-01T00:00:00Z")
+    cache.on_pod(WatchEvent("MODIFIED", terminating))
+    assert cache.settled(key)
+
+
+def test_an_expectation_that_never_arrives_expires() -> None:
+    clock = Clock()
+    cache = ClusterCache(clock)
+    cache.expect(("ns", "a"), created=["a-0-0"])
+    assert not cache.settled(("ns", "a"))
+    clock.now += EXPECTATION_SECONDS + 1
+    assert cache.settled(("ns", "a"))
+
+
+def test_a_deleted_job_drops_its_expectations() -> None:
+    cache = ClusterCache()
+    cache.on_job(WatchEvent("ADDED", job("j", "1")))
+    cache.expect(("ns", "j"), job_version="5")
+    cache.on_job(WatchEvent("DELETED", job("j", "6")))
+    assert cache.settled(("ns", "j"))
+    assert cache.job(("ns", "j")) is None
+
+
+def queue(name: str, state: str | None, pending: int = 0) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {"state": state, "pending": pending}}
+
+
+def test_a_queue_changing_state_wakes_the_jobs_naming_it_but_its_counts_do_not() -> None:
+    cache = ClusterCache()
+    waiting = job("w", "1")
+    waiting["spec"] = {"scheduling": {"queue": "test"}}
+    cache.on_job(WatchEvent("ADDED", waiting))
+    cache.on_job(WatchEvent("ADDED", job("elsewhere", "1")))  # the default queue
+    assert cache.on_queue(WatchEvent("ADDED", queue("test", None))) == [("ns", "w")]
+    assert cache.on_queue(WatchEvent("MODIFIED", queue("test", "Open"))) == [("ns", "w")]
+    assert cache.on_queue(WatchEvent("MODIFIED", queue("test", "Open", pending=3))) == []
+    assert cache.queue("test") is not None
+    assert cache.on_queue(WatchEvent("DELETED", queue("test", "Open"))) == [("ns", "w")]
+    assert cache.queue("test") is None
