@@ -108,7 +108,7 @@ def cluster_object(create: Callable[[], Any], delete: Callable[[], Any]) -> Iter
             delete()
 
 
-def test_a_gang_bigger_than_the_cluster_stays_pending_with_volcanos_reason(
+def test_a_gang_bigger_than_the_cluster_stays_queued_with_volcanos_event_and_the_shortfall(
     dev_cluster: Any, namespace: str, operator: OperatorProcess
 ) -> None:
     clients = dev_cluster.clients
@@ -116,24 +116,33 @@ def test_a_gang_bigger_than_the_cluster_stays_pending_with_volcanos_reason(
 
     job = wait_for(
         lambda: get_job(clients, namespace, "big"),
-        until=lambda j: (j.get("status") or {}).get("reason") == "Unschedulable",
+        until=lambda j: "gang needs 3" in ((j.get("status") or {}).get("message") or ""),
         timeout=60,
-        description="TrainingJob big Pending/Unschedulable",
+        description="TrainingJob big Pending/Queued naming the shortfall",
     )
-    assert job["status"]["phase"] == "Pending"
-    # Volcano's own words, carried into the job's status.
-    assert "3/3 tasks in gang unschedulable" in job["status"]["message"]
-    events = clients.core.list_namespaced_event(
-        namespace, field_selector="involvedObject.name=big-train,involvedObject.kind=PodGroup"
-    ).items
-    assert any(e.reason == "Unschedulable" and "gang unschedulable" in e.message for e in events)
-    pod_events = clients.core.list_namespaced_event(
-        namespace, field_selector="involvedObject.name=big-train-0-0"
-    ).items
-    assert any(e.reason == "FailedScheduling" for e in pod_events)
-    # Two of the three pods would fit: the gang rule keeps all three unbound.
+    assert (job["status"]["phase"], job["status"]["reason"]) == ("Pending", "Queued")
+    assert (
+        "the cluster has 2 Ready trn1.32xlarge node(s) and the gang needs 3"
+        in (job["status"]["message"])
+    )
+    # Volcano's own words stay on its PodGroup, which its enqueue action keeps Pending.
+    events = wait_for(
+        lambda: (
+            clients.core.list_namespaced_event(
+                namespace,
+                field_selector="involvedObject.name=big-train,involvedObject.kind=PodGroup",
+            ).items
+        ),
+        until=lambda items: any(e.reason == "Unschedulable" for e in items),
+        timeout=30,
+        description="Volcano's Unschedulable event on PodGroup big-train",
+    )
+    assert any("overused" in e.message or "unschedulable" in e.message for e in events)
+    assert podgroup(clients, namespace, "big-train")["status"]["phase"] == "Pending"
+    # The gang holds no pods while it waits: none bound, none Pending in etcd.
     samples = watch_gangs(clients, namespace, {"big": 3}, seconds=4)
     assert all(sample["big"] == 0 for sample in samples)
+    assert job_pods(clients, namespace, "big") == []
     assert get_job(clients, namespace, "big")["status"]["phase"] == "Pending"
 
 
@@ -166,14 +175,17 @@ def test_a_queue_capability_holds_jobs_until_its_capacity_frees(
 
         held = wait_for(
             lambda: get_job(clients, namespace, "second"),
-            until=lambda j: (j.get("status") or {}).get("reason") in ("Queued", "Unschedulable"),
+            until=lambda j: (j.get("status") or {}).get("reason") == "Queued",
             timeout=60,
             description="TrainingJob second held in its queue",
         )
-        assert queue_name in held["status"]["message"]
+        assert f"waiting in Volcano queue {queue_name!r}" in held["status"]["message"]
         samples = watch_gangs(clients, namespace, {"second": 1, "wide": 2}, seconds=4)
         assert all(s == {"second": 0, "wide": 0} for s in samples), samples[-1]
         assert podgroup(clients, namespace, "second-train")["status"]["phase"] == "Pending"
+        # A job waiting in its queue holds its PodGroup only: no Pending pods in etcd.
+        assert job_pods(clients, namespace, "second") == []
+        assert job_pods(clients, namespace, "wide") == []
 
         finish_pods(clients, namespace, first)
         wait_phase(clients, namespace, "first", "Succeeded")

@@ -21,7 +21,7 @@ from trainium_operator.lifecycle.observed import (
 from unit.jobs import job_ref
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-NODES = {f"n{i}": NodeView(f"n{i}", True, None) for i in range(4)}
+NODES = {f"n{i}": NodeView(f"n{i}", True, None, "trn1.32xlarge") for i in range(4)}
 
 
 def pod(
@@ -82,6 +82,23 @@ def test_a_queued_podgroup_holds_no_pods_and_the_status_says_it_waits_in_its_que
     assert decision.create == []
     assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "Queued")
     assert "waiting in Volcano queue 'default'" in decision.status["message"]
+
+
+def test_a_queued_gang_bigger_than_the_clusters_nodes_of_its_type_says_how_many_are_missing() -> (
+    None
+):
+    job = job_ref(nodes=3)
+    two = {n: v for n, v in NODES.items() if n in ("n0", "n1")}
+    queued = Observed(
+        (), {"bert-compile": PodGroupView("bert-compile", "Pending", None)}, True, two, T0
+    )
+    decision = machine.decide(job, {}, queued)
+    assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "Queued")
+    assert (
+        "the cluster has 2 Ready trn1.32xlarge node(s) and the gang needs 3"
+        in (decision.status["message"])
+    )
+    assert [e.type for e in decision.events] == ["Warning"]
 
 
 @pytest.mark.parametrize("phase", ["Inqueue", "Running"])

@@ -734,12 +734,20 @@ def _waiting_reason(
     if group is None or not group.admitted:
         seen = f"{group.phase or 'not yet seen by the scheduler'}" if group else "being created"
         pods = f"{progress}" if gang else "its pods are created once Volcano admits it"
-        return (
-            "Queued",
+        message = (
             f"{stage.value} stage: waiting in Volcano queue {queue!r} "
-            f"(PodGroup {job.podgroup_name(stage)} {seen}); {pods}",
-            False,
+            f"(PodGroup {job.podgroup_name(stage)} {seen}); {pods}"
         )
+        kind = job.spec.instance_type.value
+        fitting = sum(1 for n in observed.nodes.values() if n.ready and n.instance_type == kind)
+        if group is not None and fitting < nodes:
+            # Volcano's enqueue says only "resource in cluster is overused" (an Event on the
+            # PodGroup); the count of nodes that could host a rank is the actionable part.
+            message += (
+                f"; the cluster has {fitting} Ready {kind} node(s) and the gang needs {nodes}: "
+                "it is admitted once enough join (autoscaling) or spec.nodes is lowered"
+            )
+        return "Queued", message, fitting < nodes
     return "WaitingForGang", f"{stage.value} stage: {progress} (queue {queue})", False
 
 

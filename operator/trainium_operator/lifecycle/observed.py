@@ -9,6 +9,7 @@ from typing import Any
 from trainium_operator.builders.job import LABEL_ATTEMPT, LABEL_NODE_RANK, LABEL_STAGE, Stage
 
 Obj = dict[str, Any]
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 # Pod failure reasons that are the platform's doing, not the training script's.
 INFRASTRUCTURE_POD_REASONS = frozenset(
@@ -76,6 +77,7 @@ class NodeView:
     name: str
     ready: bool
     not_ready_since: datetime | None
+    instance_type: str | None = None  # node.kubernetes.io/instance-type
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +188,7 @@ def node_view(node: Obj) -> NodeView:
         name=node["metadata"]["name"],
         ready=is_ready,
         not_ready_since=None if is_ready else parse_time(ready.get("lastTransitionTime")),
+        instance_type=(node["metadata"].get("labels") or {}).get(INSTANCE_TYPE_LABEL),
     )
 
 
