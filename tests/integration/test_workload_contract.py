@@ -96,7 +96,9 @@ def _run_pod_locally(pod: Any, script: Path, shared: Path) -> int:
     return result.returncode
 
 
-def _finish_with_local_runs(clients: Any, namespace: str, pods: list[Any], codes: list[int]) -> None:
+def _finish_with_local_runs(
+    clients: Any, namespace: str, pods: list[Any], codes: list[int]
+) -> None:
     for pod, code in zip(pods, codes, strict=True):
         try:
             simulate_pod_outcome(
