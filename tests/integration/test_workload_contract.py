@@ -199,3 +199,66 @@ def test_a_trn2_job_schedules_on_trn2_nodes_with_their_device_counts(
         env = {e.name: e.value for e in container.env}
         assert env["NEURON_LOGICAL_NC_CONFIG"] == "2"
     wait_phase(clients, namespace, "big", "Training")
+
+
+def test_a_pod_template_adds_volumes_and_a_sidecar_to_running_pods(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    clients = dev_cluster.clients
+    template = {
+        "metadata": {"labels": {"team": "nlp"}},
+        "spec": {
+            "volumes": [{"name": "scratch", "emptyDir": {}}],
+            "initContainers": [{"name": "prep", "image": "busybox:1.36", "command": ["true"]}],
+            "containers": [
+                {"name": "exporter", "image": "example.com/exporter:1"},
+                {"name": "trainer", "volumeMounts": [{"name": "scratch", "mountPath": "/scratch"}]},
+            ],
+            "imagePullSecrets": [{"name": "ecr"}],
+            "securityContext": {"fsGroup": 1000},
+        },
+    }
+    create_job(
+        clients,
+        namespace,
+        job_manifest("tmpl", compile={"enabled": False}, podTemplate=template),
+    )
+    pods = wait_gang_running(clients, namespace, "tmpl", "train", 0)
+    for pod in pods:
+        assert [c.name for c in pod.spec.containers] == ["trainer", "exporter"]
+        assert [c.name for c in pod.spec.init_containers] == ["prep"]
+        assert "scratch" in {v.name for v in pod.spec.volumes}
+        assert "/scratch" in {m.mount_path for m in pod.spec.containers[0].volume_mounts}
+        assert pod.spec.image_pull_secrets[0].name == "ecr"
+        assert pod.spec.security_context.fs_group == 1000
+        assert pod.metadata.labels["team"] == "nlp"
+        assert pod.spec.restart_policy == "Never"
+
+
+@pytest.mark.parametrize(
+    ("template", "message"),
+    [
+        pytest.param(
+            {"spec": {"restartPolicy": "Always"}},
+            "spec.podTemplate.spec.restartPolicy is set by the operator",
+            id="restart-policy",
+        ),
+        pytest.param(
+            {"spec": {"serviceAccountName": "x"}},
+            "use spec.serviceAccountName",
+            id="service-account",
+        ),
+        pytest.param(
+            {"metadata": {"labels": {"trainium.dev/job-name": "other"}}},
+            "the operator selects its pods on them",
+            id="selector-label",
+        ),
+    ],
+)
+def test_a_pod_template_overriding_an_owned_field_is_refused_at_apply(
+    dev_cluster: Any, namespace: str, template: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(Exception) as refused:  # noqa: PT011 - ApiException; checked below
+        create_job(dev_cluster.clients, namespace, job_manifest("bad", podTemplate=template))
+    assert getattr(refused.value, "status", None) == 422
+    assert message in str(getattr(refused.value, "body", ""))

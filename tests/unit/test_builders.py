@@ -295,3 +295,98 @@ def test_trn2_pod_requests_16_chips_16_efa_runs_64_workers_and_sets_lnc() -> Non
     assert "--nproc_per_node=128" in lnc1["spec"]["containers"][0]["command"]
     assert env_of(lnc1)["NEURON_LOGICAL_NC_CONFIG"] == "1"
     assert "NEURON_LOGICAL_NC_CONFIG" not in env_of(pods.pod(job_ref(), Stage.TRAIN, 0, 0))
+
+
+POD_TEMPLATE = {
+    "metadata": {"labels": {"team": "nlp"}, "annotations": {"example.com/owner": "ml"}},
+    "spec": {
+        "volumes": [{"name": "datasets", "persistentVolumeClaim": {"claimName": "ds"}}],
+        "initContainers": [{"name": "fetch", "image": "busybox", "command": ["true"]}],
+        "containers": [
+            {"name": "metrics", "image": "example.com/exporter:1"},
+            {
+                "name": "trainer",
+                "volumeMounts": [{"name": "datasets", "mountPath": "/datasets"}],
+                "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+            },
+        ],
+        "imagePullSecrets": [{"name": "ecr"}],
+        "securityContext": {"fsGroup": 1000},
+        "terminationGracePeriodSeconds": 60,
+    },
+}
+
+
+def test_pod_template_is_merged_over_the_built_pod_without_replacing_the_operators_parts() -> None:
+    job = job_ref(podTemplate=POD_TEMPLATE)
+    plain = pods.pod(job_ref(), Stage.TRAIN, 0, 0)
+    pod = pods.pod(job, Stage.TRAIN, 0, 0)
+    spec = pod["spec"]
+    assert [v["name"] for v in spec["volumes"]] == ["dshm", "shared-data", "datasets"]
+    assert [c["name"] for c in spec["initContainers"]] == ["fetch"]
+    assert [c["name"] for c in spec["containers"]] == ["trainer", "metrics"]
+    trainer = spec["containers"][0]
+    assert [m["mountPath"] for m in trainer["volumeMounts"]] == ["/dev/shm", "/data", "/datasets"]
+    assert trainer["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    plain_trainer = plain["spec"]["containers"][0]
+    for owned in ("command", "env", "resources", "image"):
+        assert trainer[owned] == plain_trainer[owned], owned
+    assert spec["imagePullSecrets"] == [{"name": "ecr"}]
+    assert spec["securityContext"] == {"fsGroup": 1000}
+    assert spec["terminationGracePeriodSeconds"] == 60
+    assert spec["restartPolicy"] == "Never"
+    assert pod["metadata"]["labels"]["team"] == "nlp"
+    assert pod["metadata"]["labels"]["trainium.dev/job-name"] == "bert"
+    assert pod["metadata"]["annotations"]["example.com/owner"] == "ml"
+    assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "bert-train"
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        pytest.param(
+            {"spec": {"restartPolicy": "Always"}},
+            "spec.podTemplate.spec.restartPolicy is set by the operator (the operator sets Never",
+            id="restart-policy",
+        ),
+        pytest.param(
+            {"spec": {"nodeSelector": {"a": "b"}}},
+            "spec.podTemplate.spec.nodeSelector is set by the operator (use spec.nodeSelector)",
+            id="node-selector",
+        ),
+        pytest.param(
+            {"spec": {"containers": [{"name": "trainer", "command": ["bash"]}]}},
+            "spec.podTemplate.spec.containers[0].command: the trainer container's command is set "
+            "by the operator (use spec.command)",
+            id="trainer-command",
+        ),
+        pytest.param(
+            {"spec": {"containers": [{"name": "trainer", "resources": {}}]}},
+            "(use spec.resources)",
+            id="trainer-resources",
+        ),
+        pytest.param(
+            {"metadata": {"labels": {"trainium.dev/attempt": "9"}}},
+            "spec.podTemplate.metadata.labels[trainium.dev/attempt]: the operator selects",
+            id="selector-label",
+        ),
+        pytest.param(
+            {"spec": {"volumes": [{"name": "dshm", "emptyDir": {}}]}},
+            "spec.podTemplate.spec.volumes[0].name 'dshm' is the operator's",
+            id="volume-name",
+        ),
+        pytest.param(
+            {"spec": {"containers": [{"name": "side"}]}},
+            "spec.podTemplate.spec.containers[0].image is required for a sidecar container",
+            id="sidecar-without-image",
+        ),
+    ],
+)
+def test_pod_template_overriding_what_the_operator_owns_is_refused_naming_the_fix(
+    template: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        TrainingJobSpec.model_validate(
+            {"image": "i", "command": {"script": "/s.py"}, "podTemplate": template}
+        )
+    assert expected in str(refused.value)

@@ -342,6 +342,186 @@ class EnvVar(_Model):
     """Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef...)."""
 
 
+# Pod fields the operator sets from its own spec fields or owns outright: a podTemplate that
+# sets them is refused, saying what to use instead.
+PROTECTED_POD_FIELDS: dict[str, str] = {
+    "restartPolicy": "the operator sets Never: it restarts whole gangs itself",
+    "schedulerName": "use spec.scheduling.schedulerName",
+    "priorityClassName": "use spec.scheduling.priorityClassName",
+    "serviceAccountName": "use spec.serviceAccountName",
+    "nodeSelector": "use spec.nodeSelector",
+    "tolerations": "use spec.tolerations",
+    "affinity": "use spec.affinity",
+    "hostname": "the operator names pods for the rendezvous",
+    "subdomain": "the operator names pods for the rendezvous",
+    "nodeName": "Volcano places the gang",
+}
+TRAINING_CONTAINER = "trainer"
+# Fields of the training container the operator computes.
+PROTECTED_CONTAINER_FIELDS: dict[str, str] = {
+    "image": "use spec.image",
+    "imagePullPolicy": "use spec.imagePullPolicy",
+    "command": "use spec.command",
+    "args": "use spec.command.args",
+    "resources": "use spec.resources",
+    "env": "use spec.env",
+}
+PROTECTED_LABEL_PREFIXES = ("trainium.dev/", "app.kubernetes.io/")
+PROTECTED_ANNOTATIONS = ("scheduling.k8s.io/group-name",)
+OPERATOR_VOLUMES = ("dshm", "shared-data")
+
+
+def _protected_pod_field_rules() -> list[dict[str, str]]:
+    return [
+        {
+            "rule": f"!has(self.{name})",
+            "message": f"spec.podTemplate.spec.{name} is set by the operator ({fix}); remove it",
+            "fieldPath": f".{name}",
+        }
+        for name, fix in PROTECTED_POD_FIELDS.items()
+    ]
+
+
+class PodTemplateMetadata(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.labels) || self.labels.all(k, "
+                    + " && ".join(f"!k.startsWith('{p}')" for p in PROTECTED_LABEL_PREFIXES)
+                    + ")",
+                    "message": "spec.podTemplate.metadata.labels must not set "
+                    + " or ".join(f"{p}*" for p in PROTECTED_LABEL_PREFIXES)
+                    + " labels: the operator selects its pods on them",
+                    "fieldPath": ".labels",
+                },
+                {
+                    "rule": "!has(self.annotations) || self.annotations.all(k, "
+                    + " && ".join(f"k != '{a}'" for a in PROTECTED_ANNOTATIONS)
+                    + ")",
+                    "message": "spec.podTemplate.metadata.annotations must not set "
+                    + ", ".join(PROTECTED_ANNOTATIONS)
+                    + ": the operator puts each pod in its stage's PodGroup",
+                    "fieldPath": ".annotations",
+                },
+            ]
+        }
+    )
+    labels: dict[str, str] = {}
+    """Labels added to every pod."""
+    annotations: dict[str, str] = {}
+    """Annotations added to every pod."""
+
+
+class PodTemplatePodSpec(_Model):
+    """A partial Kubernetes PodSpec merged over the pod the operator builds."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,
+            "x-kubernetes-validations": list[Any](_protected_pod_field_rules()),
+        },
+    )
+    volumes: list[KubeObject] = []
+    """Volumes added to the pod's (the operator's are dshm and shared-data)."""
+    init_containers: list[KubeObject] = []
+    """Init containers, run before the training container."""
+    containers: list[KubeObject] = []
+    """Sidecar containers; an entry named trainer is merged into the training container
+    (volumeMounts, securityContext, ports, probes, workingDir, envFrom...), whose image,
+    command, args, resources and env come from the TrainingJob spec."""
+    image_pull_secrets: list[KubeObject] = []
+    """Secrets for pulling the images."""
+    security_context: KubeObject | None = None
+    """The pod's PodSecurityContext."""
+    # Declared only so the schema can refuse them with the field to use instead.
+    restart_policy: str | None = None
+    """Owned by the operator (Never); refused."""
+    scheduler_name: str | None = None
+    """Refused: use spec.scheduling.schedulerName."""
+    priority_class_name: str | None = None
+    """Refused: use spec.scheduling.priorityClassName."""
+    service_account_name: str | None = None
+    """Refused: use spec.serviceAccountName."""
+    node_selector: dict[str, str] | None = None
+    """Refused: use spec.nodeSelector."""
+    tolerations: list[KubeObject] | None = None
+    """Refused: use spec.tolerations."""
+    affinity: KubeObject | None = None
+    """Refused: use spec.affinity."""
+    hostname: str | None = None
+    """Owned by the operator; refused."""
+    subdomain: str | None = None
+    """Owned by the operator; refused."""
+    node_name: str | None = None
+    """Owned by Volcano; refused."""
+
+
+class PodTemplate(_Model):
+    metadata: PodTemplateMetadata = PodTemplateMetadata()
+    """Labels and annotations added to every pod."""
+    spec: PodTemplatePodSpec = PodTemplatePodSpec()
+    """Pod fields merged over what the operator builds: volumes, initContainers, sidecar
+    containers, imagePullSecrets, securityContext, and any other PodSpec field the operator
+    does not own."""
+
+    def problems(self, mount_path: str) -> list[str]:
+        """What the schema cannot check: the training container entry and clashing names."""
+        found: list[str] = []
+        spec = self.spec.model_dump(by_alias=True, exclude_none=True)
+        for name, fix in PROTECTED_POD_FIELDS.items():
+            if name in spec:
+                found.append(f"spec.podTemplate.spec.{name} is set by the operator ({fix})")
+        for label in self.metadata.labels:
+            if label.startswith(PROTECTED_LABEL_PREFIXES):
+                found.append(
+                    f"spec.podTemplate.metadata.labels[{label}]: the operator selects its pods "
+                    "on trainium.dev/* and app.kubernetes.io/* labels"
+                )
+        for annotation in self.metadata.annotations:
+            if annotation in PROTECTED_ANNOTATIONS:
+                found.append(f"spec.podTemplate.metadata.annotations[{annotation}] is set by "
+                             "the operator (the stage's PodGroup)")  # fmt: skip
+        for index, volume in enumerate(self.spec.volumes):
+            if volume.get("name") in OPERATOR_VOLUMES:
+                found.append(
+                    f"spec.podTemplate.spec.volumes[{index}].name {volume.get('name')!r} is the "
+                    f"operator's (it uses {', '.join(OPERATOR_VOLUMES)}); pick another name"
+                )
+        names = [c.get("name") for c in [*self.spec.init_containers, *self.spec.containers]]
+        for index, container in enumerate(self.spec.containers):
+            where = f"spec.podTemplate.spec.containers[{index}]"
+            if not container.get("name"):
+                found.append(f"{where}.name is required")
+            if container.get("name") != TRAINING_CONTAINER:
+                if not container.get("image"):
+                    found.append(f"{where}.image is required for a sidecar container")
+                continue
+            for field, fix in PROTECTED_CONTAINER_FIELDS.items():
+                if field in container:
+                    found.append(
+                        f"{where}.{field}: the {TRAINING_CONTAINER} container's {field} is set "
+                        f"by the operator ({fix})"
+                    )
+            for mount in container.get("volumeMounts") or []:
+                if mount.get("mountPath") in ("/dev/shm", mount_path):
+                    found.append(
+                        f"{where}.volumeMounts: {mount.get('mountPath')} is the operator's "
+                        "mount (shared memory or spec.storage.mountPath)"
+                    )
+        for index, container in enumerate(self.spec.init_containers):
+            if container.get("name") == TRAINING_CONTAINER:
+                found.append(
+                    f"spec.podTemplate.spec.initContainers[{index}].name {TRAINING_CONTAINER!r} "
+                    "is the training container's name"
+                )
+        duplicates = sorted({n for n in names if n and names.count(n) > 1})
+        if duplicates:
+            found.append(f"spec.podTemplate.spec: container names repeat: {', '.join(duplicates)}")
+        return found
+
+
 class TrainingJobSpec(_Model):
     model_config = ConfigDict(
         json_schema_extra={"x-kubernetes-validations": list[Any](_CROSS_FIELD_RULES)}
@@ -405,6 +585,11 @@ class TrainingJobSpec(_Model):
     """ServiceAccount of the pods (e.g. one with IRSA for S3 access)."""
     pod_metadata: PodMetadata = PodMetadata()
     """Labels and annotations for every pod."""
+    pod_template: PodTemplate = PodTemplate()
+    """A partial pod template merged over the pods the operator builds (volumes,
+    volumeMounts of the trainer container, sidecars, initContainers, imagePullSecrets,
+    securityContext, labels, annotations). Fields the operator owns (its resources,
+    command, names, the labels it selects on) are refused with the field to use."""
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> TrainingJobSpec:
@@ -428,6 +613,7 @@ class TrainingJobSpec(_Model):
         ]
         if reserved:
             problems.append(f"{_CROSS_FIELD_RULES[3]['message']} (got {', '.join(reserved)})")
+        problems += self.pod_template.problems(self.storage.mount_path.rstrip("/") or "/")
         if problems:
             raise ValueError("; ".join(problems))
         return self

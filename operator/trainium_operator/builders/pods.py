@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from decimal import Decimal
 from typing import Any
@@ -14,7 +15,13 @@ from trainium_operator.api.instance_types import (
     LNC_ENV,
     NEURON_RESOURCE,
 )
-from trainium_operator.api.spec import QUANTITY_PATTERN, Precision, RendezvousBackend
+from trainium_operator.api.spec import (
+    QUANTITY_PATTERN,
+    TRAINING_CONTAINER,
+    PodTemplate,
+    Precision,
+    RendezvousBackend,
+)
 from trainium_operator.builders.job import (
     LABEL_ATTEMPT,
     LABEL_NODE_RANK,
@@ -26,7 +33,7 @@ from trainium_operator.profiler.sources.neuron import neuron_inspect_env
 
 Obj = dict[str, Any]
 
-CONTAINER_NAME = "trainer"
+CONTAINER_NAME = TRAINING_CONTAINER
 SHM_VOLUME = "dshm"
 DATA_VOLUME = "shared-data"
 NEURON_PARALLEL_COMPILE = "neuron_parallel_compile"
@@ -331,7 +338,37 @@ def pod(
         pod_spec["serviceAccountName"] = spec.service_account_name
     if spec.affinity:
         pod_spec["affinity"] = spec.affinity
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    built = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    return merge_pod_template(built, spec.pod_template)
+
+
+def merge_pod_template(built: Obj, template: PodTemplate) -> Obj:
+    """spec.podTemplate over the pod the operator built: lists are added to (volumes, init
+    and sidecar containers, pull secrets, the trainer container's volumeMounts), other fields
+    are set. The spec model has refused every field the operator owns, so nothing of the
+    operator's is replaced here."""
+    pod = copy.deepcopy(built)
+    metadata, pod_spec = pod["metadata"], pod["spec"]
+    metadata["labels"] = {**template.metadata.labels, **metadata["labels"]}
+    metadata["annotations"] = {**template.metadata.annotations, **metadata["annotations"]}
+    extra = template.spec.model_dump(by_alias=True, exclude_none=True)
+    for key in ("volumes", "initContainers", "containers", "imagePullSecrets"):
+        extra.pop(key, None)
+    pod_spec.update(copy.deepcopy(extra))
+    pod_spec["volumes"] = [*pod_spec["volumes"], *copy.deepcopy(template.spec.volumes)]
+    if template.spec.init_containers:
+        pod_spec["initContainers"] = copy.deepcopy(template.spec.init_containers)
+    if template.spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = copy.deepcopy(template.spec.image_pull_secrets)
+    trainer = pod_spec["containers"][0]
+    for container in copy.deepcopy(template.spec.containers):
+        if container.get("name") != TRAINING_CONTAINER:
+            pod_spec["containers"].append(container)
+            continue
+        mounts = container.pop("volumeMounts", [])
+        trainer.update({k: v for k, v in container.items() if k != "name"})
+        trainer["volumeMounts"] = [*trainer["volumeMounts"], *mounts]
+    return pod
 
 
 def stage_pods(job: JobRef, stage: Stage, attempt: int) -> list[Obj]:
