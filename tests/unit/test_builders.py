@@ -136,6 +136,7 @@ def test_every_attempt_gets_the_workload_environment_and_it_reads_back() -> None
         namespace="team-a",
         uid=UID,
         stage="train",
+        node_rank=1,
         attempt=2,
         restart_count=2,
         resume=True,

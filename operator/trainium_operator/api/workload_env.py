@@ -26,6 +26,7 @@ OUTPUT_DIR = "TRAINIUM_OUTPUT_DIR"  # checkpoints and metrics, on the shared vol
 DATA_DIR = "TRAINIUM_DATA_DIR"  # the training data, on the shared volume
 COMPILE_STEPS = "TRAINIUM_COMPILE_STEPS"  # compile stage only: spec.compile.steps
 NODE_NAME = "TRAINIUM_NODE_NAME"  # the Kubernetes node (downward API)
+NODE_RANK = "TRAINIUM_NODE_RANK"  # the pod's node rank, 0..nodes-1 (torchrun's GROUP_RANK)
 PRECISION = "TRAINIUM_PRECISION"  # bf16 | fp32
 
 WORKLOAD_ENV_NAMES = (
@@ -40,6 +41,7 @@ WORKLOAD_ENV_NAMES = (
     DATA_DIR,
     COMPILE_STEPS,
     NODE_NAME,
+    NODE_RANK,
     PRECISION,
 )
 
@@ -52,6 +54,7 @@ class WorkloadEnv:
     namespace: str
     uid: str
     stage: str
+    node_rank: int
     attempt: int
     restart_count: int
     resume: bool
@@ -72,6 +75,7 @@ def read_workload_env(environ: Mapping[str, str] | None = None) -> WorkloadEnv:
         namespace=env[JOB_NAMESPACE],
         uid=env[JOB_UID],
         stage=env[STAGE],
+        node_rank=int(env[NODE_RANK]),
         attempt=int(env[ATTEMPT]),
         restart_count=int(env[RESTART_COUNT]),
         resume=env[RESUME] == "1",

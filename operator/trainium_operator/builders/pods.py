@@ -210,6 +210,8 @@ def _operator_env(
         {"name": workload_env.JOB_NAMESPACE, "value": job.namespace},
         {"name": workload_env.JOB_UID, "value": job.uid},
         {"name": workload_env.STAGE, "value": stage.value},
+        # Before the user's env, so a user value may refer to it as $(TRAINIUM_NODE_RANK).
+        {"name": workload_env.NODE_RANK, "value": str(rank)},
         {"name": workload_env.ATTEMPT, "value": str(attempt)},
         {"name": workload_env.RESTART_COUNT, "value": str(restarts)},
         {"name": workload_env.RESUME, "value": "1" if resume else "0"},

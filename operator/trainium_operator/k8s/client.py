@@ -12,6 +12,7 @@ import os
 import secrets
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,6 +229,59 @@ class Cluster:
         except ApiException as error:
             if error.status not in (404, 409):
                 raise
+
+    def create_training_job(self, namespace: str, body: Obj) -> Obj:
+        """Create a TrainingJob (the TorchX scheduler's submit); ApiException on refusal."""
+        self.counter.add("create", spec_model.PLURAL)
+        result: Obj = self.custom.create_namespaced_custom_object(
+            spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, body
+        )
+        return result
+
+    def patch_training_job(self, namespace: str, name: str, patch: Obj) -> None:
+        self.counter.add("patch", spec_model.PLURAL)
+        self.custom.patch_namespaced_custom_object(
+            spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, name, patch
+        )
+
+    def delete_training_job_named(self, namespace: str, name: str) -> None:
+        self.counter.add("delete", spec_model.PLURAL)
+        try:
+            self.custom.delete_namespaced_custom_object(
+                spec_model.GROUP,
+                spec_model.VERSION,
+                namespace,
+                spec_model.PLURAL,
+                name,
+                body={"propagationPolicy": "Background"},
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def pod_log_lines(
+        self, namespace: str, name: str, container: str, *, follow: bool
+    ) -> Iterator[str]:
+        """A pod container's log, line by line (streamed while it runs when follow)."""
+        self.counter.add("get", "pods/log")
+        if not follow:
+            text: str = self.core.read_namespaced_pod_log(name, namespace, container=container)
+            yield from text.splitlines(keepends=True)
+            return
+        response = self.core.read_namespaced_pod_log(
+            name, namespace, container=container, follow=True, _preload_content=False
+        )
+        try:
+            pending = b""
+            for chunk in response.stream():
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    yield line.decode(errors="replace") + "\n"
+            if pending:
+                yield pending.decode(errors="replace")
+        finally:
+            response.release_conn()
 
     # -- kopf peering -------------------------------------------------------------------
     def get_peering_status(self, name: str, namespace: str | None) -> dict[str, Any]:
