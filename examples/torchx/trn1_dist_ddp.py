@@ -11,8 +11,8 @@ runs unchanged through the operator as
     torchx run -s trainium -cfg queue=test examples/torchx/trn1_dist_ddp.py:generateAppDef ...
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: torchx decodes component arguments from the real
+# annotation types.
 from torchx import specs
 
 EFA_INTERFACES = {"trn1.32xlarge": 8, "trn1n.32xlarge": 16}

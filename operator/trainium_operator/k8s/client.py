@@ -264,12 +264,9 @@ class Cluster:
     ) -> Iterator[str]:
         """A pod container's log, line by line (streamed while it runs when follow)."""
         self.counter.add("get", "pods/log")
-        if not follow:
-            text: str = self.core.read_namespaced_pod_log(name, namespace, container=container)
-            yield from text.splitlines(keepends=True)
-            return
+        # The raw response: with preloaded content this client returns str(bytes) for logs.
         response = self.core.read_namespaced_pod_log(
-            name, namespace, container=container, follow=True, _preload_content=False
+            name, namespace, container=container, follow=follow, _preload_content=False
         )
         try:
             pending = b""
