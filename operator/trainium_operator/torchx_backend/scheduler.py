@@ -29,7 +29,12 @@ from trainium_operator.api.spec import TRAINING_CONTAINER
 from trainium_operator.builders.job import LABEL_ATTEMPT, LABEL_JOB_NAME, LABEL_NODE_RANK, Stage
 from trainium_operator.controller.commands import render_stages
 from trainium_operator.k8s.client import Cluster, load_api_client
-from trainium_operator.torchx_backend.appdef import AppDefError, RunConfig, app_to_training_job
+from trainium_operator.torchx_backend.appdef import (
+    AppDefError,
+    RunConfig,
+    app_to_training_job,
+    job_name,
+)
 
 Obj = dict[str, Any]
 BACKEND = "trainium"
@@ -155,8 +160,6 @@ class TrainiumScheduler(Scheduler):  # type: ignore[misc]  # torchx ships no typ
 
     # -- submit ------------------------------------------------------------------------------
     def _submit_dryrun(self, app: Any, cfg: Mapping[str, Any] | None = None) -> Any:
-        from trainium_operator.torchx_backend.appdef import job_name
-
         config = self._config(cfg)
         job = app_to_training_job(app, config, name=job_name(app.name, self._name_suffix()))
         job["metadata"]["annotations"][ANNOTATION_ROLE] = app.roles[0].name
