@@ -167,15 +167,18 @@ def test_a_plain_argparse_script_runs_compile_training_and_a_gang_restart_on_env
 
 
 @pytest.fixture(scope="module")
-def trn2_nodes(dev_cluster: Any) -> list[str]:
+def trn2_nodes(dev_cluster: Any) -> Iterator[list[str]]:
     """Two fake trn2.48xlarge nodes beside the session's trn1 nodes (what `dev up
-    --instance-type trn2.48xlarge` adds to a running cluster)."""
+    --instance-type trn2.48xlarge` adds to a running cluster), removed again afterwards so
+    the session's other tests see the cluster they expect."""
     nodes = objects.fake_nodes(2, "trn2.48xlarge")
     names = [n["metadata"]["name"] for n in nodes]
-    cluster.create_nodes(dev_cluster.clients, nodes)
+    created = cluster.create_nodes(dev_cluster.clients, nodes)
     cluster.create_csi_nodes(dev_cluster.clients, names)
     cluster.wait_until_ready(dev_cluster.clients, names)
-    return names
+    yield names
+    for name in created:  # its CSINode is owned by the Node and goes with it
+        dev_cluster.clients.core.delete_node(name)
 
 
 def test_a_trn2_job_schedules_on_trn2_nodes_with_their_device_counts(
