@@ -481,8 +481,10 @@ class PodTemplate(_Model):
                 )
         for annotation in self.metadata.annotations:
             if annotation in PROTECTED_ANNOTATIONS:
-                found.append(f"spec.podTemplate.metadata.annotations[{annotation}] is set by "
-                             "the operator (the stage's PodGroup)")  # fmt: skip
+                found.append(
+                    f"spec.podTemplate.metadata.annotations[{annotation}] is set by the "
+                    "operator (the stage's PodGroup)"
+                )
         for index, volume in enumerate(self.spec.volumes):
             if volume.get("name") in OPERATOR_VOLUMES:
                 found.append(
