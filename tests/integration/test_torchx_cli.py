@@ -78,6 +78,18 @@ def torchx_run(dev_cluster: Any, namespace: str, *component: str) -> tuple[str, 
     return handle, app_id.split(":", 1)[1]
 
 
+def served_log(clients: Any, namespace: str, pod: str) -> str:
+    try:
+        response = clients.core.read_namespaced_pod_log(
+            pod, namespace, container="trainer", _preload_content=False
+        )
+    except Exception as error:
+        if getattr(error, "status", None) in (400, 404, 500):
+            return ""
+        raise
+    return str(response.data.decode())
+
+
 def status_state(dev_cluster: Any, handle: str) -> str:
     out = torchx(dev_cluster, "status", handle).stdout
     line = next(line for line in out.splitlines() if line.strip().startswith("State:"))
@@ -136,12 +148,16 @@ def test_tutorial_style_launch_compiles_trains_logs_and_succeeds(
             tmp_path / f"{pod.metadata.name}.log",
             containers=["trainer"],
         )
-    logs = wait_for(
-        lambda: torchx(dev_cluster, "log", f"{handle}/role1/1").stdout,
-        until=lambda out: "rank 1: step 2 loss 10.9" in out,
-        timeout=30,
-        description="torchx log of node rank 1",
-    )
+    for pod in train_pods:
+        # KWOK serves a pod's log once its Logs object reached the KWOK controller's cache.
+        wait_for(
+            lambda pod=pod: served_log(clients, namespace, pod.metadata.name),
+            until=lambda text: "step 2" in text,
+            timeout=90,
+            description=f"KWOK serving the log of {pod.metadata.name}",
+        )
+    logs = torchx(dev_cluster, "log", f"{handle}/role1/1").stdout
+    assert "rank 1: step 2 loss 10.9" in logs
     assert "rank 0" not in logs
     filtered = torchx(dev_cluster, "log", "--regex", "step 1", f"{handle}/role1/0").stdout
     assert "rank 0: step 1 loss 11.2" in filtered
