@@ -27,6 +27,7 @@ from chart.chart_harness import (
     validate_manifest,
     values_file,
 )
+from trainium_operator.api.instance_types import INSTANCE_TYPES
 
 OPERATOR_ONLY_KINDS = {
     "ClusterRole",
@@ -360,7 +361,7 @@ def test_neuron_device_plugin_runs_on_neuron_nodes_only(tmp_path: Path) -> None:
     pod = _daemonset_pod(manifests, "neuron-device-plugin")
     (container,) = pod["containers"]
     assert container["image"] == "public.ecr.aws/neuron/neuron-device-plugin:2.28.27.0"
-    assert {"trn1.32xlarge", "trn1n.32xlarge"} <= set(_affinity_instance_types(pod))
+    assert set(INSTANCE_TYPES) <= set(_affinity_instance_types(pod)), "every Trainium type"
     assert {"key": "aws.amazon.com/neuron", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]
@@ -375,7 +376,14 @@ def test_efa_device_plugin_runs_on_efa_trainium_nodes_only(tmp_path: Path) -> No
     pod = _daemonset_pod(render(SWITCHES["efa-device-plugin"], tmp_path), "efa-device-plugin")
     (container,) = pod["containers"]
     assert container["image"].endswith("/eks/aws-efa-k8s-device-plugin:v0.5.5")
-    assert _affinity_instance_types(pod) == ["trn1.32xlarge", "trn1n.32xlarge"]
+    assert _affinity_instance_types(pod) == [
+        "trn1.32xlarge",
+        "trn1n.32xlarge",
+        "trn2.48xlarge",
+        "trn2u.48xlarge",
+    ]
+    efa_types = {t.name for t in INSTANCE_TYPES.values() if t.efa_interfaces}
+    assert set(_affinity_instance_types(pod)) == efa_types, "the operator's instance table"
     assert {"key": "aws.amazon.com/efa", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
     ]

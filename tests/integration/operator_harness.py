@@ -145,7 +145,12 @@ def _crd_established(clients: Any, name: str) -> bool:
 def job_manifest(name: str, **spec: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "image": "example.com/trainium/training:test",
-        "command": {"script": "/opt/trainium/trainium_training/pretrain.py", "args": []},
+        "command": {
+            "script": "/opt/trainium/trainium_training/pretrain.py",
+            "args": [],
+            # Our BERT script resumes with --resume; the operator adds it only when asked.
+            "resumeArgs": ["--resume"],
+        },
         "nodes": 2,
         "scheduling": {"queue": "test"},
         "runPolicy": {"nodeLostGracePeriodSeconds": 5},

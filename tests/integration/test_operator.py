@@ -145,12 +145,21 @@ def test_worker_failure_restarts_the_whole_gang_with_resume_then_succeeds(
     dev_cluster: Any, namespace: str, operator: OperatorProcess
 ) -> None:
     clients = dev_cluster.clients
-    create_job(clients, namespace, job_manifest("wf", compile={"enabled": False}))
+    create_job(
+        clients,
+        namespace,
+        job_manifest("wf", compile={"enabled": False}, command={"resumeArgs": ["--resume"]}),
+    )
     first = wait_gang_running(clients, namespace, "wf", "train", 0)
+    for pod in first:
+        assert "--resume" not in pod.spec.containers[0].command
+        assert _env(pod.spec.containers[0])["TRAINIUM_RESUME"] == "0"
     finish_pods(clients, namespace, first[:1], succeeded=False, exit_code=137, reason="Error")
     second = wait_gang_running(clients, namespace, "wf", "train", 1)
     for pod in second:
         assert pod.spec.containers[0].command[-1] == "--resume"
+        env = _env(pod.spec.containers[0])
+        assert (env["TRAINIUM_RESUME"], env["TRAINIUM_RESTART_COUNT"]) == ("1", "1")
     job = wait_phase(clients, namespace, "wf", "Training")
     assert job["status"]["restarts"] == {"total": 1, "application": 1, "infrastructure": 0}
     assert job["status"]["lastFailure"]["exitCode"] == 137

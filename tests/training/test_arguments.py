@@ -151,7 +151,8 @@ def test_what_the_script_imports_from_the_operator_package_needs_no_third_party_
     probe = (
         "import sys\n"
         "before = set(sys.modules)\n"
-        "import trainium_operator.api.training_flags, trainium_operator.profiler\n"
+        "import trainium_operator.api.training_flags, trainium_operator.api.workload_env\n"
+        "import trainium_operator.profiler\n"
         "tops = {m.split('.')[0] for m in set(sys.modules) - before}\n"
         "print(sorted(t for t in tops if t not in sys.stdlib_module_names))\n"
     )

@@ -16,6 +16,8 @@ def job_document(**spec_overrides: Any) -> dict[str, Any]:
         "command": {
             "script": "/opt/trainium/trainium_training/pretrain.py",
             "args": ["--lr", "1e-4"],
+            # Our BERT script resumes with --resume; the operator adds it only when asked.
+            "resumeArgs": ["--resume"],
         },
         "nodes": 2,
     }

@@ -5,7 +5,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from trainium_operator.api import workload_env
 from trainium_operator.api.spec import TrainingJobSpec
+from trainium_operator.api.workload_env import WorkloadEnv, read_workload_env
 from trainium_operator.builders import pods
 from trainium_operator.builders.job import Stage
 from unit.jobs import UID, job_ref
@@ -66,7 +68,7 @@ def test_pod_mounts_shared_claim_and_memory_backed_shm() -> None:
 
 
 def test_compile_stage_wraps_the_same_torchrun_command_in_neuron_parallel_compile() -> None:
-    job = job_ref(compile={"steps": 7, "extraArgs": ["--x"]})
+    job = job_ref(compile={"steps": 7, "stepsArg": "--steps_this_run", "extraArgs": ["--x"]})
     compile_cmd = pods.torchrun_command(job, Stage.COMPILE, 0)
     train_cmd = pods.torchrun_command(job, Stage.TRAIN, 0)
     assert compile_cmd[0] == "neuron_parallel_compile"
@@ -80,11 +82,85 @@ def test_compile_stage_wraps_the_same_torchrun_command_in_neuron_parallel_compil
     )
 
 
-def test_resume_flag_is_added_on_every_attempt_after_the_first() -> None:
-    job = job_ref()
+def _script_args(command: list[str], script: str) -> list[str]:
+    return command[command.index(script) + 1 :]
+
+
+def test_the_operator_appends_no_argument_the_spec_did_not_ask_for() -> None:
+    job = job_ref(command={"script": "/app/train.py", "args": ["--epochs", "3"]})
+    for stage, attempt in [(Stage.COMPILE, 0), (Stage.TRAIN, 0), (Stage.TRAIN, 2)]:
+        command = pods.torchrun_command(job, stage, attempt)
+        assert _script_args(command, "/app/train.py") == ["--epochs", "3"], (stage, attempt)
+
+
+def test_opted_in_flags_get_the_operator_computed_values_in_each_stage() -> None:
+    job = job_ref(
+        command={
+            "script": "/app/train.py",
+            "args": ["--a"],
+            "trainArgs": ["--train-only"],
+            "resumeArgs": ["--resume", "latest"],
+            "dataDirArg": "--data",
+            "outputDirArg": "-o",
+        },
+        dataDir="/data/set",
+        compile={"steps": 4, "stepsArg": "--max-steps", "extraArgs": ["--dry"]},
+    )
+    out = "/data/output/team-a/bert"
+    assert _script_args(pods.torchrun_command(job, Stage.COMPILE, 0), "/app/train.py") == [
+        *["--a", "--data", "/data/set", "-o", out, "--max-steps", "4", "--dry"]
+    ]
+    assert _script_args(pods.torchrun_command(job, Stage.TRAIN, 0), "/app/train.py") == [
+        *["--a", "--data", "/data/set", "-o", out, "--train-only"]
+    ]
+    assert _script_args(pods.torchrun_command(job, Stage.TRAIN, 1), "/app/train.py") == [
+        *["--a", "--data", "/data/set", "-o", out, "--train-only", "--resume", "latest"]
+    ]
+
+
+def test_resume_args_are_added_on_every_attempt_after_the_first() -> None:
+    job = job_ref(command={"script": "/s.py", "resumeArgs": ["--resume"]})
     assert "--resume" not in pods.torchrun_command(job, Stage.TRAIN, 0)
     assert pods.torchrun_command(job, Stage.TRAIN, 1)[-1] == "--resume"
     assert "--resume" not in pods.torchrun_command(job, Stage.COMPILE, 1)
+    assert "--resume" not in pods.torchrun_command(job, Stage.TRAIN, 3, resume=False)
+
+
+def test_every_attempt_gets_the_workload_environment_and_it_reads_back() -> None:
+    job = job_ref(dataDir="/data/in", compile={"steps": 5})
+    container = pods.pod(job, Stage.TRAIN, 2, 1, resume=True, restarts=2)["spec"]["containers"][0]
+    env = {e["name"]: e.get("value", "") for e in container["env"]}
+    run = read_workload_env(env)
+    assert run == WorkloadEnv(
+        job_name="bert",
+        namespace="team-a",
+        uid=UID,
+        stage="train",
+        node_rank=1,
+        attempt=2,
+        restart_count=2,
+        resume=True,
+        output_dir="/data/output/team-a/bert",
+        data_dir="/data/in",
+        compile_steps=None,
+        node_name="",
+        precision="bf16",
+    )
+    first = pods.pod(job, Stage.COMPILE, 0, 0)["spec"]["containers"][0]
+    compile_run = read_workload_env({e["name"]: e.get("value", "") for e in first["env"]})
+    assert (compile_run.resume, compile_run.restart_count, compile_run.compile_steps) == (
+        False,
+        0,
+        5,
+    )
+    assert set(workload_env.WORKLOAD_ENV_NAMES) <= set(env) | {workload_env.COMPILE_STEPS}
+
+
+def test_a_flag_option_that_is_not_an_option_name_is_refused() -> None:
+    with pytest.raises(ValidationError, match=r"command\.dataDirArg"):
+        TrainingJobSpec.model_validate(
+            {"image": "i", "command": {"script": "/s.py", "dataDirArg": "data dir"}}
+        )
 
 
 def test_c10d_rendezvous_points_at_rank0_through_the_headless_service() -> None:
@@ -203,3 +279,115 @@ def test_neuron_device_profiling_sets_the_runtime_capture_and_merges_after_torch
     assert pods.pod(job, Stage.COMPILE, 0, 0)["spec"]["containers"][0]["command"][0] == (
         "neuron_parallel_compile"
     )
+
+
+def test_trn2_pod_requests_16_chips_16_efa_runs_64_workers_and_sets_lnc() -> None:
+    job = job_ref(instanceType="trn2.48xlarge")
+    pod = pods.pod(job, Stage.TRAIN, 0, 0)
+    container = pod["spec"]["containers"][0]
+    assert container["resources"]["limits"] == {
+        "aws.amazon.com/neuron": "16",
+        "vpc.amazonaws.com/efa": "16",
+    }
+    assert "--nproc_per_node=64" in container["command"]
+    assert env_of(pod)["NEURON_LOGICAL_NC_CONFIG"] == "2"
+    assert pod["spec"]["nodeSelector"]["node.kubernetes.io/instance-type"] == "trn2.48xlarge"
+    lnc1 = pods.pod(job_ref(instanceType="trn2u.48xlarge", lnc=1), Stage.TRAIN, 0, 0)
+    assert "--nproc_per_node=128" in lnc1["spec"]["containers"][0]["command"]
+    assert env_of(lnc1)["NEURON_LOGICAL_NC_CONFIG"] == "1"
+    assert "NEURON_LOGICAL_NC_CONFIG" not in env_of(pods.pod(job_ref(), Stage.TRAIN, 0, 0))
+
+
+POD_TEMPLATE = {
+    "metadata": {"labels": {"team": "nlp"}, "annotations": {"example.com/owner": "ml"}},
+    "spec": {
+        "volumes": [{"name": "datasets", "persistentVolumeClaim": {"claimName": "ds"}}],
+        "initContainers": [{"name": "fetch", "image": "busybox", "command": ["true"]}],
+        "containers": [
+            {"name": "metrics", "image": "example.com/exporter:1"},
+            {
+                "name": "trainer",
+                "volumeMounts": [{"name": "datasets", "mountPath": "/datasets"}],
+                "securityContext": {"capabilities": {"add": ["IPC_LOCK"]}},
+            },
+        ],
+        "imagePullSecrets": [{"name": "ecr"}],
+        "securityContext": {"fsGroup": 1000},
+        "terminationGracePeriodSeconds": 60,
+    },
+}
+
+
+def test_pod_template_is_merged_over_the_built_pod_without_replacing_the_operators_parts() -> None:
+    job = job_ref(podTemplate=POD_TEMPLATE)
+    plain = pods.pod(job_ref(), Stage.TRAIN, 0, 0)
+    pod = pods.pod(job, Stage.TRAIN, 0, 0)
+    spec = pod["spec"]
+    assert [v["name"] for v in spec["volumes"]] == ["dshm", "shared-data", "datasets"]
+    assert [c["name"] for c in spec["initContainers"]] == ["fetch"]
+    assert [c["name"] for c in spec["containers"]] == ["trainer", "metrics"]
+    trainer = spec["containers"][0]
+    assert [m["mountPath"] for m in trainer["volumeMounts"]] == ["/dev/shm", "/data", "/datasets"]
+    assert trainer["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    plain_trainer = plain["spec"]["containers"][0]
+    for owned in ("command", "env", "resources", "image"):
+        assert trainer[owned] == plain_trainer[owned], owned
+    assert spec["imagePullSecrets"] == [{"name": "ecr"}]
+    assert spec["securityContext"] == {"fsGroup": 1000}
+    assert spec["terminationGracePeriodSeconds"] == 60
+    assert spec["restartPolicy"] == "Never"
+    assert pod["metadata"]["labels"]["team"] == "nlp"
+    assert pod["metadata"]["labels"]["trainium.dev/job-name"] == "bert"
+    assert pod["metadata"]["annotations"]["example.com/owner"] == "ml"
+    assert pod["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "bert-train"
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        pytest.param(
+            {"spec": {"restartPolicy": "Always"}},
+            "spec.podTemplate.spec.restartPolicy is set by the operator (the operator sets Never",
+            id="restart-policy",
+        ),
+        pytest.param(
+            {"spec": {"nodeSelector": {"a": "b"}}},
+            "spec.podTemplate.spec.nodeSelector is set by the operator (use spec.nodeSelector)",
+            id="node-selector",
+        ),
+        pytest.param(
+            {"spec": {"containers": [{"name": "trainer", "command": ["bash"]}]}},
+            "spec.podTemplate.spec.containers[0].command: the trainer container's command is set "
+            "by the operator (use spec.command)",
+            id="trainer-command",
+        ),
+        pytest.param(
+            {"spec": {"containers": [{"name": "trainer", "resources": {}}]}},
+            "(use spec.resources)",
+            id="trainer-resources",
+        ),
+        pytest.param(
+            {"metadata": {"labels": {"trainium.dev/attempt": "9"}}},
+            "spec.podTemplate.metadata.labels[trainium.dev/attempt]: the operator selects",
+            id="selector-label",
+        ),
+        pytest.param(
+            {"spec": {"volumes": [{"name": "dshm", "emptyDir": {}}]}},
+            "spec.podTemplate.spec.volumes[0].name 'dshm' is the operator's",
+            id="volume-name",
+        ),
+        pytest.param(
+            {"spec": {"containers": [{"name": "side"}]}},
+            "spec.podTemplate.spec.containers[0].image is required for a sidecar container",
+            id="sidecar-without-image",
+        ),
+    ],
+)
+def test_pod_template_overriding_what_the_operator_owns_is_refused_naming_the_fix(
+    template: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        TrainingJobSpec.model_validate(
+            {"image": "i", "command": {"script": "/s.py"}, "podTemplate": template}
+        )
+    assert expected in str(refused.value)

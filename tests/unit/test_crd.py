@@ -51,10 +51,21 @@ def test_crd_has_status_subresource_short_name_and_printer_columns() -> None:
     assert columns["Reason"]["priority"] == 1
 
 
-def test_render_prints_the_objects_the_operator_creates() -> None:
-    result = CliRunner().invoke(
-        main, ["render", "-f", str(ROOT / "examples/bert-large-pretrain.yaml")]
-    )
+EXAMPLE = str(ROOT / "examples/bert-large-pretrain.yaml")
+
+
+def _headed_documents(output: str) -> list[tuple[str, str, str]]:
+    """(stage header, kind, name) of each rendered document."""
+    found = []
+    for chunk in output.split("---\n"):
+        header = chunk.splitlines()[0]
+        obj = yaml.safe_load(chunk)
+        found.append((header, obj["kind"], obj["metadata"]["name"]))
+    return found
+
+
+def test_render_prints_every_stage_labelled_in_apply_order() -> None:
+    result = CliRunner().invoke(main, ["render", "-f", EXAMPLE])
     assert result.exit_code == 0, result.output
     kinds = [(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(result.output)]
     assert kinds == [
@@ -62,7 +73,41 @@ def test_render_prints_the_objects_the_operator_creates() -> None:
         ("PodGroup", "bert-large-pretrain-compile"),
         ("Pod", "bert-large-pretrain-compile-0-0"),
         ("Pod", "bert-large-pretrain-compile-0-1"),
+        ("PodGroup", "bert-large-pretrain-train"),
+        ("Pod", "bert-large-pretrain-train-0-0"),
+        ("Pod", "bert-large-pretrain-train-0-1"),
     ]
+    headers = [header for header, _, _ in _headed_documents(result.output)]
+    assert all(h.startswith("# stage 1/2: compile (") for h in headers[:4])
+    assert all(h.startswith("# stage 2/2: train (") for h in headers[4:])
+    train = list(yaml.safe_load_all(result.output))[5]["spec"]["containers"][0]["command"]
+    assert train[0] == "torchrun"
+    assert "--steps_this_run" not in train
+
+
+def test_render_stage_selects_one_stage() -> None:
+    result = CliRunner().invoke(main, ["render", "-f", EXAMPLE, "--stage", "train"])
+    assert result.exit_code == 0, result.output
+    assert [(k, n) for _, k, n in _headed_documents(result.output)] == [
+        ("PodGroup", "bert-large-pretrain-train"),
+        ("Pod", "bert-large-pretrain-train-0-0"),
+        ("Pod", "bert-large-pretrain-train-0-1"),
+    ]
+
+
+def test_render_without_a_compile_stage_says_so(tmp_path: Path) -> None:
+    document = yaml.safe_load(Path(EXAMPLE).read_text())
+    document["spec"]["compile"]["enabled"] = False
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(document))
+    result = CliRunner().invoke(main, ["render", "-f", str(job)])
+    assert result.exit_code == 0, result.output
+    documents = _headed_documents(result.output)
+    assert [k for _, k, _ in documents] == ["Service", "PodGroup", "Pod", "Pod"]
+    assert documents[0][0].startswith("# stage 1/1: train (")
+    refused = CliRunner().invoke(main, ["render", "-f", str(job), "--stage", "compile"])
+    assert refused.exit_code != 0
+    assert "has no compile stage (spec.compile.enabled is false)" in refused.output
 
 
 def test_render_refuses_an_invalid_job_naming_each_field(tmp_path: Path) -> None:

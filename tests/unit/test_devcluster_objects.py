@@ -347,3 +347,14 @@ def test_wait_for_treats_errors_as_not_yet_and_reports_them() -> None:
 
     with pytest.raises(AssertionError, match="pod not found"):
         sim.wait_for(fetch, timeout=0.2, description="the pod", interval=0.05)
+
+
+@pytest.mark.parametrize("instance_type", ["trn2.48xlarge", "trn2u.48xlarge"])
+def test_trn2_fake_nodes_advertise_16_chips_64_logical_cores_and_16_efa(
+    instance_type: str,
+) -> None:
+    capacity = objects.fake_nodes(1, instance_type)[0]["status"]["capacity"]
+    assert (capacity["cpu"], capacity["memory"]) == ("192", "2048Gi")
+    assert capacity["aws.amazon.com/neuron"] == "16"
+    assert capacity["aws.amazon.com/neuroncore"] == "64"
+    assert capacity["vpc.amazonaws.com/efa"] == "16"

@@ -18,6 +18,8 @@ def test_processes_per_node_defaults_from_the_instance_type() -> None:
         ("trn1.32xlarge", 32),
         ("trn1n.32xlarge", 32),
         ("trn1.2xlarge", 2),
+        ("trn2.48xlarge", 64),
+        ("trn2u.48xlarge", 64),
     ]:
         parsed = parse_job(job_document(instanceType=instance_type))
         assert isinstance(parsed, JobRef)
@@ -68,3 +70,37 @@ def test_every_problem_is_reported_at_once() -> None:
 def test_user_env_may_override_operator_defaults_but_not_torchrun_names() -> None:
     parsed = parse_job(job_document(env=[{"name": "CCOM_SOCKET_IFNAME", "value": "ens5"}]))
     assert isinstance(parsed, JobRef)
+
+
+def test_trn2_logical_core_config_sets_the_worker_count() -> None:
+    parsed = parse_job(job_document(instanceType="trn2.48xlarge", lnc=1))
+    assert isinstance(parsed, JobRef)
+    assert parsed.spec.effective_processes_per_node == 128
+    assert parsed.spec.effective_lnc == 1
+    trn1 = parse_job(job_document(instanceType="trn1.32xlarge"))
+    assert isinstance(trn1, JobRef)
+    assert trn1.spec.effective_lnc is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        pytest.param(
+            {"instanceType": "trn1.32xlarge", "lnc": 2},
+            "spec.lnc (the logical NeuronCore config) applies only to Trainium2",
+            id="lnc-on-trn1",
+        ),
+        pytest.param(
+            {"instanceType": "trn2.48xlarge", "processesPerNode": 128},
+            "spec.processesPerNode cannot exceed the (logical) NeuronCores",
+            id="procs-over-64-at-lnc-2",
+        ),
+        pytest.param(
+            {"instanceType": "trn2.48xlarge", "lnc": 3},
+            "spec.lnc: Input should be less than or equal to 2",
+            id="lnc-3",
+        ),
+    ],
+)
+def test_trn2_settings_are_refused_naming_the_field(spec: dict[str, object], expected: str) -> None:
+    assert any(expected in problem for problem in problems_of(**spec)), problems_of(**spec)

@@ -19,6 +19,7 @@ from trainium_operator.api.instance_types import (
     INSTANCE_TYPES,
     NEURON_DEVICE_RESOURCE,
     NEURON_RESOURCE,
+    InstanceType,
 )
 
 GROUP = "trainium.dev"
@@ -67,6 +68,7 @@ IMMUTABLE_SPEC_FIELDS = (
     "precision",
     "dataDir",
     "outputDir",
+    "lnc",
 )
 
 
@@ -84,6 +86,8 @@ class InstanceTypeName(enum.StrEnum):
     TRN1_2XLARGE = "trn1.2xlarge"
     TRN1_32XLARGE = "trn1.32xlarge"
     TRN1N_32XLARGE = "trn1n.32xlarge"
+    TRN2_48XLARGE = "trn2.48xlarge"
+    TRN2U_48XLARGE = "trn2u.48xlarge"
 
 
 assert {t.value for t in InstanceTypeName} == set(INSTANCE_TYPES), "enum follows the table"
@@ -116,13 +120,33 @@ KubeObject = Annotated[
 ]
 
 
+# A command-line option name the operator passes a value to ("--data_dir", "-o").
+FLAG_PATTERN = r"^-{1,2}[A-Za-z0-9][A-Za-z0-9_.-]*$"
+Flag = Annotated[str, Field(pattern=FLAG_PATTERN)]
+
+
 class TrainingCommand(_Model):
     script: Annotated[str, Field(min_length=1)]
     """Path of the training script inside the image, run by torchrun on every node
     (for example /opt/trainium/trainium_training/pretrain.py)."""
     args: list[str] = []
-    """Arguments passed to the script in both stages. The operator appends --data_dir,
-    --output_dir, --steps_this_run (compile stage) and --resume (after a restart)."""
+    """Arguments passed to the script in both stages, exactly as given. The operator adds
+    no argument of its own unless a field below asks for it; every container also gets
+    TRAINIUM_* environment variables (attempt, restart count, resume, output and data
+    directories) the script may read instead."""
+    train_args: list[str] = []
+    """Arguments added after args in the training stage only (compile-only arguments are
+    spec.compile.extraArgs)."""
+    resume_args: list[str] = []
+    """Arguments added to a training gang that should continue from the last checkpoint
+    (every training attempt after the first), e.g. ["--resume"]. TRAINIUM_RESUME=1 says
+    the same in the environment."""
+    data_dir_arg: Flag | None = None
+    """Option the script takes its data directory from (e.g. --data_dir): the operator then
+    adds it with spec.dataDir as its value. Unset: nothing is added."""
+    output_dir_arg: Flag | None = None
+    """Option the script takes its output directory from (e.g. --output_dir): the operator
+    then adds it with the job's output directory. Unset: nothing is added."""
 
 
 class StorageSpec(_Model):
@@ -138,7 +162,11 @@ class CompileSpec(_Model):
     """Run neuron_parallel_compile with the same torchrun command before training, so
     training starts with a warm Neuron compile cache instead of compiling just in time."""
     steps: Annotated[int, Field(ge=1, le=1000)] = 10
-    """Training steps run in graph-extraction mode (--steps_this_run)."""
+    """Training steps to run in graph-extraction mode: TRAINIUM_COMPILE_STEPS in the
+    compile containers, and the value of stepsArg when that is set."""
+    steps_arg: Flag | None = None
+    """Option the script limits its steps with (e.g. --steps_this_run): the compile stage
+    then adds it with spec.compile.steps. Unset: nothing is added."""
     extra_args: list[str] = []
     """Extra script arguments used only in the compile stage."""
     cache_dir: str | None = None
@@ -231,6 +259,32 @@ class ProfileSpec(_Model):
     """Also capture the Neuron runtime's system and device profiles (NEURON_RT_INSPECT_*)."""
 
 
+def _cores_expression(shape: InstanceType) -> str:
+    """CEL: the logical NeuronCores of one instance type at the job's spec.lnc."""
+    if not shape.supports_lnc:
+        return str(shape.neuron_cores)
+    others = [lnc for lnc in shape.lnc_options if lnc != shape.default_lnc]
+    expression = str(shape.logical_cores())
+    for lnc in others:
+        expression = f"(has(self.lnc) && self.lnc == {lnc} ? {shape.logical_cores(lnc)} : " + (
+            f"{expression})"
+        )
+    return expression
+
+
+def _cores_summary() -> str:
+    parts = []
+    for shape in INSTANCE_TYPES.values():
+        if shape.supports_lnc:
+            per_lnc = ", ".join(f"{shape.logical_cores(n)} at lnc {n}" for n in shape.lnc_options)
+            parts.append(f"{shape.name}: {per_lnc}")
+        else:
+            parts.append(f"{shape.name}: {shape.neuron_cores}")
+    return "; ".join(parts)
+
+
+_LNC_TYPES = [t for t in INSTANCE_TYPES.values() if t.supports_lnc]
+
 _CROSS_FIELD_RULES: list[dict[str, str]] = [
     {
         "rule": "self.rendezvous.backend != 'etcd' || has(self.rendezvous.endpoint)",
@@ -246,11 +300,12 @@ _CROSS_FIELD_RULES: list[dict[str, str]] = [
     {
         "rule": "!has(self.processesPerNode) || self.processesPerNode <= ("
         + " : ".join(
-            f"self.instanceType == '{t.name}' ? {t.neuron_cores}" for t in INSTANCE_TYPES.values()
+            f"self.instanceType == '{t.name}' ? {_cores_expression(t)}"
+            for t in INSTANCE_TYPES.values()
         )
         + " : 0)",
-        "message": "spec.processesPerNode cannot exceed the NeuronCores of spec.instanceType "
-        "(trn1.2xlarge: 2, trn1.32xlarge and trn1n.32xlarge: 32)",
+        "message": "spec.processesPerNode cannot exceed the (logical) NeuronCores of "
+        f"spec.instanceType ({_cores_summary()})",
         "fieldPath": ".processesPerNode",
     },
     {
@@ -264,6 +319,16 @@ _CROSS_FIELD_RULES: list[dict[str, str]] = [
         "and torchrun set them",
         "fieldPath": ".env",
     },
+    {
+        "rule": "!has(self.lnc) || "
+        + " || ".join(
+            f"(self.instanceType == '{t.name}' && self.lnc in {list(t.lnc_options)})"
+            for t in _LNC_TYPES
+        ),
+        "message": "spec.lnc (the logical NeuronCore config) applies only to Trainium2 instance "
+        "types (" + ", ".join(t.name for t in _LNC_TYPES) + ", values 1 or 2); remove it for trn1",
+        "fieldPath": ".lnc",
+    },
 ]
 
 
@@ -275,6 +340,188 @@ class EnvVar(_Model):
     """Literal value."""
     value_from: KubeObject | None = None
     """Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef...)."""
+
+
+# Pod fields the operator sets from its own spec fields or owns outright: a podTemplate that
+# sets them is refused, saying what to use instead.
+PROTECTED_POD_FIELDS: dict[str, str] = {
+    "restartPolicy": "the operator sets Never: it restarts whole gangs itself",
+    "schedulerName": "use spec.scheduling.schedulerName",
+    "priorityClassName": "use spec.scheduling.priorityClassName",
+    "serviceAccountName": "use spec.serviceAccountName",
+    "nodeSelector": "use spec.nodeSelector",
+    "tolerations": "use spec.tolerations",
+    "affinity": "use spec.affinity",
+    "hostname": "the operator names pods for the rendezvous",
+    "subdomain": "the operator names pods for the rendezvous",
+    "nodeName": "Volcano places the gang",
+}
+TRAINING_CONTAINER = "trainer"
+# Fields of the training container the operator computes.
+PROTECTED_CONTAINER_FIELDS: dict[str, str] = {
+    "image": "use spec.image",
+    "imagePullPolicy": "use spec.imagePullPolicy",
+    "command": "use spec.command",
+    "args": "use spec.command.args",
+    "resources": "use spec.resources",
+    "env": "use spec.env",
+}
+PROTECTED_LABEL_PREFIXES = ("trainium.dev/", "app.kubernetes.io/")
+PROTECTED_ANNOTATIONS = ("scheduling.k8s.io/group-name",)
+OPERATOR_VOLUMES = ("dshm", "shared-data")
+
+
+def _protected_pod_field_rules() -> list[dict[str, str]]:
+    return [
+        {
+            "rule": f"!has(self.{name})",
+            "message": f"spec.podTemplate.spec.{name} is set by the operator ({fix}); remove it",
+            "fieldPath": f".{name}",
+        }
+        for name, fix in PROTECTED_POD_FIELDS.items()
+    ]
+
+
+class PodTemplateMetadata(_Model):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.labels) || self.labels.all(k, "
+                    + " && ".join(f"!k.startsWith('{p}')" for p in PROTECTED_LABEL_PREFIXES)
+                    + ")",
+                    "message": "spec.podTemplate.metadata.labels must not set "
+                    + " or ".join(f"{p}*" for p in PROTECTED_LABEL_PREFIXES)
+                    + " labels: the operator selects its pods on them",
+                    "fieldPath": ".labels",
+                },
+                {
+                    "rule": "!has(self.annotations) || self.annotations.all(k, "
+                    + " && ".join(f"k != '{a}'" for a in PROTECTED_ANNOTATIONS)
+                    + ")",
+                    "message": "spec.podTemplate.metadata.annotations must not set "
+                    + ", ".join(PROTECTED_ANNOTATIONS)
+                    + ": the operator puts each pod in its stage's PodGroup",
+                    "fieldPath": ".annotations",
+                },
+            ]
+        }
+    )
+    labels: dict[str, str] = {}
+    """Labels added to every pod."""
+    annotations: dict[str, str] = {}
+    """Annotations added to every pod."""
+
+
+class PodTemplatePodSpec(_Model):
+    """A partial Kubernetes PodSpec merged over the pod the operator builds."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "x-kubernetes-preserve-unknown-fields": True,
+            "x-kubernetes-validations": list[Any](_protected_pod_field_rules()),
+        },
+    )
+    volumes: list[KubeObject] = []
+    """Volumes added to the pod's (the operator's are dshm and shared-data)."""
+    init_containers: list[KubeObject] = []
+    """Init containers, run before the training container."""
+    containers: list[KubeObject] = []
+    """Sidecar containers; an entry named trainer is merged into the training container
+    (volumeMounts, securityContext, ports, probes, workingDir, envFrom...), whose image,
+    command, args, resources and env come from the TrainingJob spec."""
+    image_pull_secrets: list[KubeObject] = []
+    """Secrets for pulling the images."""
+    security_context: KubeObject | None = None
+    """The pod's PodSecurityContext."""
+    # Declared only so the schema can refuse them with the field to use instead.
+    restart_policy: str | None = None
+    """Owned by the operator (Never); refused."""
+    scheduler_name: str | None = None
+    """Refused: use spec.scheduling.schedulerName."""
+    priority_class_name: str | None = None
+    """Refused: use spec.scheduling.priorityClassName."""
+    service_account_name: str | None = None
+    """Refused: use spec.serviceAccountName."""
+    node_selector: dict[str, str] | None = None
+    """Refused: use spec.nodeSelector."""
+    tolerations: list[KubeObject] | None = None
+    """Refused: use spec.tolerations."""
+    affinity: KubeObject | None = None
+    """Refused: use spec.affinity."""
+    hostname: str | None = None
+    """Owned by the operator; refused."""
+    subdomain: str | None = None
+    """Owned by the operator; refused."""
+    node_name: str | None = None
+    """Owned by Volcano; refused."""
+
+
+class PodTemplate(_Model):
+    metadata: PodTemplateMetadata = PodTemplateMetadata()
+    """Labels and annotations added to every pod."""
+    spec: PodTemplatePodSpec = PodTemplatePodSpec()
+    """Pod fields merged over what the operator builds: volumes, initContainers, sidecar
+    containers, imagePullSecrets, securityContext, and any other PodSpec field the operator
+    does not own."""
+
+    def problems(self, mount_path: str) -> list[str]:
+        """What the schema cannot check: the training container entry and clashing names."""
+        found: list[str] = []
+        spec = self.spec.model_dump(by_alias=True, exclude_none=True)
+        for name, fix in PROTECTED_POD_FIELDS.items():
+            if name in spec:
+                found.append(f"spec.podTemplate.spec.{name} is set by the operator ({fix})")
+        for label in self.metadata.labels:
+            if label.startswith(PROTECTED_LABEL_PREFIXES):
+                found.append(
+                    f"spec.podTemplate.metadata.labels[{label}]: the operator selects its pods "
+                    "on trainium.dev/* and app.kubernetes.io/* labels"
+                )
+        for annotation in self.metadata.annotations:
+            if annotation in PROTECTED_ANNOTATIONS:
+                found.append(
+                    f"spec.podTemplate.metadata.annotations[{annotation}] is set by the "
+                    "operator (the stage's PodGroup)"
+                )
+        for index, volume in enumerate(self.spec.volumes):
+            if volume.get("name") in OPERATOR_VOLUMES:
+                found.append(
+                    f"spec.podTemplate.spec.volumes[{index}].name {volume.get('name')!r} is the "
+                    f"operator's (it uses {', '.join(OPERATOR_VOLUMES)}); pick another name"
+                )
+        names = [c.get("name") for c in [*self.spec.init_containers, *self.spec.containers]]
+        for index, container in enumerate(self.spec.containers):
+            where = f"spec.podTemplate.spec.containers[{index}]"
+            if not container.get("name"):
+                found.append(f"{where}.name is required")
+            if container.get("name") != TRAINING_CONTAINER:
+                if not container.get("image"):
+                    found.append(f"{where}.image is required for a sidecar container")
+                continue
+            for field, fix in PROTECTED_CONTAINER_FIELDS.items():
+                if field in container:
+                    found.append(
+                        f"{where}.{field}: the {TRAINING_CONTAINER} container's {field} is set "
+                        f"by the operator ({fix})"
+                    )
+            for mount in container.get("volumeMounts") or []:
+                if mount.get("mountPath") in ("/dev/shm", mount_path):
+                    found.append(
+                        f"{where}.volumeMounts: {mount.get('mountPath')} is the operator's "
+                        "mount (shared memory or spec.storage.mountPath)"
+                    )
+        for index, container in enumerate(self.spec.init_containers):
+            if container.get("name") == TRAINING_CONTAINER:
+                found.append(
+                    f"spec.podTemplate.spec.initContainers[{index}].name {TRAINING_CONTAINER!r} "
+                    "is the training container's name"
+                )
+        duplicates = sorted({n for n in names if n and names.count(n) > 1})
+        if duplicates:
+            found.append(f"spec.podTemplate.spec: container names repeat: {', '.join(duplicates)}")
+        return found
 
 
 class TrainingJobSpec(_Model):
@@ -292,20 +539,25 @@ class TrainingJobSpec(_Model):
     nodes: Annotated[int, Field(ge=1, le=512)] = 1
     """Number of nodes (one pod per node, gang-scheduled)."""
     processes_per_node: Annotated[int | None, Field(ge=1)] = None
-    """torchrun --nproc_per_node; defaults to the NeuronCores of the instance type (32 on
-    trn1.32xlarge and trn1n.32xlarge, 2 on trn1.2xlarge). Never 'auto'."""
+    """torchrun --nproc_per_node; defaults to the (logical) NeuronCores of the instance type
+    (32 on trn1.32xlarge and trn1n.32xlarge, 2 on trn1.2xlarge, 64 on trn2.48xlarge and
+    trn2u.48xlarge at the default lnc 2). Never 'auto'."""
     instance_type: InstanceTypeName = InstanceTypeName(DEFAULT_INSTANCE_TYPE)
     """EC2 instance type of the nodes; selects nodes by node.kubernetes.io/instance-type
     and sets Neuron and EFA requests."""
+    lnc: Annotated[int | None, Field(ge=1, le=2)] = None
+    """Logical NeuronCore config on Trainium2 (trn2.48xlarge, trn2u.48xlarge): how many
+    physical NeuronCores form one logical core. Defaults to 2 there (64 workers per node; 1
+    gives 128); set as NEURON_LOGICAL_NC_CONFIG in the pods. Not allowed on trn1."""
     neuron_resource_name: NeuronResourceName = NeuronResourceName.NEURON
     """Extended resource used to request Trainium devices (the Neuron device plugin
     advertises aws.amazon.com/neuron; older plugins also aws.amazon.com/neurondevice)."""
     data_dir: str | None = None
-    """Passed as --data_dir; defaults to the tutorial's layout
-    <mountPath>/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128."""
+    """The training data (TRAINIUM_DATA_DIR, and the value of command.dataDirArg); defaults
+    to the tutorial's layout <mountPath>/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128."""
     output_dir: str | None = None
-    """Passed as --output_dir (checkpoints, metrics); defaults to
-    <mountPath>/output/<namespace>/<job>."""
+    """Checkpoints and metrics (TRAINIUM_OUTPUT_DIR, and the value of
+    command.outputDirArg); defaults to <mountPath>/output/<namespace>/<job>."""
     precision: Precision = Precision.BF16
     """Training precision; bf16 enables stochastic rounding on Neuron."""
     storage: StorageSpec = StorageSpec()
@@ -335,6 +587,11 @@ class TrainingJobSpec(_Model):
     """ServiceAccount of the pods (e.g. one with IRSA for S3 access)."""
     pod_metadata: PodMetadata = PodMetadata()
     """Labels and annotations for every pod."""
+    pod_template: PodTemplate = PodTemplate()
+    """A partial pod template merged over the pods the operator builds (volumes,
+    volumeMounts of the trainer container, sidecars, initContainers, imagePullSecrets,
+    securityContext, labels, annotations). Fields the operator owns (its resources,
+    command, names, the labels it selects on) are refused with the field to use."""
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> TrainingJobSpec:
@@ -345,7 +602,10 @@ class TrainingJobSpec(_Model):
             problems.append(_CROSS_FIELD_RULES[0]["message"])
         if self.profile.end_step < self.profile.start_step:
             problems.append(_CROSS_FIELD_RULES[1]["message"])
-        cores = INSTANCE_TYPES[self.instance_type.value].neuron_cores
+        shape = INSTANCE_TYPES[self.instance_type.value]
+        if self.lnc is not None and (not shape.supports_lnc or self.lnc not in shape.lnc_options):
+            problems.append(_CROSS_FIELD_RULES[4]["message"])
+        cores = shape.logical_cores(self.lnc if shape.supports_lnc else None)
         if self.processes_per_node is not None and self.processes_per_node > cores:
             problems.append(_CROSS_FIELD_RULES[2]["message"])
         reserved = [
@@ -355,6 +615,7 @@ class TrainingJobSpec(_Model):
         ]
         if reserved:
             problems.append(f"{_CROSS_FIELD_RULES[3]['message']} (got {', '.join(reserved)})")
+        problems += self.pod_template.problems(self.storage.mount_path.rstrip("/") or "/")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -363,4 +624,14 @@ class TrainingJobSpec(_Model):
     def effective_processes_per_node(self) -> int:
         if self.processes_per_node is not None:
             return self.processes_per_node
-        return INSTANCE_TYPES[self.instance_type.value].default_processes_per_node
+        return self.logical_cores
+
+    @property
+    def effective_lnc(self) -> int | None:
+        """The logical NeuronCore config of the pods; None where the runtime has none (trn1)."""
+        shape = INSTANCE_TYPES[self.instance_type.value]
+        return (self.lnc or shape.default_lnc) if shape.supports_lnc else None
+
+    @property
+    def logical_cores(self) -> int:
+        return INSTANCE_TYPES[self.instance_type.value].logical_cores(self.effective_lnc)

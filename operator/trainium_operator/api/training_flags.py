@@ -1,7 +1,11 @@
-"""Flags the operator adds to the training script's command line.
+"""Flags of our BERT pretraining script (images/training/trainium_training) that a job can
+opt into: the operator adds none of them by itself.
 
-The training script (images/training/trainium_training) parses exactly these names, and a
-test checks that it does, so the operator and the workload cannot drift apart.
+The example job (examples/bert-large-pretrain.yaml) names them in spec.command.dataDirArg,
+outputDirArg, resumeArgs and spec.compile.stepsArg; the script parses exactly these names,
+and a test checks that it parses the commands the operator builds for that job, so the
+example and the workload cannot drift apart. What every container gets regardless of
+flags is the environment in `workload_env`.
 """
 
 from __future__ import annotations

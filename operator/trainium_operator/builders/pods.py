@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
+import copy
 import re
 from decimal import Decimal
 from typing import Any
 
+from trainium_operator.api import workload_env
 from trainium_operator.api.instance_types import (
     EFA_RESOURCE,
     INSTANCE_TYPE_LABEL,
     INSTANCE_TYPES,
+    LNC_ENV,
     NEURON_RESOURCE,
 )
-from trainium_operator.api.spec import QUANTITY_PATTERN, Precision, RendezvousBackend
-from trainium_operator.api.training_flags import (
-    DATA_DIR_FLAG,
-    OUTPUT_DIR_FLAG,
-    RESUME_FLAG,
-    STEPS_THIS_RUN_FLAG,
+from trainium_operator.api.spec import (
+    QUANTITY_PATTERN,
+    TRAINING_CONTAINER,
+    PodTemplate,
+    Precision,
+    RendezvousBackend,
 )
 from trainium_operator.builders.job import (
     LABEL_ATTEMPT,
@@ -30,7 +33,7 @@ from trainium_operator.profiler.sources.neuron import neuron_inspect_env
 
 Obj = dict[str, Any]
 
-CONTAINER_NAME = "trainer"
+CONTAINER_NAME = TRAINING_CONTAINER
 SHM_VOLUME = "dshm"
 DATA_VOLUME = "shared-data"
 NEURON_PARALLEL_COMPILE = "neuron_parallel_compile"
@@ -115,14 +118,41 @@ def rendezvous_endpoint(job: JobRef, stage: Stage) -> str:
     return f"{host}:{rdzv.port}"
 
 
+def script_args(job: JobRef, stage: Stage, *, resume: bool) -> list[str]:
+    """The script's arguments: the user's, plus only what the spec opted into.
+
+    The compile stage's arguments match training's except for the step limit and the
+    compile-only extras, as neuron_parallel_compile needs (same graphs, fewer steps).
+    """
+    spec = job.spec
+    command = spec.command
+    args = list(command.args)
+    if command.data_dir_arg:
+        args += [command.data_dir_arg, job.data_dir]
+    if command.output_dir_arg:
+        args += [command.output_dir_arg, job.output_dir]
+    if stage is Stage.COMPILE:
+        if spec.compile.steps_arg:
+            args += [spec.compile.steps_arg, str(spec.compile.steps)]
+        return [*args, *spec.compile.extra_args]
+    args += command.train_args
+    if resume:
+        args += command.resume_args
+    return args
+
+
+def should_resume(stage: Stage, attempt: int, resume: bool | None) -> bool:
+    # The lifecycle says whether an earlier training gang ran (a compile-stage restart or a
+    # suspend before training also raises the attempt); alone, any later attempt resumes.
+    if stage is Stage.COMPILE:
+        return False
+    return resume if resume is not None else attempt > 0
+
+
 def torchrun_command(
     job: JobRef, stage: Stage, attempt: int, *, resume: bool | None = None
 ) -> list[str]:
-    """The torchrun argv; the compile stage wraps the same command in neuron_parallel_compile.
-
-    neuron_parallel_compile needs the command to match the real run except for
-    --steps_this_run, so both stages share this function.
-    """
+    """The torchrun argv; the compile stage wraps the same command in neuron_parallel_compile."""
     spec = job.spec
     argv = [
         "torchrun",
@@ -136,24 +166,10 @@ def torchrun_command(
         # the collectives of the others.
         "--max_restarts=0",
         spec.command.script,
-        *spec.command.args,
-        DATA_DIR_FLAG,
-        job.data_dir,
-        OUTPUT_DIR_FLAG,
-        job.output_dir,
+        *script_args(job, stage, resume=should_resume(stage, attempt, resume)),
     ]
     if stage is Stage.COMPILE:
-        return [
-            NEURON_PARALLEL_COMPILE,
-            *argv,
-            STEPS_THIS_RUN_FLAG,
-            str(spec.compile.steps),
-            *spec.compile.extra_args,
-        ]
-    # The lifecycle says whether an earlier training gang ran (a compile-stage restart or a
-    # suspend before training also raises the attempt); alone, any later attempt resumes.
-    if resume if resume is not None else attempt > 0:
-        argv.append(RESUME_FLAG)
+        return [NEURON_PARALLEL_COMPILE, *argv]
     return argv
 
 
@@ -174,7 +190,9 @@ def container_command(
     return command
 
 
-def _operator_env(job: JobRef, stage: Stage, rank: int, attempt: int) -> list[Obj]:
+def _operator_env(
+    job: JobRef, stage: Stage, rank: int, attempt: int, *, resume: bool, restarts: int
+) -> list[Obj]:
     spec = job.spec
     env: list[Obj] = [
         {"name": "PYTHONUNBUFFERED", "value": "1"},
@@ -187,14 +205,30 @@ def _operator_env(job: JobRef, stage: Stage, rank: int, attempt: int) -> list[Ob
         {"name": "XLA_TRANSFER_SEED_ASYNC", "value": "1"},
         {"name": "NEURON_CC_FLAGS", "value": f"--cache_dir={job.neuron_cache_dir(rank)}"},
         {"name": "HF_HOME", "value": job.transformers_cache_dir(rank)},
-        {"name": "TRAINIUM_JOB_NAME", "value": job.name},
-        {"name": "TRAINIUM_JOB_NAMESPACE", "value": job.namespace},
-        {"name": "TRAINIUM_JOB_UID", "value": job.uid},
-        {"name": "TRAINIUM_STAGE", "value": stage.value},
-        {"name": "TRAINIUM_ATTEMPT", "value": str(attempt)},
-        {"name": "TRAINIUM_PRECISION", "value": spec.precision.value},
-        {"name": "TRAINIUM_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        # The workload contract (api/workload_env.py): what the script may read.
+        {"name": workload_env.JOB_NAME, "value": job.name},
+        {"name": workload_env.JOB_NAMESPACE, "value": job.namespace},
+        {"name": workload_env.JOB_UID, "value": job.uid},
+        {"name": workload_env.STAGE, "value": stage.value},
+        # Before the user's env, so a user value may refer to it as $(TRAINIUM_NODE_RANK).
+        {"name": workload_env.NODE_RANK, "value": str(rank)},
+        {"name": workload_env.ATTEMPT, "value": str(attempt)},
+        {"name": workload_env.RESTART_COUNT, "value": str(restarts)},
+        {"name": workload_env.RESUME, "value": "1" if resume else "0"},
+        {"name": workload_env.OUTPUT_DIR, "value": job.output_dir},
+        {"name": workload_env.DATA_DIR, "value": job.data_dir},
+        {"name": workload_env.PRECISION, "value": spec.precision.value},
+        {
+            "name": workload_env.NODE_NAME,
+            "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
+        },
     ]
+    if stage is Stage.COMPILE:
+        env.append({"name": workload_env.COMPILE_STEPS, "value": str(spec.compile.steps)})
+    if spec.effective_lnc is not None:
+        # Trainium2: the runtime groups this many physical cores per logical core, and the
+        # framework compiles for the same setting (the two must agree).
+        env.append({"name": LNC_ENV, "value": str(spec.effective_lnc)})
     if spec.precision is Precision.BF16:
         # XLA_DOWNCAST_BF16 is deprecated since torch-xla 2.4; the script casts the model
         # to bf16 (TRAINIUM_PRECISION) and the runtime rounds stochastically.
@@ -215,11 +249,27 @@ def _operator_env(job: JobRef, stage: Stage, rank: int, attempt: int) -> list[Ob
     return env
 
 
-def container_env(job: JobRef, stage: Stage, rank: int, attempt: int) -> list[Obj]:
+def container_env(
+    job: JobRef,
+    stage: Stage,
+    rank: int,
+    attempt: int,
+    *,
+    resume: bool | None = None,
+    restarts: int = 0,
+) -> list[Obj]:
     """Operator defaults, then the user's env; a user name replaces the default of that name."""
     user = [e.model_dump(by_alias=True, exclude_none=True) for e in job.spec.env]
     user_names = {e["name"] for e in user}
-    defaults = [e for e in _operator_env(job, stage, rank, attempt) if e["name"] not in user_names]
+    operator_env = _operator_env(
+        job,
+        stage,
+        rank,
+        attempt,
+        resume=should_resume(stage, attempt, resume),
+        restarts=restarts,
+    )
+    defaults = [e for e in operator_env if e["name"] not in user_names]
     return defaults + user
 
 
@@ -236,7 +286,15 @@ def container_resources(job: JobRef) -> Obj:
     return resources
 
 
-def pod(job: JobRef, stage: Stage, attempt: int, rank: int, *, resume: bool | None = None) -> Obj:
+def pod(
+    job: JobRef,
+    stage: Stage,
+    attempt: int,
+    rank: int,
+    *,
+    resume: bool | None = None,
+    restarts: int = 0,
+) -> Obj:
     spec = job.spec
     name = job.pod_name(stage, attempt, rank)
     metadata = job.metadata(name, stage)
@@ -263,7 +321,7 @@ def pod(job: JobRef, stage: Stage, attempt: int, rank: int, *, resume: bool | No
                 "image": spec.image,
                 "imagePullPolicy": spec.image_pull_policy,
                 "command": container_command(job, stage, attempt, resume=resume),
-                "env": container_env(job, stage, rank, attempt),
+                "env": container_env(job, stage, rank, attempt, resume=resume, restarts=restarts),
                 "resources": container_resources(job),
                 "volumeMounts": [
                     {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
@@ -282,7 +340,37 @@ def pod(job: JobRef, stage: Stage, attempt: int, rank: int, *, resume: bool | No
         pod_spec["serviceAccountName"] = spec.service_account_name
     if spec.affinity:
         pod_spec["affinity"] = spec.affinity
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    built = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    return merge_pod_template(built, spec.pod_template)
+
+
+def merge_pod_template(built: Obj, template: PodTemplate) -> Obj:
+    """spec.podTemplate over the pod the operator built: lists are added to (volumes, init
+    and sidecar containers, pull secrets, the trainer container's volumeMounts), other fields
+    are set. The spec model has refused every field the operator owns, so nothing of the
+    operator's is replaced here."""
+    pod = copy.deepcopy(built)
+    metadata, pod_spec = pod["metadata"], pod["spec"]
+    metadata["labels"] = {**template.metadata.labels, **metadata["labels"]}
+    metadata["annotations"] = {**template.metadata.annotations, **metadata["annotations"]}
+    extra = template.spec.model_dump(by_alias=True, exclude_none=True)
+    for key in ("volumes", "initContainers", "containers", "imagePullSecrets"):
+        extra.pop(key, None)
+    pod_spec.update(copy.deepcopy(extra))
+    pod_spec["volumes"] = [*pod_spec["volumes"], *copy.deepcopy(template.spec.volumes)]
+    if template.spec.init_containers:
+        pod_spec["initContainers"] = copy.deepcopy(template.spec.init_containers)
+    if template.spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = copy.deepcopy(template.spec.image_pull_secrets)
+    trainer = pod_spec["containers"][0]
+    for container in copy.deepcopy(template.spec.containers):
+        if container.get("name") != TRAINING_CONTAINER:
+            pod_spec["containers"].append(container)
+            continue
+        mounts = container.pop("volumeMounts", [])
+        trainer.update({k: v for k, v in container.items() if k != "name"})
+        trainer["volumeMounts"] = [*trainer["volumeMounts"], *mounts]
+    return pod
 
 
 def stage_pods(job: JobRef, stage: Stage, attempt: int) -> list[Obj]:

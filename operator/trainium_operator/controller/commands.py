@@ -14,6 +14,7 @@ import yaml
 
 from trainium_operator.api import spec as spec_model
 from trainium_operator.api.crd import training_job_crd
+from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.controller.reconciler import parse_job
 from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.observed import observe
@@ -100,8 +101,7 @@ def run(
     )
 
 
-def render_job(document: Obj, now: datetime) -> list[Obj]:
-    """The objects the operator creates for a new TrainingJob, or ValueError naming the fields."""
+def _parse_for_render(document: Obj) -> JobRef:
     if document.get("apiVersion") != spec_model.API_VERSION or document.get("kind") != (
         spec_model.KIND
     ):
@@ -118,15 +118,68 @@ def render_job(document: Obj, now: datetime) -> list[Obj]:
     parsed = parse_job({**document, "metadata": meta})
     if isinstance(parsed, list):
         raise ValueError(f"{meta['name']}: invalid spec:\n  " + "\n  ".join(parsed))
-    # Two passes, as on a cluster: the Service and PodGroup first, the pods once Volcano has
-    # admitted the PodGroup.
-    empty = observe(pods=[], podgroups=[], service_exists=False, nodes=[], now=now)
-    first = machine.decide(parsed, {}, empty)
-    admitted = [
-        {**obj, "status": {"phase": "Inqueue"}} for obj in first.create if obj["kind"] == "PodGroup"
-    ]
-    in_queue = observe(pods=[], podgroups=admitted, service_exists=True, nodes=[], now=now)
-    return first.create + machine.decide(parsed, first.status, in_queue).create
+    return parsed
+
+
+def render_job(document: Obj, now: datetime) -> list[Obj]:
+    """The objects the operator creates for a new TrainingJob, or ValueError naming the fields."""
+    return render_stages(document, now)[0][1]
+
+
+def _finished(pod: Obj) -> Obj:
+    return {**pod, "status": {"phase": "Succeeded"}}
+
+
+def _admitted(podgroup: Obj) -> Obj:
+    return {**podgroup, "status": {"phase": "Inqueue"}}
+
+
+def render_stages(document: Obj, now: datetime) -> list[tuple[Stage, list[Obj]]]:
+    """Every stage's objects in the order the operator creates them, each with its stage.
+
+    The same pure path the operator takes: its pass on a new job (Service, PodGroup), its pass
+    once Volcano admitted that PodGroup (the pods), and with a compile stage the same two once
+    that gang succeeded, which start training.
+    """
+    job = _parse_for_render(document)
+
+    def decide(status: Obj, pods: list[Obj], groups: list[Obj], service: bool) -> machine.Decision:
+        seen = observe(pods=pods, podgroups=groups, service_exists=service, nodes=[], now=now)
+        return machine.decide(job, status, seen)
+
+    stages = [Stage.COMPILE, Stage.TRAIN] if job.spec.compile.enabled else [Stage.TRAIN]
+    first = decide({}, [], [], False)
+    groups = [_admitted(o) for o in first.create if o["kind"] == "PodGroup"]
+    first_pods = decide(first.status, [], groups, True)
+    rendered = [(stages[0], first.create + first_pods.create)]
+    if len(stages) == 1:
+        return rendered
+    compiled = [_finished(o) for o in first_pods.create if o["kind"] == "Pod"]
+    second = decide(first_pods.status, compiled, groups, True)
+    groups += [_admitted(o) for o in second.create if o["kind"] == "PodGroup"]
+    second_pods = decide(second.status, compiled, groups, True)
+    rendered.append((Stage.TRAIN, second.create + second_pods.create))
+    return rendered
+
+
+def _stage_note(stage: Stage, has_compile: bool) -> str:
+    if stage is Stage.COMPILE:
+        return "neuron_parallel_compile fills the Neuron compile cache; created first"
+    if has_compile:
+        return "torchrun; created once every compile pod succeeded"
+    return "torchrun; created first (spec.compile.enabled is false)"
+
+
+def _rendered_text(stages: list[tuple[Stage, list[Obj]]], selected: Stage | None) -> str:
+    """YAML documents, each headed by a comment naming its stage (n/total) and when it runs."""
+    has_compile = any(stage is Stage.COMPILE for stage, _ in stages)
+    parts: list[str] = []
+    for index, (stage, objects) in enumerate(stages, start=1):
+        if selected is not None and stage is not selected:
+            continue
+        header = f"# stage {index}/{len(stages)}: {stage.value} ({_stage_note(stage, has_compile)})"
+        parts += [f"{header}\n{yaml.safe_dump(obj, sort_keys=False, width=100)}" for obj in objects]
+    return "---\n".join(parts)
 
 
 @click.command()
@@ -136,9 +189,16 @@ def render_job(document: Obj, now: datetime) -> list[Obj]:
     type=click.Path(exists=True, dir_okay=False, allow_dash=True),
     help="TrainingJob manifest(s) to render ('-' for stdin).",
 )
+@click.option(
+    "--stage",
+    type=click.Choice([s.value for s in Stage]),
+    default=None,
+    help="Print only this stage's objects (default: every stage, in apply order).",
+)
 @click.option("--crd", is_flag=True, help="Print the TrainingJob CustomResourceDefinition.")
-def render(filename: str | None, crd: bool) -> None:
-    """Print exactly the objects the operator would create, without a cluster."""
+def render(filename: str | None, stage: str | None, crd: bool) -> None:
+    """Print exactly the objects the operator will create, every stage labelled, in the
+    order it creates them, without a cluster."""
     if crd:
         click.echo(yaml.safe_dump(training_job_crd(), sort_keys=False, width=100), nl=False)
         return
@@ -146,18 +206,27 @@ def render(filename: str | None, crd: bool) -> None:
         raise click.UsageError("give -f FILE (or --crd)")
     text = sys.stdin.read() if filename == "-" else Path(filename).read_text()
     now = datetime.now(UTC)
-    objects: list[Obj] = []
+    selected = Stage(stage) if stage else None
+    outputs: list[str] = []
     errors: list[str] = []
     for document in yaml.safe_load_all(text):
         if not document:
             continue
         try:
-            objects.extend(render_job(document, now))
+            stages = render_stages(document, now)
         except ValueError as error:
             errors.append(str(error))
+            continue
+        if selected is not None and selected not in dict(stages):
+            errors.append(
+                f"{document['metadata']['name']}: has no {selected.value} stage "
+                "(spec.compile.enabled is false)"
+            )
+            continue
+        outputs.append(_rendered_text(stages, selected))
     if errors:
         raise click.ClickException("\n".join(errors))
-    click.echo(yaml.safe_dump_all(objects, sort_keys=False, width=100), nl=False)
+    click.echo("---\n".join(outputs), nl=False)
 
 
 logging.getLogger("kubernetes").setLevel(logging.WARNING)

@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 from trainium_operator.devcluster import stages
@@ -94,6 +95,33 @@ def simulate_pod_outcome(
         succeeded=succeeded, exit_code=exit_code, reason=reason, message=message, after=after
     )
     core_api.patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": annotations}})
+
+
+KWOK_GROUP, KWOK_VERSION = "kwok.x-k8s.io", "v1alpha1"
+
+
+def simulate_pod_logs(
+    custom_api: Any,
+    namespace: str,
+    pod: str,
+    lines: list[str],
+    log_file: Path,
+    *,
+    containers: list[str],
+) -> None:
+    """Serve `lines` as the log of the pod's containers (what `kubectl logs` returns), as a
+    kubelet serves a container's output: written to `log_file` in the CRI log format the
+    kubelet keeps, which KWOK reads when the log is asked for."""
+    stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f000Z")
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    log_file.write_text("".join(f"{stamp} stdout F {line}\n" for line in lines))
+    body = {
+        "apiVersion": f"{KWOK_GROUP}/{KWOK_VERSION}",
+        "kind": "Logs",
+        "metadata": {"name": pod, "namespace": namespace},
+        "spec": {"logs": [{"containers": containers, "logsFile": str(log_file), "follow": False}]},
+    }
+    custom_api.create_namespaced_custom_object(KWOK_GROUP, KWOK_VERSION, namespace, "logs", body)
 
 
 def _micro_time(moment: datetime) -> str:

@@ -451,6 +451,10 @@ def kwokctl_configuration(
             "kubeControllerManagerNodeMonitorPeriodMilliseconds": NODE_MONITOR_PERIOD_MS,
             "kubeControllerManagerNodeMonitorGracePeriodMilliseconds": NODE_MONITOR_GRACE_PERIOD_MS,
             "bindAddress": "127.0.0.1",
+            # Logs objects (kwok.x-k8s.io/v1alpha1, one per pod) give a KWOK pod's container a
+            # log file, served through the API server like a kubelet's (`kubectl logs`,
+            # `torchx log`); sim.simulate_pod_logs creates them.
+            "enableCRDs": ["Logs"],
         },
         "componentsPatches": [
             {

@@ -12,7 +12,7 @@ import os
 import secrets
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -244,6 +244,56 @@ class Cluster:
             if error.status not in (404, 409):
                 raise
 
+    def create_training_job(self, namespace: str, body: Obj) -> Obj:
+        """Create a TrainingJob (the TorchX scheduler's submit); ApiException on refusal."""
+        self.counter.add("create", spec_model.PLURAL)
+        result: Obj = self.custom.create_namespaced_custom_object(
+            spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, body
+        )
+        return result
+
+    def patch_training_job(self, namespace: str, name: str, patch: Obj) -> None:
+        self.counter.add("patch", spec_model.PLURAL)
+        self.custom.patch_namespaced_custom_object(
+            spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, name, patch
+        )
+
+    def delete_training_job_named(self, namespace: str, name: str) -> None:
+        self.counter.add("delete", spec_model.PLURAL)
+        try:
+            self.custom.delete_namespaced_custom_object(
+                spec_model.GROUP,
+                spec_model.VERSION,
+                namespace,
+                spec_model.PLURAL,
+                name,
+                body={"propagationPolicy": "Background"},
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def pod_log_lines(
+        self, namespace: str, name: str, container: str, *, follow: bool
+    ) -> Iterator[str]:
+        """A pod container's log, line by line (streamed while it runs when follow)."""
+        self.counter.add("get", "pods/log")
+        # The raw response: with preloaded content this client returns str(bytes) for logs.
+        response = self.core.read_namespaced_pod_log(
+            name, namespace, container=container, follow=follow, _preload_content=False
+        )
+        try:
+            pending = b""
+            for chunk in response.stream():
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    yield line.decode(errors="replace") + "\n"
+            if pending:
+                yield pending.decode(errors="replace")
+        finally:
+            response.release_conn()
+
     # -- kopf peering -------------------------------------------------------------------
     def get_peering_status(self, name: str, namespace: str | None) -> dict[str, Any]:
         """The peers kopf records in its (Cluster)KopfPeering object; {} when absent."""
@@ -265,6 +315,11 @@ class Cluster:
         return status
 
     # -- children ----------------------------------------------------------------------
+    def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
+        self.counter.add("list", "pods")
+        result = self.core.list_namespaced_pod(namespace, label_selector=label_selector)
+        return [self._to_dict(p) for p in result.items]
+
     def watch_sources(self, namespace: str | None) -> dict[str, Callable[..., Any]]:
         """The list functions the operator's watches use, for one namespace or (None) all:
         TrainingJobs, and the kinds of their children (filtered by label by the caller)."""

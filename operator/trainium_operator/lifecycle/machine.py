@@ -668,9 +668,12 @@ def _ensure_gang(
     # Resume only when an earlier training gang ran: a compile-stage restart or a suspend
     # before training raises the attempt too, and must not pick up an older run's checkpoints.
     resume = stage is Stage.TRAIN and attempt > first_attempt
+    restarts = int(status.data["restarts"].get("total", 0))
     for rank in range(job.spec.nodes):
         if rank not in gang:
-            decision.create.append(pod_builders.pod(job, stage, attempt, rank, resume=resume))
+            decision.create.append(
+                pod_builders.pod(job, stage, attempt, rank, resume=resume, restarts=restarts)
+            )
     if len(gang) == job.spec.nodes:
         status.set_stage(stage, "fullGangAttempt", attempt)
         if any(c["type"] == "Admitted" for c in status.data.get("conditions", [])):

@@ -1,0 +1,1 @@
+"""The TorchX scheduler backend `trainium` (needs the `torchx` extra)."""

@@ -1,0 +1,232 @@
+"""The TorchX CLI against the real local cluster with the operator running: `torchx run -s
+trainium`, `torchx status`, `torchx log` and `torchx cancel` as subprocesses.
+
+Pods on KWOK nodes run nothing: the test ends them (as in test_operator.py) and gives them a
+log through KWOK's Logs objects, which the API server serves like a kubelet's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integration.operator_harness import (
+    ROOT,
+    OperatorProcess,
+    finish_pods,
+    get_job,
+    install_crds,
+    job_pods,
+    running_operator,
+    wait_gang_running,
+    wait_phase,
+)
+from trainium_operator.devcluster.sim import simulate_pod_logs, wait_for
+
+pytest.importorskip("torchx")
+pytestmark = pytest.mark.integration
+
+TORCHX = str(Path(sys.executable).parent / "torchx")
+COMPONENT = ROOT / "examples" / "torchx" / "trn1_dist_ddp.py"
+SCRIPT = "/opt/trainium/trainium_training/pretrain.py"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def crds(dev_cluster: Any) -> None:
+    install_crds(dev_cluster.clients)
+
+
+@pytest.fixture
+def operator(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
+    with running_operator(dev_cluster, namespace, tmp_path) as proc:
+        yield proc
+
+
+def torchx(dev_cluster: Any, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": str(dev_cluster.kubeconfig), "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run(
+        [TORCHX, *args], capture_output=True, text=True, env=env, cwd=cwd, check=False, timeout=120
+    )
+    assert result.returncode == 0, f"torchx {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def torchx_run(dev_cluster: Any, namespace: str, *component: str) -> tuple[str, str]:
+    """Submits; returns (app handle, TrainingJob name)."""
+    result = torchx(
+        dev_cluster,
+        "run",
+        "--json",
+        "-s",
+        "trainium",
+        "-cfg",
+        f"queue=test,namespace={namespace}",
+        *component,
+    )
+    submitted = json.loads(result.stdout)
+    handle: str = submitted["handle"]
+    app_id: str = submitted["app_id"]
+    assert handle == f"trainium://torchx/{app_id}"
+    assert app_id.startswith(f"{namespace}:")
+    return handle, app_id.split(":", 1)[1]
+
+
+def served_log(clients: Any, namespace: str, pod: str) -> str:
+    try:
+        response = clients.core.read_namespaced_pod_log(
+            pod, namespace, container="trainer", _preload_content=False
+        )
+    except Exception as error:
+        if getattr(error, "status", None) in (400, 404, 500):
+            return ""
+        raise
+    return str(response.data.decode())
+
+
+def status_state(dev_cluster: Any, handle: str) -> str:
+    out = torchx(dev_cluster, "status", handle).stdout
+    line = next(line for line in out.splitlines() if line.strip().startswith("State:"))
+    return line.split(":", 1)[1].strip()
+
+
+def test_tutorial_style_launch_compiles_trains_logs_and_succeeds(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess, tmp_path: Path
+) -> None:
+    clients = dev_cluster.clients
+    handle, name = torchx_run(
+        dev_cluster,
+        namespace,
+        f"{COMPONENT}:generateAppDef",
+        "--name",
+        "bertcompile",
+        "--script_args",
+        "--batch_size 16 --grad_accum_usteps 32 --data_dir /data/shards --steps_this_run 10",
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "32",
+        "--image",
+        "example.com/bert:1",
+        "--script",
+        SCRIPT,
+        "--precompile",
+        "True",
+        "--bf16",
+        "True",
+        "--cacheset",
+        "bert-large",
+        "--instance_type",
+        "trn1.32xlarge",
+    )
+    compile_pods = wait_gang_running(clients, namespace, name, "compile", 0)
+    command = compile_pods[0].spec.containers[0].command
+    assert command[:2] == ["neuron_parallel_compile", "torchrun"]
+    assert command[-2:] == ["--steps_this_run", "10"]
+    assert "--rdzv_endpoint=etcd-server:2379" in command
+    assert wait_for(
+        lambda: status_state(dev_cluster, handle),
+        until=lambda state: state == "RUNNING",
+        timeout=30,
+        description="torchx status RUNNING while compiling",
+    )
+    finish_pods(clients, namespace, compile_pods)
+
+    train_pods = wait_gang_running(clients, namespace, name, "train", 0)
+    for rank, pod in enumerate(train_pods):
+        simulate_pod_logs(
+            clients.custom,
+            namespace,
+            pod.metadata.name,
+            [f"rank {rank}: step 1 loss 11.2", f"rank {rank}: step 2 loss 10.9"],
+            tmp_path / f"{pod.metadata.name}.log",
+            containers=["trainer"],
+        )
+    for pod in train_pods:
+        # KWOK serves a pod's log once its Logs object reached the KWOK controller's cache.
+        wait_for(
+            lambda pod=pod: served_log(clients, namespace, pod.metadata.name),
+            until=lambda text: "step 2" in text,
+            timeout=90,
+            description=f"KWOK serving the log of {pod.metadata.name}",
+        )
+    logs = torchx(dev_cluster, "log", f"{handle}/role1/1").stdout
+    assert "rank 1: step 2 loss 10.9" in logs
+    assert "rank 0" not in logs
+    filtered = torchx(dev_cluster, "log", "--regex", "step 1", f"{handle}/role1/0").stdout
+    assert "rank 0: step 1 loss 11.2" in filtered
+    assert "step 2" not in filtered
+
+    finish_pods(clients, namespace, train_pods)
+    wait_phase(clients, namespace, name, "Succeeded")
+    assert status_state(dev_cluster, handle) == "SUCCEEDED"
+    listed = torchx(dev_cluster, "list", "-s", "trainium").stdout
+    assert name in listed
+
+
+def test_dist_ddp_launch_trains_to_success(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    clients = dev_cluster.clients
+    handle, name = torchx_run(
+        dev_cluster,
+        namespace,
+        "dist.ddp",
+        "-j",
+        "2x32",
+        "-h",
+        "aws_trn1.32xlarge",
+        "--image",
+        "example.com/train:1",
+        "--script",
+        "/app/train.py",
+        "--",
+        "--epochs",
+        "2",
+    )
+    pods = wait_gang_running(clients, namespace, name, "train", 0)
+    container = pods[0].spec.containers[0]
+    assert container.command.count("torchrun") == 1
+    assert container.command[container.command.index("/app/train.py") + 1 :] == ["--epochs", "2"]
+    assert container.resources.limits == {
+        "aws.amazon.com/neuron": "16",
+        "vpc.amazonaws.com/efa": "8",
+    }
+    finish_pods(clients, namespace, pods)
+    wait_phase(clients, namespace, name, "Succeeded")
+    assert status_state(dev_cluster, handle) == "SUCCEEDED"
+
+
+def test_torchx_cancel_stops_the_pods_and_status_says_cancelled(
+    dev_cluster: Any, namespace: str, operator: OperatorProcess
+) -> None:
+    clients = dev_cluster.clients
+    handle, name = torchx_run(
+        dev_cluster,
+        namespace,
+        "dist.ddp",
+        "-j",
+        "2x32",
+        "--image",
+        "example.com/train:1",
+        "--script",
+        "/app/train.py",
+    )
+    wait_gang_running(clients, namespace, name, "train", 0)
+    torchx(dev_cluster, "cancel", handle)
+    wait_for(
+        lambda: [
+            p for p in job_pods(clients, namespace, name) if p.metadata.deletion_timestamp is None
+        ],
+        until=lambda pods: not pods,
+        timeout=60,
+        description="the cancelled job's pods deleted",
+    )
+    assert get_job(clients, namespace, name)["spec"]["runPolicy"]["suspend"] is True
+    assert status_state(dev_cluster, handle) == "CANCELLED"
