@@ -186,8 +186,31 @@ def status_schema() -> JsonSchema:
             },
             "profile": {
                 "type": "object",
-                "description": "Where the profiler writes (when spec.profile.enabled).",
-                "properties": {"path": {"type": "string"}, "claimName": {"type": "string"}},
+                "description": "Where the profiler writes (when spec.profile.enabled), and "
+                "where the profile is in S3 once its upload is complete.",
+                "properties": {
+                    "path": {"type": "string"},
+                    "claimName": {"type": "string"},
+                    "s3Uri": {
+                        "type": "string",
+                        "description": "The attempt's profile in S3; set once its manifest "
+                        "(the commit marker) is uploaded.",
+                    },
+                    "upload": {
+                        "type": "object",
+                        "description": "The upload of the attempt's profile to S3.",
+                        "properties": {
+                            "state": {
+                                "type": "string",
+                                "enum": ["Pending", "Running", "Succeeded", "Failed"],
+                            },
+                            "pod": {"type": "string"},
+                            "attempt": integer,
+                            "destination": {"type": "string"},
+                            "message": {"type": "string"},
+                        },
+                    },
+                },
             },
         },
     }

@@ -9,6 +9,7 @@ in a safe order: deletions, creations, events, then one status write if anything
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -18,6 +19,7 @@ from pydantic import ValidationError
 
 from trainium_operator.api.spec import TrainingJobSpec
 from trainium_operator.builders.job import LABEL_JOB_NAME, JobRef
+from trainium_operator.builders.upload import is_upload_pod
 from trainium_operator.k8s.client import (
     AdmissionRejection,
     Cluster,
@@ -28,6 +30,7 @@ from trainium_operator.k8s.client import (
 )
 from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.observed import observe, podgroup_view, queue_view
+from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -105,8 +108,11 @@ class Reconciler:
         cluster: Cluster,
         nodes: Callable[[], list[Obj] | None],
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        upload_defaults: UploadDefaults | None = None,
     ):
         self.cluster = cluster
+        # S3 profile uploads (lifecycle.profile_upload): the chart-wide defaults.
+        self.upload_defaults = upload_defaults or UploadDefaults.from_env(os.environ)
         self.events = EventPoster(cluster)
         self.nodes = nodes
         self.clock = clock
@@ -173,7 +179,11 @@ class Reconciler:
         meta = body["metadata"]
         namespace, uid = meta["namespace"], meta["uid"]
         selector = f"{LABEL_JOB_NAME}={meta['name']}"
-        pods = [p for p in self.cluster.list_pods(namespace, selector) if _owned_by(p, uid)]
+        pods = [
+            p
+            for p in self.cluster.list_pods(namespace, selector)
+            if _owned_by(p, uid) and not is_upload_pod(p)
+        ]
         if not pods:
             raise JobGoneError(f"{namespace}/{meta['name']}")
         nodes = self.nodes()
@@ -247,7 +257,12 @@ class Reconciler:
         selector = f"{LABEL_JOB_NAME}={job.name}"
         # Only children this job owns: a re-created job of the same name must not adopt its
         # predecessor's pods, PodGroups or Service that garbage collection has not removed yet.
-        pods = [p for p in self.cluster.list_pods(job.namespace, selector) if _owned_by(p, job.uid)]
+        owned = [
+            p for p in self.cluster.list_pods(job.namespace, selector) if _owned_by(p, job.uid)
+        ]
+        # Profile upload pods are not part of any gang: their own policy looks at them.
+        uploads = [p for p in owned if is_upload_pod(p)]
+        pods = [p for p in owned if not is_upload_pod(p)]
         podgroups = [
             g for g in self.cluster.list_podgroups(job.namespace, selector) if _owned_by(g, job.uid)
         ]
@@ -269,6 +284,7 @@ class Reconciler:
             nodes_known=nodes is not None,
         )
         decision = machine.decide(job, current_status, observed)
+        plan_upload(job, decision, uploads, self.upload_defaults, now)
         return self._apply(body, current_status, decision)
 
     def _apply(
