@@ -41,21 +41,56 @@ window.addEventListener("hashchange", route);
 
 // ------------------------------------------------------------------ profiles
 
+// The list's search (job name) and status filter, applied by the server (/api/profiles?q=&status=).
+const filter = { q: "", status: "" };
+window.__ui.filter = filter;
+
 async function renderProfiles() {
-  const data = await api("/api/profiles");
-  const busy = data.profiles.some((p) => p.state === "loading");
   page.innerHTML = `
     <h1>Profiles</h1>
-    <p class="sub">Profiles found under <code>${esc(data.root)}</code>. Load one to open its dashboard and timeline.</p>
+    <p class="sub" id="profiles-root"></p>
+    <div class="filters">
+      <input type="search" id="profile-search" data-testid="profile-search" placeholder="Search by job name" value="${esc(filter.q)}" autocomplete="off">
+      <select id="profile-status" data-testid="profile-status"><option value="">All statuses</option></select>
+      <span class="hint" id="profiles-count"></span>
+    </div>
+    <div id="profiles-body"></div>`;
+  const search = document.getElementById("profile-search");
+  let timer = null;
+  search.addEventListener("input", () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => { filter.q = search.value; refreshProfiles(); }, 150);
+  });
+  document.getElementById("profile-status").addEventListener("change", (event) => {
+    filter.status = event.target.value;
+    refreshProfiles();
+  });
+  await refreshProfiles();
+}
+
+async function refreshProfiles() {
+  const data = await api(`/api/profiles?q=${q(filter.q)}&status=${q(filter.status)}`);
+  const body = document.getElementById("profiles-body");
+  if (!body) return; // navigated away
+  const busy = data.profiles.some((p) => p.state === "loading");
+  const where = data.source === "s3" ? "in S3 under" : "under";
+  document.getElementById("profiles-root").innerHTML = `Profiles ${where} <code>${esc(data.root)}</code>. Load one to open its dashboard and timeline.${data.source === "s3" ? " Only uploads whose manifest is there can be loaded." : ""}`;
+  const select = document.getElementById("profile-status");
+  const statuses = [...new Set([...data.statuses, filter.status].filter(Boolean))].sort();
+  select.innerHTML = `<option value="">All statuses</option>` + statuses.map((s) => `<option value="${esc(s)}"${s === filter.status ? " selected" : ""}>${esc(s)}</option>`).join("");
+  document.getElementById("profiles-count").textContent = `${data.profiles.length} of ${data.total} profiles`;
+  body.innerHTML = `
+    ${data.profiles_error ? `<div class="warnings" data-testid="profiles-error">Profiles could not be listed: ${esc(data.profiles_error)}</div>` : ""}
     ${data.jobs !== null || data.jobs_error ? jobsCard(data) : ""}
     <div class="card">
-      <div class="card-head"><h2>Profile directories</h2><span class="hint">${data.profiles.length} found</span></div>
+      <div class="card-head"><h2>${data.source === "s3" ? "Profiles in S3" : "Profile directories"}</h2><span class="hint">${data.profiles.length} shown</span></div>
       ${data.profiles.length ? `<div class="scroll" style="max-height:none"><table data-testid="profiles-table">
-        <thead><tr><th>Profile</th><th class="l">Job</th><th>Attempt</th><th class="l">Created</th><th>Nodes</th><th>Ranks</th><th>Size</th><th class="l">State</th><th></th></tr></thead>
-        <tbody>${data.profiles.map(profileRow).join("")}</tbody></table></div>` : `<div class="empty">No profiles here yet.</div>`}
+        <thead><tr><th>Profile</th><th class="l">Job</th><th>Attempt</th><th class="l">Created</th><th>Nodes</th><th>Ranks</th><th>Size</th><th class="l">Status</th><th class="l">State</th><th></th></tr></thead>
+        <tbody>${data.profiles.map(profileRow).join("")}</tbody></table></div>` : `<div class="empty">${data.total ? "No profile matches the search." : "No profiles here yet."}</div>`}
     </div>`;
-  for (const button of page.querySelectorAll("[data-action]")) button.addEventListener("click", onProfileAction);
-  if (busy) state.pollTimer = setInterval(() => { if (location.hash.startsWith("#/profiles") || !location.hash) renderProfiles(); }, 1000);
+  for (const button of body.querySelectorAll("[data-action]")) button.addEventListener("click", onProfileAction);
+  clearInterval(state.pollTimer);
+  if (busy) state.pollTimer = setInterval(() => { if (location.hash.startsWith("#/profiles") || !location.hash) refreshProfiles(); }, 1000);
 }
 
 function jobsCard(data) {
@@ -71,13 +106,16 @@ function jobsCard(data) {
 
 function profileRow(p) {
   const label = p.namespace ? `${p.namespace}/${p.job_name}` : p.job_name;
-  const actions = p.state === "loaded"
+  const actions = !p.loadable
+    ? `<span class="hint" title="${esc(p.manifest_problem || "")}">not loadable</span>`
+    : p.state === "loaded"
     ? `<button class="btn small primary" data-action="open" data-id="${esc(p.id)}">Open</button> <button class="btn small" data-action="unload" data-id="${esc(p.id)}">Unload</button>`
     : p.state === "loading" ? `<span class="spinner"></span>`
     : `<button class="btn small primary" data-action="load" data-id="${esc(p.id)}">Load</button>`;
   return `<tr data-profile="${esc(p.id)}"><td class="name" title="${esc(p.path)}">${esc(p.id)}</td><td class="l">${esc(label)}</td><td>${p.attempt}</td>
     <td class="l">${esc(p.created || "–")}</td><td>${p.nodes}</td><td>${p.ranks}</td><td>${fmtBytes(p.bytes)}</td>
-    <td class="l"><span class="badge ${p.state}" title="${esc(p.error || "")}">${p.state}${p.state === "loaded" ? ` · ${fmtInt(p.events)} events` : ""}</span></td>
+    <td class="l"><span class="pill status-${esc(p.status.toLowerCase())}" data-testid="profile-status-badge" title="${esc(p.manifest_problem || "")}">${esc(p.status)}</span></td>
+    <td class="l">${!p.loadable ? `<span class="badge error" title="${esc(p.manifest_problem || "")}">incomplete upload</span>` : `<span class="badge ${p.state}" title="${esc(p.error || "")}">${p.state}${p.state === "loaded" ? ` · ${fmtInt(p.events)} events` : ""}</span>`}</td>
     <td>${actions}</td></tr>`;
 }
 
@@ -86,11 +124,11 @@ async function onProfileAction(event) {
   if (action === "load") {
     await api(`/api/profiles/load?id=${q(id)}`, { method: "POST" });
     setProfile(id);
-    renderProfiles();
+    refreshProfiles();
   } else if (action === "unload") {
     await api(`/api/profiles/unload?id=${q(id)}`, { method: "POST" });
     if (state.profileId === id) { setProfile(null); showCurrent(null); }
-    renderProfiles();
+    refreshProfiles();
   } else if (action === "open") {
     setProfile(id);
     location.hash = "#/dashboard";
