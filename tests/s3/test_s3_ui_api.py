@@ -3,20 +3,14 @@ filter), only complete profiles loadable, the same dashboard as from a directory
 
 from __future__ import annotations
 
-import asyncio
 import json
-import socket
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from s3_server import S3Bucket
 from trainium_operator.analysis.loading import load_profile
@@ -25,35 +19,9 @@ from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_
 from trainium_operator.profiler.s3 import parse_s3_uri, upload_profile
 from trainium_operator.ui.app import create_app
 from trainium_operator.ui.profiles import JobInfo
+from ui_serving import serving
 
 SPEC = SyntheticSpec(nodes=2, ranks_per_node=2, kernels_per_step=8, steps=6, detailed_steps=(1, 4))
-
-
-@contextmanager
-def serving(app: web.Application) -> Iterator[str]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
-    started = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-        started.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert started.wait(30)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(30)
 
 
 def get(url: str) -> Any:
