@@ -26,6 +26,8 @@ from trainium_operator.builders.job import (
     JobRef,
     Stage,
 )
+from trainium_operator.profiler import env_contract
+from trainium_operator.profiler.env_contract import identity_env, profiling_env
 from trainium_operator.profiler.sources.neuron import neuron_inspect_env
 
 Obj = dict[str, Any]
@@ -187,13 +189,13 @@ def _operator_env(job: JobRef, stage: Stage, rank: int, attempt: int) -> list[Ob
         {"name": "XLA_TRANSFER_SEED_ASYNC", "value": "1"},
         {"name": "NEURON_CC_FLAGS", "value": f"--cache_dir={job.neuron_cache_dir(rank)}"},
         {"name": "HF_HOME", "value": job.transformers_cache_dir(rank)},
-        {"name": "TRAINIUM_JOB_NAME", "value": job.name},
-        {"name": "TRAINIUM_JOB_NAMESPACE", "value": job.namespace},
-        {"name": "TRAINIUM_JOB_UID", "value": job.uid},
+        *(
+            {"name": name, "value": value}
+            for name, value in identity_env(job.name, job.namespace, job.uid, attempt).items()
+        ),
         {"name": "TRAINIUM_STAGE", "value": stage.value},
-        {"name": "TRAINIUM_ATTEMPT", "value": str(attempt)},
         {"name": "TRAINIUM_PRECISION", "value": spec.precision.value},
-        {"name": "TRAINIUM_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": env_contract.NODE, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
     ]
     if spec.precision is Precision.BF16:
         # XLA_DOWNCAST_BF16 is deprecated since torch-xla 2.4; the script casts the model
@@ -201,14 +203,8 @@ def _operator_env(job: JobRef, stage: Stage, rank: int, attempt: int) -> list[Ob
         env.append({"name": "NEURON_RT_STOCHASTIC_ROUNDING_EN", "value": "1"})
     if stage is Stage.TRAIN and spec.profile.enabled:
         profile_dir = job.profile_dir(attempt)
-        env += [
-            {"name": "TRAINIUM_PROFILE", "value": "1"},
-            {"name": "TRAINIUM_PROFILE_DIR", "value": profile_dir},
-            {
-                "name": "TRAINIUM_PROFILE_STEPS",
-                "value": f"{spec.profile.start_step}:{spec.profile.end_step}",
-            },
-        ]
+        profiling = profiling_env(profile_dir, spec.profile.start_step, spec.profile.end_step)
+        env += [{"name": name, "value": value} for name, value in profiling.items()]
         if spec.profile.neuron_device_profile:
             inspect = neuron_inspect_env(profile_dir, device_profile=True)
             env += [{"name": name, "value": value} for name, value in inspect.items()]
