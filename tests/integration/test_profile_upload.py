@@ -188,3 +188,38 @@ def test_a_failed_upload_is_a_warning_and_a_condition_and_the_job_stays_succeede
         ]
         assert len(warnings) == 1
         assert "does not exist" in warnings[0]
+
+
+def test_an_attempt_replaced_by_a_restart_is_uploaded_while_the_next_one_trains(
+    dev_cluster: Any, namespace: str, tmp_path: Path, s3: S3Bucket
+) -> None:
+    clients = dev_cluster.clients
+    shared = tmp_path / "fsx"
+    name = "bert-restart"
+    base = s3.uri("runs")
+    with running_operator(dev_cluster, namespace, tmp_path):
+        create_job(clients, namespace, profiled_job(name, base))
+        pods = wait_gang_running(clients, namespace, name, "train", 0)
+        env = {e.name: e.value for e in pods[0].spec.containers[0].env if e.value is not None}
+        profile_dir = shared / env["TRAINIUM_PROFILE_DIR"].removeprefix(MOUNT + "/")
+        spec = SyntheticSpec(
+            nodes=2, ranks_per_node=1, steps=4, detailed_steps=(1, 2), kernels_per_step=4,
+            job_name=name, namespace=namespace,
+        )  # fmt: skip
+        write_synthetic_profile(profile_dir, spec)
+        finish_pods(clients, namespace, pods[:1], succeeded=False, exit_code=1)
+        wait_gang_running(clients, namespace, name, "train", 1)
+        pod = upload_pod(clients, namespace, name)
+        assert pod.metadata.name == f"{name}-profile-upload-0"
+        result = play_upload_pod(clients, namespace, pod, shared)
+        assert result.returncode == 0, result.stderr
+
+        def uploaded() -> dict[str, Any] | None:
+            job = get_job(clients, namespace, name)
+            records = job["status"].get("profileUploads") or []
+            return job if records and records[0].get("s3Uri") else None
+
+        job = eventually(uploaded, timeout=30, description="attempt 0 uploaded")
+        assert job["status"]["phase"] == "Training", "attempt 1 trains meanwhile"
+        assert job["status"]["profileUploads"][0]["s3Uri"] == f"{base}/{namespace}/{name}/0"
+    assert f"runs/{namespace}/{name}/0/profile.json" in s3.keys("runs/")

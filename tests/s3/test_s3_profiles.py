@@ -299,6 +299,17 @@ def test_the_upload_module_is_what_the_upload_pod_runs(
     assert failed.returncode == 1
     last = failed.stderr.strip().splitlines()[-1]
     assert last == "profile upload failed: uploading to s3://gone/x: bucket 'gone' does not exist"
+    empty = tmp_path / "never-trained"
+    empty.mkdir()
+    skipped = subprocess.run(
+        [sys.executable, "-m", "trainium_operator.profiler.s3", str(empty), uri + "-empty"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert skipped.returncode == 3, "no rank files: nothing to upload, not a failure"
+    assert skipped.stderr.strip().startswith("profile upload skipped:")
 
 
 def test_a_profile_without_a_manifest_gets_one_built_from_its_rank_files(

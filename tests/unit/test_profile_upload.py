@@ -164,3 +164,62 @@ def test_a_failed_job_uploads_what_its_last_attempt_recorded() -> None:
     (pod,) = decision.create
     assert pod["metadata"]["name"] == "bert-profile-upload-3"
     assert status["phase"] == "Failed"
+
+
+def training_status(attempt: int, first: int = 0) -> dict[str, Any]:
+    status = finished_status("Training", attempt)
+    status["training"] = {"firstAttempt": first}
+    return status
+
+
+def test_an_attempt_replaced_by_a_restart_is_uploaded_while_the_next_one_trains() -> None:
+    decision, status = run(training_status(attempt=2), [])
+    assert [p["metadata"]["name"] for p in decision.create] == [
+        "bert-profile-upload-0",
+        "bert-profile-upload-1",
+    ]
+    assert [r["attempt"] for r in status["profileUploads"]] == [0, 1]
+    assert "upload" not in status["profile"], "the running attempt's own profile is not done"
+    assert status["phase"] == "Training"
+
+    pods = [ended(decision.create[0], "Succeeded"), ended(decision.create[1], "Running")]
+    pods[1]["status"] = {"phase": "Running"}
+    later, status = run(status, pods)
+    first, second = status["profileUploads"]
+    assert first["s3Uri"] == "s3://my-profiles/runs/team-a/bert/0"
+    assert second["state"] == "Running"
+    assert [(e.type, e.reason) for e in later.events] == [("Normal", "ProfileUploaded")]
+    assert later.create == []
+
+
+def test_an_attempt_that_wrote_no_profile_is_noted_not_a_failure() -> None:
+    decision, status = run(training_status(attempt=1), [])
+    skipped = ended(
+        decision.create[0], "Failed", "profile upload skipped: /data/...: no rank files", code=3
+    )
+    later, status = run(status, [skipped])
+    (record,) = status["profileUploads"]
+    assert record["state"] == "NoProfile"
+    assert "s3Uri" not in record
+    assert [(e.type, e.reason) for e in later.events] == [("Normal", "NoProfile")]
+    assert condition(status)["reason"] == "NoProfile"
+
+
+def test_the_last_attempt_is_uploaded_after_the_earlier_ones_and_mirrored_in_profile() -> None:
+    status = finished_status("Succeeded", attempt=1)
+    status["training"] = {"firstAttempt": 0}
+    status["profileUploads"] = [
+        {"attempt": 0, "state": "Succeeded", "pod": "bert-profile-upload-0",
+         "destination": "s3://my-profiles/runs/team-a/bert/0",
+         "s3Uri": "s3://my-profiles/runs/team-a/bert/0"},
+    ]  # fmt: skip
+    decision, status = run(status, [])
+    assert [p["metadata"]["name"] for p in decision.create] == ["bert-profile-upload-1"]
+    assert status["profile"]["upload"]["attempt"] == 1
+    done = ended(decision.create[0], "Succeeded")
+    _, status = run(status, [done])
+    assert status["profile"]["s3Uri"] == "s3://my-profiles/runs/team-a/bert/1"
+    assert [r["s3Uri"] for r in status["profileUploads"]] == [
+        "s3://my-profiles/runs/team-a/bert/0",
+        "s3://my-profiles/runs/team-a/bert/1",
+    ]

@@ -184,6 +184,31 @@ def status_schema() -> JsonSchema:
                     "time": {"type": "string", "format": "date-time"},
                 },
             },
+            "profileUploads": {
+                "type": "array",
+                "description": "The S3 upload of each ended training attempt's profile "
+                "(spec.profile.s3Uri).",
+                "items": {
+                    "type": "object",
+                    "required": ["attempt"],
+                    "properties": {
+                        "attempt": integer,
+                        "state": {
+                            "type": "string",
+                            "enum": ["Pending", "Running", "Succeeded", "Failed", "NoProfile"],
+                        },
+                        "pod": {"type": "string"},
+                        "destination": {"type": "string"},
+                        "s3Uri": {
+                            "type": "string",
+                            "description": "Set once the manifest (the commit marker) is in S3.",
+                        },
+                        "message": {"type": "string"},
+                    },
+                },
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["attempt"],
+            },
             "profile": {
                 "type": "object",
                 "description": "Where the profiler writes (when spec.profile.enabled), and "
@@ -202,7 +227,7 @@ def status_schema() -> JsonSchema:
                         "properties": {
                             "state": {
                                 "type": "string",
-                                "enum": ["Pending", "Running", "Succeeded", "Failed"],
+                                "enum": ["Pending", "Running", "Succeeded", "Failed", "NoProfile"],
                             },
                             "pod": {"type": "string"},
                             "attempt": integer,

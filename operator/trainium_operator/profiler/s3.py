@@ -46,6 +46,13 @@ class S3ProfileError(RuntimeError):
     """An S3 operation on a profile failed; the message names the location and the cause."""
 
 
+class NoProfileError(S3ProfileError):
+    """The directory holds no rank files: nothing to upload (an attempt that never trained)."""
+
+
+NO_PROFILE_EXIT_CODE = 3  # what the upload pod exits with then (lifecycle.profile_upload)
+
+
 @dataclass(frozen=True)
 class S3Location:
     """A bucket and a key prefix without leading or trailing slashes ("" = whole bucket)."""
@@ -199,7 +206,7 @@ def upload_profile(
     root = Path(directory)
     refs = discover_rank_files(root)
     if not refs:
-        raise S3ProfileError(f"{root}: no rank files (<node>/rank-<RANK>.trnprof) to upload")
+        raise NoProfileError(f"{root}: no rank files (<node>/rank-<RANK>.trnprof) to upload")
     client = client or s3_client()
     config = config or transfer_config()
     errors = _client_errors()
@@ -261,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         destination = parse_s3_uri(uri)
         result = upload_profile(directory, destination)
+    except NoProfileError as exc:
+        print(f"profile upload skipped: {exc}", file=sys.stderr)
+        return NO_PROFILE_EXIT_CODE
     except (S3ProfileError, ValueError) as exc:
         print(f"profile upload failed: {exc}", file=sys.stderr)
         return 1
