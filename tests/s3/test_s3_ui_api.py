@@ -85,6 +85,7 @@ def test_the_ui_lists_and_opens_profiles_from_s3(
         expected = dashboard(load_profile(local, workers=1))
         assert served["steps"] == json.loads(json.dumps(expected["steps"]))
         assert served["overview"]["ranks"] == expected["overview"]["ranks"]
+        assert served["overview"]["path"] == s3.uri("profiles/ml/llama-pretrain/0")
 
 
 def test_the_list_is_searched_by_job_name_and_filtered_by_status(

@@ -228,10 +228,12 @@ class ProfileStore:
         return profile
 
     def _build(self, target: Path | S3Profile) -> LoadedEntry:
-        if isinstance(target, S3Profile):
-            assert self.s3 is not None
-            target = self.s3.fetch(target)
-        return build_entry(target, self.workers)
+        if not isinstance(target, S3Profile):
+            return build_entry(target, self.workers)
+        assert self.s3 is not None
+        entry = build_entry(self.s3.fetch(target), self.workers)
+        entry.dashboard["overview"]["path"] = str(target.location)  # not the local cache
+        return entry
 
     async def load(self, identifier: str) -> _Slot:
         target = await asyncio.to_thread(self._locate, identifier)
