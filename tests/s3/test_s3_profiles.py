@@ -324,3 +324,16 @@ def test_a_profile_without_a_manifest_gets_one_built_from_its_rank_files(
     local = fetch_uri(parse_s3_uri(s3.uri("nm/ml/nomanifest/0")))
     data = json.loads((local / MANIFEST_NAME).read_text())
     assert [ManifestRank(**r).rank for r in data["ranks"]] == [0, 1, 2, 3]
+
+
+def test_errors_wrapped_by_the_transfer_manager_keep_their_clear_message() -> None:
+    from boto3.exceptions import S3UploadFailedError
+
+    from trainium_operator.profiler.s3 import describe_error
+
+    wrapped = S3UploadFailedError(
+        "Failed to upload a to b/p/x: An error occurred (AccessDenied) when calling the "
+        "PutObject operation: Access Denied"
+    )
+    message = describe_error(wrapped, S3Location("b", "p"), "uploading to")
+    assert message.startswith("uploading to s3://b/p: access denied (AccessDenied)")

@@ -18,6 +18,7 @@ upload leaves no manifest (an earlier one of the same attempt is deleted first).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -129,6 +130,10 @@ def describe_error(error: BaseException, location: S3Location, action: str) -> s
     response = getattr(error, "response", None)
     if isinstance(response, Mapping):
         code = str((response.get("Error") or {}).get("Code", ""))
+    if not code:
+        # The transfer manager wraps the ClientError in S3UploadFailedError, keeping its text.
+        wrapped = re.search(r"An error occurred \((\w+)\)", str(error))
+        code = wrapped.group(1) if wrapped else ""
     name = type(error).__name__
     if code == "NoSuchBucket":
         return f"{action} {location}: bucket {location.bucket!r} does not exist"
