@@ -35,6 +35,7 @@ from s3_server import S3Bucket
 from trainium_operator.analysis.s3store import S3ProfileSource
 from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.devcluster.sim import simulate_pod_outcome
+from trainium_operator.lifecycle.profile_upload import ENV_DEFAULT_S3_URI
 from trainium_operator.profiler.s3 import parse_s3_uri
 
 pytestmark = pytest.mark.integration
@@ -223,3 +224,30 @@ def test_an_attempt_replaced_by_a_restart_is_uploaded_while_the_next_one_trains(
         assert job["status"]["phase"] == "Training", "attempt 1 trains meanwhile"
         assert job["status"]["profileUploads"][0]["s3Uri"] == f"{base}/{namespace}/{name}/0"
     assert f"runs/{namespace}/{name}/0/profile.json" in s3.keys("runs/")
+
+
+def test_the_chart_wide_default_uploads_jobs_that_name_no_s3_uri(
+    dev_cluster: Any, namespace: str, tmp_path: Path, s3: S3Bucket
+) -> None:
+    clients = dev_cluster.clients
+    shared = tmp_path / "fsx"
+    name = "bert-default"
+    default = s3.uri("chart-default")
+    manifest = job_manifest(
+        name, compile={"enabled": False}, profile={"enabled": True, "startStep": 1, "endStep": 2}
+    )
+    env = {ENV_DEFAULT_S3_URI: default}  # what the chart's profileUpload.s3Uri sets
+    with running_operator(dev_cluster, namespace, tmp_path, env=env):
+        create_job(clients, namespace, manifest)
+        train_and_record_profile(clients, namespace, name, shared)
+        wait_phase(clients, namespace, name, "Succeeded")
+        pod = upload_pod(clients, namespace, name)
+        assert pod.spec.containers[0].command[-1] == f"{default}/{namespace}/{name}/0"
+        assert play_upload_pod(clients, namespace, pod, shared).returncode == 0
+
+        def uploaded() -> dict[str, Any] | None:
+            job = get_job(clients, namespace, name)
+            return job if job["status"]["profile"].get("s3Uri") else None
+
+        job = eventually(uploaded, timeout=30, description="status.profile.s3Uri")
+        assert job["status"]["profile"]["s3Uri"] == f"{default}/{namespace}/{name}/0"
