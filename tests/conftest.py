@@ -17,6 +17,9 @@ import pytest
 from trainium_operator.devcluster import testing
 from trainium_operator.devcluster.testing import DevCluster
 
+# The local S3 API server (moto in server mode) and its per-test bucket.
+pytest_plugins = ["s3_server"]
+
 
 def _echo(message: str) -> None:
     print(message, flush=True)

@@ -243,6 +243,15 @@ SWITCHES: dict[str, dict[str, Any]] = {
     "neuron-device-plugin": {"neuronDevicePlugin": {"enabled": True}},
     "efa-device-plugin": {"efaDevicePlugin": {"enabled": True}},
     "profile-ui": {"profileUI": {"enabled": True}},
+    "profile-upload": {
+        "profileUpload": {
+            "s3Uri": "s3://my-profiles/trainium",
+            "serviceAccount": {
+                "create": True,
+                "annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/p"},
+            },
+        }
+    },
 }
 EVERYTHING: dict[str, Any] = {
     key: value for switch in SWITCHES.values() for key, value in switch.items()

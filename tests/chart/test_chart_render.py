@@ -417,6 +417,47 @@ def test_profile_ui_mounts_the_shared_claim_read_only(tmp_path: Path) -> None:
     assert service["spec"]["ports"][0]["port"] == 8090
 
 
+def test_profile_upload_default_and_its_irsa_service_account(tmp_path: Path) -> None:
+    values = {**SWITCHES["profile-upload"], "workloadNamespace": "jobs"}
+    manifests = render(values, tmp_path)
+    from trainium_operator.lifecycle.profile_upload import (
+        ENV_DEFAULT_S3_URI,
+        ENV_UPLOAD_SERVICE_ACCOUNT,
+    )
+
+    env = {e["name"]: e.get("value") for e in operator_container(manifests)["env"]}
+    assert env[ENV_DEFAULT_S3_URI] == "s3://my-profiles/trainium", "the name the operator reads"
+    assert env[ENV_UPLOAD_SERVICE_ACCOUNT] == f"{FULLNAME}-profile-upload"
+    account = one(manifests, "ServiceAccount", f"{FULLNAME}-profile-upload")
+    assert account["metadata"]["namespace"] == "jobs"
+    assert account["metadata"]["annotations"] == {
+        "eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/p"
+    }
+    defaults = {e["name"] for e in operator_container(render({}, tmp_path))["env"]}
+    assert "TRAINIUM_PROFILE_S3_URI" not in defaults
+
+
+def test_profile_ui_can_serve_an_s3_prefix_with_a_local_cache(tmp_path: Path) -> None:
+    role = {"eks.amazonaws.com/role-arn": "arn:aws:iam::111122223333:role/ui"}
+    values = {
+        "profileUI": {
+            "enabled": True,
+            "s3Uri": "s3://my-profiles/trainium",
+            "serviceAccountAnnotations": role,
+        }
+    }
+    manifests = render(values, tmp_path)
+    deployment = one(manifests, "Deployment", f"{FULLNAME}-profile-ui")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"][2] == "s3://my-profiles/trainium"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TRAINIUM_PROFILE_CACHE"] == "/cache"
+    assert {v["name"] for v in pod["volumes"]} == {"cache", "tmp"}, "no claim needed"
+    account = one(manifests, "ServiceAccount", f"{FULLNAME}-profile-ui")
+    assert account["metadata"]["annotations"] == role
+
+
 def test_profile_ui_lists_only_the_watched_namespaces_when_its_rbac_is_per_namespace(
     tmp_path: Path,
 ) -> None:
@@ -479,6 +520,7 @@ def test_a_misspelled_value_is_refused_naming_the_key(
         pytest.param("metrics.port=70000", id="port-range"),
         pytest.param("watchNamespaces[0]=Not_A_Namespace", id="namespace-name"),
         pytest.param("fsx.enabled=true", id="fsx-without-subnet"),
+        pytest.param("profileUpload.s3Uri=my-bucket/profiles", id="s3-uri-without-scheme"),
     ],
 )
 def test_an_invalid_value_is_refused_by_the_schema(flag: str, tmp_path: Path) -> None:

@@ -136,11 +136,68 @@ def test_example_job_runs_a_script_the_training_image_contains() -> None:
     assert source.is_file(), f"{script} is copied from {source.relative_to(ROOT)}, which is missing"
 
 
-def test_training_image_installs_our_profiler_without_dependencies() -> None:
+PROFILER_ONLY = [
+    ["operator/trainium_operator/__init__.py", "/opt/trainium/trainium_operator/__init__.py"],
+    ["operator/trainium_operator/profiler/", "/opt/trainium/trainium_operator/profiler/"],
+]
+
+
+def test_training_image_carries_only_the_profiler_of_our_package() -> None:
+    dockerfile = Dockerfile(TRAINING_DOCKERFILE)
+    copies = [i.flags_and_operands()[1] for i in dockerfile.final("COPY")]
+    ours = [c for c in copies if c[0].startswith("operator/")]
+    assert ours == PROFILER_ONLY, "no controller, UI, API models or dev cluster"
+    runs = [i.arguments for i in dockerfile.instructions if i.keyword == "RUN"]
+    assert not [r for r in runs if "trainium_operator-" in r or "pip wheel" in r], "no wheel"
+    (check,) = [r for r in runs if "import trainium_operator.profiler" in r]
+    assert "trainium_operator.profiler.s3" in check
+    assert dockerfile.final_env()["PYTHONPATH"] == "/opt/trainium"
+
+
+def test_training_image_pins_boto3_as_pyproject_does() -> None:
+    import tomllib
+
+    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    (boto3,) = [p for p in pins if p.startswith("boto3==")]
     runs = [i.arguments for i in Dockerfile(TRAINING_DOCKERFILE).final("RUN")]
-    (install,) = [r for r in runs if "trainium_operator-" in r]
-    assert "--no-deps" in install
-    assert "import trainium_operator.profiler" in install
+    (install,) = [r for r in runs if "transformers==" in r]
+    assert f'"{boto3}"' in install
+
+
+def test_the_training_image_layout_imports_the_profiler_and_the_uploader(tmp_path: Path) -> None:
+    """The two COPY lines reproduced in a folder: the profiler, its S3 uploader and the Neuron
+    post-processing import from it alone, and nothing else of ours is there."""
+    for source, destination in PROFILER_ONLY:
+        target = tmp_path / destination.removeprefix("/opt/trainium/")
+        if source.endswith("/"):
+            shutil.copytree(ROOT / source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / source, target)
+    code = (
+        "import sys, trainium_operator\n"
+        f"assert trainium_operator.__file__.startswith({str(tmp_path)!r})\n"
+        "import trainium_operator.profiler, trainium_operator.profiler.s3\n"
+        "import trainium_operator.profiler.sources.neuron\n"
+        "import trainium_operator.profiler.env_contract\n"
+        "from trainium_operator.profiler.s3 import main\n"
+        "assert main([]) == 2\n"
+        "for name in ('api', 'controller', 'ui', 'k8s', 'analysis', 'devcluster', 'builders'):\n"
+        "    try:\n"
+        "        __import__('trainium_operator.' + name)\n"
+        "    except ImportError:\n"
+        "        continue\n"
+        "    raise SystemExit('trainium_operator.' + name + ' importable from the image layout')\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_training_image_keeps_the_base_neuron_torch_build() -> None:

@@ -80,14 +80,17 @@ class OperatorProcess:
 
 
 @contextlib.contextmanager
-def running_operator(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    """The operator watching `namespace` for the duration of a test; fails the test if it
-    crashed or logged an unhandled exception."""
+def running_operator(
+    dev_cluster: Any, namespace: str, tmp_path: Path, env: dict[str, str] | None = None
+) -> Iterator[OperatorProcess]:
+    """The operator watching `namespace` for the duration of a test (with extra `env`, as the
+    chart's Deployment sets it); fails the test if it crashed or logged an unhandled exception."""
     ensure_shared_claim(dev_cluster.clients, namespace)
     proc = OperatorProcess(
         kubeconfig=Path(dev_cluster.kubeconfig),
         namespace=namespace,
         log_path=tmp_path / "operator.log",
+        env=dict(env or {}),
     )
     proc.start()
     try:

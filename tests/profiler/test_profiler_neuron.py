@@ -193,3 +193,59 @@ def test_in_process_source_converts_at_the_final_collect(tmp_path: Path) -> None
     assert source.collect(final=False).events == []
     assert len(source.collect(final=True).events) == 12  # 14 rows - other pid - sync point
     assert source.collect(final=True).events == []  # converted once
+
+
+EXPLORER_FIXTURE = FIXTURE.with_name("system_profile_explorer_schema.json")
+
+
+def test_neuron_explorer_schema_rows_convert_like_the_json_export() -> None:
+    """The same capture in the field names of Neuron Explorer's SystemProfileEvents table
+    (schema 7.4.0, SDK 2.31.0: start_ts/end_ts/duration_ns, nc_idx, trace_event_source,
+    integer process ids, attributes in extra_attributes_json) gives the very same events."""
+    explorer = convert_system_profile(
+        load_system_profile(EXPLORER_FIXTURE), PID, WallToMonotonic([SYNC])
+    )
+    assert explorer.events == _convert()
+    assert (
+        explorer.track_names
+        == (
+            convert_system_profile(load_system_profile(FIXTURE), PID, WallToMonotonic([SYNC]))
+        ).track_names
+    )
+    sizes = {e.name: e.value for e in explorer.events if e.value}
+    assert sizes["nrt_tensor_write"] == 4, "size read from extra_attributes_json"
+    assert sizes["cc_running"] == 1_048_576
+
+
+def test_an_event_without_duration_takes_end_minus_start() -> None:
+    raw = {
+        "name": "nc_exec_running",
+        "start_ts": 1_729_888_371_000_000_000,
+        "end_ts": 1_729_888_371_000_250_000,
+        "trace_event_source": "neuron_hw",
+        "process_id": PID,
+        "nc_idx": 3,
+    }
+    (event,) = convert_system_profile({"trace_events": [raw]}, PID, WallToMonotonic([SYNC])).events
+    assert (event.kind, event.device, event.duration_ns) == (EventKind.KERNEL, 3, 250_000)
+
+
+def test_the_singular_trace_event_key_is_read_too(tmp_path: Path) -> None:
+    path = tmp_path / "system_profile.json"
+    path.write_text('{"trace_event": [{"name": "nrt_execute", "timestamp": 1, "process_id": "5"}]}')
+    assert len(load_system_profile(path)["trace_events"]) == 1
+
+
+def test_neuron_explorer_is_preferred_to_neuron_profile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trainium_operator.profiler.sources import neuron
+
+    for name in ("neuron-explorer", "neuron-profile"):
+        tool = tmp_path / name
+        tool.write_text("#!/bin/sh\nexit 0\n")
+        tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert neuron.find_neuron_profile_cli() == str(tmp_path / "neuron-explorer")
+    (tmp_path / "neuron-explorer").unlink()
+    assert neuron.find_neuron_profile_cli() == str(tmp_path / "neuron-profile")

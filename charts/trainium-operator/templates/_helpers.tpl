@@ -95,3 +95,16 @@ nodeAffinity:
             values:
               {{- toYaml . | nindent 14 }}
 {{- end }}
+
+{{/*
+ServiceAccount of the profile upload pods: the named one, the created one, or none (the job's
+own spec.serviceAccountName, else the namespace default).
+*/}}
+{{- define "trainium-operator.profileUpload.serviceAccountName" -}}
+{{- $sa := .Values.profileUpload.serviceAccount -}}
+{{- if $sa.name -}}
+{{- $sa.name -}}
+{{- else if $sa.create -}}
+{{- printf "%s-profile-upload" (include "trainium-operator.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}

@@ -51,6 +51,7 @@ class RankInfo:
     aligned: bool  # False when no sync point (its own or its node's) placed it on the timeline
     damage: str | None
     track_names: dict[tuple[int, int], str] = field(default_factory=dict)
+    sources: tuple[str, ...] = ()  # the capture sources that ran ("host", "torch", "neuron")
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,7 @@ def load_profile(directory: str | os.PathLike[str], workers: int | None = None) 
             aligned=aligned,
             damage=load.damage,
             track_names=load.track_names,
+            sources=tuple(load.header.sources),
         )
         for load, aligned in zip(aligned_loads, aligned_flags, strict=True)
     )

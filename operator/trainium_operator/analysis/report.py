@@ -6,6 +6,8 @@ import dataclasses
 import math
 from typing import Any
 
+import numpy as np
+
 from trainium_operator.analysis.columns import F64, EventColumns
 from trainium_operator.analysis.loading import LoadedProfile
 from trainium_operator.analysis.stats import (
@@ -73,6 +75,53 @@ def _operations(columns: EventColumns, kind: EventKind, listed: int) -> dict[str
     }
 
 
+DEVICE_KINDS = (EventKind.KERNEL, EventKind.MEMCPY, EventKind.COLLECTIVE, EventKind.SYNC)
+
+
+def _why_no_accelerator(sources: set[str]) -> str:
+    """Why a profile holds no device activity, from the capture sources its ranks ran."""
+    listed = ", ".join(sorted(sources)) or "none"
+    if "neuron" in sources:
+        return (
+            f"the Neuron runtime source ran (sources: {listed}) but no device events were "
+            "merged into the rank files: run `python -m trainium_operator.profiler.sources.neuron "
+            "<profile dir>` after the job, or check that neuron-profile is in the image"
+        )
+    if "torch" in sources:
+        return (
+            f"this was a CPU-only run (sources: {listed}): torch.profiler saw no CUDA device, so "
+            "it recorded host operators only, and the Neuron runtime source did not run (not a "
+            "Trainium node, or spec.profile.neuronDeviceProfile off)"
+        )
+    return (
+        f"no device source ran (sources: {listed}): neither torch.profiler (it needs a step "
+        "window, TRAINIUM_PROFILE_STEPS) nor the Neuron runtime source; only host annotations, "
+        "step markers and CPU samples were recorded"
+    )
+
+
+def accelerator_summary(profile: LoadedProfile) -> dict[str, Any]:
+    """Whether any accelerator activity was recorded, and if not, why, so the dashboard and
+    the report say so instead of showing zeros."""
+    columns = profile.columns
+    device_events = int(
+        np.count_nonzero(
+            np.isin(columns.kind, [int(k) for k in DEVICE_KINDS]) & (columns.device >= 0)
+        )
+    )
+    sources = {source for rank in profile.ranks for source in rank.sources}
+    recorded = device_events > 0
+    window = profile.manifest.step_window
+    return {
+        "recorded": recorded,
+        "device_events": device_events,
+        "sources": sorted(sources),
+        "reason": None if recorded else _why_no_accelerator(sources),
+        "window": list(window) if window else None,
+        "host_ops_shown": not recorded,
+    }
+
+
 def _matrix(values: F64, digits: int) -> list[list[float | None]]:
     return [
         [None if math.isnan(v) else round(float(v), digits) for v in row.tolist()] for row in values
@@ -95,6 +144,7 @@ def dashboard(profile: LoadedProfile, buckets: int = 240, top: int = 50) -> dict
     device_idle = activity.device_idle_ns()
     return {
         "overview": profile_overview(profile),
+        "accelerator": accelerator_summary(profile),
         "utilisation": {
             "bucket_start_ns": utilisation.bucket_start_ns.tolist(),
             "bucket_ns": utilisation.bucket_ns,
@@ -309,18 +359,32 @@ def text_report(data: dict[str, Any], top: int = 15) -> str:
             )
         ]
 
-    device_time = data["device_time"]
-    lines += [
-        "",
-        f"Device time: active {format_ns(device_time['active_ns'])}, idle "
-        f"{format_ns(device_time['idle_ns'])} ({100 * device_time['active_share']:.1f} % active, "
-        "summed over ranks)",
-    ]
-    utilisation = data["utilisation"]
-    lines += ["", "Device utilisation (mean busy fraction per node)"]
-    for node, row in zip(overview["nodes"], utilisation["node_busy"], strict=True):
-        values = [v for v in row if v is not None]
-        lines.append(f"  {node}: {100 * (sum(values) / len(values) if values else 0):.1f} %")
+    accelerator = data.get("accelerator") or {"recorded": True}
+    device = bool(accelerator["recorded"])
+    if device:
+        device_time = data["device_time"]
+        lines += [
+            "",
+            f"Device time: active {format_ns(device_time['active_ns'])}, idle "
+            f"{format_ns(device_time['idle_ns'])} ({100 * device_time['active_share']:.1f} % "
+            "active, summed over ranks)",
+        ]
+        utilisation = data["utilisation"]
+        lines += ["", "Device utilisation (mean busy fraction per node)"]
+        for node, row in zip(overview["nodes"], utilisation["node_busy"], strict=True):
+            values = [v for v in row if v is not None]
+            lines.append(f"  {node}: {100 * (sum(values) / len(values) if values else 0):.1f} %")
+    else:
+        window = accelerator.get("window")
+        where = f" (steps {window[0]}-{window[1]})" if window else ""
+        lines += [
+            "",
+            "Accelerator: NO ACCELERATOR ACTIVITY RECORDED",
+            f"  why: {accelerator['reason']}",
+            "  Device time, utilisation, activity, kernels, precision and launch latency do not "
+            "apply; the host operations",
+            f"  of the torch.profiler window{where} are shown where device kernels would be.",
+        ]
 
     lines += ["", "Host CPU (busy cores, mean over the sampled span)"]
     for cpu in data["cpu"]:
@@ -330,31 +394,39 @@ def text_report(data: dict[str, Any], top: int = 15) -> str:
             f"{cpu['host_mean_cores']:.2f} cores ({cpu['host_active_ns'] / 1e9:.2f} core-s)"
         )
 
-    activity = data["activity"]["shares"]
-    lines += ["", "Device activity (share of capture window)"]
-    lines.append("  " + "  ".join(f"{key} {100 * value:.1f} %" for key, value in activity.items()))
-    lines += _transfer_table("Memory operations", data["memory_ops"])
-    lines += _transfer_table("Collectives", data["collectives"])
-
-    lines += _ops_table("Top kernels by time", data["kernels"], "by_time", top)
-    lines += _ops_table("Top kernels by count", data["kernels"], "by_count", top)
-    lines += _ops_table("Top host ops by time", data["host_ops"], "by_time", top)
-
-    lines += ["", "Precision (share of kernel time)"]
-    lines.append(
-        "  " + "  ".join(f"{p['precision']} {100 * p['share']:.1f} %" for p in data["precision"])
-    )
-
-    latency = data["launch_latency"]
-    lat = latency["stats"]
-    lines += ["", f"Launch -> execution latency ({latency['matched']:,} linked launches)"]
-    if lat["count"]:
-        lines.append(_stats_line(lat))
-    if latency["unmatched_launches"] or latency["unmatched_kernels"]:
+    if device:
+        activity = data["activity"]["shares"]
+        lines += ["", "Device activity (share of capture window)"]
         lines.append(
-            f"  unlinked: {latency['unmatched_launches']} launches, "
-            f"{latency['unmatched_kernels']} executions"
+            "  " + "  ".join(f"{key} {100 * value:.1f} %" for key, value in activity.items())
         )
+        lines += _transfer_table("Memory operations", data["memory_ops"])
+        lines += _transfer_table("Collectives", data["collectives"])
+
+        lines += _ops_table("Top kernels by time", data["kernels"], "by_time", top)
+        lines += _ops_table("Top kernels by count", data["kernels"], "by_count", top)
+        lines += _ops_table("Top host ops by time", data["host_ops"], "by_time", top)
+
+        lines += ["", "Precision (share of kernel time)"]
+        lines.append(
+            "  "
+            + "  ".join(f"{p['precision']} {100 * p['share']:.1f} %" for p in data["precision"])
+        )
+
+        latency = data["launch_latency"]
+        lat = latency["stats"]
+        lines += ["", f"Launch -> execution latency ({latency['matched']:,} linked launches)"]
+        if lat["count"]:
+            lines.append(_stats_line(lat))
+        if latency["unmatched_launches"] or latency["unmatched_kernels"]:
+            lines.append(
+                f"  unlinked: {latency['unmatched_launches']} launches, "
+                f"{latency['unmatched_kernels']} executions"
+            )
+    else:
+        title = "Host ops of the torch.profiler window (in place of device kernels)"
+        lines += _ops_table(f"{title}, by time", data["host_ops"], "by_time", top)
+        lines += _ops_table(f"{title}, by count", data["host_ops"], "by_count", top)
 
     lines += ["", "Annotations"]
     lines += [

@@ -47,6 +47,8 @@ RESERVED_ENV_NAMES = frozenset(
 )
 RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_")
 CACHE_SET_PATTERN = r"^[A-Za-z0-9_-]+$"
+# s3://<bucket>[/<prefix>]: S3 bucket naming rules (3-63 lowercase letters, digits, dots, dashes).
+S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^*?]*)?$"
 # Job names become Service names and pod hostnames' subdomain: DNS-1035, short enough that
 # "<name>-compile-<rank>" stays within 63 characters.
 MAX_JOB_NAME_LENGTH = 40
@@ -257,6 +259,12 @@ class ProfileSpec(_Model):
     attempt writes <outputDir>/<namespace>/<job>/<attempt>."""
     neuron_device_profile: bool = False
     """Also capture the Neuron runtime's system and device profiles (NEURON_RT_INSPECT_*)."""
+    s3_uri: Annotated[str | None, Field(pattern=S3_URI_PATTERN, max_length=1024)] = None
+    """Upload each finished attempt's profile to <s3Uri>/<namespace>/<job>/<attempt>/ (for
+    example s3://my-bucket/profiles), from a short pod that mounts the claim read-only and
+    runs with spec.serviceAccountName (IRSA or EKS Pod Identity: never static keys). Defaults
+    to the operator's chart value profileUpload.s3Uri. An upload failure never fails the job:
+    it is a Warning event and the ProfileUploaded condition."""
 
 
 def _cores_expression(shape: InstanceType) -> str:

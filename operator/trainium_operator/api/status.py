@@ -115,11 +115,40 @@ class LastFailure(_Status):
     time: Timestamp | None = None
 
 
+UploadState = Literal["Pending", "Running", "Succeeded", "Failed", "NoProfile"]
+
+
+class ProfileUpload(_Status):
+    """The S3 upload of one ended training attempt's profile (spec.profile.s3Uri)."""
+
+    attempt: Count
+    state: UploadState | None = None
+    pod: str | None = None
+    destination: str | None = None
+    s3_uri: str | None = None
+    """Set once the manifest (the commit marker) is in S3."""
+    message: str | None = None
+
+
+class ProfileUploadSummary(_Status):
+    """The upload of the current attempt's profile to S3."""
+
+    state: UploadState | None = None
+    pod: str | None = None
+    attempt: Count | None = None
+    destination: str | None = None
+    message: str | None = None
+
+
 class ProfileStatus(_Status):
-    """Where the profiler writes (when spec.profile.enabled)."""
+    """Where the profiler writes (when spec.profile.enabled), and where the profile is in S3
+    once its upload is complete."""
 
     path: str | None = None
     claim_name: str | None = None
+    s3_uri: str | None = None
+    """The attempt's profile in S3; set once its manifest (the commit marker) is uploaded."""
+    upload: ProfileUploadSummary | None = None
 
 
 class TrainingJobStatus(_Status):
@@ -146,6 +175,15 @@ class TrainingJobStatus(_Status):
     restarts: Restarts | None = None
     last_failure: LastFailure | None = None
     profile: ProfileStatus | None = None
+    profile_uploads: list[ProfileUpload] = Field(
+        default_factory=list,
+        description="The S3 upload of each ended training attempt's profile; written by the "
+        "upload policy (lifecycle/profile_upload.py), never by the state machine.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["attempt"],
+        },
+    )
 
 
 def validated_status(data: dict[str, Any]) -> dict[str, Any]:

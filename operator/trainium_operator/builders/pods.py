@@ -29,6 +29,7 @@ from trainium_operator.builders.job import (
     JobRef,
     Stage,
 )
+from trainium_operator.profiler.env_contract import profiling_env
 from trainium_operator.profiler.sources.neuron import neuron_inspect_env
 
 Obj = dict[str, Any]
@@ -235,14 +236,8 @@ def _operator_env(
         env.append({"name": "NEURON_RT_STOCHASTIC_ROUNDING_EN", "value": "1"})
     if stage is Stage.TRAIN and spec.profile.enabled:
         profile_dir = job.profile_dir(attempt)
-        env += [
-            {"name": "TRAINIUM_PROFILE", "value": "1"},
-            {"name": "TRAINIUM_PROFILE_DIR", "value": profile_dir},
-            {
-                "name": "TRAINIUM_PROFILE_STEPS",
-                "value": f"{spec.profile.start_step}:{spec.profile.end_step}",
-            },
-        ]
+        profiling = profiling_env(profile_dir, spec.profile.start_step, spec.profile.end_step)
+        env += [{"name": name, "value": value} for name, value in profiling.items()]
         if spec.profile.neuron_device_profile:
             inspect = neuron_inspect_env(profile_dir, device_profile=True)
             env += [{"name": name, "value": value} for name, value in inspect.items()]

@@ -12,6 +12,7 @@ decides on a view older than the operator's own writes.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
@@ -20,7 +21,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainium_operator.api.spec import TrainingJobSpec
+from trainium_operator.api.status import validated_status
 from trainium_operator.builders.job import JobRef
+from trainium_operator.builders.upload import is_upload_pod
 from trainium_operator.controller.admission_holds import AdmissionHolds, Mark
 from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.k8s.client import (
@@ -33,6 +36,7 @@ from trainium_operator.k8s.client import (
 )
 from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.observed import observe, podgroup_view, queue_view
+from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -109,12 +113,15 @@ class Reconciler:
         cache: ClusterCache,
         synced: Callable[[], bool],
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        upload_defaults: UploadDefaults | None = None,
     ):
         self.cluster = cluster
         self.cache = cache
         # True once every watch has delivered its first full LIST: until then a missing pod or
         # node is unknown, not gone.
         self.synced = synced
+        # S3 profile uploads (lifecycle.profile_upload): the chart-wide defaults.
+        self.upload_defaults = upload_defaults or UploadDefaults.from_env(os.environ)
         self.events = EventPoster(cluster)
         self.clock = clock
         self.holds = AdmissionHolds()
@@ -188,7 +195,7 @@ class Reconciler:
         meta = body["metadata"]
         namespace, uid = meta["namespace"], meta["uid"]
         key = (namespace, meta["name"])
-        pods = [p for p in self.cache.pods(key) if _owned_by(p, uid)]
+        pods = [p for p in self.cache.pods(key) if _owned_by(p, uid) and not is_upload_pod(p)]
         if not pods:
             raise JobGoneError(f"{namespace}/{meta['name']}")
         observed = observe(
@@ -274,7 +281,10 @@ class Reconciler:
         key = (job.namespace, job.name)
         # Only children this job owns: a re-created job of the same name must not adopt its
         # predecessor's pods, PodGroups or Service that garbage collection has not removed yet.
-        pods = [p for p in self.cache.pods(key) if _owned_by(p, job.uid)]
+        owned = [p for p in self.cache.pods(key) if _owned_by(p, job.uid)]
+        # Profile upload pods are not part of any gang: their own policy looks at them.
+        uploads = [p for p in owned if is_upload_pod(p)]
+        pods = [p for p in owned if not is_upload_pod(p)]
         podgroups = [g for g in self.cache.podgroups(key) if _owned_by(g, job.uid)]
         queue = None
         if not any(podgroup_view(g).admitted for g in podgroups):
@@ -292,6 +302,8 @@ class Reconciler:
             queue=queue,
         )
         decision = machine.decide(job, current_status, observed)
+        plan_upload(job, decision, uploads, self.upload_defaults, now)
+        decision.status = validated_status(decision.status)
         return self._apply(body, current_status, decision)
 
     def _apply(

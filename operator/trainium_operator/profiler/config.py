@@ -30,19 +30,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ENV_ENABLE = "TRAINIUM_PROFILE"
-ENV_DIR = "TRAINIUM_PROFILE_DIR"
-ENV_STEPS = "TRAINIUM_PROFILE_STEPS"
-ENV_NODE = "TRAINIUM_NODE_NAME"
-ENV_SOURCES = "TRAINIUM_PROFILE_SOURCES"
-ENV_RING_EVENTS = "TRAINIUM_PROFILE_RING_EVENTS"
-ENV_FLUSH_MS = "TRAINIUM_PROFILE_FLUSH_MS"
-ENV_SAMPLE_MS = "TRAINIUM_PROFILE_SAMPLE_MS"
-ENV_SYNC_S = "TRAINIUM_PROFILE_SYNC_S"
-ENV_JOB_NAME = "TRAINIUM_JOB_NAME"
-ENV_JOB_NAMESPACE = "TRAINIUM_JOB_NAMESPACE"
-ENV_JOB_UID = "TRAINIUM_JOB_UID"
-ENV_ATTEMPT = "TRAINIUM_ATTEMPT"
+from trainium_operator.profiler import env_contract
+
+# The names come from the contract module the operator's pod builder imports too.
+ENV_ENABLE = env_contract.ENABLE
+ENV_DIR = env_contract.DIR
+ENV_STEPS = env_contract.STEPS
+ENV_NODE = env_contract.NODE
+ENV_SOURCES = env_contract.SOURCES
+ENV_RING_EVENTS = env_contract.RING_EVENTS
+ENV_FLUSH_MS = env_contract.FLUSH_MS
+ENV_SAMPLE_MS = env_contract.SAMPLE_MS
+ENV_SYNC_S = env_contract.SYNC_S
+ENV_JOB_NAME = env_contract.JOB_NAME
+ENV_JOB_NAMESPACE = env_contract.JOB_NAMESPACE
+ENV_JOB_UID = env_contract.JOB_UID
+ENV_ATTEMPT = env_contract.ATTEMPT
 
 KNOWN_SOURCES = frozenset({"torch", "neuron"})
 DEFAULT_SOURCES = frozenset({"torch", "neuron"})

@@ -17,12 +17,15 @@ from typing import Any
 from aiohttp import web
 
 from trainium_operator.analysis.report import annotation
+from trainium_operator.analysis.s3store import S3ProfileSource
+from trainium_operator.profiler.s3 import S3ProfileError
 from trainium_operator.ui.profiles import (
     JobInfo,
     JobLister,
+    ProfileNotLoadableError,
     ProfileStore,
     UnknownProfileError,
-    profile_id,
+    matches,
 )
 
 log = logging.getLogger(__name__)
@@ -79,9 +82,17 @@ async def index(request: web.Request) -> web.FileResponse:
 
 
 async def list_profiles(request: web.Request) -> web.Response:
+    """Every profile, with `?q=` (job name search) and `?status=` (status filter) applied.
+    A row's status is its TrainingJob's phase when the cluster's job list names it, else the
+    profile's own (Complete, Recording, or Incomplete for an S3 upload without manifest)."""
     store = _store(request)
-    profiles = await asyncio.to_thread(store.listing)
-    body: dict[str, Any] = {"root": str(store.root), "profiles": profiles, "jobs": None}
+    body: dict[str, Any] = {"root": store.root_label, "source": "s3" if store.s3 else "dir"}
+    try:
+        profiles = await asyncio.to_thread(store.listing)
+    except S3ProfileError as exc:  # a missing bucket or a denied listing: say so, keep serving
+        profiles = []
+        body["profiles_error"] = str(exc)
+    jobs: list[JobInfo] | None = None
     lister = request.app[JOBS_KEY].lister
     if lister is not None:
         try:
@@ -89,25 +100,41 @@ async def list_profiles(request: web.Request) -> web.Response:
         except Exception as exc:  # the profile list is still useful without the cluster
             log.warning("listing TrainingJobs failed: %s", exc)
             body["jobs_error"] = f"{type(exc).__name__}: {exc}"
-        else:
-            body["jobs"] = [_job_row(store, job) for job in jobs]
+    phases = {(job.namespace, job.name): job.status for job in jobs or []}
+    for row in profiles:
+        row["status"] = phases.get((row["namespace"], row["job_name"]), row["profile_status"])
+    query, status = request.query.get("q", ""), request.query.get("status", "")
+    body["statuses"] = sorted({row["status"] for row in profiles})
+    body["total"] = len(profiles)
+    body["profiles"] = [row for row in profiles if matches(row, query, status)]
+    body["jobs"] = None
+    if jobs is not None:
+        rows = [_job_row(store, job) for job in jobs]
+        body["jobs"] = [
+            row
+            for row in rows
+            if matches(
+                {
+                    "namespace": row["namespace"],
+                    "job_name": row["name"],
+                    "id": "",
+                    "status": row["status"],
+                },
+                query,
+                status,
+            )
+        ]
     return web.json_response(body)
 
 
 def _job_row(store: ProfileStore, job: JobInfo) -> dict[str, Any]:
-    row = {
+    return {
         "name": job.name,
         "namespace": job.namespace,
         "created": job.created,
         "status": job.status,
-        "profile_id": None,
+        "profile_id": store.id_for(job.profile_path, job.profile_s3_uri),
     }
-    if job.profile_path:
-        try:
-            row["profile_id"] = profile_id(store.root, store.resolve(job.profile_path))
-        except (UnknownProfileError, ValueError):
-            row["profile_id"] = None  # not written yet, or outside what this UI serves
-    return row
 
 
 async def load(request: web.Request) -> web.Response:
@@ -116,6 +143,10 @@ async def load(request: web.Request) -> web.Response:
         slot = await _store(request).load(identifier)
     except UnknownProfileError as exc:
         raise web.HTTPNotFound(text=f"no profile {identifier!r}") from exc
+    except ProfileNotLoadableError as exc:
+        raise web.HTTPConflict(text=f"profile {identifier!r} cannot be loaded: {exc}") from exc
+    except S3ProfileError as exc:
+        raise web.HTTPBadGateway(text=str(exc)) from exc
     if request.query.get("wait") == "1" and slot.task is not None:
         await asyncio.shield(slot.task)
     return web.json_response({"id": identifier, "state": slot.state, "error": slot.error})
@@ -190,12 +221,16 @@ async def security_headers(request: web.Request, handler: Any) -> web.StreamResp
 
 
 def create_app(
-    root: str | Path, job_lister: JobLister | None = None, workers: int | None = None
+    root: str | Path,
+    job_lister: JobLister | None = None,
+    workers: int | None = None,
+    s3: S3ProfileSource | None = None,
 ) -> web.Application:
-    """The UI for profiles under `root`. `job_lister` lists TrainingJobs with profiling on
-    (injected so this module never imports the Kubernetes client)."""
+    """The UI for profiles under `root`, a directory or an `s3://bucket/prefix` URI.
+    `job_lister` lists TrainingJobs with profiling on (injected so this module never imports
+    the Kubernetes client); `s3` overrides the S3 source (client, cache) for an s3:// root."""
     app = web.Application(middlewares=[security_headers])
-    app[STORE_KEY] = ProfileStore(Path(root), workers=workers)
+    app[STORE_KEY] = ProfileStore.for_source(root, workers=workers, s3=s3)
     app[JOBS_KEY] = _Jobs(job_lister)
     app.router.add_get("/", index)
     app.router.add_get("/api/profiles", list_profiles)

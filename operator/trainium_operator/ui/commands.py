@@ -6,10 +6,43 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
-PROFILE_DIR = click.Path(exists=True, file_okay=False, path_type=Path)
+
+class _ProfileSource(click.ParamType):  # type: ignore[type-arg]
+    """A profile directory, or an `s3://bucket/prefix` URI (kept as a string)."""
+
+    name = "DIR|s3://bucket/prefix"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.startswith("s3://"):
+            from trainium_operator.profiler.s3 import parse_s3_uri
+
+            try:
+                parse_s3_uri(value)
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+            return value
+        directory = click.Path(exists=True, file_okay=False, path_type=Path)
+        return directory.convert(value, param, ctx)
+
+
+PROFILE_DIR = _ProfileSource()
+
+
+def _local_profile(source: str | Path) -> Path:
+    """The directory to load: `source` itself, or the S3 profile downloaded into the cache."""
+    if isinstance(source, Path):
+        return source
+    from trainium_operator.analysis.s3store import fetch_uri
+    from trainium_operator.profiler.s3 import S3ProfileError, parse_s3_uri
+
+    try:
+        return fetch_uri(parse_s3_uri(source))
+    except S3ProfileError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def _parse_ranks(text: str | None) -> frozenset[int] | None:
@@ -42,18 +75,20 @@ def profile() -> None:
 @click.option(
     "--workers", type=int, default=None, help="Decoding processes (default: CPUs, max 4)."
 )
-def report(directory: Path, top: int, as_json: bool, workers: int | None) -> None:
-    """Print the analysis of the profile in DIRECTORY: steps and stragglers, device and CPU
-    utilisation, activity, memory operations, kernels, precision, launch latency and
-    annotations."""
+def report(directory: str | Path, top: int, as_json: bool, workers: int | None) -> None:
+    """Print the analysis of the profile in DIRECTORY (or at s3://bucket/prefix): steps and
+    stragglers, device and CPU utilisation, activity, memory operations, kernels, precision,
+    launch latency and annotations."""
     from trainium_operator.analysis.loading import ProfileLoadError, load_profile
     from trainium_operator.analysis.report import dashboard, text_report
 
     try:
-        loaded = load_profile(directory, workers=workers)
+        loaded = load_profile(_local_profile(directory), workers=workers)
     except ProfileLoadError as exc:
         raise click.ClickException(str(exc)) from exc
     data = dashboard(loaded, buckets=100, top=top)
+    if not isinstance(directory, Path):
+        data["overview"]["path"] = directory  # the S3 location, not the local cache
     if as_json:
         click.echo(json.dumps(data, indent=1))
     else:
@@ -74,7 +109,7 @@ def report(directory: Path, top: int, as_json: bool, workers: int | None) -> Non
 @click.option("--ranks", default=None, help="Ranks to include, e.g. 0-7,32.")
 @click.option("--workers", type=int, default=None, help="Decoding processes.")
 def export(
-    directory: Path,
+    directory: str | Path,
     output: Path,
     *,
     from_step: int | None,
@@ -82,14 +117,14 @@ def export(
     ranks: str | None,
     workers: int | None,
 ) -> None:
-    """Export DIRECTORY as a Perfetto trace (open it at ui.perfetto.dev)."""
+    """Export DIRECTORY (or s3://bucket/prefix) as a Perfetto trace (open it at ui.perfetto.dev)."""
     from trainium_operator.analysis.loading import ProfileLoadError, load_profile
     from trainium_operator.analysis.perfetto import ExportOptions, export_perfetto
     from trainium_operator.analysis.timeline import TimelineIndex
 
     began = time.perf_counter()
     try:
-        loaded = load_profile(directory, workers=workers)
+        loaded = load_profile(_local_profile(directory), workers=workers)
     except ProfileLoadError as exc:
         raise click.ClickException(str(exc)) from exc
     options = ExportOptions(from_step, to_step, _parse_ranks(ranks))
@@ -124,7 +159,7 @@ def export(
 )
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
 def serve(
-    directory: Path,
+    directory: str | Path,
     *,
     host: str,
     port: int,
@@ -133,7 +168,7 @@ def serve(
     namespaces: tuple[str, ...],
     kubeconfig: str | None,
 ) -> None:
-    """Serve the profile web UI for every profile under DIRECTORY."""
+    """Serve the profile web UI for every profile under DIRECTORY or s3://bucket/prefix."""
     from aiohttp import web
 
     from trainium_operator.ui.app import create_app
@@ -146,23 +181,51 @@ def serve(
 
         lister = cluster_job_lister(kubeconfig, namespaces)
     app = create_app(directory, job_lister=lister, workers=workers)
-    click.echo(f"profile UI for {directory.resolve()} on http://{host}:{port}/", err=True)
+    shown = directory.resolve() if isinstance(directory, Path) else directory
+    click.echo(f"profile UI for {shown} on http://{host}:{port}/", err=True)
     web.run_app(app, host=host, port=port, print=None)
 
 
 @profile.command(name="ls")
 @click.argument("directory", type=PROFILE_DIR)
-def list_profiles(directory: Path) -> None:
-    """List the profiles under DIRECTORY."""
+def list_profiles(directory: str | Path) -> None:
+    """List the profiles under DIRECTORY or s3://bucket/prefix (S3: only profiles whose
+    manifest is there are complete; the others are marked incomplete)."""
+    from trainium_operator.profiler.s3 import S3ProfileError
     from trainium_operator.ui.profiles import ProfileStore
 
-    rows = ProfileStore(directory).listing()
+    try:
+        rows = ProfileStore.for_source(directory).listing()
+    except S3ProfileError as exc:
+        raise click.ClickException(str(exc)) from exc
     if not rows:
         click.echo(f"no profiles under {directory}", err=True)
         sys.exit(1)
     for row in rows:
+        state = "" if row["loadable"] else f"\tINCOMPLETE: {row['manifest_problem']}"
         click.echo(
             f"{row['id']}\t{row['namespace']}/{row['job_name']}\tattempt {row['attempt']}\t"
             f"{row['created'] or '-'}\t{row['nodes']} nodes\t{row['ranks']} ranks\t"
-            f"{row['bytes'] / 1e6:.1f} MB"
+            f"{row['bytes'] / 1e6:.1f} MB{state}"
         )
+
+
+@profile.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("destination")
+def upload(directory: Path, destination: str) -> None:
+    """Upload the profile in DIRECTORY to DESTINATION (s3://bucket/prefix/...) as the operator
+    does: rank files (multipart above 8 MiB), sizes checked, the manifest written last.
+    Credentials and endpoint come from boto3's standard configuration."""
+    from trainium_operator.profiler.s3 import S3ProfileError, parse_s3_uri, upload_profile
+
+    try:
+        result = upload_profile(directory, parse_s3_uri(destination))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="DESTINATION") from exc
+    except S3ProfileError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(
+        f"uploaded {len(result.files)} rank files ({result.bytes:,} bytes) and the manifest "
+        f"to {result.uri}"
+    )

@@ -19,6 +19,7 @@ def profiled_jobs(items: list[dict[str, Any]]) -> list[JobInfo]:
             created=item["metadata"].get("creationTimestamp", ""),
             status=(item.get("status") or {}).get("phase") or "Pending",
             profile_path=((item.get("status") or {}).get("profile") or {}).get("path"),
+            profile_s3_uri=((item.get("status") or {}).get("profile") or {}).get("s3Uri"),
         )
         for item in items
         if ((item.get("spec") or {}).get("profile") or {}).get("enabled")

@@ -1,9 +1,10 @@
-"""Finding profiles under a directory and holding the loaded ones for the web UI.
+"""Finding profiles under a directory or an S3 prefix and holding the loaded ones for the UI.
 
 Loading decodes every rank file (seconds for a million events), so it runs in a worker
 thread while the server keeps answering; a profile is loaded once and kept until the user
 unloads it. Paths from the browser are profile ids (paths relative to the root) and are
-always resolved inside the root.
+always resolved inside the root. Under an S3 prefix only complete profiles (manifest
+present) can be loaded; loading downloads the rank files into the ETag-keyed cache once.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from typing import Any
 
 from trainium_operator.analysis.loading import LoadedProfile, load_profile, read_manifest_or_default
 from trainium_operator.analysis.report import dashboard
+from trainium_operator.analysis.s3store import S3Profile, S3ProfileSource
 from trainium_operator.analysis.timeline import TimelineIndex
 from trainium_operator.profiler.manifest import MANIFEST_NAME, discover_rank_files
+from trainium_operator.profiler.s3 import is_s3_uri, parse_s3_uri
 
 MAX_SEARCH_DEPTH = 8
 
@@ -32,6 +35,7 @@ class JobInfo:
     created: str
     status: str
     profile_path: str | None = None  # status.profile.path, when the job has written one
+    profile_s3_uri: str | None = None  # status.profile.s3Uri, once its upload is complete
 
 
 JobLister = Callable[[], Awaitable[list[JobInfo]]]
@@ -39,6 +43,10 @@ JobLister = Callable[[], Awaitable[list[JobInfo]]]
 
 class UnknownProfileError(KeyError):
     pass
+
+
+class ProfileNotLoadableError(ValueError):
+    """The profile exists but is incomplete (an S3 upload without its manifest)."""
 
 
 def _is_profile_dir(path: Path) -> bool:
@@ -90,13 +98,85 @@ def build_entry(path: Path, workers: int | None) -> LoadedEntry:
     return LoadedEntry(profile, TimelineIndex(profile), dashboard(profile))
 
 
+def _dir_row(root: Path, path: Path) -> dict[str, Any]:
+    manifest, problem = read_manifest_or_default(path)
+    files = discover_rank_files(path)
+    return {
+        "id": profile_id(root, path),
+        "path": str(path),
+        "job_name": manifest.job_name,
+        "namespace": manifest.namespace,
+        "attempt": manifest.attempt,
+        "created": manifest.created,
+        "nodes": len({ref.node for ref in files}),
+        "ranks": len(files),
+        "bytes": sum(ref.path.stat().st_size for ref in files),
+        "finished": manifest.finished,
+        "manifest_problem": problem,
+        "loadable": True,
+        "profile_status": "Complete" if manifest.finished else "Recording",
+    }
+
+
+def _s3_row(profile: S3Profile) -> dict[str, Any]:
+    manifest = profile.manifest_data
+    parts = profile.identifier.split("/")
+    # Without a manifest the layout <namespace>/<job>/<attempt> still names the job.
+    namespace, job, attempt = (
+        (parts[-3], parts[-2], parts[-1]) if len(parts) >= 3 else ("", "", "0")
+    )
+    return {
+        "id": profile.identifier,
+        "path": str(profile.location),
+        "job_name": manifest.job_name if manifest else job,
+        "namespace": manifest.namespace if manifest else namespace,
+        "attempt": manifest.attempt if manifest else (int(attempt) if attempt.isdigit() else 0),
+        "created": manifest.created if manifest else "",
+        "nodes": len({obj.relative.split("/")[0] for obj in profile.rank_files}),
+        "ranks": len(profile.rank_files),
+        "bytes": profile.bytes,
+        "finished": bool(manifest and manifest.finished),
+        "manifest_problem": profile.problem,
+        "loadable": profile.complete,
+        "profile_status": "Complete" if profile.complete else "Incomplete",
+    }
+
+
+def matches(row: dict[str, Any], query: str, status: str) -> bool:
+    """The list's search (job name, namespace/job or id, case-insensitive) and status filter."""
+    needle = query.strip().lower()
+    if needle:
+        haystack = f"{row['namespace']}/{row['job_name']} {row['id']}".lower()
+        if needle not in haystack:
+            return False
+    return not status or row.get("status") == status
+
+
 @dataclass
 class ProfileStore:
+    """Profiles under `root`: a directory, or an S3 prefix when `s3` is set."""
+
     root: Path
     workers: int | None = None
     slots: dict[str, _Slot] = field(default_factory=dict)
+    s3: S3ProfileSource | None = None
+
+    @classmethod
+    def for_source(
+        cls, source: str | Path, workers: int | None = None, s3: S3ProfileSource | None = None
+    ) -> ProfileStore:
+        if is_s3_uri(str(source)) and isinstance(source, str):
+            s3 = s3 or S3ProfileSource(parse_s3_uri(source))
+            return cls(Path(str(s3.base)), workers=workers, s3=s3)
+        return cls(Path(source), workers=workers, s3=s3)
+
+    @property
+    def root_label(self) -> str:
+        return str(self.s3.base) if self.s3 is not None else str(self.root)
 
     def resolve(self, identifier: str) -> Path:
+        if self.s3 is not None:
+            raise UnknownProfileError(identifier)  # S3 profiles have no local path until loaded
         candidate = (self.root / identifier).resolve()
         root = self.root.resolve()
         if candidate != root and root not in candidate.parents:
@@ -105,35 +185,58 @@ class ProfileStore:
             raise UnknownProfileError(identifier)
         return candidate
 
+    def id_for(self, path: str | None, s3_uri: str | None) -> str | None:
+        """The id of a job's profile (status.profile) in this store, if it serves it."""
+        if self.s3 is not None:
+            if not s3_uri or not is_s3_uri(s3_uri):
+                return None
+            location = parse_s3_uri(s3_uri)
+            base = self.s3.base
+            if location.bucket != base.bucket:
+                return None
+            if location.prefix == base.prefix:
+                return "."
+            if not location.prefix.startswith(base.dir_prefix):
+                return None
+            return location.prefix[len(base.dir_prefix) :]
+        if not path:
+            return None
+        try:
+            return profile_id(self.root, self.resolve(path))
+        except (UnknownProfileError, ValueError):
+            return None  # not written yet, or outside what this UI serves
+
+    def _with_slot(self, row: dict[str, Any]) -> dict[str, Any]:
+        slot = self.slots.get(row["id"], _Slot())
+        return {**row, "state": slot.state, "error": slot.error, "events": slot.events}
+
     def listing(self) -> list[dict[str, Any]]:
-        rows = []
-        for path in find_profiles(self.root):
-            identifier = profile_id(self.root, path)
-            manifest, problem = read_manifest_or_default(path)
-            files = discover_rank_files(path)
-            slot = self.slots.get(identifier, _Slot())
-            rows.append(
-                {
-                    "id": identifier,
-                    "path": str(path),
-                    "job_name": manifest.job_name,
-                    "namespace": manifest.namespace,
-                    "attempt": manifest.attempt,
-                    "created": manifest.created,
-                    "nodes": len({ref.node for ref in files}),
-                    "ranks": len(files),
-                    "bytes": sum(ref.path.stat().st_size for ref in files),
-                    "finished": manifest.finished,
-                    "manifest_problem": problem,
-                    "state": slot.state,
-                    "error": slot.error,
-                    "events": slot.events,
-                }
-            )
-        return rows
+        if self.s3 is not None:
+            rows = [_s3_row(profile) for profile in self.s3.listing()]
+        else:
+            rows = [_dir_row(self.root, path) for path in find_profiles(self.root)]
+        return [self._with_slot(row) for row in rows]
+
+    def _locate(self, identifier: str) -> Path | S3Profile:
+        if self.s3 is None:
+            return self.resolve(identifier)
+        profile = self.s3.find(identifier)
+        if profile is None:
+            raise UnknownProfileError(identifier)
+        if not profile.complete:
+            raise ProfileNotLoadableError(f"{profile.location}: {profile.problem}")
+        return profile
+
+    def _build(self, target: Path | S3Profile) -> LoadedEntry:
+        if not isinstance(target, S3Profile):
+            return build_entry(target, self.workers)
+        assert self.s3 is not None
+        entry = build_entry(self.s3.fetch(target), self.workers)
+        entry.dashboard["overview"]["path"] = str(target.location)  # not the local cache
+        return entry
 
     async def load(self, identifier: str) -> _Slot:
-        path = self.resolve(identifier)
+        target = await asyncio.to_thread(self._locate, identifier)
         slot = self.slots.setdefault(identifier, _Slot())
         if slot.state in ("loading", "loaded"):
             return slot
@@ -141,7 +244,7 @@ class ProfileStore:
 
         async def run() -> None:
             try:
-                entry = await asyncio.to_thread(build_entry, path, self.workers)
+                entry = await asyncio.to_thread(self._build, target)
             except Exception as exc:  # shown to the user; the server keeps running
                 slot.state, slot.error, slot.entry = "error", f"{type(exc).__name__}: {exc}", None
             else:

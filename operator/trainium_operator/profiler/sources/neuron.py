@@ -1,8 +1,21 @@
 """Trainium device activity from the Neuron runtime's system (and device) profiles.
 
-UNVERIFIED ON HARDWARE. Written against the Neuron Profiler 2.0 user guide (aws-neuron-sdk
-`tools/profiler/neuron-profiler-2-0-beta-user-guide.rst`) and the Neuron Explorer schema
-reference, and tested only on hand-made fixtures that follow them.
+UNVERIFIED ON HARDWARE. No exported system profile from a real run is published in a public
+repository or in the Neuron docs (searched 2026-12-01: aws-neuron/aws-neuron-sdk holds only
+documentation snippets), so the parser follows the documented formats field by field and is
+tested on fixtures written from them (tests/profiler/fixtures/neuron/README.md):
+
+- the JSON export of Neuron Explorer (`neuron-explorer view -d <dir> --output-format json`,
+  Neuron SDK 2.27+; `tools/neuron-explorer/get-started.rst`) and of its predecessor
+  `neuron-profile view` (Neuron Profiler 2.0 user guide, now under `archive/profiler/`):
+  `system_profile.json` with `trace_events`, `mem_usage` and `cpu_util`;
+- the fields of Neuron Explorer's `SystemProfileEvents` table, profile schema **7.4.0**
+  (Neuron SDK **2.31.0**, `tools/neuron-explorer/profile-schema-reference.rst`): `id`, `name`,
+  `start_ts`, `end_ts`, `duration_ns`, `trace_event_source` (`neuron_rt`, `neuron_hw`,
+  `framework`), `instance_id`, `process_id`, `thread_id`, `nc_idx` (logical NeuronCore),
+  `pcore_idx`, `worker_gid`, `flow_id` (list of string-encoded integers),
+  `framework_stream_id`, `extra_attributes_json`. Events in either naming are read; numbers
+  may be JSON strings (the guide's examples write `"lnc_idx": "0"`, `"process_id": "1627711"`).
 
 Capture. The runtime captures when the process starts with `NEURON_RT_INSPECT_ENABLE=1`;
 `neuron_inspect_env()` gives the variables, pointing `NEURON_RT_INSPECT_OUTPUT_DIR` inside the
@@ -128,16 +141,51 @@ class NeuronConversion:
 
 
 def load_system_profile(path: Path) -> dict[str, Any]:
-    """Read `system_profile.json`; accepts the documented object or a bare event list."""
+    """Read `system_profile.json`; accepts the documented object (`trace_events`, also spelt
+    `trace_event`) or a bare event list."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise NeuronProfileError(f"{path}: unreadable Neuron system profile: {exc}") from exc
     if isinstance(data, list):
         return {"trace_events": data}
+    if isinstance(data, dict) and "trace_events" not in data and "trace_event" in data:
+        data = {**data, "trace_events": data["trace_event"]}
     if not isinstance(data, dict) or not isinstance(data.get("trace_events", []), list):
         raise NeuronProfileError(f"{path}: no trace_events list in Neuron system profile")
     return data
+
+
+def attribute(raw: Mapping[str, Any], key: str) -> Any:
+    """An event attribute: its own field (JSON export) or, in Neuron Explorer's
+    SystemProfileEvents rows, inside `extra_attributes_json` (attributes without a column of
+    their own, such as `size` and `exec_id`)."""
+    if key in raw:
+        return raw[key]
+    extra = raw.get("extra_attributes_json")
+    if isinstance(extra, str) and extra:
+        try:
+            parsed = json.loads(extra)
+        except ValueError:
+            return None
+        if isinstance(parsed, dict):
+            return parsed.get(key)
+    return None
+
+
+def event_start(raw: Mapping[str, Any]) -> int:
+    """Unix ns: `timestamp` (JSON export) or `start_ts` (Explorer's SystemProfileEvents)."""
+    return _int(raw.get("timestamp", raw.get("start_ts")))
+
+
+def event_duration(raw: Mapping[str, Any]) -> int:
+    """`duration` (JSON export), `duration_ns`, or `end_ts - start_ts` (SystemProfileEvents)."""
+    for key in ("duration", "duration_ns"):
+        if key in raw:
+            return max(_int(raw[key]), 0)
+    if "end_ts" in raw:
+        return max(_int(raw["end_ts"]) - event_start(raw), 0)
+    return 0
 
 
 def _int(value: Any, default: int = 0) -> int:
@@ -224,7 +272,7 @@ def convert_system_profile(
     for index, (raw, kind, device, thread) in enumerate(rows):
         value = 0
         if kind in (EventKind.MEMCPY, EventKind.COLLECTIVE):
-            value = _int(raw.get("size"))
+            value = _int(attribute(raw, "size"))
         elif kind == EventKind.COUNTER:
             value = 1
         if device != HOST_DEVICE:
@@ -234,8 +282,8 @@ def convert_system_profile(
             Event(
                 kind=kind,
                 name=str(raw.get("name", "")),
-                start_ns=to_monotonic(_int(raw.get("timestamp"))),
-                duration_ns=max(_int(raw.get("duration")), 0),
+                start_ns=to_monotonic(event_start(raw)),
+                duration_ns=event_duration(raw),
                 thread_id=thread,
                 device=device,
                 flow_id=flow_of.get(index, 0),
@@ -275,30 +323,32 @@ def _link_launches(
     by_exec: dict[tuple[int, str], int] = {}
     for i in launches:
         raw = rows[i][0]
-        if i not in flow_of and "exec_id" in raw:
-            by_exec.setdefault((_nc_index(raw), str(raw["exec_id"])), i)
+        exec_id = attribute(raw, "exec_id")
+        if i not in flow_of and exec_id is not None:
+            by_exec.setdefault((_nc_index(raw), str(exec_id)), i)
     for i in runs:
         raw = rows[i][0]
-        if i in flow_of or "exec_id" not in raw:
+        exec_id = attribute(raw, "exec_id")
+        if i in flow_of or exec_id is None:
             continue
-        launch = by_exec.get((_nc_index(raw), str(raw["exec_id"])))
+        launch = by_exec.get((_nc_index(raw), str(exec_id)))
         if launch is not None and launch not in flow_of:
             link(launch, i)
 
     # 3. Timing: the latest unlinked launch on that NeuronCore that started before the run.
     heuristic = 0
     pending: dict[int, list[int]] = {}
-    for i in sorted(launches, key=lambda i: _int(rows[i][0].get("timestamp"))):
+    for i in sorted(launches, key=lambda i: event_start(rows[i][0])):
         if i not in flow_of:
             pending.setdefault(_nc_index(rows[i][0]), []).append(i)
-    for i in sorted(runs, key=lambda i: _int(rows[i][0].get("timestamp"))):
+    for i in sorted(runs, key=lambda i: event_start(rows[i][0])):
         if i in flow_of:
             continue
-        start = _int(rows[i][0].get("timestamp"))
+        start = event_start(rows[i][0])
         candidates = pending.get(_nc_index(rows[i][0]), [])
         best = None
         for pos in range(len(candidates) - 1, -1, -1):
-            if _int(rows[candidates[pos]][0].get("timestamp")) <= start:
+            if event_start(rows[candidates[pos]][0]) <= start:
                 best = pos
                 break
         if best is not None:
@@ -323,18 +373,29 @@ def device_profiles(capture_dir: Path) -> list[Path]:
     return sorted(capture_dir.glob("*.ntff"))
 
 
+# Neuron Explorer (SDK 2.27+) first; `neuron-profile` is its predecessor with the same `view`
+# options used here (-d, --output-format json, --ignore-device-profile).
+PROFILE_CLIS = ("neuron-explorer", "neuron-profile")
+NEURON_BIN = Path("/opt/aws/neuron/bin")
+
+
 def find_neuron_profile_cli() -> str | None:
-    found = shutil.which("neuron-profile")
-    if found:
-        return found
-    default = Path("/opt/aws/neuron/bin/neuron-profile")
-    return str(default) if default.exists() else None
+    for name in PROFILE_CLIS:
+        found = shutil.which(name)
+        if found:
+            return found
+    for name in PROFILE_CLIS:
+        default = NEURON_BIN / name
+        if default.exists():
+            return str(default)
+    return None
 
 
 def system_profile_json(
     capture_dir: Path, cli: str | None, timeout_s: float = 600.0
 ) -> Path | None:
-    """`system_profile.json` for a capture directory, running `neuron-profile view` if needed."""
+    """`system_profile.json` for a capture directory, running `neuron-explorer view` (or
+    `neuron-profile view`) if needed."""
     existing = capture_dir / SYSTEM_PROFILE_JSON
     if existing.exists():
         return existing
@@ -352,7 +413,7 @@ def system_profile_json(
     try:
         subprocess.run(cmd, cwd=capture_dir, check=True, capture_output=True, timeout=timeout_s)
     except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("neuron-profile view failed for %s: %s", capture_dir, exc)
+        log.warning("%s view failed for %s: %s", Path(cli).name, capture_dir, exc)
         return None
     return existing if existing.exists() else None
 

@@ -41,21 +41,56 @@ window.addEventListener("hashchange", route);
 
 // ------------------------------------------------------------------ profiles
 
+// The list's search (job name) and status filter, applied by the server (/api/profiles?q=&status=).
+const filter = { q: "", status: "" };
+window.__ui.filter = filter;
+
 async function renderProfiles() {
-  const data = await api("/api/profiles");
-  const busy = data.profiles.some((p) => p.state === "loading");
   page.innerHTML = `
     <h1>Profiles</h1>
-    <p class="sub">Profiles found under <code>${esc(data.root)}</code>. Load one to open its dashboard and timeline.</p>
+    <p class="sub" id="profiles-root"></p>
+    <div class="filters">
+      <input type="search" id="profile-search" data-testid="profile-search" placeholder="Search by job name" value="${esc(filter.q)}" autocomplete="off">
+      <select id="profile-status" data-testid="profile-status"><option value="">All statuses</option></select>
+      <span class="hint" id="profiles-count"></span>
+    </div>
+    <div id="profiles-body"></div>`;
+  const search = document.getElementById("profile-search");
+  let timer = null;
+  search.addEventListener("input", () => {
+    clearTimeout(timer);
+    timer = setTimeout(() => { filter.q = search.value; refreshProfiles(); }, 150);
+  });
+  document.getElementById("profile-status").addEventListener("change", (event) => {
+    filter.status = event.target.value;
+    refreshProfiles();
+  });
+  await refreshProfiles();
+}
+
+async function refreshProfiles() {
+  const data = await api(`/api/profiles?q=${q(filter.q)}&status=${q(filter.status)}`);
+  const body = document.getElementById("profiles-body");
+  if (!body) return; // navigated away
+  const busy = data.profiles.some((p) => p.state === "loading");
+  const where = data.source === "s3" ? "in S3 under" : "under";
+  document.getElementById("profiles-root").innerHTML = `Profiles ${where} <code>${esc(data.root)}</code>. Load one to open its dashboard and timeline.${data.source === "s3" ? " Only uploads whose manifest is there can be loaded." : ""}`;
+  const select = document.getElementById("profile-status");
+  const statuses = [...new Set([...data.statuses, filter.status].filter(Boolean))].sort();
+  select.innerHTML = `<option value="">All statuses</option>` + statuses.map((s) => `<option value="${esc(s)}"${s === filter.status ? " selected" : ""}>${esc(s)}</option>`).join("");
+  document.getElementById("profiles-count").textContent = `${data.profiles.length} of ${data.total} profiles`;
+  body.innerHTML = `
+    ${data.profiles_error ? `<div class="warnings" data-testid="profiles-error">Profiles could not be listed: ${esc(data.profiles_error)}</div>` : ""}
     ${data.jobs !== null || data.jobs_error ? jobsCard(data) : ""}
     <div class="card">
-      <div class="card-head"><h2>Profile directories</h2><span class="hint">${data.profiles.length} found</span></div>
+      <div class="card-head"><h2>${data.source === "s3" ? "Profiles in S3" : "Profile directories"}</h2><span class="hint">${data.profiles.length} shown</span></div>
       ${data.profiles.length ? `<div class="scroll" style="max-height:none"><table data-testid="profiles-table">
-        <thead><tr><th>Profile</th><th class="l">Job</th><th>Attempt</th><th class="l">Created</th><th>Nodes</th><th>Ranks</th><th>Size</th><th class="l">State</th><th></th></tr></thead>
-        <tbody>${data.profiles.map(profileRow).join("")}</tbody></table></div>` : `<div class="empty">No profiles here yet.</div>`}
+        <thead><tr><th>Profile</th><th class="l">Job</th><th>Attempt</th><th class="l">Created</th><th>Nodes</th><th>Ranks</th><th>Size</th><th class="l">Status</th><th class="l">State</th><th></th></tr></thead>
+        <tbody>${data.profiles.map(profileRow).join("")}</tbody></table></div>` : `<div class="empty">${data.total ? "No profile matches the search." : "No profiles here yet."}</div>`}
     </div>`;
-  for (const button of page.querySelectorAll("[data-action]")) button.addEventListener("click", onProfileAction);
-  if (busy) state.pollTimer = setInterval(() => { if (location.hash.startsWith("#/profiles") || !location.hash) renderProfiles(); }, 1000);
+  for (const button of body.querySelectorAll("[data-action]")) button.addEventListener("click", onProfileAction);
+  clearInterval(state.pollTimer);
+  if (busy) state.pollTimer = setInterval(() => { if (location.hash.startsWith("#/profiles") || !location.hash) refreshProfiles(); }, 1000);
 }
 
 function jobsCard(data) {
@@ -71,13 +106,16 @@ function jobsCard(data) {
 
 function profileRow(p) {
   const label = p.namespace ? `${p.namespace}/${p.job_name}` : p.job_name;
-  const actions = p.state === "loaded"
+  const actions = !p.loadable
+    ? `<span class="hint" title="${esc(p.manifest_problem || "")}">not loadable</span>`
+    : p.state === "loaded"
     ? `<button class="btn small primary" data-action="open" data-id="${esc(p.id)}">Open</button> <button class="btn small" data-action="unload" data-id="${esc(p.id)}">Unload</button>`
     : p.state === "loading" ? `<span class="spinner"></span>`
     : `<button class="btn small primary" data-action="load" data-id="${esc(p.id)}">Load</button>`;
   return `<tr data-profile="${esc(p.id)}"><td class="name" title="${esc(p.path)}">${esc(p.id)}</td><td class="l">${esc(label)}</td><td>${p.attempt}</td>
     <td class="l">${esc(p.created || "–")}</td><td>${p.nodes}</td><td>${p.ranks}</td><td>${fmtBytes(p.bytes)}</td>
-    <td class="l"><span class="badge ${p.state}" title="${esc(p.error || "")}">${p.state}${p.state === "loaded" ? ` · ${fmtInt(p.events)} events` : ""}</span></td>
+    <td class="l"><span class="pill status-${esc(p.status.toLowerCase())}" data-testid="profile-status-badge" title="${esc(p.manifest_problem || "")}">${esc(p.status)}</span></td>
+    <td class="l">${!p.loadable ? `<span class="badge error" title="${esc(p.manifest_problem || "")}">incomplete upload</span>` : `<span class="badge ${p.state}" title="${esc(p.error || "")}">${p.state}${p.state === "loaded" ? ` · ${fmtInt(p.events)} events` : ""}</span>`}</td>
     <td>${actions}</td></tr>`;
 }
 
@@ -86,11 +124,11 @@ async function onProfileAction(event) {
   if (action === "load") {
     await api(`/api/profiles/load?id=${q(id)}`, { method: "POST" });
     setProfile(id);
-    renderProfiles();
+    refreshProfiles();
   } else if (action === "unload") {
     await api(`/api/profiles/unload?id=${q(id)}`, { method: "POST" });
     if (state.profileId === id) { setProfile(null); showCurrent(null); }
-    renderProfiles();
+    refreshProfiles();
   } else if (action === "open") {
     setProfile(id);
     location.hash = "#/dashboard";
@@ -123,25 +161,32 @@ async function renderDashboard() {
   const st = d.steps.stats;
   const perNode = (key) => (d.cpu.length ? d.cpu.reduce((a, c) => a + c[key], 0) / d.cpu.length : 0);
   const hostCores = perNode("host_mean_cores"), processCores = perNode("process_mean_cores");
+  // A run without accelerator activity (CPU-only) says so, and shows the host operations of
+  // the torch.profiler window where device kernels would be, instead of zeros.
+  const acc = d.accelerator || { recorded: true };
+  const cpuOnly = !acc.recorded;
+  const windowText = acc.window ? ` (steps ${acc.window[0]}–${acc.window[1]})` : "";
+  const notApplicable = (what) => `<div class="empty" data-testid="not-applicable">Not applicable: ${esc(what)} (no accelerator activity recorded).</div>`;
   page.innerHTML = `
     <h1>${esc(o.namespace ? o.namespace + "/" : "")}${esc(o.job_name)}</h1>
     <p class="sub">${o.nodes.length} nodes · ${o.ranks} ranks · ${fmtInt(o.events)} events over ${fmtNs(o.duration_ns)} · created ${esc(o.created || "–")}${o.step_window ? ` · detailed steps ${o.step_window[0]}–${o.step_window[1]}` : ""}</p>
     ${o.warnings.length ? `<div class="warnings" data-testid="warnings">${o.warnings.map(esc).join("<br>")}</div>` : ""}
+    ${cpuOnly ? `<div class="notice" data-testid="no-accelerator"><b>No accelerator activity recorded.</b> Why: ${esc(acc.reason)}. Device panels show the host operations of the torch.profiler window${windowText} instead.</div>` : ""}
     <div class="kpis">
       ${kpi("Steps", fmtInt(st.count), "with step markers", "kpi-steps")}
       ${kpi("Step time p50", fmtNs(st.p50_ns), `p99 ${fmtNs(st.p99_ns)}`, "kpi-step-p50")}
-      ${kpi("Device busy", fmtPct(meanBusy), `${busy.length} NeuronCores, whole profile`, "kpi-busy")}
-      ${kpi("Device active", fmtPct(d.device_time.active_share), `active ${fmtNs(d.device_time.active_ns)} · idle ${fmtNs(d.device_time.idle_ns)}`, "kpi-active")}
+      ${cpuOnly ? kpi("Accelerator", "none recorded", "CPU-only run: see the note above", "kpi-busy") : kpi("Device busy", fmtPct(meanBusy), `${busy.length} NeuronCores, whole profile`, "kpi-busy")}
+      ${cpuOnly ? kpi("Host ops time", fmtNs(d.host_ops.total_ns), `torch.profiler window${windowText}, all ranks`, "kpi-active") : kpi("Device active", fmtPct(d.device_time.active_share), `active ${fmtNs(d.device_time.active_ns)} · idle ${fmtNs(d.device_time.idle_ns)}`, "kpi-active")}
       ${kpi("Host CPU", `${hostCores.toFixed(1)} cores`, `training processes ${processCores.toFixed(1)} cores / node`, "kpi-cpu")}
-      ${kpi("Kernel runs", fmtInt(d.kernels.count), `${d.kernels.distinct} distinct`, "kpi-kernels")}
-      ${kpi("Launch latency p50", fmtNs(d.launch_latency.stats.p50_ns), `p99 ${fmtNs(d.launch_latency.stats.p99_ns)}`, "kpi-latency")}
+      ${cpuOnly ? kpi("Host op runs", fmtInt(d.host_ops.count), `${d.host_ops.distinct} distinct host ops`, "kpi-kernels") : kpi("Kernel runs", fmtInt(d.kernels.count), `${d.kernels.distinct} distinct`, "kpi-kernels")}
+      ${cpuOnly ? kpi("Launch latency", "n/a", "no device launches to link", "kpi-latency") : kpi("Launch latency p50", fmtNs(d.launch_latency.stats.p50_ns), `p99 ${fmtNs(d.launch_latency.stats.p99_ns)}`, "kpi-latency")}
       ${kpi("Dropped events", fmtInt(o.dropped_events), "ring overflow at capture", "kpi-dropped")}
     </div>
     <div class="grid">
-      <section class="card span-12"><div class="card-head"><h2>Utilisation over time</h2><span class="hint">device busy % per node (mean over its NeuronCores) · host CPU cores · drag to zoom</span></div><div class="chart" id="util-chart" data-testid="util-chart"></div></section>
-      <section class="card span-12"><div class="card-head"><h2>Utilisation per NeuronCore</h2><span class="hint">busy share of each time bucket, one row per NeuronCore in use</span></div><div id="device-heatmap" data-testid="device-heatmap"></div></section>
-      <section class="card span-6"><div class="card-head"><h2>Device activity</h2><span class="hint">share of each rank's capture window</span></div><div id="activity"></div></section>
-      <section class="card span-6"><div class="card-head"><h2>Kernel precision</h2><span class="hint">share of kernel time</span></div><div id="precision"></div></section>
+      <section class="card span-12"><div class="card-head"><h2>Utilisation over time</h2><span class="hint">${cpuOnly ? "host CPU cores per node (no accelerator activity recorded)" : "device busy % per node (mean over its NeuronCores) · host CPU cores"} · drag to zoom</span></div><div class="chart" id="util-chart" data-testid="util-chart"></div></section>
+      <section class="card span-12"><div class="card-head"><h2>Utilisation per NeuronCore</h2><span class="hint">busy share of each time bucket, one row per NeuronCore in use</span></div><div id="device-heatmap" data-testid="device-heatmap">${cpuOnly ? notApplicable("no NeuronCore was used") : ""}</div></section>
+      <section class="card span-6"><div class="card-head"><h2>${cpuOnly ? "Host operations" : "Device activity"}</h2><span class="hint">${cpuOnly ? `share of host-op time in the torch.profiler window${windowText}` : "share of each rank's capture window"}</span></div><div id="activity"></div></section>
+      <section class="card span-6"><div class="card-head"><h2>Kernel precision</h2><span class="hint">share of kernel time</span></div><div id="precision">${cpuOnly ? notApplicable("no device kernels") : ""}</div></section>
       <section class="card span-6"><div class="card-head"><h2>Memory operations</h2><span class="hint">share of memory-operation time</span></div><div id="memory-mix"></div>
         ${transferTable(d.memory_ops, "memory-table")}</section>
       <section class="card span-6"><div class="card-head"><h2>Host CPU and collectives</h2><span class="hint">busy cores, mean over the sampled span</span></div>
@@ -161,12 +206,12 @@ async function renderDashboard() {
         ${d.steps.stragglers.map((r) => `<tr data-rank="${r.rank}"><td>${r.rank}</td><td class="l name">${esc(o.nodes[r.node])}</td><td>${r.mean_relative.toFixed(3)}×</td><td>${fmtInt(r.slowest_count)} steps</td></tr>`).join("")}
         </tbody></table></div></div></div></section>
       <section class="card span-12"><div class="card-head"><h2>Top kernels and ops</h2>
-        <span class="hint controls"><select id="ops-source" data-testid="ops-source"><option value="kernels">device kernels</option><option value="host_ops">host ops</option></select>
+        <span class="hint controls"><select id="ops-source" data-testid="ops-source">${cpuOnly ? `<option value="host_ops" selected>host ops (torch.profiler window)</option><option value="kernels" disabled>device kernels: none recorded</option>` : `<option value="kernels">device kernels</option><option value="host_ops">host ops</option>`}</select>
         by <select id="ops-order" data-testid="ops-order"><option value="by_time">total time</option><option value="by_count">count</option></select>
         · show <select id="topk">${[5, 10, 15, 25, 50].map((k) => `<option ${k === 15 ? "selected" : ""}>${k}</option>`).join("")}</select></span></div>
         <div class="grid"><div class="span-5" id="kernel-bars"></div><div class="span-7"><div class="scroll"><table data-testid="kernels-table"><thead><tr><th>Name</th><th>Count</th><th>Total</th><th>Mean</th><th>p50</th><th>p99</th><th>Share</th></tr></thead><tbody id="kernel-rows"></tbody></table></div></div></div></section>
       <section class="card span-6"><div class="card-head"><h2>Launch → execution latency</h2><span class="hint">${fmtInt(d.launch_latency.matched)} linked launches${d.launch_latency.unmatched_launches ? ` · ${fmtInt(d.launch_latency.unmatched_launches)} unlinked` : ""}</span></div>
-        <div class="chart" id="latency-hist" data-testid="latency-hist"></div><div class="stats" data-testid="latency-stats">${statsLine(d.launch_latency.stats)}</div></section>
+        <div class="chart" id="latency-hist" data-testid="latency-hist">${cpuOnly ? notApplicable("no device launches to link to executions") : ""}</div><div class="stats" data-testid="latency-stats">${cpuOnly ? "" : statsLine(d.launch_latency.stats)}</div></section>
       <section class="card span-6"><div class="card-head"><h2>Custom annotations</h2><span class="hint">
         <select id="annotation-picker" data-testid="annotation-picker">${d.annotations.map((a) => `<option value="${esc(a.name)}">${esc(a.name)} (${fmtInt(a.stats.count)})</option>`).join("")}</select></span></div>
         <div class="chart" id="annotation-hist" data-testid="annotation-hist"></div><div class="stats" id="annotation-stats" data-testid="annotation-stats"></div></section>
@@ -175,12 +220,12 @@ async function renderDashboard() {
   const u = d.utilisation;
   const x = u.bucket_start_ns.map((t) => (t + u.bucket_ns / 2) / 1e9);
   const series = [];
-  o.nodes.forEach((node, i) => series.push({ label: `${node} busy`, stroke: ["#2563eb", "#7c3aed", "#0891b2", "#db2777"][i % 4], width: 1.6, fill: i === 0 ? "#2563eb18" : undefined, data: u.node_busy[i].map((v) => (v == null ? null : 100 * v)), value: (uu, v) => (v == null ? "–" : `${v.toFixed(1)}%`) }));
+  if (!cpuOnly) o.nodes.forEach((node, i) => series.push({ label: `${node} busy`, stroke: ["#2563eb", "#7c3aed", "#0891b2", "#db2777"][i % 4], width: 1.6, fill: i === 0 ? "#2563eb18" : undefined, data: u.node_busy[i].map((v) => (v == null ? null : 100 * v)), value: (uu, v) => (v == null ? "–" : `${v.toFixed(1)}%`) }));
   o.nodes.forEach((node, i) => series.push({ label: `${node} CPU`, scale: "cores", stroke: ["#ea580c", "#ca8a04", "#16a34a", "#dc2626"][i % 4], width: 1, dash: [4, 3], data: u.node_cpu_cores[i], spanGaps: true, value: (uu, v) => (v == null ? "–" : `${v.toFixed(2)} cores`) }));
-  lineChart(document.getElementById("util-chart"), { x, series, yLabel: "device busy", y2Label: "CPU cores", xLabel: "seconds since profile start" });
+  lineChart(document.getElementById("util-chart"), { x, series, yLabel: cpuOnly ? "" : "device busy", y2Label: "CPU cores", xLabel: "seconds since profile start" });
 
   const short = (node) => node.split(".")[0];
-  heatmap(document.getElementById("device-heatmap"), {
+  if (!cpuOnly) heatmap(document.getElementById("device-heatmap"), {
     rowLabels: u.devices.map((dv) => `${short(o.nodes[dv.node])} · NC ${dv.device}`),
     colLabels: x.map((t) => `${t.toFixed(2)} s`),
     values: u.device_busy, colour: busyColour,
@@ -211,12 +256,20 @@ async function renderDashboard() {
   document.getElementById("heat-mode").addEventListener("change", renderHeat);
   renderHeat();
 
-  const activity = ["compute", "collective", "memcpy", "sync", "idle"].map((k) => ({ key: k, share: d.activity.shares[k] || 0, abs: fmtNs(d.activity.totals_ns[k] || 0) }));
-  stackedBar(document.getElementById("activity"), activity, "activity-legend");
-  stackedBar(document.getElementById("precision"), d.precision.map((p) => ({ key: p.precision, share: p.share, abs: `${fmtInt(p.count)} runs · ${fmtNs(p.total_ns)}` })), "precision-legend");
+  if (cpuOnly) {
+    const ops = d.host_ops.by_time.slice(0, 7);
+    const rest = Math.max(0, 1 - ops.reduce((a, r) => a + r.share, 0));
+    const parts = ops.map((r) => ({ key: r.name, share: r.share, abs: `${fmtInt(r.count)} runs · ${fmtNs(r.total_ns)}` }));
+    if (rest > 0.0005) parts.push({ key: "other host ops", share: rest, abs: "" });
+    stackedBar(document.getElementById("activity"), parts, "activity-legend", colourFor);
+  } else {
+    const activity = ["compute", "collective", "memcpy", "sync", "idle"].map((k) => ({ key: k, share: d.activity.shares[k] || 0, abs: fmtNs(d.activity.totals_ns[k] || 0) }));
+    stackedBar(document.getElementById("activity"), activity, "activity-legend");
+    stackedBar(document.getElementById("precision"), d.precision.map((p) => ({ key: p.precision, share: p.share, abs: `${fmtInt(p.count)} runs · ${fmtNs(p.total_ns)}` })), "precision-legend");
+  }
 
   histogramChart(document.getElementById("step-hist"), { ...d.steps.histogram, colour: "#2563eb", xLabel: "step time" });
-  histogramChart(document.getElementById("latency-hist"), { ...d.launch_latency.histogram, colour: "#0891b2", xLabel: "launch → start of execution" });
+  if (!cpuOnly) histogramChart(document.getElementById("latency-hist"), { ...d.launch_latency.histogram, colour: "#0891b2", xLabel: "launch → start of execution" });
 
   const renderKernels = () => {
     const k = Number(document.getElementById("topk").value);

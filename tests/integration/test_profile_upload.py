@@ -1,0 +1,253 @@
+"""A profiled job on the dev cluster ends with its profile in S3 (the local moto server) and
+`status.profile.s3Uri` pointing at it; a failed upload is a Warning and a condition, never a
+failed job.
+
+KWOK runs no containers, so the test plays the pods, as the demo does: the training pods'
+profile is written where their `/data` is (a local folder standing in for the claim), and the
+upload pod's own command, read back from the API server, runs on this machine with `/data`
+mapped to that folder, against the local S3 server. Its exit code and last log line become
+the pod's outcome and termination message (what FallbackToLogsOnError gives on a kubelet).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integration.operator_harness import (
+    create_job,
+    eventually,
+    finish_pods,
+    get_job,
+    install_crds,
+    job_events,
+    job_manifest,
+    running_operator,
+    wait_gang_running,
+    wait_phase,
+)
+from s3_server import S3Bucket
+from trainium_operator.analysis.s3store import S3ProfileSource
+from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
+from trainium_operator.devcluster.sim import simulate_pod_outcome
+from trainium_operator.lifecycle.profile_upload import ENV_DEFAULT_S3_URI
+from trainium_operator.profiler.s3 import parse_s3_uri
+
+pytestmark = pytest.mark.integration
+
+MOUNT = "/data"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def crds(dev_cluster: Any) -> None:
+    install_crds(dev_cluster.clients)  # this branch's CRD: status.profile.s3Uri and upload
+
+
+def profiled_job(name: str, s3_uri: str) -> dict[str, Any]:
+    return job_manifest(
+        name,
+        compile={"enabled": False},
+        profile={"enabled": True, "startStep": 1, "endStep": 4, "s3Uri": s3_uri},
+    )
+
+
+def train_and_record_profile(clients: Any, namespace: str, name: str, shared: Path) -> Path:
+    """The training gang runs, writes its profile on the 'claim', and succeeds."""
+    pods = wait_gang_running(clients, namespace, name, "train", 0)
+    env = {e.name: e.value for e in pods[0].spec.containers[0].env if e.value is not None}
+    profile_dir = shared / env["TRAINIUM_PROFILE_DIR"].removeprefix(MOUNT + "/")
+    spec = SyntheticSpec(
+        nodes=2, ranks_per_node=2, steps=6, detailed_steps=(1, 4), kernels_per_step=8,
+        job_name=name, namespace=namespace,
+    )  # fmt: skip
+    write_synthetic_profile(profile_dir, spec)
+    finish_pods(clients, namespace, pods)
+    return profile_dir
+
+
+def upload_pod(clients: Any, namespace: str, name: str) -> Any:
+    def running() -> Any:
+        pods = clients.core.list_namespaced_pod(
+            namespace,
+            label_selector=f"trainium.dev/job-name={name},trainium.dev/stage=profile-upload",
+        ).items
+        return pods[0] if pods and pods[0].status.phase == "Running" else None
+
+    return eventually(running, timeout=60, description=f"{name}'s upload pod Running")
+
+
+def play_upload_pod(
+    clients: Any, namespace: str, pod: Any, shared: Path
+) -> subprocess.CompletedProcess[str]:
+    """Runs the pod's command here (its /data is `shared`), then ends the pod the same way."""
+    command = list(pod.spec.containers[0].command)
+    assert command[:3] == ["python3", "-m", "trainium_operator.profiler.s3"]
+    local = [sys.executable, *command[1:]]
+    local = [
+        str(shared / a.removeprefix(MOUNT + "/")) if a.startswith(MOUNT + "/") else a for a in local
+    ]
+    result = subprocess.run(
+        local, env=dict(os.environ), capture_output=True, text=True, check=False
+    )
+    last_line = (result.stderr.strip().splitlines() or [""])[-1]
+    simulate_pod_outcome(
+        clients.core,
+        namespace,
+        pod.metadata.name,
+        succeeded=result.returncode == 0,
+        exit_code=result.returncode or None,
+        message=last_line,
+    )
+    return result
+
+
+def profile_condition(job: dict[str, Any]) -> dict[str, Any] | None:
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition["type"] == "ProfileUploaded":
+            return dict(condition)
+    return None
+
+
+def test_a_profiled_job_ends_with_its_profile_in_s3_and_the_status_pointing_at_it(
+    dev_cluster: Any, namespace: str, tmp_path: Path, s3: S3Bucket
+) -> None:
+    clients = dev_cluster.clients
+    shared = tmp_path / "fsx"
+    name = "bert-s3"
+    base = s3.uri("profiles")
+    with running_operator(dev_cluster, namespace, tmp_path):
+        create_job(clients, namespace, profiled_job(name, base))
+        profile_dir = train_and_record_profile(clients, namespace, name, shared)
+        job = wait_phase(clients, namespace, name, "Succeeded")
+        pod = upload_pod(clients, namespace, name)
+        assert pod.spec.volumes[0].persistent_volume_claim.read_only is True
+        job = get_job(clients, namespace, name)
+        assert job["status"]["profile"]["upload"]["state"] in ("Pending", "Running")
+        assert "s3Uri" not in job["status"]["profile"], "not before the manifest is in"
+
+        result = play_upload_pod(clients, namespace, pod, shared)
+        assert result.returncode == 0, result.stderr
+        expected = f"{base}/{namespace}/{name}/0"
+
+        def uploaded() -> dict[str, Any] | None:
+            job = get_job(clients, namespace, name)
+            return job if job["status"]["profile"].get("s3Uri") else None
+
+        job = eventually(uploaded, timeout=30, description="status.profile.s3Uri")
+        assert job["status"]["profile"]["s3Uri"] == expected
+        assert job["status"]["phase"] == "Succeeded"
+        condition = profile_condition(job)
+        assert condition is not None
+        assert (condition["status"], condition["reason"]) == ("True", "Uploaded")
+        reasons = [(kind, reason) for kind, reason, _ in job_events(clients, namespace, name)]
+        assert ("Normal", "ProfileUploaded") in reasons
+
+    keys = s3.keys(f"profiles/{namespace}/{name}/0/")
+    local_files = sorted(profile_dir.glob("*/rank-*.trnprof"))
+    assert len([k for k in keys if k.endswith(".trnprof")]) == len(local_files) == 4
+    assert f"profiles/{namespace}/{name}/0/profile.json" in keys
+    source = S3ProfileSource(parse_s3_uri(base), cache_dir=tmp_path / "cache")
+    (listed,) = source.listing()
+    assert listed.complete
+    assert listed.identifier == f"{namespace}/{name}/0"
+
+
+def test_a_failed_upload_is_a_warning_and_a_condition_and_the_job_stays_succeeded(
+    dev_cluster: Any, namespace: str, tmp_path: Path, s3: S3Bucket
+) -> None:
+    clients = dev_cluster.clients
+    shared = tmp_path / "fsx"
+    name = "bert-nobucket"
+    with running_operator(dev_cluster, namespace, tmp_path):
+        create_job(clients, namespace, profiled_job(name, "s3://no-such-bucket-here/profiles"))
+        train_and_record_profile(clients, namespace, name, shared)
+        wait_phase(clients, namespace, name, "Succeeded")
+        pod = upload_pod(clients, namespace, name)
+        result = play_upload_pod(clients, namespace, pod, shared)
+        assert result.returncode == 1
+
+        def failed() -> dict[str, Any] | None:
+            job = get_job(clients, namespace, name)
+            condition = profile_condition(job)
+            return job if condition and condition["reason"] == "UploadFailed" else None
+
+        job = eventually(failed, timeout=30, description="ProfileUploaded=False")
+        assert job["status"]["phase"] == "Succeeded"
+        assert "s3Uri" not in job["status"]["profile"]
+        condition = profile_condition(job)
+        assert condition is not None
+        assert "bucket 'no-such-bucket-here' does not exist" in condition["message"]
+        warnings = [
+            message
+            for kind, reason, message in job_events(clients, namespace, name)
+            if (kind, reason) == ("Warning", "ProfileUploadFailed")
+        ]
+        assert len(warnings) == 1
+        assert "does not exist" in warnings[0]
+
+
+def test_an_attempt_replaced_by_a_restart_is_uploaded_while_the_next_one_trains(
+    dev_cluster: Any, namespace: str, tmp_path: Path, s3: S3Bucket
+) -> None:
+    clients = dev_cluster.clients
+    shared = tmp_path / "fsx"
+    name = "bert-restart"
+    base = s3.uri("runs")
+    with running_operator(dev_cluster, namespace, tmp_path):
+        create_job(clients, namespace, profiled_job(name, base))
+        pods = wait_gang_running(clients, namespace, name, "train", 0)
+        env = {e.name: e.value for e in pods[0].spec.containers[0].env if e.value is not None}
+        profile_dir = shared / env["TRAINIUM_PROFILE_DIR"].removeprefix(MOUNT + "/")
+        spec = SyntheticSpec(
+            nodes=2, ranks_per_node=1, steps=4, detailed_steps=(1, 2), kernels_per_step=4,
+            job_name=name, namespace=namespace,
+        )  # fmt: skip
+        write_synthetic_profile(profile_dir, spec)
+        finish_pods(clients, namespace, pods[:1], succeeded=False, exit_code=1)
+        wait_gang_running(clients, namespace, name, "train", 1)
+        pod = upload_pod(clients, namespace, name)
+        assert pod.metadata.name == f"{name}-profile-upload-0"
+        result = play_upload_pod(clients, namespace, pod, shared)
+        assert result.returncode == 0, result.stderr
+
+        def uploaded() -> dict[str, Any] | None:
+            job = get_job(clients, namespace, name)
+            records = job["status"].get("profileUploads") or []
+            return job if records and records[0].get("s3Uri") else None
+
+        job = eventually(uploaded, timeout=30, description="attempt 0 uploaded")
+        assert job["status"]["phase"] == "Training", "attempt 1 trains meanwhile"
+        assert job["status"]["profileUploads"][0]["s3Uri"] == f"{base}/{namespace}/{name}/0"
+    assert f"runs/{namespace}/{name}/0/profile.json" in s3.keys("runs/")
+
+
+def test_the_chart_wide_default_uploads_jobs_that_name_no_s3_uri(
+    dev_cluster: Any, namespace: str, tmp_path: Path, s3: S3Bucket
+) -> None:
+    clients = dev_cluster.clients
+    shared = tmp_path / "fsx"
+    name = "bert-default"
+    default = s3.uri("chart-default")
+    manifest = job_manifest(
+        name, compile={"enabled": False}, profile={"enabled": True, "startStep": 1, "endStep": 2}
+    )
+    env = {ENV_DEFAULT_S3_URI: default}  # what the chart's profileUpload.s3Uri sets
+    with running_operator(dev_cluster, namespace, tmp_path, env=env):
+        create_job(clients, namespace, manifest)
+        train_and_record_profile(clients, namespace, name, shared)
+        wait_phase(clients, namespace, name, "Succeeded")
+        pod = upload_pod(clients, namespace, name)
+        assert pod.spec.containers[0].command[-1] == f"{default}/{namespace}/{name}/0"
+        assert play_upload_pod(clients, namespace, pod, shared).returncode == 0
+
+        def uploaded() -> dict[str, Any] | None:
+            job = get_job(clients, namespace, name)
+            return job if job["status"]["profile"].get("s3Uri") else None
+
+        job = eventually(uploaded, timeout=30, description="status.profile.s3Uri")
+        assert job["status"]["profile"]["s3Uri"] == f"{default}/{namespace}/{name}/0"

@@ -1,0 +1,169 @@
+"""The web UI in headless Chromium serving an `s3://` prefix of the local S3 server (moto):
+the list is searched by job name and filtered by status, an interrupted upload is shown but
+cannot be loaded, and a profile is loaded from S3 and opened in the dashboard. Screenshots go
+to artifacts/screenshots/ (profiles-s3.png, dashboard-s3.png), beside the other UI tests'."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from s3_server import S3Bucket
+from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
+from trainium_operator.profiler.s3 import parse_s3_uri, upload_profile
+from trainium_operator.ui.app import create_app
+from trainium_operator.ui.profiles import JobInfo
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+LAUNCH_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+SPEC = SyntheticSpec(nodes=2, ranks_per_node=4, kernels_per_step=24)
+
+
+async def jobs() -> list[JobInfo]:
+    return [
+        JobInfo("bert-large", "ml", "2026-01-02T00:00:00Z", "Failed"),
+        JobInfo(
+            "llama-pretrain",
+            "ml",
+            "2026-01-01T00:00:00Z",
+            "Succeeded",
+            profile_s3_uri="s3://placeholder",  # replaced per test with the real bucket
+        ),
+    ]
+
+
+@pytest.fixture
+def s3_ui(s3: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Two uploaded profiles, one interrupted upload, and the UI serving the prefix."""
+    monkeypatch.setenv("TRAINIUM_PROFILE_CACHE", str(tmp_path / "cache"))
+    base = s3.uri("profiles")
+    for job in ("bert-large", "llama-pretrain"):
+        local = write_synthetic_profile(
+            tmp_path / job, SyntheticSpec(**{**SPEC.__dict__, "job_name": job})
+        )
+        upload_profile(local, parse_s3_uri(f"{base}/ml/{job}/0"))
+    client = s3.client()
+    for rank_file in sorted((tmp_path / "bert-large").glob("*/rank-*.trnprof"))[:3]:
+        key = f"profiles/ml/bert-large/1/{rank_file.relative_to(tmp_path / 'bert-large')}"
+        client.upload_file(str(rank_file), s3.bucket, key)
+
+    async def lister() -> list[JobInfo]:
+        listed = await jobs()
+        return [
+            JobInfo(j.name, j.namespace, j.created, j.status, None, f"{base}/ml/{j.name}/0")
+            for j in listed
+        ]
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(create_app(base, job_lister=lister, workers=1))
+    started = threading.Event()
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        started.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert started.wait(30)
+    yield f"http://127.0.0.1:{port}"
+    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(30)
+
+
+def _chromium() -> None:
+    if shutil.which(CHROMIUM) is None and not Path(CHROMIUM).exists():
+        message = f"{CHROMIUM} not found: apt-get install -y chromium"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def rows(page: Any) -> list[str]:
+    found = page.evaluate(
+        "Array.from(document.querySelectorAll('[data-testid=profiles-table] tbody tr'))"
+        ".map((row) => row.dataset.profile)"
+    )
+    return [str(item) for item in found]
+
+
+def wait_rows(page: Any, expected: list[str], timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while rows(page) != expected:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"rows {rows(page)} != {expected}")
+        page.wait_for_timeout(50)
+
+
+def test_the_ui_lists_searches_filters_and_opens_a_profile_from_s3(s3_ui: str) -> None:
+    _chromium()
+    sync_api = pytest.importorskip("playwright.sync_api")
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile_dir:
+        context = playwright.chromium.launch_persistent_context(
+            profile_dir,
+            executable_path=CHROMIUM,
+            headless=True,
+            args=LAUNCH_FLAGS,
+            viewport={"width": 1600, "height": 1000},
+        )
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda error: errors.append(str(error)))
+        page.goto(f"{s3_ui}/#/profiles")
+        page.wait_for_selector("[data-testid=profiles-table]")
+        assert "in S3 under" in page.inner_text("#profiles-root")
+        wait_rows(page, ["ml/bert-large/0", "ml/bert-large/1", "ml/llama-pretrain/0"])
+        incomplete = page.locator("tr[data-profile='ml/bert-large/1']")
+        assert "not loadable" in incomplete.inner_text()
+        assert incomplete.locator("[data-action=load]").count() == 0
+
+        page.fill("[data-testid=profile-search]", "llama")
+        wait_rows(page, ["ml/llama-pretrain/0"])
+        assert "llama-pretrain" in page.inner_text("[data-testid=jobs-table]")
+        assert "bert-large" not in page.inner_text("[data-testid=jobs-table]")
+        page.fill("[data-testid=profile-search]", "")
+        wait_rows(page, ["ml/bert-large/0", "ml/bert-large/1", "ml/llama-pretrain/0"])
+        page.select_option("[data-testid=profile-status]", "Failed")
+        wait_rows(page, ["ml/bert-large/0", "ml/bert-large/1"])
+        page.select_option("[data-testid=profile-status]", "Succeeded")
+        wait_rows(page, ["ml/llama-pretrain/0"])
+
+        row = page.locator("tr[data-profile='ml/llama-pretrain/0']")
+        row.locator("[data-action=load]").click()
+        page.wait_for_selector(
+            "tr[data-profile='ml/llama-pretrain/0'] [data-action=open]", timeout=60_000
+        )
+        assert "loaded" in row.inner_text()
+        page.fill("[data-testid=profile-search]", "")
+        page.select_option("[data-testid=profile-status]", "")
+        wait_rows(page, ["ml/bert-large/0", "ml/bert-large/1", "ml/llama-pretrain/0"])
+        page.screenshot(path=str(SCREENSHOTS / "profiles-s3.png"))
+
+        page.locator("tr[data-profile='ml/llama-pretrain/0'] [data-action=open]").click()
+        page.wait_for_selector("main[data-ready=dashboard]", timeout=60_000)
+        assert str(SPEC.steps) in page.inner_text("[data-testid=kpi-steps]")
+        assert "llama-pretrain" in page.inner_text("#current-profile")
+        page.screenshot(path=str(SCREENSHOTS / "dashboard-s3.png"))
+        context.close()
+        assert errors == [], errors

@@ -1,0 +1,225 @@
+"""The profile upload policy and pod (pure): when the pod is made, what the status, the
+condition and the events say for each outcome, and that the job's phase never changes."""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from trainium_operator.builders.upload import (
+    UPLOAD_STAGE,
+    is_upload_pod,
+    upload_pod,
+)
+from trainium_operator.lifecycle.machine import Decision
+from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload
+from unit.jobs import job_ref
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+S3 = "s3://my-profiles/runs"
+PROFILED = {"profile": {"enabled": True, "s3Uri": S3}}
+
+
+def finished_status(phase: str = "Succeeded", attempt: int = 2) -> dict[str, Any]:
+    return {
+        "phase": phase,
+        "attempt": attempt,
+        "profile": {"path": f"/data/profiles/team-a/bert/{attempt}", "claimName": "fsx-claim"},
+        "conditions": [],
+    }
+
+
+def run(
+    status: dict[str, Any], pods: list[dict[str, Any]], **spec: Any
+) -> tuple[Decision, dict[str, Any]]:
+    job = job_ref(**(spec or PROFILED))
+    decision = Decision(status=copy.deepcopy(status))
+    plan_upload(job, decision, pods, UploadDefaults(), NOW)
+    return decision, decision.status
+
+
+def ended(pod: dict[str, Any], phase: str, message: str = "", code: int = 0) -> dict[str, Any]:
+    pod = copy.deepcopy(pod)
+    terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error"}
+    if message:
+        terminated["message"] = message
+    pod["status"] = {
+        "phase": phase,
+        "containerStatuses": [{"name": "upload", "state": {"terminated": terminated}}],
+    }
+    return pod
+
+
+def condition(status: dict[str, Any]) -> dict[str, Any]:
+    (found,) = [c for c in status["conditions"] if c["type"] == "ProfileUploaded"]
+    return found
+
+
+def test_the_upload_pod_reads_the_claim_read_only_and_writes_the_attempts_prefix() -> None:
+    job = job_ref(serviceAccountName="trainer-irsa", **PROFILED)
+    pod = upload_pod(job, 2, S3)
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    assert pod["metadata"]["name"] == "bert-profile-upload-2"
+    assert is_upload_pod(pod)
+    assert pod["metadata"]["labels"]["trainium.dev/stage"] == UPLOAD_STAGE
+    assert "trainium.dev/attempt" not in pod["metadata"]["labels"], "not part of any gang"
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == job.uid
+    assert container["command"] == [
+        "python3",
+        "-m",
+        "trainium_operator.profiler.s3",
+        "/data/profiles/team-a/bert/2",
+        "s3://my-profiles/runs/team-a/bert/2",
+    ]
+    assert container["image"] == "example.com/train:1"
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert container["volumeMounts"] == [
+        {"name": "shared-data", "mountPath": "/data", "readOnly": True}
+    ]
+    assert spec["volumes"][0]["persistentVolumeClaim"] == {
+        "claimName": "fsx-claim",
+        "readOnly": True,
+    }
+    assert spec["serviceAccountName"] == "trainer-irsa"
+    assert "nodeSelector" not in spec, "any node will do"
+    assert "schedulerName" not in spec
+    assert not any("AWS_" in e["name"] for e in container["env"]), "no keys in pods"
+
+
+def test_a_finished_profiled_job_gets_one_upload_pod() -> None:
+    decision, status = run(finished_status(), [])
+    (pod,) = decision.create
+    assert pod["metadata"]["name"] == "bert-profile-upload-2"
+    assert status["profile"]["upload"]["state"] == "Pending"
+    assert "s3Uri" not in status["profile"]
+    assert condition(status)["status"] == "False"
+    assert condition(status)["reason"] == "Uploading"
+    assert status["phase"] == "Succeeded"
+    assert decision.events == []
+
+    again, _ = run(status, [pod])
+    assert again.create == [], "the pod exists: no second one"
+
+
+@pytest.mark.parametrize("phase", ["Training", "Restarting", "Pending"])
+def test_nothing_is_uploaded_while_the_job_runs(phase: str) -> None:
+    decision, status = run(finished_status(phase), [])
+    assert decision.create == []
+    assert "upload" not in status["profile"]
+
+
+def test_no_upload_without_an_s3_uri_or_without_profiling() -> None:
+    assert run(finished_status(), [], profile={"enabled": True})[0].create == []
+    assert run(finished_status(), [], profile={"enabled": False, "s3Uri": S3})[0].create == []
+    job = job_ref(profile={"enabled": True})
+    decision = Decision(status=finished_status())
+    plan_upload(job, decision, [], UploadDefaults(s3_uri="s3://chart-default/p"), NOW)
+    (pod,) = decision.create
+    assert pod["spec"]["containers"][0]["command"][-1] == "s3://chart-default/p/team-a/bert/2"
+
+
+def test_a_successful_upload_points_the_status_at_s3_once() -> None:
+    first, status = run(finished_status(), [])
+    done = ended(first.create[0], "Succeeded", "uploaded 2 rank files ...")
+    decision, status = run(status, [done])
+    assert status["profile"]["s3Uri"] == "s3://my-profiles/runs/team-a/bert/2"
+    assert status["profile"]["path"] == "/data/profiles/team-a/bert/2"
+    assert status["profile"]["upload"]["state"] == "Succeeded"
+    assert condition(status)["status"] == "True"
+    assert [(e.type, e.reason) for e in decision.events] == [("Normal", "ProfileUploaded")]
+
+    later, status_after = run(status, [])  # the pod was cleaned up since
+    assert later.create == []
+    assert later.events == []
+    assert status_after == status
+
+
+def test_a_failed_upload_is_a_warning_and_a_condition_never_a_failed_job() -> None:
+    first, status = run(finished_status(), [])
+    reason = (
+        "profile upload failed: uploading to s3://my-profiles/runs/team-a/bert/2: "
+        "bucket 'my-profiles' does not exist"
+    )
+    failed = ended(first.create[0], "Failed", f"some log line\n{reason}\n", code=1)
+    decision, status = run(status, [failed])
+    assert status["phase"] == "Succeeded"
+    assert "s3Uri" not in status["profile"]
+    assert status["profile"]["upload"]["state"] == "Failed"
+    assert status["profile"]["upload"]["message"] == reason
+    cond = condition(status)
+    assert (cond["status"], cond["reason"]) == ("False", "UploadFailed")
+    assert "does not exist" in cond["message"]
+    ((kind, why, message),) = [(e.type, e.reason, e.message) for e in decision.events]
+    assert (kind, why) == ("Warning", "ProfileUploadFailed")
+    assert "bucket 'my-profiles' does not exist" in message
+    assert run(status, [failed])[0].events == [], "reported once"
+
+
+def test_a_failed_job_uploads_what_its_last_attempt_recorded() -> None:
+    decision, status = run(finished_status("Failed", attempt=3), [])
+    (pod,) = decision.create
+    assert pod["metadata"]["name"] == "bert-profile-upload-3"
+    assert status["phase"] == "Failed"
+
+
+def training_status(attempt: int, first: int = 0) -> dict[str, Any]:
+    status = finished_status("Training", attempt)
+    status["training"] = {"firstAttempt": first}
+    return status
+
+
+def test_an_attempt_replaced_by_a_restart_is_uploaded_while_the_next_one_trains() -> None:
+    decision, status = run(training_status(attempt=2), [])
+    assert [p["metadata"]["name"] for p in decision.create] == [
+        "bert-profile-upload-0",
+        "bert-profile-upload-1",
+    ]
+    assert [r["attempt"] for r in status["profileUploads"]] == [0, 1]
+    assert "upload" not in status["profile"], "the running attempt's own profile is not done"
+    assert status["phase"] == "Training"
+
+    pods = [ended(decision.create[0], "Succeeded"), ended(decision.create[1], "Running")]
+    pods[1]["status"] = {"phase": "Running"}
+    later, status = run(status, pods)
+    first, second = status["profileUploads"]
+    assert first["s3Uri"] == "s3://my-profiles/runs/team-a/bert/0"
+    assert second["state"] == "Running"
+    assert [(e.type, e.reason) for e in later.events] == [("Normal", "ProfileUploaded")]
+    assert later.create == []
+
+
+def test_an_attempt_that_wrote_no_profile_is_noted_not_a_failure() -> None:
+    decision, status = run(training_status(attempt=1), [])
+    skipped = ended(
+        decision.create[0], "Failed", "profile upload skipped: /data/...: no rank files", code=3
+    )
+    later, status = run(status, [skipped])
+    (record,) = status["profileUploads"]
+    assert record["state"] == "NoProfile"
+    assert "s3Uri" not in record
+    assert [(e.type, e.reason) for e in later.events] == [("Normal", "NoProfile")]
+    assert condition(status)["reason"] == "NoProfile"
+
+
+def test_the_last_attempt_is_uploaded_after_the_earlier_ones_and_mirrored_in_profile() -> None:
+    status = finished_status("Succeeded", attempt=1)
+    status["training"] = {"firstAttempt": 0}
+    status["profileUploads"] = [
+        {"attempt": 0, "state": "Succeeded", "pod": "bert-profile-upload-0",
+         "destination": "s3://my-profiles/runs/team-a/bert/0",
+         "s3Uri": "s3://my-profiles/runs/team-a/bert/0"},
+    ]  # fmt: skip
+    decision, status = run(status, [])
+    assert [p["metadata"]["name"] for p in decision.create] == ["bert-profile-upload-1"]
+    assert status["profile"]["upload"]["attempt"] == 1
+    done = ended(decision.create[0], "Succeeded")
+    _, status = run(status, [done])
+    assert status["profile"]["s3Uri"] == "s3://my-profiles/runs/team-a/bert/1"
+    assert [r["s3Uri"] for r in status["profileUploads"]] == [
+        "s3://my-profiles/runs/team-a/bert/0",
+        "s3://my-profiles/runs/team-a/bert/1",
+    ]
