@@ -183,6 +183,7 @@ class OperatorSample:
     settle_seconds: float
     server_at_running: int
     server_settled: int
+    quiet: bool  # False: still reconciling when QUIET_TIMEOUT ran out
 
 
 @dataclass
@@ -687,7 +688,8 @@ def operator_sample(
     )
     times = pod_watch.wait(started)
     settled, settle_seconds = operator.wait_quiet()
-    server_settled, _, _ = wait_server_quiet(bench, bench.ours)
+    server_settled, _, server_quiet = wait_server_quiet(bench, bench.ours)
+    quiet = server_quiet and settle_seconds < QUIET_TIMEOUT - QUIET_SECONDS
     if not scenario.node_loss:
         clear_namespace(bench, namespace)
     _echo(
@@ -701,6 +703,7 @@ def operator_sample(
         settle_seconds,
         marks["running"] - server_before,
         server_settled - server_before,
+        quiet,
     )
 
 
@@ -1096,13 +1099,14 @@ def report(results: list[Result], nodes: int, elapsed: float, log_dir: Path) -> 
             continue
         ours_run = _mean([s.server_at_running for s in result.operator])
         ours_quiet = _mean([s.server_settled for s in result.operator])
+        ours_quiet_note = "" if all(s.quiet for s in result.operator) else "+"
         own = _mean([s.settled.total for s in result.operator])
         reconciles = _mean([s.settled.reconciles for s in result.operator])
         kf_run = _mean([s.server_at_running for s in result.kubeflow])
         kf_quiet = _mean([s.server_settled for s in result.kubeflow])
         kf_quiet_note = "" if all(s.quiet for s in result.kubeflow) else "+"
         print(
-            f"{scenario.label:<19} | {ours_run:>8.0f} {ours_quiet:>6.0f} "
+            f"{scenario.label:<19} | {ours_run:>8.0f} {ours_quiet:>5.0f}{ours_quiet_note or ' '} "
             f"{ours_quiet / scenario.jobs:>6.1f} {own:>7.0f} {reconciles:>5.0f} | "
             f"{kf_run:>7.0f} {kf_quiet:>5.0f}{kf_quiet_note or ' '} "
             f"{kf_quiet / scenario.jobs:>6.1f} | "
