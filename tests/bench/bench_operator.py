@@ -271,13 +271,6 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _status_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{key}:"):
-            return int(line.split()[1])
-    return 0
-
-
 # -- jobs and namespaces -----------------------------------------------------------------------
 
 
@@ -626,16 +619,10 @@ class Operator:
         return last, last_change - started
 
     def rss_kib(self, key: str) -> int:
-        return _status_kib(self.process.pid, key)
+        return kubeflow_peer.status_kib(self.process.pid, key)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        kubeflow_peer.stop_process(self.process)
         self._log.close()
 
     def log(self) -> str:

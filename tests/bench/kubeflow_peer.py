@@ -367,6 +367,25 @@ def cluster_role_name(kubeflow: build.KubeflowBuild) -> str:
     raise RuntimeError(f"no ClusterRole in {kubeflow.manifest_dir}")
 
 
+def status_kib(pid: int, key: str) -> int:
+    """A `/proc/<pid>/status` figure in KiB (VmRSS, VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{key}:"):
+            return int(line.split()[1])
+    return 0
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to a process we started, SIGKILL after 20 s."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -467,19 +486,10 @@ class KubeflowOperator:
         sim.wait_for(self.ready, timeout=HEALTH_TIMEOUT, description="training-operator /readyz")
 
     def rss_kib(self, key: str) -> int:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith(f"{key}:"):
-                return int(line.split()[1])
-        return 0
+        return status_kib(self.process.pid, key)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_process(self.process)
         self._log.close()
         if self._marker is not None:
             with contextlib.suppress(OSError):
