@@ -1095,11 +1095,19 @@ def report(results: list[Result], nodes: int, elapsed: float, log_dir: Path) -> 
         print(
             f"{scenario.label:<19} | {ours_run:>8.0f} {ours_quiet:>5.0f}{ours_quiet_note or ' '} "
             f"{ours_quiet / scenario.jobs:>6.1f} {own:>7.0f} {reconciles:>5.0f} | "
-            f"{kf_run:>7.0f} {kf_quiet:>5.0f}{kf_quiet_note or ' '} "
-            f"{kf_quiet / scenario.jobs:>6.1f} | "
-            f"{result.peak_rss_kib / 1024:>6.1f}Mi {result.idle_rss_kib / 1024:>4.0f}Mi | "
-            f"{result.kubeflow_peak_rss_kib / 1024:>5.1f}Mi "
-            f"{result.kubeflow_idle_rss_kib / 1024:>4.0f}Mi"
+            + (
+                f"{kf_run:>7.0f} {kf_quiet:>5.0f}{kf_quiet_note or ' '} "
+                f"{kf_quiet / scenario.jobs:>6.1f} | "
+                if result.kubeflow
+                else f"{'-':>7} {'-':>6} {'-':>6} | "
+            )
+            + f"{result.peak_rss_kib / 1024:>6.1f}Mi {result.idle_rss_kib / 1024:>4.0f}Mi | "
+            + (
+                f"{result.kubeflow_peak_rss_kib / 1024:>5.1f}Mi "
+                f"{result.kubeflow_idle_rss_kib / 1024:>4.0f}Mi"
+                if result.kubeflow
+                else f"{'-':>7} {'-':>6}"
+            )
         )
     print(
         """
