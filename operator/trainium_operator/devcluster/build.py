@@ -92,6 +92,16 @@ def volcano_crd_dir() -> Path:
     )
 
 
+def kubeflow_manifest_dir() -> Path:
+    """Kubeflow training-operator's PyTorchJob CRD and ClusterRole, from its pinned module."""
+    kubeflow = versions.OPT_IN_GO_COMPONENTS["kubeflow"]
+    return (
+        paths.cache_root()
+        / "manifests"
+        / f"kubeflow-{kubeflow.version}-{component_digest(kubeflow)}"
+    )
+
+
 def helm_dir() -> Path:
     return paths.bin_root() / f"helm-{versions.HELM_VERSION}-npm-{versions.HELM_NPM_VERSION}"
 
@@ -261,31 +271,91 @@ def _module_source_dir(module: str, version: str, *, cwd: Path) -> Path:
     return Path(json.loads(result.stdout)["Dir"])
 
 
-def install_volcano_crds(*, echo: Echo) -> BuildResult:
-    """Copies Volcano's own CRDs out of the pinned module (the same one the binaries come from)."""
-    final = volcano_crd_dir()
-    name = "volcano CRDs"
+def _copy_from_module(
+    component: versions.GoComponent,
+    module: str,
+    pick: Callable[[Path], list[Path]],
+    final: Path,
+    *,
+    name: str,
+    echo: Echo,
+) -> BuildResult:
+    """Copies files `pick` chooses out of `module` at the component's version into `final`."""
     if final.is_dir():
-        return BuildResult(name, versions.VOLCANO_VERSION, final, False, 0.0)
-    echo(f"installing {name} from {versions.VOLCANO_MODULE}@{versions.VOLCANO_VERSION} ...")
+        return BuildResult(name, component.version, final, False, 0.0)
+    echo(f"installing {name} from {module}@{component.version} ...")
     started = time.monotonic()
-    volcano = versions.GO_COMPONENTS["volcano"]
     # Inside the wrapper's copy, so go.sum verifies the module zip we read the manifests from.
-    work = paths.work_root() / f"{volcano.name}-{component_digest(volcano)}"
+    work = paths.work_root() / f"{component.name}-{component_digest(component)}"
     work.mkdir(parents=True, exist_ok=True)
     for file_name in ("go.mod", "go.sum"):
-        shutil.copyfile(wrapper_dir(volcano) / file_name, work / file_name)
-    source = _module_source_dir(versions.VOLCANO_MODULE, versions.VOLCANO_VERSION, cwd=work)
-    manifests = sorted((source / versions.VOLCANO_CRD_DIR_IN_MODULE).glob("*.yaml"))
+        shutil.copyfile(wrapper_dir(component) / file_name, work / file_name)
+    source = _module_source_dir(module, component.version, cwd=work)
+    manifests = pick(source)
     if not manifests:
-        raise BuildError(f"no CRD manifests under {source / versions.VOLCANO_CRD_DIR_IN_MODULE}")
+        raise BuildError(f"no manifests for {name} in {source}")
     final.parent.mkdir(parents=True, exist_ok=True)
     with _staging_dir(final) as staging:
         for manifest in manifests:
             shutil.copyfile(manifest, staging / manifest.name)
             (staging / manifest.name).chmod(0o644)
         _publish(staging, final)
-    return BuildResult(name, versions.VOLCANO_VERSION, final, True, time.monotonic() - started)
+    return BuildResult(name, component.version, final, True, time.monotonic() - started)
+
+
+def install_volcano_crds(*, echo: Echo) -> BuildResult:
+    """Copies Volcano's own CRDs out of the pinned module (the same one the binaries come from)."""
+    return _copy_from_module(
+        versions.GO_COMPONENTS["volcano"],
+        versions.VOLCANO_MODULE,
+        lambda source: sorted((source / versions.VOLCANO_CRD_DIR_IN_MODULE).glob("*.yaml")),
+        volcano_crd_dir(),
+        name="volcano CRDs",
+        echo=echo,
+    )
+
+
+def install_kubeflow_manifests(*, echo: Echo) -> BuildResult:
+    """Kubeflow's PyTorchJob CRD and controller ClusterRole, copied from its pinned module."""
+
+    def pick(source: Path) -> list[Path]:
+        wanted = [
+            *versions.KUBEFLOW_CRD_FILES_IN_MODULE,
+            versions.KUBEFLOW_RBAC_FILE_IN_MODULE,
+        ]
+        found = [source / relative for relative in wanted]
+        return found if all(path.is_file() for path in found) else []
+
+    return _copy_from_module(
+        versions.OPT_IN_GO_COMPONENTS["kubeflow"],
+        versions.KUBEFLOW_TRAINING_OPERATOR_MODULE,
+        pick,
+        kubeflow_manifest_dir(),
+        name="kubeflow manifests",
+        echo=echo,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class KubeflowBuild:
+    """Kubeflow's training-operator binary and the manifests from the same module."""
+
+    binary: Path
+    manifest_dir: Path
+    results: tuple[BuildResult, ...]
+
+
+def build_kubeflow(*, jobs: int, echo: Echo) -> KubeflowBuild:
+    """The opt-in peer: builds (or finds cached) the training-operator and its manifests."""
+    component = versions.OPT_IN_GO_COMPONENTS["kubeflow"]
+    with _build_lock():
+        binary = build_go_component(component, jobs=jobs, echo=echo)
+        manifests = install_kubeflow_manifests(echo=echo)
+    return KubeflowBuild(
+        binary=binary.location / component.binaries[0].name,
+        manifest_dir=manifests.location,
+        results=(binary, manifests),
+    )
 
 
 def install_helm(*, echo: Echo) -> BuildResult:
@@ -340,6 +410,9 @@ def build_all(*, jobs: int, echo: Echo, only: tuple[str, ...] = ()) -> list[Buil
             results.append(install_volcano_crds(echo=echo))
         if wanted("helm"):
             results.append(install_helm(echo=echo))
+    # Opt-in components are built only when named.
+    if "kubeflow" in only:
+        results.extend(build_kubeflow(jobs=jobs, echo=echo).results)
     return results
 
 

@@ -37,8 +37,9 @@ def dev() -> None:
 @click.option(
     "--only",
     multiple=True,
-    type=click.Choice(["kubernetes", "etcd", "kwok", "volcano", "crds", "helm"]),
-    help="Build just these components (repeatable).",
+    type=click.Choice(["kubernetes", "etcd", "kwok", "volcano", "crds", "helm", "kubeflow"]),
+    help="Build just these components (repeatable); `kubeflow` (the benchmark's peer) is "
+    "built only when named.",
 )
 @click.option(
     "--print-path", is_flag=True, help="Print the binary directories (PATH order) and exit."

