@@ -182,11 +182,16 @@ def test_a_failed_upload_is_a_warning_and_a_condition_and_the_job_stays_succeede
         condition = profile_condition(job)
         assert condition is not None
         assert "bucket 'no-such-bucket-here' does not exist" in condition["message"]
-        warnings = [
-            message
-            for kind, reason, message in job_events(clients, namespace, name)
-            if (kind, reason) == ("Warning", "ProfileUploadFailed")
-        ]
+        # Events follow the status write that carries the condition.
+        warnings = eventually(
+            lambda: [
+                message
+                for kind, reason, message in job_events(clients, namespace, name)
+                if (kind, reason) == ("Warning", "ProfileUploadFailed")
+            ],
+            timeout=30,
+            description="the ProfileUploadFailed warning",
+        )
         assert len(warnings) == 1
         assert "does not exist" in warnings[0]
 
