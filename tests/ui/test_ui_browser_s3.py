@@ -5,25 +5,22 @@ to artifacts/screenshots/ (profiles-s3.png, dashboard-s3.png), beside the other 
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
-import socket
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from aiohttp import web
 
 from s3_server import S3Bucket
 from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.profiler.s3 import parse_s3_uri, upload_profile
 from trainium_operator.ui.app import create_app
 from trainium_operator.ui.profiles import JobInfo
+from ui_serving import serving
 
 pytestmark = pytest.mark.browser
 
@@ -68,27 +65,8 @@ def s3_ui(s3: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
             for j in listed
         ]
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = int(sock.getsockname()[1])
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(create_app(base, job_lister=lister, workers=1))
-    started = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-        started.set()
-        loop.run_forever()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert started.wait(30)
-    yield f"http://127.0.0.1:{port}"
-    asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(30)
+    with serving(create_app(base, job_lister=lister, workers=1)) as url:
+        yield url
 
 
 def _chromium() -> None:
