@@ -88,7 +88,6 @@ def run(
         priority=priority or 0,
         peering_lifetime=peering_lifetime,
         namespaces=namespaces,
-        clusterwide=not namespaces,
     )
     kopf.run(
         standalone=peering is None,

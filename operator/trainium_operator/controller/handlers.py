@@ -59,7 +59,6 @@ class Runtime:
     priority: int = 0
     peering_lifetime: int = 60
     namespaces: tuple[str, ...] = ()  # empty: all
-    clusterwide: bool = True
     gate: PeeringGate | None = None
     metrics_port: int | None = None
     queue: WorkQueue | None = None
@@ -119,7 +118,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     queue, reconciler = runtime.queue, runtime.reconciler
     if runtime.peering:
         runtime.gate = PeeringGate(
-            runtime.cluster, runtime.peering, runtime.priority, runtime.clusterwide
+            runtime.cluster, runtime.peering, runtime.priority, not runtime.namespaces
         )
     gate = runtime.gate
 
