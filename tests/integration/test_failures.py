@@ -6,7 +6,6 @@ Each test is one numbered scenario: it failed against the operator before the fi
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ from integration.operator_harness import (
     create_job,
     finish_pods,
     get_job,
-    install_crds,
     job_events,
     job_manifest,
     job_pods,
@@ -27,18 +25,7 @@ from integration.operator_harness import (
 )
 from trainium_operator.devcluster.sim import simulate_pod_outcome, wait_for
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module", autouse=True)
-def crds(dev_cluster: Any) -> None:
-    install_crds(dev_cluster.clients)
-
-
-@pytest.fixture
-def operator(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    with running_operator(dev_cluster, namespace, tmp_path) as proc:
-        yield proc
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 
 
 def attempts_alive(clients: Any, namespace: str, name: str) -> set[str]:

@@ -3,7 +3,6 @@ the real Volcano scheduler): the tutorial job end to end and every failure path.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,30 +16,17 @@ from integration.operator_harness import (
     ensure_shared_claim,
     finish_pods,
     get_job,
-    install_crds,
     job_events,
     job_manifest,
     job_pods,
     kubectl,
     patch_job,
-    running_operator,
     wait_gang_running,
     wait_phase,
 )
 from trainium_operator.devcluster.sim import restore_node, simulate_node_loss, wait_for
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module", autouse=True)
-def crds(dev_cluster: Any) -> None:
-    install_crds(dev_cluster.clients)
-
-
-@pytest.fixture
-def operator(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    with running_operator(dev_cluster, namespace, tmp_path) as proc:
-        yield proc
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 
 
 def _env(container: Any) -> dict[str, Any]:

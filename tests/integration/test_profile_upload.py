@@ -24,7 +24,6 @@ from integration.operator_harness import (
     eventually,
     finish_pods,
     get_job,
-    install_crds,
     job_events,
     job_manifest,
     running_operator,
@@ -38,14 +37,9 @@ from trainium_operator.devcluster.sim import simulate_pod_outcome
 from trainium_operator.lifecycle.profile_upload import ENV_DEFAULT_S3_URI
 from trainium_operator.profiler.s3 import parse_s3_uri
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 
 MOUNT = "/data"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def crds(dev_cluster: Any) -> None:
-    install_crds(dev_cluster.clients)  # this branch's CRD: status.profile.s3Uri and upload
 
 
 def profiled_job(name: str, s3_uri: str) -> dict[str, Any]:

@@ -33,7 +33,6 @@ from integration.operator_harness import (
     OperatorProcess,
     create_job,
     get_job,
-    install_crds,
     job_manifest,
     job_pods,
     publish_report,
@@ -45,7 +44,7 @@ from trainium_operator.api.crd import spec_schema
 from trainium_operator.api.spec import TrainingJobSpec
 from trainium_operator.devcluster.sim import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 
 EXAMPLES = 1000
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingjobs"
@@ -197,11 +196,6 @@ def metric(port: int, name: str) -> float:
             if line.startswith(name + " "):
                 return float(line.split()[-1])
     raise AssertionError(f"no {name} on /metrics")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def crds(dev_cluster: Any) -> None:
-    install_crds(dev_cluster.clients)
 
 
 def test_a_thousand_bad_specs_are_refused_or_failed_naming_the_field(

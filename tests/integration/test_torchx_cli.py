@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,31 +22,18 @@ from integration.operator_harness import (
     OperatorProcess,
     finish_pods,
     get_job,
-    install_crds,
     job_pods,
-    running_operator,
     wait_gang_running,
     wait_phase,
 )
 from trainium_operator.devcluster.sim import WaitTimeoutError, simulate_pod_logs, wait_for
 
 pytest.importorskip("torchx")
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 
 TORCHX = str(Path(sys.executable).parent / "torchx")
 COMPONENT = ROOT / "examples" / "torchx" / "trn1_dist_ddp.py"
 SCRIPT = "/opt/trainium/trainium_training/pretrain.py"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def crds(dev_cluster: Any) -> None:
-    install_crds(dev_cluster.clients)
-
-
-@pytest.fixture
-def operator(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    with running_operator(dev_cluster, namespace, tmp_path) as proc:
-        yield proc
 
 
 def torchx(dev_cluster: Any, *args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,6 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,30 +20,17 @@ from integration.operator_harness import (
     create_job,
     finish_pods,
     get_job,
-    install_crds,
     job_manifest,
     job_pods,
-    running_operator,
     wait_gang_running,
     wait_phase,
 )
 from trainium_operator.devcluster import objects
 from trainium_operator.devcluster.sim import wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 
 VOLCANO = ("scheduling.volcano.sh", "v1beta1")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def crds(dev_cluster: Any) -> None:
-    install_crds(dev_cluster.clients)
-
-
-@pytest.fixture
-def operator(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    with running_operator(dev_cluster, namespace, tmp_path) as proc:
-        yield proc
 
 
 def train_only(name: str, **spec: Any) -> dict[str, Any]:

@@ -22,9 +22,7 @@ import pytest
 from integration.operator_harness import (
     OperatorProcess,
     create_job,
-    install_crds,
     job_manifest,
-    running_operator,
     wait_gang_running,
     wait_phase,
 )
@@ -32,7 +30,7 @@ from trainium_operator.api import workload_env
 from trainium_operator.devcluster import cluster, objects
 from trainium_operator.devcluster.sim import simulate_pod_outcome
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 
 SCRIPT_IN_IMAGE = "/app/train.py"
 # A plain argparse script: parse_args() refuses any argument it does not define, so an
@@ -67,17 +65,6 @@ if stage == "train" and not resume:
 if stage == "train" and not checkpoint.exists():
     sys.exit("asked to resume but there is no checkpoint")
 """
-
-
-@pytest.fixture(scope="module", autouse=True)
-def crds(dev_cluster: Any) -> None:
-    install_crds(dev_cluster.clients)
-
-
-@pytest.fixture
-def operator(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
-    with running_operator(dev_cluster, namespace, tmp_path) as proc:
-        yield proc
 
 
 def _run_pod_locally(pod: Any, script: Path, shared: Path) -> int:
