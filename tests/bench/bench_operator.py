@@ -81,6 +81,7 @@ from typing import Any
 from kubernetes.watch.watch import iter_resp_lines
 
 from trainium_operator.api import spec as spec_model
+from trainium_operator.builders.job import VOLCANO_GROUP_ANNOTATION
 from trainium_operator.controller.commands import render_job
 from trainium_operator.devcluster import build, cluster, sim
 from trainium_operator.devcluster.clients import Clients, clients_for, is_status
@@ -222,6 +223,8 @@ class Result:
     kubeflow: list[KubeflowSample] = field(default_factory=list)
     sequential: list[DirectSample] = field(default_factory=list)
     concurrent: list[DirectSample] = field(default_factory=list)
+    # From 4 threads as well, but each job's pods only once Volcano admits its PodGroup.
+    gated: list[DirectSample] = field(default_factory=list)
     idle_rss_kib: int = 0
     peak_rss_kib: int = 0
     kubeflow_idle_rss_kib: int = 0
@@ -239,7 +242,10 @@ class Result:
         return (
             not self.error
             and len(self.operator) == self.scenario.repeats
-            and len(self.sequential) == len(self.concurrent) == self.direct_repeats
+            and len(self.sequential)
+            == len(self.concurrent)
+            == len(self.gated)
+            == self.direct_repeats
         )
 
 
@@ -778,19 +784,95 @@ def kubeflow_probe(namespace: str) -> Obj:
 # -- the peer: the API server alone ------------------------------------------------------------
 
 
+class PodGroupAdmissions:
+    """Pods held per PodGroup until a watch sees Volcano admit the group (Inqueue, Running)."""
+
+    def __init__(self, clients: Clients, namespace: str, timeout: float):
+        self._lock = threading.Lock()
+        self._held: dict[str, list[Obj]] = {}
+        self._admitted: set[str] = set()
+        self._ready: list[Obj] = []
+        listed = clients.custom.list_namespaced_custom_object(
+            "scheduling.volcano.sh", "v1beta1", namespace, "podgroups"
+        )
+        self._response = clients.custom.list_namespaced_custom_object(
+            "scheduling.volcano.sh",
+            "v1beta1",
+            namespace,
+            "podgroups",
+            watch=True,
+            resource_version=listed["metadata"]["resourceVersion"],
+            timeout_seconds=int(timeout) + 30,
+            _preload_content=False,
+        )
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def hold(self, pods: list[Obj]) -> None:
+        with self._lock:
+            for pod in pods:
+                group = pod["metadata"]["annotations"][VOLCANO_GROUP_ANNOTATION]
+                if group in self._admitted:
+                    self._ready.append(pod)
+                else:
+                    self._held.setdefault(group, []).append(pod)
+
+    def held(self) -> bool:
+        with self._lock:
+            return bool(self._held or self._ready)
+
+    def admitted(self) -> list[Obj]:
+        """The pods whose group was admitted since the last call."""
+        with self._lock:
+            ready, self._ready = self._ready, []
+        return ready
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self._response.close()
+
+    def _run(self) -> None:
+        with contextlib.suppress(Exception):
+            for line in iter_resp_lines(self._response):
+                if not line:
+                    continue
+                event = json.loads(line)
+                group = event.get("object", {})
+                phase = group.get("status", {}).get("phase")
+                if event.get("type") in ("ADDED", "MODIFIED") and phase in ("Inqueue", "Running"):
+                    with self._lock:
+                        name = group["metadata"]["name"]
+                        self._admitted.add(name)
+                        self._ready.extend(self._held.pop(name, []))
+
+
 def direct_sample(
-    bench: Bench, namespace: str, scenario: Scenario, prefix: str, workers: int
+    bench: Bench,
+    namespace: str,
+    scenario: Scenario,
+    prefix: str,
+    workers: int,
+    *,
+    gated: bool = False,
 ) -> DirectSample:
+    """The same objects the operator creates, from `workers` threads of a plain client. With
+    `gated`, each job's pods are held until a PodGroup watch shows Volcano admitted its group
+    (Inqueue or later), as ours and Kubeflow's operator do: the floor for that protocol."""
     client = Cluster(load_api_client(str(bench.kubeconfig)))
     jobs = manifests(scenario, prefix)
     pod_watch = watch_jobs(bench, namespace, scenario, expected_pods(jobs, namespace), JOB_LABEL)
+    admissions = PodGroupAdmissions(bench.clients, namespace, scenario.timeout) if gated else None
 
     def create_job(manifest: Obj) -> list[Obj]:
         client.counter.add("create", spec_model.PLURAL)
         created = client.custom.create_namespaced_custom_object(
             spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, manifest
         )
-        return children(manifest, namespace, created["metadata"]["uid"])
+        objects = children(manifest, namespace, created["metadata"]["uid"])
+        if admissions is None:
+            return objects
+        admissions.hold([o for o in objects if o["kind"] == "Pod"])
+        return [o for o in objects if o["kind"] != "Pod"]
 
     def create(obj: Obj) -> list[Obj]:
         if not client.create(obj):
@@ -805,20 +887,27 @@ def direct_sample(
     else:
         # Per object, not per job: a job's children spread over the threads too, so this is
         # the floor for `workers` concurrent clients.
+        deadline = started + scenario.timeout
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             pending = {pool.submit(create_job, manifest) for manifest in jobs}
-            while pending:
+            while pending or (admissions is not None and admissions.held()):
+                if admissions is not None:
+                    pending |= {pool.submit(create, pod) for pod in admissions.admitted()}
+                    if pod_watch.gangs_at is not None or time.monotonic() > deadline:
+                        break  # every gang that fits runs; the rest stay queued
                 finished, pending = concurrent.futures.wait(
-                    pending, return_when=concurrent.futures.FIRST_COMPLETED
+                    pending, timeout=0.01, return_when=concurrent.futures.FIRST_COMPLETED
                 )
                 for future in finished:
                     pending |= {pool.submit(create, obj) for obj in future.result()}
     client_seconds = time.monotonic() - started
-    times = pod_watch.wait(started)
+    times = pod_watch.wait(started, stall=STALL_SECONDS if admissions is not None else None)
+    if admissions is not None:
+        admissions.stop()
     clear_namespace(bench, namespace)
     _echo(
-        f"  direct x{workers}: {scenario.pods} pods in {times.all_pods:.2f}s, gangs Running "
-        f"{times.gangs_running:.2f}s"
+        f"  direct x{workers}{' gated' if gated else ''}: {scenario.pods} pods in "
+        f"{_seconds(times.all_pods)}, gangs Running {times.gangs_running:.2f}s"
     )
     return DirectSample(times, client_seconds, client.counter.counts)
 
@@ -915,6 +1004,11 @@ def run_scenario(bench: Bench, result: Result) -> None:
                 )
                 result.concurrent.append(
                     direct_sample(bench, direct_namespace, scenario, f"conc{rep}", WORKERS)
+                )
+                result.gated.append(
+                    direct_sample(
+                        bench, direct_namespace, scenario, f"gate{rep}", WORKERS, gated=True
+                    )
                 )
         result.peak_rss_kib = max(result.peak_rss_kib, operator.rss_kib("VmHWM"))
         if kubeflow is not None:
@@ -1043,6 +1137,8 @@ class Summary:
     seq_pods: float | None
     conc_pods: float | None
     conc_running: float | None
+    gated_pods: float | None
+    gated_running: float | None
 
 
 def summarise(result: Result) -> Summary:
@@ -1058,6 +1154,8 @@ def summarise(result: Result) -> Summary:
         seq_pods=med([s.times.all_pods for s in result.sequential]),
         conc_pods=med([s.times.all_pods for s in result.concurrent]),
         conc_running=med([s.times.gangs_running for s in result.concurrent]),
+        gated_pods=med([s.times.all_pods for s in result.gated]),
+        gated_running=med([s.times.gangs_running for s in result.gated]),
     )
 
 
@@ -1072,8 +1170,9 @@ def report(results: list[Result], nodes: int, elapsed: float, log_dir: Path) -> 
     print("that fits Running.")
     header = (
         f"{'scenario':<19} {'pods':>4} {'fit':>4} {'runs':>4} | {'ours':>7} {'kubeflow':>8} "
-        f"{'direct1':>7} {'direct4':>7} | {'ours run':>8} {'kf run':>7} {'dir4 run':>8} | "
-        f"{'ours/kf':>7} {'ours/d4':>7} {'kf/d4':>6} | {'run o/kf':>8}"
+        f"{'direct1':>7} {'direct4':>7} {'gated4':>7} | {'ours run':>8} {'kf run':>7} "
+        f"{'dir4 run':>8} {'gat4 run':>8} | {'ours/kf':>7} {'ours/d4':>7} {'ours/g4':>7} "
+        f"{'kf/d4':>6} | {'run o/kf':>8} {'run o/g4':>8}"
     )
     print(header)
     print("-" * len(header))
@@ -1086,11 +1185,13 @@ def report(results: list[Result], nodes: int, elapsed: float, log_dir: Path) -> 
         print(
             f"{scenario.label:<19} {scenario.pods:>4} {scenario.gangs_that_fit(nodes):>4} "
             f"{len(result.operator):>4} | {_seconds(s.ours_pods):>7} {_seconds(s.kf_pods):>8} "
-            f"{_seconds(s.seq_pods):>7} {_seconds(s.conc_pods):>7} | "
+            f"{_seconds(s.seq_pods):>7} {_seconds(s.conc_pods):>7} {_seconds(s.gated_pods):>7} | "
             f"{_seconds(s.ours_running):>8} {_seconds(s.kf_running):>7} "
-            f"{_seconds(s.conc_running):>8} | {_ratio(s.ours_pods, s.kf_pods):>7} "
-            f"{_ratio(s.ours_pods, s.conc_pods):>7} {_ratio(s.kf_pods, s.conc_pods):>6} | "
-            f"{_ratio(s.ours_running, s.kf_running):>8}"
+            f"{_seconds(s.conc_running):>8} {_seconds(s.gated_running):>8} | "
+            f"{_ratio(s.ours_pods, s.kf_pods):>7} {_ratio(s.ours_pods, s.conc_pods):>7} "
+            f"{_ratio(s.ours_pods, s.gated_pods):>7} {_ratio(s.kf_pods, s.conc_pods):>6} | "
+            f"{_ratio(s.ours_running, s.kf_running):>8} "
+            f"{_ratio(s.ours_running, s.gated_running):>8}"
         )
     print()
     print(
@@ -1137,10 +1238,13 @@ def report(results: list[Result], nodes: int, elapsed: float, log_dir: Path) -> 
         """
 ours / kubeflow = the two operators; direct1 / direct4 = the same objects (TrainingJob,
 Service, PodGroup, pods) created by the same Python client sequentially / from 4 threads in a
-namespace nothing reconciles. fit = gangs that fit on the nodes at once; the others queue in
-Volcano. "- " = not measurable: with queued jobs Kubeflow creates a gang's pods only once
-Volcano admits its PodGroup, so "all pods" exists only where every gang fits. run = until every
-gang that fits has all its pods Running (the like-for-like figure). API requests: ours run /
+namespace nothing reconciles; gated4 = direct4, but each job's pods only once a PodGroup watch
+shows Volcano admitted the group (Inqueue), the protocol both operators follow (one Volcano
+scheduling period, 1 s, later than direct4 at worst). fit = gangs that fit on the nodes at
+once; the others queue in Volcano. "- " = not measurable: with queued jobs the operators and
+gated4 create a gang's pods only once Volcano admits its PodGroup, so "all pods" exists only
+where every gang fits. run = until every gang that fits has all its pods Running (the
+like-for-like figure). API requests: ours run /
 kf run = until the gangs were Running, quiet = until the operator stopped making requests for
 2 s ("+" = still busy after 30 s), /job = quiet per job, own ctr = ours from its own /metrics
 (without kopf's list/watch streams), recon = its reconcile passes. RSS = VmHWM of a fresh
@@ -1185,6 +1289,16 @@ process per scenario, idle = VmRSS after start-up."""
                 "  direct 4 threads     "
                 + _spread([s.times.all_pods or 0.0 for s in result.concurrent])
                 + f"; gangs Running {_spread([s.times.gangs_running for s in result.concurrent])}"
+            )
+        if result.gated:
+            print(
+                "  direct 4, gated      "
+                + (
+                    _spread([s.times.all_pods or 0.0 for s in result.gated])
+                    if all(s.times.all_pods is not None for s in result.gated)
+                    else "-"
+                )
+                + f"; gangs Running {_spread([s.times.gangs_running for s in result.gated])}"
             )
         print(
             f"  first pod after      "
@@ -1264,10 +1378,17 @@ def verdicts(results: list[Result], nodes: int) -> None:
             )
         else:
             limit = 1.1 if scenario.jobs == 1 else 1.3
-            figure, ratio = _direct_ratio(s)
+            figure, ratio = _direct_ratio(s.ours_pods, s.ours_running, s.conc_pods, s.conc_running)
             print(
                 f"  {scenario.label}: ours / direct 4 ({figure}) {ratio:.2f}x <= {limit}: "
                 f"{_verdict(ratio <= limit)}"
+            )
+            figure, ratio = _direct_ratio(
+                s.ours_pods, s.ours_running, s.gated_pods, s.gated_running
+            )
+            print(
+                f"  {scenario.label}: ours / direct 4 gated on admission ({figure}) "
+                f"{ratio:.2f}x <= {limit}: {_verdict(ratio <= limit)}"
             )
             if scenario.jobs == 1 and s.kf_pods is not None and s.ours_pods is not None:
                 print(
@@ -1283,13 +1404,18 @@ def verdicts(results: list[Result], nodes: int) -> None:
                 )
 
 
-def _direct_ratio(s: Summary) -> tuple[str, float]:
+def _direct_ratio(
+    ours_pods: float | None,
+    ours_running: float,
+    direct_pods: float | None,
+    direct_running: float | None,
+) -> tuple[str, float]:
     """Ours against direct creates: all pods while ours creates every pod; gangs Running once
     it holds queued jobs' pods back (then "all pods" no longer exists for it)."""
-    if s.ours_pods is not None and s.conc_pods:
-        return "all pods", s.ours_pods / s.conc_pods
-    if s.conc_running:
-        return "gangs Running", s.ours_running / s.conc_running
+    if ours_pods is not None and direct_pods:
+        return "all pods", ours_pods / direct_pods
+    if direct_running:
+        return "gangs Running", ours_running / direct_running
     return "-", float("nan")
 
 

@@ -11,8 +11,7 @@ import enum
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field, model_validator
 
 from trainium_operator.api.instance_types import (
     DEFAULT_INSTANCE_TYPE,
@@ -21,6 +20,7 @@ from trainium_operator.api.instance_types import (
     NEURON_RESOURCE,
     InstanceType,
 )
+from trainium_operator.api.model_base import ApiModel
 
 GROUP = "trainium.dev"
 VERSION = "v1alpha1"
@@ -74,16 +74,6 @@ IMMUTABLE_SPEC_FIELDS = (
 )
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        use_attribute_docstrings=True,
-    )
-
-
 class InstanceTypeName(enum.StrEnum):
     TRN1_2XLARGE = "trn1.2xlarge"
     TRN1_32XLARGE = "trn1.32xlarge"
@@ -127,7 +117,7 @@ FLAG_PATTERN = r"^-{1,2}[A-Za-z0-9][A-Za-z0-9_.-]*$"
 Flag = Annotated[str, Field(pattern=FLAG_PATTERN)]
 
 
-class TrainingCommand(_Model):
+class TrainingCommand(ApiModel):
     script: Annotated[str, Field(min_length=1)]
     """Path of the training script inside the image, run by torchrun on every node
     (for example /opt/trainium/trainium_training/pretrain.py)."""
@@ -151,7 +141,7 @@ class TrainingCommand(_Model):
     then adds it with the job's output directory. Unset: nothing is added."""
 
 
-class StorageSpec(_Model):
+class StorageSpec(ApiModel):
     claim_name: str = "fsx-claim"
     """PersistentVolumeClaim (ReadWriteMany, e.g. FSx for Lustre) mounted in every pod;
     it holds the data, the compile cache, checkpoints and profiles."""
@@ -159,7 +149,7 @@ class StorageSpec(_Model):
     """Where the claim is mounted in the containers."""
 
 
-class CompileSpec(_Model):
+class CompileSpec(ApiModel):
     enabled: bool = True
     """Run neuron_parallel_compile with the same torchrun command before training, so
     training starts with a warm Neuron compile cache instead of compiling just in time."""
@@ -180,7 +170,7 @@ class CompileSpec(_Model):
     Never reuse a cache set in two jobs that run at the same time."""
 
 
-class RendezvousSpec(_Model):
+class RendezvousSpec(ApiModel):
     backend: RendezvousBackend = RendezvousBackend.C10D
     """c10d: torchrun's rendezvous on the rank-0 pod through the job's headless Service.
     etcd: an external etcd (v2 API) server, as the AWS EKS tutorial uses."""
@@ -197,21 +187,21 @@ QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[
 Quantity = Annotated[str, Field(pattern=QUANTITY_PATTERN)]
 
 
-class ResourceOverrides(_Model):
+class ResourceOverrides(ApiModel):
     requests: dict[str, Quantity] = {}
     """Extra requests per training/compile container, e.g. cpu and memory."""
     limits: dict[str, Quantity] = {}
     """Extra or overriding limits (Neuron and EFA counts default from the instance type)."""
 
 
-class PodMetadata(_Model):
+class PodMetadata(ApiModel):
     labels: dict[str, str] = {}
     """Labels added to every pod."""
     annotations: dict[str, str] = {}
     """Annotations added to every pod."""
 
 
-class RunPolicy(_Model):
+class RunPolicy(ApiModel):
     backoff_limit: Annotated[int, Field(ge=0)] = 3
     """Gang restarts allowed after training-process failures (non-zero exits) before the
     job fails."""
@@ -238,7 +228,7 @@ class RunPolicy(_Model):
     Waiting in the Volcano queue for capacity never times out."""
 
 
-class SchedulingSpec(_Model):
+class SchedulingSpec(ApiModel):
     queue: str = "default"
     """Volcano queue of the job's PodGroups."""
     priority_class_name: str | None = None
@@ -247,7 +237,7 @@ class SchedulingSpec(_Model):
     """Scheduler of the pods; Volcano does gang scheduling through the PodGroup."""
 
 
-class ProfileSpec(_Model):
+class ProfileSpec(ApiModel):
     enabled: bool = False
     """Turn on the trainium-operator profiler in every training process."""
     start_step: Annotated[int, Field(ge=0)] = 10
@@ -340,7 +330,7 @@ _CROSS_FIELD_RULES: list[dict[str, str]] = [
 ]
 
 
-class EnvVar(_Model):
+class EnvVar(ApiModel):
     model_config = ConfigDict(extra="allow")
     name: Annotated[str, Field(min_length=1)]
     """Environment variable name."""
@@ -390,7 +380,7 @@ def _protected_pod_field_rules() -> list[dict[str, str]]:
     ]
 
 
-class PodTemplateMetadata(_Model):
+class PodTemplateMetadata(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={
             "x-kubernetes-validations": [
@@ -421,7 +411,7 @@ class PodTemplateMetadata(_Model):
     """Annotations added to every pod."""
 
 
-class PodTemplatePodSpec(_Model):
+class PodTemplatePodSpec(ApiModel):
     """A partial Kubernetes PodSpec merged over the pod the operator builds."""
 
     model_config = ConfigDict(
@@ -466,7 +456,7 @@ class PodTemplatePodSpec(_Model):
     """Owned by Volcano; refused."""
 
 
-class PodTemplate(_Model):
+class PodTemplate(ApiModel):
     metadata: PodTemplateMetadata = PodTemplateMetadata()
     """Labels and annotations added to every pod."""
     spec: PodTemplatePodSpec = PodTemplatePodSpec()
@@ -532,7 +522,7 @@ class PodTemplate(_Model):
         return found
 
 
-class TrainingJobSpec(_Model):
+class TrainingJobSpec(ApiModel):
     model_config = ConfigDict(
         json_schema_extra={"x-kubernetes-validations": list[Any](_CROSS_FIELD_RULES)}
     )

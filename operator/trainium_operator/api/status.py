@@ -11,8 +11,9 @@ import enum
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import BaseModel, Field
+
+from trainium_operator.api.model_base import ApiModel
 
 
 class Phase(enum.StrEnum):
@@ -45,17 +46,7 @@ Int64 = Annotated[int, Field(json_schema_extra={"format": "int64"})]
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 
 
-class _Status(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        use_attribute_docstrings=True,
-    )
-
-
-class Condition(_Status):
+class Condition(ApiModel):
     """A Kubernetes-style condition; one per type."""
 
     type: str
@@ -69,7 +60,7 @@ class Condition(_Status):
     observed_generation: Int64 | None = None
 
 
-class StageStatus(_Status):
+class StageStatus(ApiModel):
     """When a stage (compile or training) started and completed, and its gangs."""
 
     start_time: Timestamp | None = None
@@ -82,7 +73,7 @@ class StageStatus(_Status):
     whole gang instead of being re-created alone."""
 
 
-class Workers(_Status):
+class Workers(ApiModel):
     """Pods of the current stage."""
 
     ready: Count = 0
@@ -93,7 +84,7 @@ class Workers(_Status):
     """ready/total"""
 
 
-class Restarts(_Status):
+class Restarts(ApiModel):
     """Gang restarts by cause; total = application + infrastructure."""
 
     total: Count = 0
@@ -101,7 +92,7 @@ class Restarts(_Status):
     infrastructure: Count = 0
 
 
-class LastFailure(_Status):
+class LastFailure(ApiModel):
     """The failure that caused the latest restart or the job failure."""
 
     class_: FailureClass = Field(alias="class")
@@ -118,7 +109,7 @@ class LastFailure(_Status):
 UploadState = Literal["Pending", "Running", "Succeeded", "Failed", "NoProfile"]
 
 
-class ProfileUpload(_Status):
+class ProfileUpload(ApiModel):
     """The S3 upload of one ended training attempt's profile (spec.profile.s3Uri)."""
 
     attempt: Count
@@ -130,7 +121,7 @@ class ProfileUpload(_Status):
     message: str | None = None
 
 
-class ProfileUploadSummary(_Status):
+class ProfileUploadSummary(ApiModel):
     """The upload of the current attempt's profile to S3."""
 
     state: UploadState | None = None
@@ -140,7 +131,7 @@ class ProfileUploadSummary(_Status):
     message: str | None = None
 
 
-class ProfileStatus(_Status):
+class ProfileStatus(ApiModel):
     """Where the profiler writes (when spec.profile.enabled), and where the profile is in S3
     once its upload is complete."""
 
@@ -151,7 +142,7 @@ class ProfileStatus(_Status):
     upload: ProfileUploadSummary | None = None
 
 
-class TrainingJobStatus(_Status):
+class TrainingJobStatus(ApiModel):
     """Observed state, written by the operator."""
 
     phase: Phase | None = None

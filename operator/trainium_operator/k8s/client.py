@@ -229,19 +229,19 @@ class Cluster:
             raise
         return result
 
-    def delete_training_job(self, namespace: str, name: str, uid: str) -> None:
+    def delete_training_job(self, namespace: str, name: str, uid: str | None = None) -> None:
+        """Delete a TrainingJob; gone already is fine. With `uid`, only that incarnation: a
+        job re-created under the same name (409 on the precondition) is left alone."""
         self.counter.add("delete", spec_model.PLURAL)
+        body: Obj = {"propagationPolicy": "Background"}
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
         try:
             self.custom.delete_namespaced_custom_object(
-                spec_model.GROUP,
-                spec_model.VERSION,
-                namespace,
-                spec_model.PLURAL,
-                name,
-                body={"preconditions": {"uid": uid}, "propagationPolicy": "Background"},
+                spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, name, body=body
             )
         except ApiException as error:
-            if error.status not in (404, 409):
+            if error.status != 404 and not (uid is not None and error.status == 409):
                 raise
 
     def create_training_job(self, namespace: str, body: Obj) -> Obj:
@@ -257,21 +257,6 @@ class Cluster:
         self.custom.patch_namespaced_custom_object(
             spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, name, patch
         )
-
-    def delete_training_job_named(self, namespace: str, name: str) -> None:
-        self.counter.add("delete", spec_model.PLURAL)
-        try:
-            self.custom.delete_namespaced_custom_object(
-                spec_model.GROUP,
-                spec_model.VERSION,
-                namespace,
-                spec_model.PLURAL,
-                name,
-                body={"propagationPolicy": "Background"},
-            )
-        except ApiException as error:
-            if error.status != 404:
-                raise
 
     def pod_log_lines(
         self, namespace: str, name: str, container: str, *, follow: bool

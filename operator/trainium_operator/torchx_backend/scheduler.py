@@ -285,7 +285,7 @@ class TrainiumScheduler(Scheduler):  # type: ignore[misc]  # torchx ships no typ
 
     def _delete_existing(self, app_id: str) -> None:
         namespace, name = parse_app_id(app_id)
-        self._k8s().delete_training_job_named(namespace, name)
+        self._k8s().delete_training_job(namespace, name)
 
 
 def create_scheduler(session_name: str, **kwargs: Any) -> TrainiumScheduler:
