@@ -329,6 +329,15 @@ def test_an_unschedulable_gang_carries_volcanos_message() -> None:
     assert status["message"].endswith(volcano_says)
 
 
+def test_volcanos_unschedulable_before_the_gangs_pods_exist_is_not_a_refusal() -> None:
+    job = job_ref()
+    one_of_two = (pod(job, Stage.COMPILE, 0, 0, "Pending", node=None),)
+    volcano_says = "2/0 tasks in gang unschedulable: pod group is not ready, 2 minAvailable"
+    group = PodGroupView("bert-compile", "Inqueue", volcano_says)
+    status = waiting(job, group=group, queue=None, pods=one_of_two)
+    assert (status["phase"], status["reason"]) == ("Pending", "WaitingForGang")
+
+
 def test_the_newer_of_volcanos_scheduled_and_unschedulable_conditions_wins() -> None:
     def group(unschedulable_at: str, scheduled_at: str) -> PodGroupView:
         return podgroup_view(

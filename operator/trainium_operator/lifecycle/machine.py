@@ -727,7 +727,9 @@ def _waiting_reason(
     scheduled = sum(1 for p in gang.values() if p.node)
     ready = sum(1 for p in gang.values() if p.phase == "Running" and p.ready and not p.deleting)
     progress = f"{scheduled}/{nodes} pods scheduled, {ready}/{nodes} ready"
-    if group is not None and group.unschedulable and scheduled < nodes:
+    # Until all of the gang's pods exist, Volcano's "16/0 tasks in gang unschedulable" only
+    # says that the pods being created are not there yet.
+    if group is not None and group.unschedulable and scheduled < nodes and len(gang) >= nodes:
         return (
             "Unschedulable",
             f"{stage.value} stage: Volcano cannot place the gang of {nodes} pods "
