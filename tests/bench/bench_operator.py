@@ -1275,10 +1275,10 @@ scheduling period, 1 s, later than direct4 at worst). fit = gangs that fit on th
 once; the others queue in Volcano. "- " = not measurable: with queued jobs the operators and
 gated4 create a gang's pods only once Volcano admits its PodGroup, so "all pods" exists only
 where every gang fits. run = until every gang that fits has all its pods Running (the
-like-for-like figure). API requests: ours run /
-kf run = until the gangs were Running, quiet = until the operator stopped making requests for
-2 s ("+" = still busy after 30 s), /job = quiet per job, own ctr = ours from its own /metrics
-(without kopf's list/watch streams), recon = its reconcile passes. RSS = VmHWM of a fresh
+like-for-like figure). API requests: ours run / kf run = until the gangs were Running, quiet =
+until the operator stopped making requests for 2 s ("+" = still busy after 30 s), /job = quiet
+per job, own ctr = ours from its own /metrics (without kopf's list/watch streams), recon = its
+reconcile passes. RSS = VmHWM of a fresh
 process per scenario, idle = VmRSS after start-up."""
     )
     for result in results:
