@@ -32,11 +32,14 @@ def test_a_reflector_lists_then_watches_only_what_its_selector_matches(
     core = dev_cluster.core
     core.create_namespaced_pod(namespace, bare_pod("before", {"trainium.dev/job-name": "a"}))
     seen: list[tuple[str, str]] = []
+    managed_fields_kept: list[str] = []
     lock = threading.Lock()
 
     def record(event: WatchEvent) -> None:
         with lock:
             seen.append((event.type, event.obj["metadata"]["name"]))
+            if "managedFields" in event.obj["metadata"]:
+                managed_fields_kept.append(event.obj["metadata"]["name"])
 
     reflector = Reflector(
         "pods",
@@ -54,6 +57,10 @@ def test_a_reflector_lists_then_watches_only_what_its_selector_matches(
         core.delete_namespaced_pod("after", namespace, grace_period_seconds=0)
         wait_for(lambda: ("DELETED", "after") in seen, timeout=30, description="watched delete")
         assert all(name != "stranger" for _, name in seen), "an unselected pod reached us"
+        # The server sends managedFields (created through the client: a manager is recorded);
+        # neither the listed nor the watched pod reaches the cache with it.
+        assert core.read_namespaced_pod("before", namespace).metadata.managed_fields
+        assert managed_fields_kept == []
     finally:
         reflector.stop()
         reflector.thread.join(timeout=10)

@@ -30,6 +30,14 @@ WATCH_SECONDS = 300
 MAX_BACKOFF_SECONDS = 30.0
 
 
+def without_managed_fields(obj: Obj) -> Obj:
+    """`obj` without metadata.managedFields (server-side apply bookkeeping, often a third of a
+    pod's JSON), which nothing in the operator reads: client-go's informers drop it the same
+    way (a cache transform) to keep the cache small."""
+    (obj.get("metadata") or {}).pop("managedFields", None)
+    return obj
+
+
 def object_key(obj: Obj) -> ObjKey:
     meta = obj["metadata"]
     return (meta.get("namespace") or "", meta["name"])
@@ -111,7 +119,7 @@ class Reflector:
             if token:
                 kwargs["_continue"] = token
             page = json.loads(self._call(_preload_content=False, **kwargs).data)
-            items.extend(page.get("items") or [])
+            items.extend(without_managed_fields(o) for o in page.get("items") or [])
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 version = str(page["metadata"]["resourceVersion"])
@@ -163,7 +171,9 @@ class Reflector:
     def _events(response: Any) -> Iterator[Obj]:
         for line in iter_resp_lines(response):
             if line:
-                yield json.loads(line)
+                event = json.loads(line)
+                without_managed_fields(event.get("object") or {})
+                yield event
 
     def _emit(self, event: WatchEvent) -> None:
         try:
