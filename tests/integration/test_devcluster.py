@@ -7,6 +7,7 @@ KWOK plays the kubelets; the real Volcano scheduler and controller manager (v1.1
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 import uuid
 from typing import Any
@@ -84,19 +85,32 @@ def wait_running(cluster: DevCluster, namespace: str, name: str, timeout: float 
     )
 
 
-def pod_turns_not_ready(cluster: DevCluster, namespace: str, name: str, timeout: int) -> bool:
-    """True once the pod's Ready condition is False, seen by a watch (every update, not polls)."""
-    stream = watch.Watch().stream(
-        cluster.core.list_namespaced_pod,
-        namespace,
-        field_selector=f"metadata.name={name}",
-        timeout_seconds=timeout,
-    )
-    for event in stream:
-        conditions = event["object"].status.conditions or []
-        if any(c.type == "Ready" and c.status == "False" for c in conditions):
-            return True
-    return False
+class NotReadyWatch:
+    """Watches one pod from before a fault, in a thread: `seen` is set once any update shows
+    its Ready condition False. Started before the fault, it cannot miss a False that KWOK
+    turns back to True before the test looks (a poll, or a watch opened later, can)."""
+
+    def __init__(self, cluster: DevCluster, namespace: str, name: str, timeout: int) -> None:
+        self.seen = threading.Event()
+        self._watch = watch.Watch()
+        self._stream = self._watch.stream(
+            cluster.core.list_namespaced_pod,
+            namespace,
+            field_selector=f"metadata.name={name}",
+            timeout_seconds=timeout,
+        )
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for event in self._stream:
+            conditions = event["object"].status.conditions or []
+            if any(c.type == "Ready" and c.status == "False" for c in conditions):
+                self.seen.set()
+                return
+
+    def stop(self) -> None:
+        self._watch.stop()
 
 
 def condition(podgroup: dict[str, Any], kind: str) -> dict[str, Any] | None:
@@ -335,6 +349,10 @@ def test_node_loss_makes_the_node_not_ready_and_restore_heals_it(
         }
         dev_cluster.core.create_namespaced_pod(namespace, pinned)
         wait_running(dev_cluster, namespace, "on-lost-node")
+        # The node lifecycle controller marks pods on its next monitor pass (a loaded 2-core CI
+        # machine has been seen to take over 20 s), and KWOK may set the pod Ready again right
+        # after, even before the taint below is visible: the watch runs from before the fault.
+        pod_not_ready = NotReadyWatch(dev_cluster, namespace, "on-lost-node", timeout=240)
 
         started = time.monotonic()
         sim.simulate_node_loss(dev_cluster.core, name)
@@ -358,12 +376,8 @@ def test_node_loss_makes_the_node_not_ready_and_restore_heals_it(
             timeout=60,
             description="unreachable:NoExecute taint on the lost node",
         )
-        # The node lifecycle controller marks pods on its next monitor pass (a loaded 2-core CI
-        # machine has been seen to take over 20 s), and KWOK may set the pod Ready again right
-        # after: a watch sees the transition even when a poll would miss it.
-        assert pod_turns_not_ready(dev_cluster, namespace, "on-lost-node", timeout=90), (
-            "pod on the lost node never marked not ready"
-        )
+        assert pod_not_ready.seen.wait(90), "pod on the lost node never marked not ready"
+        pod_not_ready.stop()
 
         sim.restore_node(dev_cluster.core, name)
 
