@@ -918,8 +918,10 @@ def direct_sample(
                     pending |= {pool.submit(create, pod) for pod in admissions.admitted()}
                     if pod_watch.gangs_at is not None or time.monotonic() > deadline:
                         break  # every gang that fits runs; the rest stay queued
+                # Ungated, block until a create returns; gated, also wake for admissions.
+                poll = None if admissions is None else 0.01
                 finished, pending = concurrent.futures.wait(
-                    pending, timeout=0.01, return_when=concurrent.futures.FIRST_COMPLETED
+                    pending, timeout=poll, return_when=concurrent.futures.FIRST_COMPLETED
                 )
                 for future in finished:
                     pending |= {pool.submit(create, obj) for obj in future.result()}
