@@ -35,7 +35,7 @@ from trainium_training.pretrain import (
     ANNOTATE_STEP,
 )
 
-pytestmark = pytest.mark.training
+pytestmark = [pytest.mark.training, pytest.mark.e2e]
 
 TINY = ["--model_config", "tiny", "--batch_size", "4", "--warmup_steps", "0"]
 

@@ -28,7 +28,9 @@ RENDER_UID = "00000000-0000-0000-0000-000000000000"
     "--namespace",
     "namespaces",
     multiple=True,
-    help="Watch only this namespace (repeatable); default: all namespaces.",
+    help="Watch only this namespace, or the namespaces matching a glob pattern such as "
+    "'team-*' (repeatable); default: all namespaces. A pattern needs cluster-wide list and "
+    "watch rights.",
 )
 @click.option("--peering", default=None, help="kopf peering name, for several replicas.")
 @click.option(

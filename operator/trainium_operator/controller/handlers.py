@@ -29,6 +29,7 @@ from trainium_operator.controller.reconciler import (
     PermissionDeniedError,
     Reconciler,
 )
+from trainium_operator.controller.watch_scope import watch_scope
 from trainium_operator.controller.workqueue import Key, RetryableError, WorkQueue
 from trainium_operator.k8s.client import (
     PODGROUPS,
@@ -58,7 +59,7 @@ class Runtime:
     peering: str | None = None
     priority: int = 0
     peering_lifetime: int = 60
-    namespaces: tuple[str, ...] = ()  # empty: all
+    namespaces: tuple[str, ...] = ()  # names or glob patterns; empty: all
     gate: PeeringGate | None = None
     metrics_port: int | None = None
     queue: WorkQueue | None = None
@@ -213,7 +214,8 @@ def _start_watches(runtime: Runtime, loop: asyncio.AbstractEventLoop) -> None:
     }
     # Only the operator's children, selected by the API server: nothing else is held.
     selectors = {spec_model.PLURAL: None, "pods": LABEL_JOB_NAME, "services": LABEL_JOB_NAME}
-    for namespace in runtime.namespaces or (None,):
+    scope = watch_scope(runtime.namespaces)
+    for namespace in scope.sources:
         for resource, call in cluster.watch_sources(namespace).items():
             runtime.reflectors.append(
                 Reflector(
@@ -222,6 +224,7 @@ def _start_watches(runtime: Runtime, loop: asyncio.AbstractEventLoop) -> None:
                     handlers[resource],
                     label_selector=selectors.get(resource, LABEL_JOB_NAME),
                     counter=cluster.counter,
+                    accepts_namespace=scope.accepts,
                 )
             )
     counter = cluster.counter

@@ -33,6 +33,7 @@ from trainium_operator.k8s.client import (
     admission_rejection,
     api_error_message,
     is_forbidden,
+    is_namespace_terminating,
 )
 from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.observed import observe, podgroup_view, queue_view
@@ -182,6 +183,9 @@ class Reconciler:
             error: Exception = failed.error
         except Exception as caught:
             error = caught
+        if is_namespace_terminating(error):
+            # The namespace goes, and the job with it: nothing more to create or report.
+            raise JobGoneError(f"{namespace}/{name} (its namespace is being deleted)") from error
         if not is_forbidden(error):
             raise error
         message = (

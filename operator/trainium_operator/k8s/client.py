@@ -102,12 +102,26 @@ def admission_rejection(error: BaseException) -> AdmissionRejection | None:
     return None
 
 
+def is_namespace_terminating(error: BaseException) -> bool:
+    """A create refused because its namespace is being deleted (with the job in it)."""
+    if not isinstance(error, ApiException) or error.status != 403:
+        return False
+    try:
+        causes = (json.loads(error.body or "{}").get("details") or {}).get("causes") or []
+    except (ValueError, AttributeError):
+        causes = []
+    return any(c.get("reason") == "NamespaceTerminating" for c in causes) or (
+        "because it is being terminated" in api_error_message(error)
+    )
+
+
 def is_forbidden(error: BaseException) -> bool:
     """The operator's identity lacks an RBAC permission (not an admission refusal)."""
     return (
         isinstance(error, ApiException)
         and error.status == 403
         and admission_rejection(error) is None
+        and not is_namespace_terminating(error)
     )
 
 

@@ -65,8 +65,11 @@ class Reflector:
         *,
         label_selector: str | None = None,
         counter: RequestCounter | None = None,
+        accepts_namespace: Callable[[str], bool] | None = None,
     ) -> None:
         self.resource = resource
+        # A cluster-wide watch narrowed to namespaces matching a pattern, on our side.
+        self._accepts_namespace = accepts_namespace
         self._call = call
         self._on_event = on_event
         self._selector = label_selector
@@ -119,7 +122,9 @@ class Reflector:
             if token:
                 kwargs["_continue"] = token
             page = json.loads(self._call(_preload_content=False, **kwargs).data)
-            items.extend(without_managed_fields(o) for o in page.get("items") or [])
+            items.extend(
+                without_managed_fields(o) for o in page.get("items") or [] if self._accepts(o)
+            )
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 version = str(page["metadata"]["resourceVersion"])
@@ -154,7 +159,7 @@ class Reflector:
                         raise GoneError(obj.get("message"))
                     raise RuntimeError(f"watch error: {obj.get('message')}")
                 version = str(obj["metadata"]["resourceVersion"])
-                if event["type"] == "BOOKMARK":
+                if event["type"] == "BOOKMARK" or not self._accepts(obj):
                     continue
                 key = object_key(obj)
                 if event["type"] == "DELETED":
@@ -166,6 +171,11 @@ class Reflector:
             self._response.release_conn()
             self._response = None
         return version
+
+    def _accepts(self, obj: Obj) -> bool:
+        if self._accepts_namespace is None:
+            return True
+        return self._accepts_namespace((obj.get("metadata") or {}).get("namespace") or "")
 
     @staticmethod
     def _events(response: Any) -> Iterator[Obj]:

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from tiers import TIERS
+
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.integration
 
 
 def readme_commands() -> list[str]:
@@ -26,9 +27,12 @@ def test_readme_starts_with_the_demo_and_the_test_commands() -> None:
     assert demo.endswith("trainium-operator dev demo")
     assert tests.endswith("pytest")
     ci = (ROOT / ".ci" / "run").read_text()
-    assert tests.split("&&")[-1].strip() in ci, ".ci/run calls the README's test command"
+    pytest_command = tests.split("&&")[-1].strip()
+    assert f'{pytest_command} -m "$tier"' in ci, ".ci/run calls the README's test command"
+    assert f"for tier in {' '.join(TIERS)}; do" in ci, ".ci/run runs every tier"
 
 
+@pytest.mark.e2e
 def test_readme_first_command_runs_the_tutorial_job_to_success_in_a_fresh_clone(
     tmp_path: Path,
 ) -> None:

@@ -1,0 +1,235 @@
+"""The reconciler's order of writes, against the in-memory cluster seam (tests/unit/fake_cluster):
+a restart is recorded before its side effects, events follow the status they describe, and
+refusals, conflicts and a namespace being deleted each end a pass the way they should."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from trainium_operator.controller.cache import ClusterCache
+from trainium_operator.controller.reconciler import (
+    JobGoneError,
+    PermissionDeniedError,
+    Reconciler,
+)
+from trainium_operator.k8s.client import is_conflict
+from trainium_operator.k8s.informer import WatchEvent
+from trainium_operator.lifecycle.profile_upload import UploadDefaults
+from unit.fake_cluster import FakeCluster, Write, api_error
+from unit.jobs import job_document
+
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+NAMESPACE, NAME = "team-a", "bert"
+KEY = (NAMESPACE, NAME)
+
+
+def ready_node(name: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {"node.kubernetes.io/instance-type": "trn1.32xlarge"},
+        },
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T11:00:00Z"}
+            ]
+        },
+    }
+
+
+def open_queue(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {"state": "Open"}}
+
+
+def new_world(**spec: Any) -> tuple[FakeCluster, Reconciler]:
+    cache = ClusterCache()
+    cluster = FakeCluster(cache)
+    for index in range(2):
+        cluster.add_node(ready_node(f"trn1-{index}"))
+    cache.on_queue(WatchEvent("ADDED", open_queue("default")))
+    cluster.add_job(job_document(compile={"enabled": False}, **spec))
+    reconciler = Reconciler(
+        cluster,  # type: ignore[arg-type]
+        cache,
+        synced=lambda: True,
+        clock=lambda: NOW,
+        upload_defaults=UploadDefaults(),
+    )
+    return cluster, reconciler
+
+
+def admit(cluster: FakeCluster, group: str) -> None:
+    """Volcano lets the gang in."""
+    cluster.update("PodGroup", group, {"status": {"phase": "Inqueue"}})
+
+
+def run_pods(cluster: FakeCluster) -> None:
+    """The scheduler binds every pod to its own node and the kubelet starts it."""
+    for index, pod in enumerate(sorted(cluster.pods(), key=lambda p: p["metadata"]["name"])):
+        cluster.update(
+            "Pod",
+            pod["metadata"]["name"],
+            {
+                "spec": {"nodeName": f"trn1-{index}"},
+                "status": {
+                    "phase": "Running",
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                },
+            },
+        )
+
+
+def end_pod(cluster: FakeCluster, name: str, exit_code: int) -> None:
+    cluster.update(
+        "Pod",
+        name,
+        {
+            "status": {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                "conditions": [{"type": "Ready", "status": "False"}],
+                "containerStatuses": [
+                    {"name": "trainer", "state": {"terminated": {"exitCode": exit_code}}}
+                ],
+            }
+        },
+    )
+
+
+def running_gang() -> tuple[FakeCluster, Reconciler]:
+    cluster, reconciler = new_world()
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    reconciler.reconcile(*KEY)
+    run_pods(cluster)
+    reconciler.reconcile(*KEY)
+    assert cluster.job(NAME)["status"]["phase"] == "Training"
+    cluster.writes.clear()
+    return cluster, reconciler
+
+
+def test_a_new_job_creates_service_and_podgroup_before_its_status_and_pods_after_admission() -> (
+    None
+):
+    cluster, reconciler = new_world()
+    reconciler.reconcile(*KEY)
+    kinds = [(w.verb, w.kind) for w in cluster.writes]
+    assert kinds[:2] == [("create", "Service"), ("create", "PodGroup")]
+    assert ("create", "Pod") not in kinds, "no pods before Volcano admits the gang"
+    assert kinds.index(("status", "TrainingJob")) > 1, "children first, then the status"
+    cluster.writes.clear()
+    admit(cluster, "bert-train")
+    reconciler.reconcile(*KEY)
+    assert [w.name for w in cluster.of("create")] == ["bert-train-0-0", "bert-train-0-1"]
+
+
+def test_a_restart_is_written_to_the_status_before_the_failed_gang_is_deleted() -> None:
+    cluster, reconciler = running_gang()
+    end_pod(cluster, "bert-train-0-0", exit_code=137)
+    reconciler.reconcile(*KEY)
+    order = [(w.verb, w.name) for w in cluster.writes if w.verb in ("status", "delete")]
+    assert order[0] == ("status", NAME), f"the restart must be recorded first: {order}"
+    assert ("delete", "bert-train-0-1") in order[1:]
+    status = cluster.job(NAME)["status"]
+    assert status["phase"] == "Restarting"
+    assert status["restarts"]["total"] == 1
+
+
+def test_a_restart_whose_status_write_fails_deletes_nothing() -> None:
+    cluster, reconciler = running_gang()
+    end_pod(cluster, "bert-train-0-0", exit_code=137)
+    cluster.refuse("status", "TrainingJob", api_error(503, "etcdserver: request timed out"))
+    with pytest.raises(ApiException) as raised:
+        reconciler.reconcile(*KEY)
+    assert raised.value.status == 503
+    assert cluster.of("delete") == [], "side effects of an unrecorded restart"
+    assert cluster.of("event") == []
+    cluster.allow("status", "TrainingJob")
+    reconciler.reconcile(*KEY)
+    assert cluster.job(NAME)["status"]["restarts"]["total"] == 1
+    assert cluster.of("delete")
+
+
+def test_events_are_posted_after_the_status_write_they_describe() -> None:
+    cluster, reconciler = running_gang()
+    for pod in ("bert-train-0-0", "bert-train-0-1"):
+        end_pod(cluster, pod, exit_code=0)
+    reconciler.reconcile(*KEY)
+    verbs = [w.verb for w in cluster.writes]
+    assert "event" in verbs
+    assert verbs.index("status") < verbs.index("event")
+    assert Write("event", "Event", NAME, "Normal TrainingSucceeded") in cluster.writes
+    assert cluster.job(NAME)["status"]["phase"] == "Succeeded"
+
+
+def test_a_stale_view_fails_the_status_write_with_a_conflict_and_posts_no_event() -> None:
+    cluster, reconciler = running_gang()
+    for pod in ("bert-train-0-0", "bert-train-0-1"):
+        end_pod(cluster, pod, exit_code=0)
+    # Someone else wrote the job after the cache saw it: the pass's resourceVersion is stale.
+    cluster.job(NAME)["metadata"]["resourceVersion"] = "999999"
+    with pytest.raises(ApiException) as raised:
+        reconciler.reconcile(*KEY)
+    assert is_conflict(raised.value)
+    assert cluster.of("event") == [], "an event for a status that was not written"
+    assert "status" not in [w.verb for w in cluster.writes]
+
+
+def test_a_quota_refusal_is_the_jobs_reason_holds_it_and_is_not_a_permission_warning() -> None:
+    cluster, reconciler = new_world()
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    cluster.refuse(
+        "create",
+        "Pod",
+        api_error(403, 'pods "bert-train-0-0" is forbidden: exceeded quota: compute'),
+    )
+    requeue = reconciler.reconcile(*KEY)
+    status = cluster.job(NAME)["status"]
+    assert status["reason"] == "QuotaExceeded"
+    assert "exceeded quota" in status["message"]
+    assert requeue is not None, "held, with a bound"
+    assert not [e for e in cluster.events if e["reason"] == "PermissionDenied"]
+    writes = len(cluster.writes)
+    reconciler.reconcile(*KEY)
+    assert len(cluster.writes) == writes, "a held job was retried with nothing changed"
+
+
+def test_an_rbac_denial_is_a_permission_warning_naming_the_chart() -> None:
+    cluster, reconciler = new_world()
+    cluster.refuse(
+        "create",
+        "Service",
+        api_error(403, 'services is forbidden: User "op" cannot create resource "services"'),
+    )
+    with pytest.raises(PermissionDeniedError, match="RBAC"):
+        reconciler.reconcile(*KEY)
+    (event,) = cluster.events
+    assert (event["type"], event["reason"]) == ("Warning", "PermissionDenied")
+
+
+def test_a_create_refused_because_the_namespace_is_being_deleted_ends_the_job_quietly() -> None:
+    cluster, reconciler = new_world()
+    cluster.refuse(
+        "create",
+        "Service",
+        api_error(
+            403,
+            f'services "bert" is forbidden: unable to create new content in namespace '
+            f"{NAMESPACE} because it is being terminated",
+            causes=[{"reason": "NamespaceTerminating", "field": "metadata.namespace"}],
+        ),
+    )
+    with pytest.raises(JobGoneError):
+        reconciler.reconcile(*KEY)
+    assert cluster.events == [], "no Warning for a namespace its owner deletes"
+
+
+def test_a_repeated_pass_over_an_unchanged_world_writes_nothing() -> None:
+    cluster, reconciler = running_gang()
+    reconciler.reconcile(*KEY)
+    reconciler.reconcile(*KEY)
+    assert cluster.writes == []
