@@ -20,6 +20,8 @@ from trainium_operator.devcluster.sim import simulate_pod_outcome, wait_for
 ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingjobs"
 JOB_LABEL = "trainium.dev/job-name"
+# The operator exits within 3 s of SIGTERM (tested); past this it is killed and the test fails.
+STOP_TIMEOUT_SECONDS = 10
 
 
 @dataclass
@@ -63,13 +65,19 @@ class OperatorProcess:
             self.process.send_signal(signal.SIGKILL)
             self.process.wait(timeout=10)
 
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.kill()
+    def stop(self) -> float | None:
+        """SIGTERM; returns the seconds the operator took to exit (None: it had to be killed,
+        or was not running)."""
+        if not self.process or self.process.poll() is not None:
+            return None
+        started = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=STOP_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+        return time.monotonic() - started
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
@@ -79,17 +87,41 @@ class OperatorProcess:
         assert self.process.poll() is None, f"operator exited:\n{self.log()[-4000:]}"
 
 
+class OperatorView:
+    """A shared operator as one test sees it: the log it wrote since the test began."""
+
+    def __init__(self, process: OperatorProcess) -> None:
+        self._process = process
+        self._offset = process.log_path.stat().st_size if process.log_path.exists() else 0
+
+    def log(self) -> str:
+        if not self._process.log_path.exists():
+            return ""
+        with self._process.log_path.open("rb") as log:
+            log.seek(self._offset)
+            return log.read().decode(errors="replace")
+
+    def assert_alive(self) -> None:
+        self._process.assert_alive()
+
+
 @contextlib.contextmanager
 def running_operator(
-    dev_cluster: Any, namespace: str, tmp_path: Path, env: dict[str, str] | None = None
+    dev_cluster: Any,
+    namespace: str,
+    tmp_path: Path,
+    env: dict[str, str] | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Iterator[OperatorProcess]:
     """The operator watching `namespace` for the duration of a test (with extra `env`, as the
-    chart's Deployment sets it); fails the test if it crashed or logged an unhandled exception."""
+    chart's Deployment sets it, and extra command-line arguments); fails the test if it crashed
+    or logged an unhandled exception."""
     ensure_shared_claim(dev_cluster.clients, namespace)
     proc = OperatorProcess(
         kubeconfig=Path(dev_cluster.kubeconfig),
         namespace=namespace,
         log_path=tmp_path / "operator.log",
+        extra_args=extra_args,
         env=dict(env or {}),
     )
     proc.start()
@@ -97,9 +129,10 @@ def running_operator(
         yield proc
     finally:
         alive = proc.process is not None and proc.process.poll() is None
-        proc.stop()
+        stopped_in = proc.stop()
         print(proc.log()[-6000:])
     assert alive, "the operator crashed during the test"
+    assert stopped_in is not None, f"the operator ignored SIGTERM for {STOP_TIMEOUT_SECONDS} s"
     assert "Traceback" not in proc.log(), "the operator logged an unhandled exception"
 
 

@@ -423,7 +423,7 @@ def test_kubectl_and_helm_talk_to_the_cluster(dev_cluster: DevCluster) -> None:
         check=True,
     ).stdout.split()
     helm = subprocess.run(
-        ["helm", "list", "--all-namespaces", "--output", "json"],
+        ["helm", "list", "--namespace", "default", "--output", "json"],
         env=env,
         capture_output=True,
         text=True,

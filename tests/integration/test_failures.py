@@ -13,6 +13,7 @@ import pytest
 
 from integration.operator_harness import (
     OperatorProcess,
+    OperatorView,
     create_job,
     finish_pods,
     get_job,
@@ -37,7 +38,7 @@ def attempts_alive(clients: Any, namespace: str, name: str) -> set[str]:
 
 
 def test_operator_restarts_never_restart_a_running_gang(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, own_operator: OperatorProcess
 ) -> None:
     """Scenario 1: right after a start the node cache is empty; that is not node loss."""
     clients = dev_cluster.clients
@@ -46,8 +47,8 @@ def test_operator_restarts_never_restart_a_running_gang(
     wait_phase(clients, namespace, "steady", "Training")
     uids = {p.metadata.uid for p in pods}
     for _ in range(3):
-        operator.kill()
-        operator.start()
+        own_operator.kill()
+        own_operator.start()
         time.sleep(4)  # the new process's first reconciles, with the node watch still filling
     job = get_job(clients, namespace, "steady")
     assert job["status"]["restarts"]["total"] == 0
@@ -58,7 +59,7 @@ def test_operator_restarts_never_restart_a_running_gang(
 
 
 def test_a_force_deleted_training_pod_restarts_the_whole_gang_not_one_rank(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     """Scenario 3: the vanished rank is not re-created alone beside the old survivors."""
     clients = dev_cluster.clients
@@ -91,7 +92,7 @@ def test_a_force_deleted_training_pod_restarts_the_whole_gang_not_one_rank(
 
 
 def test_a_restart_never_runs_two_attempts_at_once_and_counts_once(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, own_operator: OperatorProcess
 ) -> None:
     """Scenario 2: the new attempt is recorded first and starts after the old gang is gone."""
     clients = dev_cluster.clients
@@ -106,8 +107,8 @@ def test_a_restart_never_runs_two_attempts_at_once_and_counts_once(
         timeout=30,
         description="attempt 1 recorded",
     )
-    operator.kill()
-    operator.start()
+    own_operator.kill()
+    own_operator.start()
 
     def second_gang() -> list[Any]:
         seen.append(attempts_alive(clients, namespace, "once"))
@@ -124,7 +125,7 @@ def test_a_restart_never_runs_two_attempts_at_once_and_counts_once(
 
 
 def test_a_kubelet_admission_rejection_is_charged_as_infrastructure(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     """Scenario 8: OutOf<resource> is the node's doing, not the script's backoffLimit."""
     clients = dev_cluster.clients
@@ -161,10 +162,9 @@ def test_a_deleted_job_is_forgotten_by_the_work_queue(
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     clients = dev_cluster.clients
-    with running_operator(dev_cluster, namespace, tmp_path) as operator:
-        operator.stop()
-        operator.extra_args = ("--metrics-port", str(port))
-        operator.start()
+    with running_operator(
+        dev_cluster, namespace, tmp_path, extra_args=("--metrics-port", str(port))
+    ):
 
         def known_jobs() -> int:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as reply:
@@ -191,8 +191,13 @@ def test_a_deleted_job_is_forgotten_by_the_work_queue(
 HELD = "held until the spec"
 
 
+def holds_logged(operator: OperatorView, namespace: str) -> int:
+    """Hold messages about jobs of `namespace` (the module's operator serves other tests too)."""
+    return sum(1 for line in operator.log().splitlines() if HELD in line and namespace in line)
+
+
 def test_a_missing_priority_class_is_reported_then_the_job_starts_once_the_class_exists(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     """Scenario 4: the admission refusal names its real cause, the job does not spin, and
     creating the PriorityClass lets it start at once (not at a timer)."""
@@ -213,12 +218,12 @@ def test_a_missing_priority_class_is_reported_then_the_job_starts_once_the_class
     events = [e for e in job_events(clients, namespace, "noclass") if e[1] == "PermissionDenied"]
     assert not events
     # A watch's first listing during the refused pass may cost one more try; then it is quiet.
-    wait_for(lambda: operator.log().count(HELD), timeout=10, description="hold logged")
+    wait_for(lambda: holds_logged(operator, namespace), timeout=10, description="hold logged")
     time.sleep(4)
-    tries = operator.log().count(HELD)
+    tries = holds_logged(operator, namespace)
     time.sleep(8)
     assert "permission denied" not in operator.log()
-    assert operator.log().count(HELD) == tries, "a held job was retried with nothing changed"
+    assert holds_logged(operator, namespace) == tries, "a held job was retried with nothing changed"
 
     body = {"metadata": {"name": class_name}, "value": 1000, "preemptionPolicy": "Never"}
     clients.scheduling.create_priority_class(body)
@@ -245,7 +250,7 @@ def test_a_missing_priority_class_is_reported_then_the_job_starts_once_the_class
 
 
 def test_a_resource_quota_refusal_is_held_until_the_quota_changes(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     quota = {"metadata": {"name": "two-pods"}, "spec": {"hard": {"pods": "1"}}}
@@ -265,10 +270,10 @@ def test_a_resource_quota_refusal_is_held_until_the_quota_changes(
     assert "exceeded quota: two-pods" in job["status"]["message"]
     # The first pod's admission changes the quota's usage (one more try); then it is quiet.
     time.sleep(4)
-    tries = operator.log().count(HELD)
+    tries = holds_logged(operator, namespace)
     assert tries >= 1
     time.sleep(8)
-    assert operator.log().count(HELD) == tries, "a held job was retried with nothing changed"
+    assert holds_logged(operator, namespace) == tries, "a held job was retried with nothing changed"
 
     clients.core.patch_namespaced_resource_quota(
         "two-pods", namespace, {"spec": {"hard": {"pods": "10"}}}
@@ -285,7 +290,7 @@ def test_a_resource_quota_refusal_is_held_until_the_quota_changes(
 
 
 def test_an_invalid_pass_through_field_fails_the_job_with_the_api_servers_reason(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     manifest = job_manifest("badlabel", podMetadata={"labels": {"team": "not a valid value!"}})
@@ -296,7 +301,7 @@ def test_an_invalid_pass_through_field_fails_the_job_with_the_api_servers_reason
 
 
 def test_a_missing_claim_is_named_then_fails_the_job_after_the_startup_timeout(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     """Scenario 5: Volcano's own words about the claim become the job's reason."""
     clients = dev_cluster.clients
@@ -320,7 +325,7 @@ def test_a_missing_claim_is_named_then_fails_the_job_after_the_startup_timeout(
 
 
 def test_a_recreated_job_waits_for_its_predecessors_terminating_pod_instead_of_adopting_it(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     """A 409 AlreadyExists is success only for our own child."""
     clients = dev_cluster.clients
@@ -366,7 +371,7 @@ def test_a_recreated_job_waits_for_its_predecessors_terminating_pod_instead_of_a
 
 
 def test_foreground_deletion_with_a_lost_node_does_not_hang(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     """The lost node's kubelet never confirms the delete: the operator force-deletes."""
     from trainium_operator.devcluster.sim import node_is_ready, restore_node, simulate_node_loss
@@ -409,7 +414,7 @@ def test_foreground_deletion_with_a_lost_node_does_not_hang(
 
 
 def test_the_first_training_gang_after_a_compile_restart_starts_fresh(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     """Scenario 6: a compile-stage restart raises the attempt; training must not --resume."""
     clients = dev_cluster.clients

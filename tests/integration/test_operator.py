@@ -12,6 +12,7 @@ import yaml
 from integration.operator_harness import (
     ROOT,
     OperatorProcess,
+    OperatorView,
     create_job,
     ensure_shared_claim,
     finish_pods,
@@ -34,7 +35,7 @@ def _env(container: Any) -> dict[str, Any]:
 
 
 def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     manifest = yaml.safe_load((ROOT / "examples/bert-large-pretrain.yaml").read_text())
@@ -107,7 +108,7 @@ def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
 
 
 def test_compile_failure_fails_the_job_with_the_exit_code(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     create_job(clients, namespace, job_manifest("cf"))
@@ -128,7 +129,7 @@ def test_compile_failure_fails_the_job_with_the_exit_code(
 
 
 def test_worker_failure_restarts_the_whole_gang_with_resume_then_succeeds(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     create_job(
@@ -157,7 +158,7 @@ def test_worker_failure_restarts_the_whole_gang_with_resume_then_succeeds(
 
 
 def test_node_loss_force_deletes_its_pods_and_restarts_the_gang_elsewhere(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     create_job(clients, namespace, job_manifest("nl", compile={"enabled": False}))
@@ -189,7 +190,7 @@ def test_node_loss_force_deletes_its_pods_and_restarts_the_gang_elsewhere(
 
 
 def test_backoff_limit_exhaustion_fails_the_job(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     manifest = job_manifest("bo", compile={"enabled": False}, runPolicy={"backoffLimit": 1})
@@ -206,7 +207,7 @@ def test_backoff_limit_exhaustion_fails_the_job(
 
 
 def test_active_deadline_fails_the_job_and_stops_its_pods(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     manifest = job_manifest("dl", runPolicy={"activeDeadlineSeconds": 8})
@@ -225,7 +226,7 @@ def test_active_deadline_fails_the_job_and_stops_its_pods(
 
 
 def test_suspend_deletes_pods_and_resume_continues_with_a_new_attempt(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     create_job(clients, namespace, job_manifest("sr", compile={"enabled": False}))
@@ -250,7 +251,7 @@ def test_suspend_deletes_pods_and_resume_continues_with_a_new_attempt(
 
 
 def test_deleting_a_job_removes_everything_it_created(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     create_job(clients, namespace, job_manifest("del"))
@@ -271,15 +272,15 @@ def test_deleting_a_job_removes_everything_it_created(
 
 
 def test_operator_killed_mid_training_resumes_without_duplicating_pods(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, own_operator: OperatorProcess
 ) -> None:
     clients = dev_cluster.clients
     create_job(clients, namespace, job_manifest("rs", compile={"enabled": False}))
     pods = wait_gang_running(clients, namespace, "rs", "train", 0)
     wait_phase(clients, namespace, "rs", "Training")
     uids = {p.metadata.uid for p in pods}
-    operator.kill()
-    operator.start()
+    own_operator.kill()
+    own_operator.start()
     finish_pods(clients, namespace, pods[:1], succeeded=False, exit_code=1)
     new = wait_gang_running(clients, namespace, "rs", "train", 1)
     everything = job_pods(clients, namespace, "rs")
@@ -289,7 +290,7 @@ def test_operator_killed_mid_training_resumes_without_duplicating_pods(
     assert job["status"]["restarts"]["total"] == 1
     finish_pods(clients, namespace, new)
     wait_phase(clients, namespace, "rs", "Succeeded")
-    operator.assert_alive()
+    own_operator.assert_alive()
 
 
 INVALID_SPECS = [
@@ -399,3 +400,40 @@ def test_two_peered_replicas_never_both_act_and_the_standby_takes_over(
         for replica in replicas:
             replica.stop()
     assert "Traceback" not in standby.log() + active.log()
+
+
+def test_sigterm_stops_the_operator_within_3_s_and_the_next_one_continues_the_jobs(
+    dev_cluster: Any, namespace: str, own_operator: OperatorProcess
+) -> None:
+    """A rolling update or a drained node: the replica exits quickly, with nothing lost."""
+    clients = dev_cluster.clients
+    create_job(clients, namespace, job_manifest("steady", compile={"enabled": False}))
+    steady = wait_gang_running(clients, namespace, "steady", "train", 0)
+    wait_phase(clients, namespace, "steady", "Training")
+    # The signal lands while the operator works on a new job (its first passes and creates).
+    create_job(clients, namespace, job_manifest("fresh", nodes=1, compile={"enabled": False}))
+    stopped_in = own_operator.stop()
+    assert stopped_in is not None, "the operator ignored SIGTERM and was killed"
+    assert stopped_in <= 3.0, f"the operator took {stopped_in:.1f} s to exit after SIGTERM"
+    assert own_operator.process is not None
+    assert own_operator.process.returncode == 0, own_operator.log()[-3000:]
+
+    own_operator.start()
+    wait_for(
+        lambda: get_job(clients, namespace, "fresh"),
+        until=lambda j: (j.get("status") or {}).get("reason") == "Queued",
+        timeout=30,
+        description="the new job queued behind the running one (both nodes are taken)",
+    )
+    job = get_job(clients, namespace, "steady")
+    assert job["status"]["phase"] == "Training"
+    assert job["status"]["restarts"]["total"] == 0
+    assert {p.metadata.uid for p in job_pods(clients, namespace, "steady")} == {
+        p.metadata.uid for p in steady
+    }
+    finish_pods(clients, namespace, steady)
+    wait_phase(clients, namespace, "steady", "Succeeded")
+    fresh = wait_gang_running(clients, namespace, "fresh", "train", 0, nodes=1)
+    assert len(job_pods(clients, namespace, "fresh")) == 1, "no pod created twice"
+    finish_pods(clients, namespace, fresh)
+    wait_phase(clients, namespace, "fresh", "Succeeded")

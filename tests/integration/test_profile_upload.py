@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from integration.operator_harness import (
+    OperatorView,
     create_job,
     eventually,
     finish_pods,
@@ -108,38 +109,41 @@ def profile_condition(job: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def test_a_profiled_job_ends_with_its_profile_in_s3_and_the_status_pointing_at_it(
-    dev_cluster: Any, namespace: str, tmp_path: Path, s3: S3Bucket
+    dev_cluster: Any,
+    namespace: str,
+    tmp_path: Path,
+    s3: S3Bucket,
+    operator: OperatorView,
 ) -> None:
     clients = dev_cluster.clients
     shared = tmp_path / "fsx"
     name = "bert-s3"
     base = s3.uri("profiles")
-    with running_operator(dev_cluster, namespace, tmp_path):
-        create_job(clients, namespace, profiled_job(name, base))
-        profile_dir = train_and_record_profile(clients, namespace, name, shared)
-        job = wait_phase(clients, namespace, name, "Succeeded")
-        pod = upload_pod(clients, namespace, name)
-        assert pod.spec.volumes[0].persistent_volume_claim.read_only is True
+    create_job(clients, namespace, profiled_job(name, base))
+    profile_dir = train_and_record_profile(clients, namespace, name, shared)
+    job = wait_phase(clients, namespace, name, "Succeeded")
+    pod = upload_pod(clients, namespace, name)
+    assert pod.spec.volumes[0].persistent_volume_claim.read_only is True
+    job = get_job(clients, namespace, name)
+    assert job["status"]["profile"]["upload"]["state"] in ("Pending", "Running")
+    assert "s3Uri" not in job["status"]["profile"], "not before the manifest is in"
+
+    result = play_upload_pod(clients, namespace, pod, shared)
+    assert result.returncode == 0, result.stderr
+    expected = f"{base}/{namespace}/{name}/0"
+
+    def uploaded() -> dict[str, Any] | None:
         job = get_job(clients, namespace, name)
-        assert job["status"]["profile"]["upload"]["state"] in ("Pending", "Running")
-        assert "s3Uri" not in job["status"]["profile"], "not before the manifest is in"
+        return job if job["status"]["profile"].get("s3Uri") else None
 
-        result = play_upload_pod(clients, namespace, pod, shared)
-        assert result.returncode == 0, result.stderr
-        expected = f"{base}/{namespace}/{name}/0"
-
-        def uploaded() -> dict[str, Any] | None:
-            job = get_job(clients, namespace, name)
-            return job if job["status"]["profile"].get("s3Uri") else None
-
-        job = eventually(uploaded, timeout=30, description="status.profile.s3Uri")
-        assert job["status"]["profile"]["s3Uri"] == expected
-        assert job["status"]["phase"] == "Succeeded"
-        condition = profile_condition(job)
-        assert condition is not None
-        assert (condition["status"], condition["reason"]) == ("True", "Uploaded")
-        reasons = [(kind, reason) for kind, reason, _ in job_events(clients, namespace, name)]
-        assert ("Normal", "ProfileUploaded") in reasons
+    job = eventually(uploaded, timeout=30, description="status.profile.s3Uri")
+    assert job["status"]["profile"]["s3Uri"] == expected
+    assert job["status"]["phase"] == "Succeeded"
+    condition = profile_condition(job)
+    assert condition is not None
+    assert (condition["status"], condition["reason"]) == ("True", "Uploaded")
+    reasons = [(kind, reason) for kind, reason, _ in job_events(clients, namespace, name)]
+    assert ("Normal", "ProfileUploaded") in reasons
 
     keys = s3.keys(f"profiles/{namespace}/{name}/0/")
     local_files = sorted(profile_dir.glob("*/rank-*.trnprof"))
@@ -152,76 +156,82 @@ def test_a_profiled_job_ends_with_its_profile_in_s3_and_the_status_pointing_at_i
 
 
 def test_a_failed_upload_is_a_warning_and_a_condition_and_the_job_stays_succeeded(
-    dev_cluster: Any, namespace: str, tmp_path: Path, s3: S3Bucket
+    dev_cluster: Any,
+    namespace: str,
+    tmp_path: Path,
+    s3: S3Bucket,
+    operator: OperatorView,
 ) -> None:
     clients = dev_cluster.clients
     shared = tmp_path / "fsx"
     name = "bert-nobucket"
-    with running_operator(dev_cluster, namespace, tmp_path):
-        create_job(clients, namespace, profiled_job(name, "s3://no-such-bucket-here/profiles"))
-        train_and_record_profile(clients, namespace, name, shared)
-        wait_phase(clients, namespace, name, "Succeeded")
-        pod = upload_pod(clients, namespace, name)
-        result = play_upload_pod(clients, namespace, pod, shared)
-        assert result.returncode == 1
+    create_job(clients, namespace, profiled_job(name, "s3://no-such-bucket-here/profiles"))
+    train_and_record_profile(clients, namespace, name, shared)
+    wait_phase(clients, namespace, name, "Succeeded")
+    pod = upload_pod(clients, namespace, name)
+    result = play_upload_pod(clients, namespace, pod, shared)
+    assert result.returncode == 1
 
-        def failed() -> dict[str, Any] | None:
-            job = get_job(clients, namespace, name)
-            condition = profile_condition(job)
-            return job if condition and condition["reason"] == "UploadFailed" else None
-
-        job = eventually(failed, timeout=30, description="ProfileUploaded=False")
-        assert job["status"]["phase"] == "Succeeded"
-        assert "s3Uri" not in job["status"]["profile"]
+    def failed() -> dict[str, Any] | None:
+        job = get_job(clients, namespace, name)
         condition = profile_condition(job)
-        assert condition is not None
-        assert "bucket 'no-such-bucket-here' does not exist" in condition["message"]
-        # Events follow the status write that carries the condition.
-        warnings = eventually(
-            lambda: [
-                message
-                for kind, reason, message in job_events(clients, namespace, name)
-                if (kind, reason) == ("Warning", "ProfileUploadFailed")
-            ],
-            timeout=30,
-            description="the ProfileUploadFailed warning",
-        )
-        assert len(warnings) == 1
-        assert "does not exist" in warnings[0]
+        return job if condition and condition["reason"] == "UploadFailed" else None
+
+    job = eventually(failed, timeout=30, description="ProfileUploaded=False")
+    assert job["status"]["phase"] == "Succeeded"
+    assert "s3Uri" not in job["status"]["profile"]
+    condition = profile_condition(job)
+    assert condition is not None
+    assert "bucket 'no-such-bucket-here' does not exist" in condition["message"]
+    # Events follow the status write that carries the condition.
+    warnings = eventually(
+        lambda: [
+            message
+            for kind, reason, message in job_events(clients, namespace, name)
+            if (kind, reason) == ("Warning", "ProfileUploadFailed")
+        ],
+        timeout=30,
+        description="the ProfileUploadFailed warning",
+    )
+    assert len(warnings) == 1
+    assert "does not exist" in warnings[0]
 
 
 def test_an_attempt_replaced_by_a_restart_is_uploaded_while_the_next_one_trains(
-    dev_cluster: Any, namespace: str, tmp_path: Path, s3: S3Bucket
+    dev_cluster: Any,
+    namespace: str,
+    tmp_path: Path,
+    s3: S3Bucket,
+    operator: OperatorView,
 ) -> None:
     clients = dev_cluster.clients
     shared = tmp_path / "fsx"
     name = "bert-restart"
     base = s3.uri("runs")
-    with running_operator(dev_cluster, namespace, tmp_path):
-        create_job(clients, namespace, profiled_job(name, base))
-        pods = wait_gang_running(clients, namespace, name, "train", 0)
-        env = {e.name: e.value for e in pods[0].spec.containers[0].env if e.value is not None}
-        profile_dir = shared / env["TRAINIUM_PROFILE_DIR"].removeprefix(MOUNT + "/")
-        spec = SyntheticSpec(
-            nodes=2, ranks_per_node=1, steps=4, detailed_steps=(1, 2), kernels_per_step=4,
-            job_name=name, namespace=namespace,
-        )  # fmt: skip
-        write_synthetic_profile(profile_dir, spec)
-        finish_pods(clients, namespace, pods[:1], succeeded=False, exit_code=1)
-        wait_gang_running(clients, namespace, name, "train", 1)
-        pod = upload_pod(clients, namespace, name)
-        assert pod.metadata.name == f"{name}-profile-upload-0"
-        result = play_upload_pod(clients, namespace, pod, shared)
-        assert result.returncode == 0, result.stderr
+    create_job(clients, namespace, profiled_job(name, base))
+    pods = wait_gang_running(clients, namespace, name, "train", 0)
+    env = {e.name: e.value for e in pods[0].spec.containers[0].env if e.value is not None}
+    profile_dir = shared / env["TRAINIUM_PROFILE_DIR"].removeprefix(MOUNT + "/")
+    spec = SyntheticSpec(
+        nodes=2, ranks_per_node=1, steps=4, detailed_steps=(1, 2), kernels_per_step=4,
+        job_name=name, namespace=namespace,
+    )  # fmt: skip
+    write_synthetic_profile(profile_dir, spec)
+    finish_pods(clients, namespace, pods[:1], succeeded=False, exit_code=1)
+    wait_gang_running(clients, namespace, name, "train", 1)
+    pod = upload_pod(clients, namespace, name)
+    assert pod.metadata.name == f"{name}-profile-upload-0"
+    result = play_upload_pod(clients, namespace, pod, shared)
+    assert result.returncode == 0, result.stderr
 
-        def uploaded() -> dict[str, Any] | None:
-            job = get_job(clients, namespace, name)
-            records = job["status"].get("profileUploads") or []
-            return job if records and records[0].get("s3Uri") else None
+    def uploaded() -> dict[str, Any] | None:
+        job = get_job(clients, namespace, name)
+        records = job["status"].get("profileUploads") or []
+        return job if records and records[0].get("s3Uri") else None
 
-        job = eventually(uploaded, timeout=30, description="attempt 0 uploaded")
-        assert job["status"]["phase"] == "Training", "attempt 1 trains meanwhile"
-        assert job["status"]["profileUploads"][0]["s3Uri"] == f"{base}/{namespace}/{name}/0"
+    job = eventually(uploaded, timeout=30, description="attempt 0 uploaded")
+    assert job["status"]["phase"] == "Training", "attempt 1 trains meanwhile"
+    assert job["status"]["profileUploads"][0]["s3Uri"] == f"{base}/{namespace}/{name}/0"
     assert f"runs/{namespace}/{name}/0/profile.json" in s3.keys("runs/")
 
 

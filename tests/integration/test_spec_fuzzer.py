@@ -203,10 +203,9 @@ def test_a_thousand_bad_specs_are_refused_or_failed_naming_the_field(
 ) -> None:
     clients = dev_cluster.clients
     port = free_port()
-    with running_operator(dev_cluster, namespace, tmp_path) as operator:
-        operator.stop()
-        operator.extra_args = ("--metrics-port", str(port))
-        operator.start()
+    with running_operator(
+        dev_cluster, namespace, tmp_path, extra_args=("--metrics-port", str(port))
+    ) as operator:
         # A valid neighbour, running throughout.
         create_job(clients, namespace, job_manifest("neighbour", compile={"enabled": False}))
         neighbour = wait_gang_running(clients, namespace, "neighbour", "train", 0)

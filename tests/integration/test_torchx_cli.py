@@ -19,7 +19,7 @@ import pytest
 
 from integration.operator_harness import (
     ROOT,
-    OperatorProcess,
+    OperatorView,
     finish_pods,
     get_job,
     job_pods,
@@ -108,7 +108,7 @@ def status_state(dev_cluster: Any, handle: str) -> str:
 
 
 def test_tutorial_style_launch_compiles_trains_logs_and_succeeds(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess, tmp_path: Path
+    dev_cluster: Any, namespace: str, operator: OperatorView, tmp_path: Path
 ) -> None:
     clients = dev_cluster.clients
     handle, name = torchx_run(
@@ -173,7 +173,7 @@ def test_tutorial_style_launch_compiles_trains_logs_and_succeeds(
 
 
 def test_dist_ddp_launch_trains_to_success(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     handle, name = torchx_run(
@@ -206,7 +206,7 @@ def test_dist_ddp_launch_trains_to_success(
 
 
 def test_torchx_cancel_stops_the_pods_and_status_says_cancelled(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     handle, name = torchx_run(

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from integration.operator_harness import (
-    OperatorProcess,
+    OperatorView,
     create_job,
     finish_pods,
     get_job,
@@ -95,7 +95,7 @@ def cluster_object(create: Callable[[], Any], delete: Callable[[], Any]) -> Iter
 
 
 def test_a_gang_bigger_than_the_cluster_stays_queued_with_volcanos_event_and_the_shortfall(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     create_job(clients, namespace, train_only("big", nodes=3))
@@ -133,7 +133,7 @@ def test_a_gang_bigger_than_the_cluster_stays_queued_with_volcanos_event_and_the
 
 
 def test_a_queue_capability_holds_jobs_until_its_capacity_frees(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     queue_name = f"one-node-{namespace}"
@@ -186,7 +186,7 @@ def test_a_queue_capability_holds_jobs_until_its_capacity_frees(
 
 
 def test_two_jobs_bigger_than_the_cluster_run_one_after_the_other_never_half_of_each(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     jobs = {"left": 2, "right": 2}
@@ -225,7 +225,7 @@ def test_two_jobs_bigger_than_the_cluster_run_one_after_the_other_never_half_of_
 
 
 def test_a_higher_priority_job_is_admitted_before_a_lower_one_waiting_in_the_same_queue(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     suffix = uuid.uuid4().hex[:6]

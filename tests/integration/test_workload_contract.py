@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from integration.operator_harness import (
-    OperatorProcess,
+    OperatorView,
     create_job,
     job_manifest,
     wait_gang_running,
@@ -102,7 +102,7 @@ def _finish_with_local_runs(
 
 
 def test_a_plain_argparse_script_runs_compile_training_and_a_gang_restart_on_env_alone(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess, tmp_path: Path
+    dev_cluster: Any, namespace: str, operator: OperatorView, tmp_path: Path
 ) -> None:
     clients = dev_cluster.clients
     script = tmp_path / "train.py"
@@ -169,7 +169,7 @@ def trn2_nodes(dev_cluster: Any) -> Iterator[list[str]]:
 
 
 def test_a_trn2_job_schedules_on_trn2_nodes_with_their_device_counts(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess, trn2_nodes: list[str]
+    dev_cluster: Any, namespace: str, operator: OperatorView, trn2_nodes: list[str]
 ) -> None:
     clients = dev_cluster.clients
     create_job(
@@ -192,7 +192,7 @@ def test_a_trn2_job_schedules_on_trn2_nodes_with_their_device_counts(
 
 
 def test_a_pod_template_adds_volumes_and_a_sidecar_to_running_pods(
-    dev_cluster: Any, namespace: str, operator: OperatorProcess
+    dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
     template = {

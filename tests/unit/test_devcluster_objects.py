@@ -143,6 +143,7 @@ def test_volcano_processes_run_without_leader_election_and_with_health_endpoints
     assert f"--scheduler-conf={volcano.SCHEDULER_CONF}" in scheduler
     assert {"--leader-elect=false", "--enable-healthz=true"} <= set(scheduler)
     assert "--healthz-address=127.0.0.1:1" in scheduler
+    assert "--schedule-period=1s" in scheduler, "Volcano's default, as on a real cluster"
     manager = volcano.controller_manager_argv(
         Path("/b/vc-controller-manager"), tmp_path / "kc", healthz_port=3
     )
@@ -358,3 +359,22 @@ def test_trn2_fake_nodes_advertise_16_chips_64_logical_cores_and_16_efa(
     assert capacity["aws.amazon.com/neuron"] == "16"
     assert capacity["aws.amazon.com/neuroncore"] == "64"
     assert capacity["vpc.amazonaws.com/efa"] == "16"
+
+
+def test_the_schedule_period_chosen_at_up_is_kept_for_a_restarted_scheduler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(paths.CACHE_DIR_ENV, str(tmp_path))
+    scheduler, _ = volcano.daemons(paths.ClusterPaths("unit"))
+    assert scheduler.schedule_period() == volcano.DEFAULT_SCHEDULE_PERIOD
+    scheduler.schedule_period_file.parent.mkdir(parents=True)
+    scheduler.schedule_period_file.write_text("200ms\n")
+    assert scheduler.schedule_period() == "200ms"
+    argv = volcano.scheduler_argv(
+        Path("/b/vc-scheduler"),
+        tmp_path / "kc",
+        healthz_port=1,
+        metrics_port=2,
+        schedule_period=scheduler.schedule_period(),
+    )
+    assert "--schedule-period=200ms" in argv

@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,9 +49,45 @@ from trainium_operator.k8s.informer import Reflector, WatchEvent
 
 log = logging.getLogger(__name__)
 RESYNC_SECONDS = 120.0
+# On SIGTERM, passes already running get this long to finish their writes; then they are
+# abandoned (every pass is idempotent and records a restart before its side effects, so the
+# next replica repeats what one left half done, as after a crash). Kubernetes waits 30 s
+# between SIGTERM and SIGKILL; a standby replica takes over sooner the earlier we exit.
+SHUTDOWN_GRACE_SECONDS = 2.0
 CONFLICT_RETRY_SECONDS = 0.2
 PEERING_RECHECK_SECONDS = 5.0
 PERMISSION_RETRY_SECONDS = 30.0  # until someone fixes the RBAC
+
+
+class RunningPasses:
+    """The reconcile passes running in worker threads right now (they outlive a cancelled
+    asyncio task), so a shutdown can wait for them with a bound."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: Counter[Key] = Counter()
+
+    def run(self, key: Key, call: Callable[[], float | None]) -> float | None:
+        with self._lock:
+            self._keys[key] += 1
+        try:
+            return call()
+        finally:
+            with self._lock:
+                self._keys[key] -= 1
+                if not self._keys[key]:
+                    del self._keys[key]
+
+    def keys(self) -> list[Key]:
+        with self._lock:
+            return sorted(self._keys)
+
+    async def wait(self, seconds: float) -> list[Key]:
+        """Waits up to `seconds` for the running passes to end; returns those still running."""
+        deadline = time.monotonic() + seconds
+        while self.keys() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return self.keys()
 
 
 @dataclass
@@ -71,6 +111,7 @@ class Runtime:
     reconciles: int = 0
     reconcile_errors: int = 0
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    passes: RunningPasses = field(default_factory=RunningPasses)
 
 
 def _runtime(memo: Any) -> Runtime:
@@ -135,7 +176,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
                 return PEERING_RECHECK_SECONDS  # another replica works; keep the key warm
         runtime.reconciles += 1
         try:
-            requeue_after = await asyncio.to_thread(reconciler.reconcile, *key)
+            requeue_after = await asyncio.to_thread(
+                runtime.passes.run, key, lambda: reconciler.reconcile(*key)
+            )
         except JobGoneError:
             queue.forget(key)
             runtime.seen_generations.pop(key, None)
@@ -171,6 +214,19 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     for task in runtime.tasks:
         task.cancel()
     await asyncio.gather(*runtime.tasks, return_exceptions=True)
+    running = await runtime.passes.wait(SHUTDOWN_GRACE_SECONDS)
+    if running:
+        # asyncio.run would wait for these threads without a bound (an API server that stopped
+        # answering holds them for minutes): exit now, as a crash would, which is safe.
+        log.warning(
+            "exiting with %d reconcile pass(es) unfinished after %.0f s (%s); the next replica "
+            "repeats them",
+            len(running),
+            SHUTDOWN_GRACE_SECONDS,
+            ", ".join(f"{namespace}/{name}" for namespace, name in running),
+        )
+        logging.shutdown()
+        os._exit(0)
 
 
 def _start_watches(runtime: Runtime, loop: asyncio.AbstractEventLoop) -> None:

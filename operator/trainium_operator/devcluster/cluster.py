@@ -357,6 +357,7 @@ def up(
     instance_type: str,
     neuron_taint: bool,
     echo: Echo,
+    schedule_period: str | None = None,
 ) -> UpReport:
     toolchain = build.require_toolchain()
     node_objects = objects.fake_nodes(nodes, instance_type, neuron_taint=neuron_taint)
@@ -375,7 +376,7 @@ def up(
         create_shared_storage(clients)
     with timer.step("volcano"):
         try:
-            pids = volcano.start(cluster, toolchain)
+            pids = volcano.start(cluster, toolchain, schedule_period=schedule_period)
         except volcano.VolcanoError as error:
             raise ClusterError(str(error)) from error
     with timer.step("ready"):

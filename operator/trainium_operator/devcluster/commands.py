@@ -10,7 +10,7 @@ import time
 import click
 
 from trainium_operator.api import instance_types
-from trainium_operator.devcluster import build, cluster, paths
+from trainium_operator.devcluster import build, cluster, paths, volcano
 
 
 def _echo(message: str) -> None:
@@ -72,11 +72,24 @@ def build_command(jobs: int, only: tuple[str, ...], print_path: bool) -> None:
 @click.option(
     "--taint", is_flag=True, help="Taint the nodes aws.amazon.com/neuron=present:NoSchedule."
 )
-def up(name: str, nodes: int, instance_type: str, taint: bool) -> None:
+@click.option(
+    "--schedule-period",
+    default=None,
+    help="Volcano's scheduling period (a Go duration such as 200ms); default: the one this "
+    f"cluster was started with, else Volcano's {volcano.DEFAULT_SCHEDULE_PERIOD}. The test "
+    f"session's cluster runs {volcano.TEST_SCHEDULE_PERIOD}; the demo and the benchmark keep "
+    "the default, so their timings compare with a real cluster's.",
+)
+def up(name: str, nodes: int, instance_type: str, taint: bool, schedule_period: str | None) -> None:
     """Start (or complete) a dev cluster; safe to re-run on a running cluster."""
     try:
         report = cluster.up(
-            name, nodes=nodes, instance_type=instance_type, neuron_taint=taint, echo=_echo
+            name,
+            nodes=nodes,
+            instance_type=instance_type,
+            neuron_taint=taint,
+            echo=_echo,
+            schedule_period=schedule_period,
         )
     except (build.ToolchainMissingError, cluster.ClusterError) as error:
         raise click.ClickException(str(error)) from error

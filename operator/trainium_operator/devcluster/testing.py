@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainium_operator.devcluster import build, cluster, paths, sim
+from trainium_operator.devcluster import build, cluster, objects, paths, sim, volcano
 from trainium_operator.devcluster.clients import Clients, clients_for, is_status
 
 REUSE_ENV = "TRAINIUM_DEV_CLUSTER"
@@ -108,7 +108,12 @@ def session_cluster(echo: Callable[[str], None]) -> Iterator[DevCluster]:
     name = _test_cluster_name()
     try:
         report = cluster.up(
-            name, nodes=NODES, instance_type=INSTANCE_TYPE, neuron_taint=False, echo=echo
+            name,
+            nodes=NODES,
+            instance_type=INSTANCE_TYPE,
+            neuron_taint=False,
+            echo=echo,
+            schedule_period=volcano.TEST_SCHEDULE_PERIOD,
         )
         echo(f"dev cluster {name} up in {report.timer.total:.1f}s")
         yield DevCluster(
@@ -118,10 +123,20 @@ def session_cluster(echo: Callable[[str], None]) -> Iterator[DevCluster]:
         cluster.down(name, echo=echo)
 
 
+NAMESPACE_PREFIX = "t-"
+
+
 @contextlib.contextmanager
-def fresh_namespace(dev_cluster: DevCluster, *, delete_timeout: float = 90) -> Iterator[str]:
-    """A new namespace, usable once its default ServiceAccount exists; deleted and gone after."""
-    name = f"t-{uuid.uuid4().hex[:8]}"
+def fresh_namespace(
+    dev_cluster: DevCluster, *, prefix: str = NAMESPACE_PREFIX, cleanup_timeout: float = 30
+) -> Iterator[str]:
+    """A new namespace, usable once its default ServiceAccount exists; deleted after.
+
+    The clean-up does not wait for the namespace controller (seconds per namespace): it marks
+    the namespace Terminating, so nothing can be created in it any more, then removes its pods
+    and PodGroups at once, which is what the next test would otherwise meet (node capacity and
+    Volcano queue capacity still held)."""
+    name = f"{prefix}{uuid.uuid4().hex[:8]}"
     core = dev_cluster.core
     core.create_namespace({"metadata": {"name": name, "labels": {"trainium.dev/test": "true"}}})
     sim.wait_for(
@@ -130,19 +145,28 @@ def fresh_namespace(dev_cluster: DevCluster, *, delete_timeout: float = 90) -> I
         description=f"ServiceAccount {name}/default",
     )
     yield name
-    # Pods first and without grace: the namespace controller otherwise re-checks only after the
-    # pods' grace period, which makes every test pay seconds for its clean-up.
+    release_namespace(dev_cluster, name, timeout=cleanup_timeout)
+
+
+def release_namespace(dev_cluster: DevCluster, name: str, *, timeout: float = 30) -> None:
+    """Deletes the namespace in the background and its capacity-holding objects now."""
+    core, custom = dev_cluster.core, dev_cluster.custom
+    try:
+        core.delete_namespace(name)
+    except Exception as error:
+        if is_status(error, 404):
+            return
+        raise
     core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
-    core.delete_namespace(name)
+    custom.delete_collection_namespaced_custom_object(
+        objects.VOLCANO_GROUP, objects.VOLCANO_VERSION, name, "podgroups"
+    )
 
-    def gone() -> bool:
-        try:
-            core.read_namespace(name)
-        except Exception as error:
-            if is_status(error, 404):
-                return True
-            raise
-        return False
+    def released() -> bool:
+        pods = core.list_namespaced_pod(name).items
+        groups = custom.list_namespaced_custom_object(
+            objects.VOLCANO_GROUP, objects.VOLCANO_VERSION, name, "podgroups"
+        )["items"]
+        return not pods and not groups
 
-    # Waiting keeps the next test from meeting this test's pods still holding node capacity.
-    sim.wait_for(gone, timeout=delete_timeout, description=f"namespace {name} deleted")
+    sim.wait_for(released, timeout=timeout, description=f"pods and PodGroups of {name} gone")

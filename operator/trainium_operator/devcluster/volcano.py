@@ -52,13 +52,36 @@ class Daemon:
     def log(self) -> Path:
         return self.cluster.state_dir / f"{self.name}.log"
 
+    @property
+    def schedule_period_file(self) -> Path:
+        """The period chosen at `dev up`, kept so a restarted scheduler runs with it again."""
+        return self.cluster.state_dir / f"{self.name}.schedule-period"
+
+    def schedule_period(self) -> str:
+        try:
+            return self.schedule_period_file.read_text().strip() or DEFAULT_SCHEDULE_PERIOD
+        except OSError:
+            return DEFAULT_SCHEDULE_PERIOD
+
 
 def daemons(cluster: paths.ClusterPaths) -> tuple[Daemon, Daemon]:
     return Daemon("vc-scheduler", cluster), Daemon("vc-controller-manager", cluster)
 
 
+# Volcano's default scheduling period: the demo and the benchmark keep it, so their figures
+# compare with a real cluster's. The tests' session cluster runs a shorter one (every gang waits
+# for about two ticks, and the tests start hundreds of gangs).
+DEFAULT_SCHEDULE_PERIOD = "1s"
+TEST_SCHEDULE_PERIOD = "200ms"
+
+
 def scheduler_argv(
-    binary: Path, kubeconfig: Path, *, healthz_port: int, metrics_port: int
+    binary: Path,
+    kubeconfig: Path,
+    *,
+    healthz_port: int,
+    metrics_port: int,
+    schedule_period: str = DEFAULT_SCHEDULE_PERIOD,
 ) -> list[str]:
     return [
         str(binary),
@@ -71,8 +94,7 @@ def scheduler_argv(
         f"--healthz-address=127.0.0.1:{healthz_port}",
         f"--listen-address=127.0.0.1:{metrics_port}",
         "--enable-metrics=true",
-        # Default 1 s; kept explicit because tests' timings depend on it.
-        "--schedule-period=1s",
+        f"--schedule-period={schedule_period}",
         # The cache dumper writes into /tmp on SIGUSR2; nothing here asks for it.
         "--cache-dumper=false",
         "--logtostderr=true",
@@ -152,7 +174,13 @@ def _start(daemon: Daemon, toolchain: build.Toolchain) -> subprocess.Popen[bytes
     kubeconfig = daemon.cluster.kubeconfig
     port = _free_port()
     if daemon.name == "vc-scheduler":
-        argv = scheduler_argv(binary, kubeconfig, healthz_port=port, metrics_port=_free_port())
+        argv = scheduler_argv(
+            binary,
+            kubeconfig,
+            healthz_port=port,
+            metrics_port=_free_port(),
+            schedule_period=daemon.schedule_period(),
+        )
     else:
         argv = controller_manager_argv(binary, kubeconfig, healthz_port=port)
     daemon.cluster.state_dir.mkdir(parents=True, exist_ok=True)
@@ -172,8 +200,15 @@ def _start(daemon: Daemon, toolchain: build.Toolchain) -> subprocess.Popen[bytes
     return process
 
 
-def start(cluster: paths.ClusterPaths, toolchain: build.Toolchain) -> dict[str, int]:
-    """Starts whichever Volcano process is not running and waits until both are healthy."""
+def start(
+    cluster: paths.ClusterPaths, toolchain: build.Toolchain, *, schedule_period: str | None = None
+) -> dict[str, int]:
+    """Starts whichever Volcano process is not running and waits until both are healthy; a
+    `schedule_period` given is kept for later starts (else the one kept, else Volcano's 1 s)."""
+    if schedule_period is not None:
+        scheduler = daemons(cluster)[0]
+        scheduler.schedule_period_file.parent.mkdir(parents=True, exist_ok=True)
+        scheduler.schedule_period_file.write_text(f"{schedule_period}\n")
     pids: dict[str, int] = {}
     started: dict[str, subprocess.Popen[bytes]] = {}
     for daemon in daemons(cluster):

@@ -10,8 +10,10 @@ consumer can tell "absent" from "not listed yet".
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -41,6 +43,20 @@ def without_managed_fields(obj: Obj) -> Obj:
 def object_key(obj: Obj) -> ObjKey:
     meta = obj["metadata"]
     return (meta.get("namespace") or "", meta["name"])
+
+
+def interrupt_read(response: Any) -> None:
+    """Ends a read that another thread is blocked in on this streaming response, at once.
+
+    Closing the response would wait for that read (the buffered reader's lock) until the next
+    watch event or the server's timeout, minutes away; shutting the socket down makes the read
+    return. The base class's shutdown is called on an SSL socket too: its own would also drop
+    the TLS state under the reading thread."""
+    connection = getattr(response, "connection", None) or getattr(response, "_connection", None)
+    sock = getattr(connection, "sock", None)
+    if isinstance(sock, socket.socket):
+        with contextlib.suppress(OSError):
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 class GoneError(RuntimeError):
@@ -87,7 +103,7 @@ class Reflector:
         self._stop.set()
         response = self._response
         if response is not None:
-            response.close()
+            interrupt_read(response)
 
     def _selector_kwargs(self) -> dict[str, Any]:
         return {"label_selector": self._selector} if self._selector else {}

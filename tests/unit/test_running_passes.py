@@ -1,0 +1,49 @@
+"""What a SIGTERM waits for: the reconcile passes still running in worker threads."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from trainium_operator.controller.handlers import RunningPasses
+
+
+def test_a_pass_that_ends_within_the_grace_is_waited_for() -> None:
+    passes = RunningPasses()
+    release = threading.Event()
+    worker = threading.Thread(target=passes.run, args=(("ns", "a"), lambda: release.wait(5)))
+    worker.start()
+    while not passes.keys():
+        time.sleep(0.001)
+    threading.Timer(0.1, release.set).start()
+    assert asyncio.run(passes.wait(3.0)) == []
+    worker.join(1)
+
+
+def test_a_pass_still_running_after_the_grace_is_named_not_waited_for() -> None:
+    passes = RunningPasses()
+    release = threading.Event()
+    worker = threading.Thread(target=passes.run, args=(("ns", "stuck"), lambda: release.wait(5)))
+    worker.start()
+    while not passes.keys():
+        time.sleep(0.001)
+    started = time.monotonic()
+    assert asyncio.run(passes.wait(0.2)) == [("ns", "stuck")]
+    assert time.monotonic() - started < 1.0
+    release.set()
+    worker.join(1)
+    assert passes.keys() == []
+
+
+def test_a_pass_that_raises_is_no_longer_running() -> None:
+    passes = RunningPasses()
+
+    def fail() -> float | None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        passes.run(("ns", "a"), fail)
+    assert passes.keys() == []
