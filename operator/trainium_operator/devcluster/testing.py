@@ -128,7 +128,11 @@ NAMESPACE_PREFIX = "t-"
 
 @contextlib.contextmanager
 def fresh_namespace(
-    dev_cluster: DevCluster, *, prefix: str = NAMESPACE_PREFIX, cleanup_timeout: float = 30
+    dev_cluster: DevCluster,
+    *,
+    prefix: str = NAMESPACE_PREFIX,
+    ready_timeout: float = 30,
+    cleanup_timeout: float = 30,
 ) -> Iterator[str]:
     """A new namespace, usable once its default ServiceAccount exists; deleted after.
 
@@ -141,7 +145,7 @@ def fresh_namespace(
     core.create_namespace({"metadata": {"name": name, "labels": {"trainium.dev/test": "true"}}})
     sim.wait_for(
         lambda: core.read_namespaced_service_account("default", name),
-        timeout=30,
+        timeout=ready_timeout,
         description=f"ServiceAccount {name}/default",
     )
     yield name
