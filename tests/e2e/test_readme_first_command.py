@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from tiers import TIERS
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -28,8 +26,9 @@ def test_readme_starts_with_the_demo_and_the_test_commands() -> None:
     assert tests.endswith("pytest")
     ci = (ROOT / ".ci" / "run").read_text()
     pytest_command = tests.split("&&")[-1].strip()
-    assert f'{pytest_command} -m "$tier"' in ci, ".ci/run calls the README's test command"
-    assert f"for tier in {' '.join(TIERS)}; do" in ci, ".ci/run runs every tier"
+    runs = [line for line in ci.splitlines() if line.startswith(pytest_command)]
+    assert len(runs) == 1, ".ci/run calls the README's test command once"
+    assert " -m " not in runs[0], ".ci/run deselects no tier"
 
 
 @pytest.mark.e2e
