@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
 from aiohttp import web
@@ -48,6 +48,7 @@ from trainium_operator.k8s.client import (
 from trainium_operator.k8s.informer import Reflector, WatchEvent
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 RESYNC_SECONDS = 120.0
 # On SIGTERM, passes already running get this long to finish their writes; then they are
 # abandoned (every pass is idempotent and records a restart before its side effects, so the
@@ -60,14 +61,14 @@ PERMISSION_RETRY_SECONDS = 30.0  # until someone fixes the RBAC
 
 
 class RunningPasses:
-    """The reconcile passes running in worker threads right now (they outlive a cancelled
-    asyncio task), so a shutdown can wait for them with a bound."""
+    """The reconcile passes (and peering reads) running in worker threads right now: they
+    outlive a cancelled asyncio task, so a shutdown waits for them, with a bound."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._keys: Counter[Key] = Counter()
 
-    def run(self, key: Key, call: Callable[[], float | None]) -> float | None:
+    def run(self, key: Key, call: Callable[[], T]) -> T:
         with self._lock:
             self._keys[key] += 1
         try:
@@ -167,7 +168,9 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     async def process(key: Key) -> float | None:
         if gate is not None:
             try:
-                may_work = await asyncio.to_thread(gate.may_work, key[0])
+                may_work = await asyncio.to_thread(
+                    runtime.passes.run, key, lambda: gate.may_work(key[0])
+                )
             except Exception as error:
                 if is_transient(error):
                     raise RetryableError(f"peering unreadable ({error!r})") from error
