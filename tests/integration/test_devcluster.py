@@ -357,6 +357,11 @@ def test_node_loss_makes_the_node_not_ready_and_restore_heals_it(
         # after, even before the taint below is visible: the watch runs from before the fault.
         pod_not_ready = NotReadyWatch(dev_cluster, namespace, "on-lost-node", timeout=240)
 
+        def addresses(node: str) -> list[tuple[str, str]]:
+            found = dev_cluster.core.read_node(node).status.addresses or []
+            return sorted((a.type, a.address) for a in found)
+
+        before = addresses(name)
         started = time.monotonic()
         sim.simulate_node_loss(dev_cluster.core, name)
 
@@ -389,6 +394,10 @@ def test_node_loss_makes_the_node_not_ready_and_restore_heals_it(
         )
         # KWOK marks the pod Ready again on its next pass over the healed node.
         wait_running(dev_cluster, namespace, "on-lost-node", timeout=60)
+        # The healed node keeps its addresses: without one, the API server cannot reach it for
+        # `kubectl logs` (KWOK's node-initialize template used to drop them).
+        assert before, "a KWOK node starts with an address"
+        assert addresses(name) == before
     finally:
         dev_cluster.core.delete_node(name)
 

@@ -64,7 +64,11 @@ def _stage(name: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-# --- node stages (KWOK's own node-initialize and node-heartbeat-with-lease, unchanged) ---------
+# --- node stages (KWOK's own node-initialize and node-heartbeat-with-lease) ----------------------
+# One change to KWOK's node-initialize: when a node lacks one address type, the addresses it
+# has are kept. KWOK's own template writes only the missing ones, so a node that turns Ready
+# again after a node loss (the binary runtime gives no NodeIP; the Hostname is kept) lost
+# every address, and the API server could no longer reach it for `kubectl logs`.
 
 NODE_INITIALIZE_TEMPLATE = """\
 {{ $now := Now }}
@@ -90,6 +94,10 @@ conditions:
 {{ end }}
 {{ if or (not $hasInternalIP) (not $hasHostname) }}
 addresses:
+{{ range .status.addresses }}
+- address: {{ .address | Quote }}
+  type: {{ .type | Quote }}
+{{ end }}
 {{ end }}
 {{ if not $hasInternalIP }}
 {{ with NodeIP }}
