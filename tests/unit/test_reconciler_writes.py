@@ -233,3 +233,53 @@ def test_a_repeated_pass_over_an_unchanged_world_writes_nothing() -> None:
     reconciler.reconcile(*KEY)
     reconciler.reconcile(*KEY)
     assert cluster.writes == []
+
+
+PROFILED = {"profile": {"enabled": True, "s3Uri": "s3://bucket/profiles"}}
+QUOTA = 'pods "bert-upload-0" is forbidden: exceeded quota: compute, requested: pods=1'
+
+
+def test_a_refused_upload_pod_is_the_uploads_failure_and_never_changes_a_succeeded_job() -> None:
+    cluster, reconciler = new_world(**PROFILED)
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    reconciler.reconcile(*KEY)
+    run_pods(cluster)
+    reconciler.reconcile(*KEY)
+    cluster.refuse("create", "Pod", api_error(403, QUOTA))
+    for pod in ("bert-train-0-0", "bert-train-0-1"):
+        end_pod(cluster, pod, exit_code=0)
+    requeue = reconciler.reconcile(*KEY)
+    status = cluster.job(NAME)["status"]
+    assert (status["phase"], status["reason"]) == ("Succeeded", "TrainingSucceeded")
+    (upload,) = status["profileUploads"]
+    assert upload["state"] == "Failed"
+    assert "exceeded quota" in upload["message"]
+    condition = next(c for c in status["conditions"] if c["type"] == "ProfileUploaded")
+    assert (condition["status"], condition["reason"]) == ("False", "UploadFailed")
+    warnings = [e for e in cluster.events if e["type"] == "Warning"]
+    assert [e["reason"] for e in warnings] == ["ProfileUploadFailed"]
+    assert "not affected" in warnings[0]["message"]
+    assert requeue is None or requeue > 1, "no hold, no tight retry"
+    writes = len(cluster.writes)
+    reconciler.reconcile(*KEY)
+    assert len(cluster.writes) == writes, "a refused upload is not retried with nothing changed"
+    assert cluster.job(NAME)["status"]["phase"] == "Succeeded"
+
+
+def test_a_refused_upload_pod_during_a_restart_leaves_the_restart_as_decided() -> None:
+    cluster, reconciler = new_world(**PROFILED)
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    reconciler.reconcile(*KEY)
+    run_pods(cluster)
+    reconciler.reconcile(*KEY)
+    cluster.refuse("create", "Pod", api_error(403, QUOTA))
+    end_pod(cluster, "bert-train-0-0", exit_code=137)
+    reconciler.reconcile(*KEY)
+    status = cluster.job(NAME)["status"]
+    assert status["phase"] == "Restarting"
+    assert status["restarts"]["total"] == 1
+    assert ("delete", "bert-train-0-1") in [(w.verb, w.name) for w in cluster.writes]
+    assert status["profileUploads"][0]["state"] == "Failed"
+    assert not [e for e in cluster.events if e["reason"] == "QuotaExceeded"]

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from trainium_operator.api.spec import TrainingJobSpec
 from trainium_operator.api.status import validated_status
 from trainium_operator.builders.job import JobRef
-from trainium_operator.builders.upload import is_upload_pod
+from trainium_operator.builders.upload import LABEL_PROFILE_ATTEMPT, is_upload_pod
 from trainium_operator.controller.admission_holds import AdmissionHolds, Mark
 from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.k8s.client import (
@@ -37,7 +37,7 @@ from trainium_operator.k8s.client import (
 )
 from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.observed import observe, podgroup_view, queue_view
-from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload
+from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload, upload_refused
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -96,6 +96,15 @@ def parse_job(body: Obj) -> JobRef | list[str]:
         uid=meta["uid"],
         generation=int(meta.get("generation", 1)),
         spec=spec,
+    )
+
+
+def _upload_refused(
+    current: Obj, attempt: int, pod: str, reason: str, *, generation: int, now: datetime
+) -> machine.Decision:
+    status, message = upload_refused(current, attempt, pod, reason, generation=generation, now=now)
+    return machine.Decision(
+        status=status, events=[machine.EventRecord("Warning", "ProfileUploadFailed", message)]
     )
 
 
@@ -342,10 +351,39 @@ class Reconciler:
         for event in decision.events:
             log.info("%s/%s %s: %s", namespace, meta["name"], event.reason, event.message)
             self.events.post(body, event.type, event.reason, event.message, now)
+        for side in decision.side_create:
+            self._create_side(body, side)
         if decision.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished elapsed, deleting", namespace, meta["name"])
             self.cluster.delete_training_job(namespace, meta["name"], meta["uid"])
         return decision.requeue_after
+
+    def _create_side(self, body: Obj, obj: Obj) -> None:
+        """Creates an object beside the job (a profile upload pod) after the job's own writes.
+        Its refusal is recorded as its own outcome (the upload Failed, a Warning) and never
+        touches the job's phase, restarts or holds; a passing API error retries the pass."""
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        name = obj["metadata"]["name"]
+        try:
+            self.cluster.create(obj)
+        except Exception as error:
+            if is_namespace_terminating(error):
+                raise JobGoneError(f"{key[0]}/{key[1]} (its namespace is being deleted)") from error
+            rejection = admission_rejection(error)
+            if rejection is None and not is_forbidden(error):
+                raise
+            reason = rejection.message if rejection is not None else api_error_message(error)
+            attempt = int(obj["metadata"]["labels"][LABEL_PROFILE_ATTEMPT])
+            log.warning("%s/%s: upload pod %s refused: %s", *key, name, reason)
+            self._record(
+                body,
+                lambda current, generation: _upload_refused(
+                    current, attempt, name, reason, generation=generation, now=self.clock()
+                ),
+            )
+            return
+        self.cache.expect(key, created=[name])
 
     def _write_status(self, body: Obj, status: Obj) -> None:
         meta = body["metadata"]

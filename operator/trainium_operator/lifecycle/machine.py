@@ -61,6 +61,9 @@ class EventRecord:
 @dataclass(slots=True)
 class Decision:
     create: list[Obj] = field(default_factory=list)
+    # Objects beside the job (profile upload pods): created after the job's status is written,
+    # and a refusal of one is that object's own outcome, never the job's.
+    side_create: list[Obj] = field(default_factory=list)
     delete_pods: list[PodDeletion] = field(default_factory=list)
     delete_podgroups: list[str] = field(default_factory=list)
     delete_job: bool = False
