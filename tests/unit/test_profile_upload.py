@@ -195,7 +195,10 @@ def test_an_attempt_replaced_by_a_restart_is_uploaded_while_the_next_one_trains(
 def test_an_attempt_that_wrote_no_profile_is_noted_not_a_failure() -> None:
     decision, status = run(training_status(attempt=1), [])
     skipped = ended(
-        decision.side_create[0], "Failed", "profile upload skipped: /data/...: no rank files", code=3
+        decision.side_create[0],
+        "Failed",
+        "profile upload skipped: /data/...: no rank files",
+        code=3,
     )
     later, status = run(status, [skipped])
     (record,) = status["profileUploads"]
