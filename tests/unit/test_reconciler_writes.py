@@ -67,9 +67,13 @@ def admit(cluster: FakeCluster, group: str) -> None:
     cluster.update("PodGroup", group, {"status": {"phase": "Inqueue"}})
 
 
-def run_pods(cluster: FakeCluster) -> None:
-    """The scheduler binds every pod to its own node and the kubelet starts it."""
-    for index, pod in enumerate(sorted(cluster.pods(), key=lambda p: p["metadata"]["name"])):
+def run_pods(cluster: FakeCluster, prefix: str = "bert-train-0-") -> None:
+    """The scheduler binds the gang's pods each to its own node and the kubelet starts them."""
+    gang = sorted(
+        (p for p in cluster.pods() if p["metadata"]["name"].startswith(prefix)),
+        key=lambda p: p["metadata"]["name"],
+    )
+    for index, pod in enumerate(gang):
         cluster.update(
             "Pod",
             pod["metadata"]["name"],
@@ -283,3 +287,19 @@ def test_a_refused_upload_pod_during_a_restart_leaves_the_restart_as_decided() -
     assert ("delete", "bert-train-0-1") in [(w.verb, w.name) for w in cluster.writes]
     assert status["profileUploads"][0]["state"] == "Failed"
     assert not [e for e in cluster.events if e["reason"] == "QuotaExceeded"]
+
+
+def test_a_later_failure_without_an_exit_code_leaves_no_earlier_exit_code_on_the_server() -> None:
+    cluster, reconciler = running_gang()
+    end_pod(cluster, "bert-train-0-0", exit_code=137)
+    reconciler.reconcile(*KEY)
+    assert cluster.job(NAME)["status"]["lastFailure"]["exitCode"] == 137
+    reconciler.reconcile(*KEY)  # the old gang is gone: attempt 1 is created
+    run_pods(cluster, prefix="bert-train-1-")
+    reconciler.reconcile(*KEY)
+    assert cluster.job(NAME)["status"]["phase"] == "Training"
+    cluster.vanish("Pod", "bert-train-1-1")  # deleted behind the operator's back, no exit code
+    reconciler.reconcile(*KEY)
+    failure = cluster.job(NAME)["status"]["lastFailure"]
+    assert failure["pod"] == "bert-train-1-1"
+    assert "exitCode" not in failure, f"an earlier failure's exit code survived: {failure}"

@@ -108,6 +108,16 @@ def _upload_refused(
     )
 
 
+def status_merge_patch(old: Any, new: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`: a key `new` no longer has is
+    sent as null, which is the only way a merge patch removes it; lists are replaced whole."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    patch = {key: status_merge_patch(old.get(key), value) for key, value in new.items()}
+    patch.update({key: None for key in old if key not in new})
+    return patch
+
+
 def _now(clock: Callable[[], datetime]) -> str:
     return clock().strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -331,7 +341,7 @@ class Reconciler:
         status_written = False
         if decision.status_first and decision.status != current_status:
             # A restart is recorded before its side effects; a stale view fails here with 409.
-            self._write_status(body, decision.status)
+            self._write_status(body, current_status, decision.status)
             status_written = True
         for deletion in decision.delete_pods:
             self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
@@ -346,7 +356,7 @@ class Reconciler:
         if decision.status != current_status and not status_written:
             # resourceVersion makes a stale pass fail with 409 and retry, never overwrite;
             # events follow the status so a retried pass does not post them twice.
-            self._write_status(body, decision.status)
+            self._write_status(body, current_status, decision.status)
         now = _now(self.clock)
         for event in decision.events:
             log.info("%s/%s %s: %s", namespace, meta["name"], event.reason, event.message)
@@ -385,10 +395,15 @@ class Reconciler:
             return
         self.cache.expect(key, created=[name])
 
-    def _write_status(self, body: Obj, status: Obj) -> None:
+    def _write_status(self, body: Obj, current: Obj, status: Obj) -> None:
         meta = body["metadata"]
+        # The resourceVersion precondition makes `current` exactly what the server holds, so the
+        # merge patch can remove what the state machine dropped (an earlier failure's exit code).
         written = self.cluster.patch_training_job_status(
-            meta["namespace"], meta["name"], status, meta.get("resourceVersion")
+            meta["namespace"],
+            meta["name"],
+            status_merge_patch(current, status),
+            meta.get("resourceVersion"),
         )
         if written is not None:
             version = written["metadata"].get("resourceVersion")
