@@ -104,3 +104,21 @@ def test_trn2_logical_core_config_sets_the_worker_count() -> None:
 )
 def test_trn2_settings_are_refused_naming_the_field(spec: dict[str, object], expected: str) -> None:
     assert any(expected in problem for problem in problems_of(**spec)), problems_of(**spec)
+
+
+@pytest.mark.parametrize(
+    ("template", "field"),
+    [
+        ({"spec": {"containers": [{"name": "trainer", "volumeMounts": 5}]}}, "volumeMounts"),
+        ({"spec": {"containers": [{"name": "trainer", "volumeMounts": ["a"]}]}}, "volumeMounts"),
+        ({"spec": {"containers": 5}}, "spec.podTemplate.spec.containers"),
+        ({"spec": {"volumes": [1, 2]}}, "spec.podTemplate.spec.volumes"),
+        ({"metadata": {"labels": 5}}, "spec.podTemplate.metadata.labels"),
+    ],
+)
+def test_pass_through_content_of_the_wrong_shape_is_a_problem_naming_it_not_a_crash(
+    template: dict[str, object], field: str
+) -> None:
+    problems = parse_job(job_document(podTemplate=template))
+    assert isinstance(problems, list), "accepted"
+    assert any(field in problem for problem in problems), problems

@@ -504,7 +504,17 @@ class PodTemplate(ApiModel):
                         f"{where}.{field}: the {TRAINING_CONTAINER} container's {field} is set "
                         f"by the operator ({fix})"
                     )
-            for mount in container.get("volumeMounts") or []:
+            mounts = container.get("volumeMounts")
+            if mounts is not None and not (
+                isinstance(mounts, list) and all(isinstance(m, dict) for m in mounts)
+            ):
+                # Content the CRD passes through unchecked: say what is wrong, never crash.
+                found.append(
+                    f"{where}.volumeMounts must be a list of volume mounts (objects with name "
+                    "and mountPath)"
+                )
+                continue
+            for mount in mounts or []:
                 if mount.get("mountPath") in ("/dev/shm", mount_path):
                     found.append(
                         f"{where}.volumeMounts: {mount.get('mountPath')} is the operator's "

@@ -90,6 +90,12 @@ def parse_job(body: Obj) -> JobRef | list[str]:
         spec = TrainingJobSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
         return validation_problems(error)
+    except (TypeError, AttributeError, KeyError) as error:
+        # Pass-through content (spec.podTemplate) of a shape no check foresaw: the job fails
+        # with a status instead of the operator retrying a traceback forever.
+        return [
+            f"spec.podTemplate: content of an unexpected type ({type(error).__name__}: {error})"
+        ]
     return JobRef(
         name=meta["name"],
         namespace=meta["namespace"],
