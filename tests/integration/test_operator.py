@@ -307,6 +307,8 @@ INVALID_SPECS = [
     pytest.param({"compile": {"cacheSet": "a b"}}, "spec.compile.cacheSet", id="cache-set"),
     pytest.param({"runPolicy": {"backoffLimit": -1}}, "spec.runPolicy.backoffLimit", id="backoff"),
     pytest.param({"precision": "fp8"}, "spec.precision", id="precision"),
+    pytest.param({"scheduling": {"queue": "Team_A"}}, "spec.scheduling.queue", id="queue-name"),
+    pytest.param({"storage": {"claimName": "../fsx"}}, "spec.storage.claimName", id="claim-name"),
 ]
 
 

@@ -53,6 +53,20 @@ def test_processes_per_node_defaults_from_the_instance_type() -> None:
         ),
         pytest.param({"replicas": 2}, "spec.replicas: Extra inputs are not permitted", id="typo"),
         pytest.param(
+            {"scheduling": {"queue": "Team_A"}}, "spec.scheduling.queue: String should", id="queue"
+        ),
+        pytest.param(
+            {"storage": {"claimName": "fsx claim"}}, "spec.storage.claimName: String", id="claim"
+        ),
+        pytest.param(
+            {"scheduling": {"priorityClassName": "High!"}},
+            "spec.scheduling.priorityClassName: String should match",
+            id="priority-class",
+        ),
+        pytest.param(
+            {"serviceAccountName": "x" * 254}, "spec.serviceAccountName: String", id="account"
+        ),
+        pytest.param(
             {"runPolicy": {"cleanPodPolicy": "Some"}}, "spec.runPolicy.cleanPodPolicy", id="policy"
         ),
     ],
