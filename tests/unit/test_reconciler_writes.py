@@ -303,3 +303,17 @@ def test_a_later_failure_without_an_exit_code_leaves_no_earlier_exit_code_on_the
     failure = cluster.job(NAME)["status"]["lastFailure"]
     assert failure["pod"] == "bert-train-1-1"
     assert "exitCode" not in failure, f"an earlier failure's exit code survived: {failure}"
+
+
+def test_once_a_refusal_is_lifted_the_next_pass_creates_the_gang_without_waiting() -> None:
+    cluster, reconciler = new_world()
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    cluster.refuse("create", "Pod", api_error(403, 'pods "x" is forbidden: exceeded quota: q'))
+    reconciler.reconcile(*KEY)
+    assert cluster.job(NAME)["status"]["reason"] == "QuotaExceeded"
+    cluster.allow("create", "Pod")
+    reconciler.holds.release_namespace(NAMESPACE)  # the quota changed
+    reconciler.reconcile(*KEY)
+    created = [w.name for w in cluster.of("create") if w.kind == "Pod"]
+    assert created == ["bert-train-0-0", "bert-train-0-1"], "the pass waited for refused pods"

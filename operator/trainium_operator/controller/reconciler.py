@@ -170,14 +170,20 @@ class Reconciler:
             return obj, error
         return obj, None
 
-    def _create_all(self, objects: list[Obj]) -> None:
-        """Creates every object; raises the first error with the object it was for."""
+    def _create_all(self, objects: list[Obj], created_pods: list[str]) -> None:
+        """Creates every object, adding the pods that exist now to `created_pods`; raises the
+        first error with the object it was for."""
         # Service and PodGroup first: pods name the group, and the first pods to arrive
         # should find it.
         pods = [o for o in objects if o["kind"] == "Pod"]
         results = [self._create_one(o) for o in objects if o["kind"] != "Pod"]
         if not any(error for _, error in results):
             results += list(self._creators.map(self._create_one, pods))
+        created_pods += [
+            obj["metadata"]["name"]
+            for obj, error in results
+            if error is None and obj["kind"] == "Pod"
+        ]
         for obj, error in results:
             if error is not None:
                 raise _CreateError(obj, error) from error
@@ -354,10 +360,12 @@ class Reconciler:
         self.cache.expect(key, deleted=[d.name for d in decision.delete_pods])
         for podgroup in decision.delete_podgroups:
             self.cluster.delete_podgroup(namespace, podgroup)
+        created: list[str] = []
         try:
-            self._create_all(decision.create)
+            self._create_all(decision.create, created)
         finally:
-            created = [o["metadata"]["name"] for o in decision.create if o["kind"] == "Pod"]
+            # Only what exists: a refused pod the cache waited for would hold the job's next
+            # pass (after a released hold) until the expectation expires.
             self.cache.expect(key, created=created)
         if decision.status != current_status and not status_written:
             # resourceVersion makes a stale pass fail with 409 and retry, never overwrite;
