@@ -181,11 +181,11 @@ def torchrun_command(
 # torchrun's code. A second `wait` collects the exit code after the trap cut the first one short.
 NEURON_PROFILE_MERGE_SCRIPT = (
     "term=0; "
-    'trap \'term=1; kill -TERM "$child" 2>/dev/null\' TERM INT; '
+    "trap 'term=1; kill -TERM \"$child\" 2>/dev/null' TERM INT; "
     '"$@" & child=$!; '
     'wait "$child"; rc=$?; '
     'if [ "$term" = 1 ]; then wait "$child"; rc=$?; fi; '
-    'python3 -m trainium_operator.profiler.sources.neuron '
+    "python3 -m trainium_operator.profiler.sources.neuron "
     '"$TRAINIUM_PROFILE_DIR" --node "$TRAINIUM_NODE_NAME" || true; exit $rc'
 )
 
