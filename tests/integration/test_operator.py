@@ -307,6 +307,8 @@ INVALID_SPECS = [
     pytest.param({"compile": {"cacheSet": "a b"}}, "spec.compile.cacheSet", id="cache-set"),
     pytest.param({"runPolicy": {"backoffLimit": -1}}, "spec.runPolicy.backoffLimit", id="backoff"),
     pytest.param({"precision": "fp8"}, "spec.precision", id="precision"),
+    pytest.param({"scheduling": {"queue": "Team_A"}}, "spec.scheduling.queue", id="queue-name"),
+    pytest.param({"storage": {"claimName": "../fsx"}}, "spec.storage.claimName", id="claim-name"),
 ]
 
 
@@ -329,6 +331,13 @@ def test_immutable_fields_cannot_change_under_a_running_job(
     with pytest.raises(Exception) as refused:  # noqa: PT011
         patch_job(clients, namespace, "imm", {"spec": {"nodes": 4}})
     assert "spec.nodes is immutable" in str(getattr(refused.value, "body", ""))
+    # Set on a running job (or removed) would make the next restart resume from another place.
+    for added in ({"outputDir": "/data/elsewhere"}, {"dataDir": "/data/other"}):
+        with pytest.raises(Exception) as refused:  # noqa: PT011
+            patch_job(clients, namespace, "imm", {"spec": added})
+        field = next(iter(added))
+        assert f"spec.{field} is immutable" in str(getattr(refused.value, "body", "")), field
+    assert "outputDir" not in get_job(clients, namespace, "imm")["spec"]
 
 
 def test_kubectl_apply_of_a_typo_is_refused_with_the_field_name(

@@ -96,6 +96,10 @@ class FakeCluster:
         self._deliver("MODIFIED", obj)
         return obj
 
+    def vanish(self, kind: str, name: str) -> None:
+        """Another actor deletes the object (a force delete, garbage collection)."""
+        self._deliver("DELETED", self.objects.pop((kind, name)))
+
     def pods(self) -> list[Obj]:
         return [o for (kind, _), o in self.objects.items() if kind == "Pod"]
 
@@ -152,7 +156,7 @@ class FakeCluster:
             return None
         if resource_version and resource_version != job["metadata"]["resourceVersion"]:
             raise api_error(409, f"Operation cannot be fulfilled on trainingjobs {name!r}")
-        job["status"] = copy.deepcopy(status)
+        job["status"] = _apply_merge_patch(job.get("status") or {}, status)
         job["metadata"]["resourceVersion"] = self._next_version()
         self.writes.append(Write("status", "TrainingJob", name, str(status.get("phase"))))
         self._deliver("MODIFIED", job)
@@ -188,3 +192,16 @@ def _merge(target: Obj, change: Obj) -> None:
             _merge(target[key], value)
         else:
             target[key] = copy.deepcopy(value)
+
+
+def _apply_merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386, as the API server applies a merge-patch to a custom resource's status."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = _apply_merge_patch(result.get(key), value)
+    return result

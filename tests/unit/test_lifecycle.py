@@ -508,3 +508,20 @@ def test_ranks_finishing_at_different_times_are_not_a_startup_timeout() -> None:
     decision = machine.decide(job, {}, observed(done, still, now=T0 + timedelta(hours=3)))
     assert "lastFailure" not in decision.status
     assert decision.status["restarts"]["total"] == 0
+
+
+def test_a_verdict_volcano_wrote_before_the_gangs_pods_existed_is_no_warning_once_they_do() -> None:
+    job = job_ref()
+    both = tuple(pod(job, Stage.COMPILE, 0, r, "Pending", node=None) for r in range(2))
+    stale = "2/0 tasks in gang unschedulable: pod group is not ready, 2 minAvailable"
+    group = PodGroupView("bert-compile", "Inqueue", stale)
+    decision = machine.decide(
+        job,
+        {},
+        replace(
+            observed(*both),
+            podgroups={"bert-compile": group},
+        ),
+    )
+    assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "WaitingForGang")
+    assert not [e for e in decision.events if e.type == "Warning"], decision.events

@@ -92,7 +92,7 @@ def test_the_upload_pod_reads_the_claim_read_only_and_writes_the_attempts_prefix
 
 def test_a_finished_profiled_job_gets_one_upload_pod() -> None:
     decision, status = run(finished_status(), [])
-    (pod,) = decision.create
+    (pod,) = decision.side_create
     assert pod["metadata"]["name"] == "bert-profile-upload-2"
     assert status["profile"]["upload"]["state"] == "Pending"
     assert "s3Uri" not in status["profile"]
@@ -102,29 +102,29 @@ def test_a_finished_profiled_job_gets_one_upload_pod() -> None:
     assert decision.events == []
 
     again, _ = run(status, [pod])
-    assert again.create == [], "the pod exists: no second one"
+    assert again.side_create == [], "the pod exists: no second one"
 
 
 @pytest.mark.parametrize("phase", ["Training", "Restarting", "Pending"])
 def test_nothing_is_uploaded_while_the_job_runs(phase: str) -> None:
     decision, status = run(finished_status(phase), [])
-    assert decision.create == []
+    assert decision.side_create == []
     assert "upload" not in status["profile"]
 
 
 def test_no_upload_without_an_s3_uri_or_without_profiling() -> None:
-    assert run(finished_status(), [], profile={"enabled": True})[0].create == []
-    assert run(finished_status(), [], profile={"enabled": False, "s3Uri": S3})[0].create == []
+    assert run(finished_status(), [], profile={"enabled": True})[0].side_create == []
+    assert run(finished_status(), [], profile={"enabled": False, "s3Uri": S3})[0].side_create == []
     job = job_ref(profile={"enabled": True})
     decision = Decision(status=finished_status())
     plan_upload(job, decision, [], UploadDefaults(s3_uri="s3://chart-default/p"), NOW)
-    (pod,) = decision.create
+    (pod,) = decision.side_create
     assert pod["spec"]["containers"][0]["command"][-1] == "s3://chart-default/p/team-a/bert/2"
 
 
 def test_a_successful_upload_points_the_status_at_s3_once() -> None:
     first, status = run(finished_status(), [])
-    done = ended(first.create[0], "Succeeded", "uploaded 2 rank files ...")
+    done = ended(first.side_create[0], "Succeeded", "uploaded 2 rank files ...")
     decision, status = run(status, [done])
     assert status["profile"]["s3Uri"] == "s3://my-profiles/runs/team-a/bert/2"
     assert status["profile"]["path"] == "/data/profiles/team-a/bert/2"
@@ -133,7 +133,7 @@ def test_a_successful_upload_points_the_status_at_s3_once() -> None:
     assert [(e.type, e.reason) for e in decision.events] == [("Normal", "ProfileUploaded")]
 
     later, status_after = run(status, [])  # the pod was cleaned up since
-    assert later.create == []
+    assert later.side_create == []
     assert later.events == []
     assert status_after == status
 
@@ -144,7 +144,7 @@ def test_a_failed_upload_is_a_warning_and_a_condition_never_a_failed_job() -> No
         "profile upload failed: uploading to s3://my-profiles/runs/team-a/bert/2: "
         "bucket 'my-profiles' does not exist"
     )
-    failed = ended(first.create[0], "Failed", f"some log line\n{reason}\n", code=1)
+    failed = ended(first.side_create[0], "Failed", f"some log line\n{reason}\n", code=1)
     decision, status = run(status, [failed])
     assert status["phase"] == "Succeeded"
     assert "s3Uri" not in status["profile"]
@@ -161,7 +161,7 @@ def test_a_failed_upload_is_a_warning_and_a_condition_never_a_failed_job() -> No
 
 def test_a_failed_job_uploads_what_its_last_attempt_recorded() -> None:
     decision, status = run(finished_status("Failed", attempt=3), [])
-    (pod,) = decision.create
+    (pod,) = decision.side_create
     assert pod["metadata"]["name"] == "bert-profile-upload-3"
     assert status["phase"] == "Failed"
 
@@ -174,7 +174,7 @@ def training_status(attempt: int, first: int = 0) -> dict[str, Any]:
 
 def test_an_attempt_replaced_by_a_restart_is_uploaded_while_the_next_one_trains() -> None:
     decision, status = run(training_status(attempt=2), [])
-    assert [p["metadata"]["name"] for p in decision.create] == [
+    assert [p["metadata"]["name"] for p in decision.side_create] == [
         "bert-profile-upload-0",
         "bert-profile-upload-1",
     ]
@@ -182,20 +182,23 @@ def test_an_attempt_replaced_by_a_restart_is_uploaded_while_the_next_one_trains(
     assert "upload" not in status["profile"], "the running attempt's own profile is not done"
     assert status["phase"] == "Training"
 
-    pods = [ended(decision.create[0], "Succeeded"), ended(decision.create[1], "Running")]
+    pods = [ended(decision.side_create[0], "Succeeded"), ended(decision.side_create[1], "Running")]
     pods[1]["status"] = {"phase": "Running"}
     later, status = run(status, pods)
     first, second = status["profileUploads"]
     assert first["s3Uri"] == "s3://my-profiles/runs/team-a/bert/0"
     assert second["state"] == "Running"
     assert [(e.type, e.reason) for e in later.events] == [("Normal", "ProfileUploaded")]
-    assert later.create == []
+    assert later.side_create == []
 
 
 def test_an_attempt_that_wrote_no_profile_is_noted_not_a_failure() -> None:
     decision, status = run(training_status(attempt=1), [])
     skipped = ended(
-        decision.create[0], "Failed", "profile upload skipped: /data/...: no rank files", code=3
+        decision.side_create[0],
+        "Failed",
+        "profile upload skipped: /data/...: no rank files",
+        code=3,
     )
     later, status = run(status, [skipped])
     (record,) = status["profileUploads"]
@@ -214,9 +217,9 @@ def test_the_last_attempt_is_uploaded_after_the_earlier_ones_and_mirrored_in_pro
          "s3Uri": "s3://my-profiles/runs/team-a/bert/0"},
     ]  # fmt: skip
     decision, status = run(status, [])
-    assert [p["metadata"]["name"] for p in decision.create] == ["bert-profile-upload-1"]
+    assert [p["metadata"]["name"] for p in decision.side_create] == ["bert-profile-upload-1"]
     assert status["profile"]["upload"]["attempt"] == 1
-    done = ended(decision.create[0], "Succeeded")
+    done = ended(decision.side_create[0], "Succeeded")
     _, status = run(status, [done])
     assert status["profile"]["s3Uri"] == "s3://my-profiles/runs/team-a/bert/1"
     assert [r["s3Uri"] for r in status["profileUploads"]] == [

@@ -67,9 +67,13 @@ def admit(cluster: FakeCluster, group: str) -> None:
     cluster.update("PodGroup", group, {"status": {"phase": "Inqueue"}})
 
 
-def run_pods(cluster: FakeCluster) -> None:
-    """The scheduler binds every pod to its own node and the kubelet starts it."""
-    for index, pod in enumerate(sorted(cluster.pods(), key=lambda p: p["metadata"]["name"])):
+def run_pods(cluster: FakeCluster, prefix: str = "bert-train-0-") -> None:
+    """The scheduler binds the gang's pods each to its own node and the kubelet starts them."""
+    gang = sorted(
+        (p for p in cluster.pods() if p["metadata"]["name"].startswith(prefix)),
+        key=lambda p: p["metadata"]["name"],
+    )
+    for index, pod in enumerate(gang):
         cluster.update(
             "Pod",
             pod["metadata"]["name"],
@@ -233,3 +237,83 @@ def test_a_repeated_pass_over_an_unchanged_world_writes_nothing() -> None:
     reconciler.reconcile(*KEY)
     reconciler.reconcile(*KEY)
     assert cluster.writes == []
+
+
+PROFILED = {"profile": {"enabled": True, "s3Uri": "s3://bucket/profiles"}}
+QUOTA = 'pods "bert-upload-0" is forbidden: exceeded quota: compute, requested: pods=1'
+
+
+def test_a_refused_upload_pod_is_the_uploads_failure_and_never_changes_a_succeeded_job() -> None:
+    cluster, reconciler = new_world(**PROFILED)
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    reconciler.reconcile(*KEY)
+    run_pods(cluster)
+    reconciler.reconcile(*KEY)
+    cluster.refuse("create", "Pod", api_error(403, QUOTA))
+    for pod in ("bert-train-0-0", "bert-train-0-1"):
+        end_pod(cluster, pod, exit_code=0)
+    requeue = reconciler.reconcile(*KEY)
+    status = cluster.job(NAME)["status"]
+    assert (status["phase"], status["reason"]) == ("Succeeded", "TrainingSucceeded")
+    (upload,) = status["profileUploads"]
+    assert upload["state"] == "Failed"
+    assert "exceeded quota" in upload["message"]
+    condition = next(c for c in status["conditions"] if c["type"] == "ProfileUploaded")
+    assert (condition["status"], condition["reason"]) == ("False", "UploadFailed")
+    warnings = [e for e in cluster.events if e["type"] == "Warning"]
+    assert [e["reason"] for e in warnings] == ["ProfileUploadFailed"]
+    assert "not affected" in warnings[0]["message"]
+    assert requeue is None or requeue > 1, "no hold, no tight retry"
+    writes = len(cluster.writes)
+    reconciler.reconcile(*KEY)
+    assert len(cluster.writes) == writes, "a refused upload is not retried with nothing changed"
+    assert cluster.job(NAME)["status"]["phase"] == "Succeeded"
+
+
+def test_a_refused_upload_pod_during_a_restart_leaves_the_restart_as_decided() -> None:
+    cluster, reconciler = new_world(**PROFILED)
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    reconciler.reconcile(*KEY)
+    run_pods(cluster)
+    reconciler.reconcile(*KEY)
+    cluster.refuse("create", "Pod", api_error(403, QUOTA))
+    end_pod(cluster, "bert-train-0-0", exit_code=137)
+    reconciler.reconcile(*KEY)
+    status = cluster.job(NAME)["status"]
+    assert status["phase"] == "Restarting"
+    assert status["restarts"]["total"] == 1
+    assert ("delete", "bert-train-0-1") in [(w.verb, w.name) for w in cluster.writes]
+    assert status["profileUploads"][0]["state"] == "Failed"
+    assert not [e for e in cluster.events if e["reason"] == "QuotaExceeded"]
+
+
+def test_a_later_failure_without_an_exit_code_leaves_no_earlier_exit_code_on_the_server() -> None:
+    cluster, reconciler = running_gang()
+    end_pod(cluster, "bert-train-0-0", exit_code=137)
+    reconciler.reconcile(*KEY)
+    assert cluster.job(NAME)["status"]["lastFailure"]["exitCode"] == 137
+    reconciler.reconcile(*KEY)  # the old gang is gone: attempt 1 is created
+    run_pods(cluster, prefix="bert-train-1-")
+    reconciler.reconcile(*KEY)
+    assert cluster.job(NAME)["status"]["phase"] == "Training"
+    cluster.vanish("Pod", "bert-train-1-1")  # deleted behind the operator's back, no exit code
+    reconciler.reconcile(*KEY)
+    failure = cluster.job(NAME)["status"]["lastFailure"]
+    assert failure["pod"] == "bert-train-1-1"
+    assert "exitCode" not in failure, f"an earlier failure's exit code survived: {failure}"
+
+
+def test_once_a_refusal_is_lifted_the_next_pass_creates_the_gang_without_waiting() -> None:
+    cluster, reconciler = new_world()
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    cluster.refuse("create", "Pod", api_error(403, 'pods "x" is forbidden: exceeded quota: q'))
+    reconciler.reconcile(*KEY)
+    assert cluster.job(NAME)["status"]["reason"] == "QuotaExceeded"
+    cluster.allow("create", "Pod")
+    reconciler.holds.release_namespace(NAMESPACE)  # the quota changed
+    reconciler.reconcile(*KEY)
+    created = [w.name for w in cluster.of("create") if w.kind == "Pod"]
+    assert created == ["bert-train-0-0", "bert-train-0-1"], "the pass waited for refused pods"

@@ -53,6 +53,20 @@ def test_processes_per_node_defaults_from_the_instance_type() -> None:
         ),
         pytest.param({"replicas": 2}, "spec.replicas: Extra inputs are not permitted", id="typo"),
         pytest.param(
+            {"scheduling": {"queue": "Team_A"}}, "spec.scheduling.queue: String should", id="queue"
+        ),
+        pytest.param(
+            {"storage": {"claimName": "fsx claim"}}, "spec.storage.claimName: String", id="claim"
+        ),
+        pytest.param(
+            {"scheduling": {"priorityClassName": "High!"}},
+            "spec.scheduling.priorityClassName: String should match",
+            id="priority-class",
+        ),
+        pytest.param(
+            {"serviceAccountName": "x" * 254}, "spec.serviceAccountName: String", id="account"
+        ),
+        pytest.param(
             {"runPolicy": {"cleanPodPolicy": "Some"}}, "spec.runPolicy.cleanPodPolicy", id="policy"
         ),
     ],
@@ -104,3 +118,21 @@ def test_trn2_logical_core_config_sets_the_worker_count() -> None:
 )
 def test_trn2_settings_are_refused_naming_the_field(spec: dict[str, object], expected: str) -> None:
     assert any(expected in problem for problem in problems_of(**spec)), problems_of(**spec)
+
+
+@pytest.mark.parametrize(
+    ("template", "field"),
+    [
+        ({"spec": {"containers": [{"name": "trainer", "volumeMounts": 5}]}}, "volumeMounts"),
+        ({"spec": {"containers": [{"name": "trainer", "volumeMounts": ["a"]}]}}, "volumeMounts"),
+        ({"spec": {"containers": 5}}, "spec.podTemplate.spec.containers"),
+        ({"spec": {"volumes": [1, 2]}}, "spec.podTemplate.spec.volumes"),
+        ({"metadata": {"labels": 5}}, "spec.podTemplate.metadata.labels"),
+    ],
+)
+def test_pass_through_content_of_the_wrong_shape_is_a_problem_naming_it_not_a_crash(
+    template: dict[str, object], field: str
+) -> None:
+    problems = parse_job(job_document(podTemplate=template))
+    assert isinstance(problems, list), "accepted"
+    assert any(field in problem for problem in problems), problems

@@ -83,6 +83,15 @@ def spec_schema() -> JsonSchema:
         schema["properties"][name].setdefault("x-kubernetes-validations", []).append(
             {"rule": "self == oldSelf", "message": f"spec.{name} is immutable"}
         )
+        # A field's own rule runs only when it is there before and after: adding or removing
+        # it (an outputDir set on a running job) is refused at the spec level.
+        schema.setdefault("x-kubernetes-validations", []).append(
+            {
+                "rule": f"has(self.{name}) == has(oldSelf.{name})",
+                "message": f"spec.{name} is immutable: it cannot be added or removed once the "
+                "job exists",
+            }
+        )
     schema["description"] = "Desired state of a distributed training job on Trainium nodes."
     return schema
 

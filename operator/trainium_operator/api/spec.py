@@ -115,6 +115,11 @@ KubeObject = Annotated[
 # A command-line option name the operator passes a value to ("--data_dir", "-o").
 FLAG_PATTERN = r"^-{1,2}[A-Za-z0-9][A-Za-z0-9_.-]*$"
 Flag = Annotated[str, Field(pattern=FLAG_PATTERN)]
+# The name of a Kubernetes or Volcano object (a PersistentVolumeClaim, PriorityClass,
+# ServiceAccount, Volcano Queue): a DNS-1123 subdomain, as the API server requires of them. A
+# name nothing could be created under is refused at admission, naming the field.
+OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+ObjectName = Annotated[str, Field(pattern=OBJECT_NAME_PATTERN, max_length=253)]
 
 
 class TrainingCommand(ApiModel):
@@ -142,7 +147,7 @@ class TrainingCommand(ApiModel):
 
 
 class StorageSpec(ApiModel):
-    claim_name: str = "fsx-claim"
+    claim_name: ObjectName = "fsx-claim"
     """PersistentVolumeClaim (ReadWriteMany, e.g. FSx for Lustre) mounted in every pod;
     it holds the data, the compile cache, checkpoints and profiles."""
     mount_path: Annotated[str, Field(pattern=r"^/.*")] = "/data"
@@ -229,9 +234,9 @@ class RunPolicy(ApiModel):
 
 
 class SchedulingSpec(ApiModel):
-    queue: str = "default"
+    queue: ObjectName = "default"
     """Volcano queue of the job's PodGroups."""
-    priority_class_name: str | None = None
+    priority_class_name: ObjectName | None = None
     """PriorityClass of the pods and PodGroups."""
     scheduler_name: str = "volcano"
     """Scheduler of the pods; Volcano does gang scheduling through the PodGroup."""
@@ -504,7 +509,17 @@ class PodTemplate(ApiModel):
                         f"{where}.{field}: the {TRAINING_CONTAINER} container's {field} is set "
                         f"by the operator ({fix})"
                     )
-            for mount in container.get("volumeMounts") or []:
+            mounts = container.get("volumeMounts")
+            if mounts is not None and not (
+                isinstance(mounts, list) and all(isinstance(m, dict) for m in mounts)
+            ):
+                # Content the CRD passes through unchecked: say what is wrong, never crash.
+                found.append(
+                    f"{where}.volumeMounts must be a list of volume mounts (objects with name "
+                    "and mountPath)"
+                )
+                continue
+            for mount in mounts or []:
                 if mount.get("mountPath") in ("/dev/shm", mount_path):
                     found.append(
                         f"{where}.volumeMounts: {mount.get('mountPath')} is the operator's "
@@ -581,7 +596,7 @@ class TrainingJobSpec(ApiModel):
     """Extra tolerations (the Neuron and EFA taints are always tolerated)."""
     affinity: KubeObject | None = None
     """Pod affinity (Kubernetes Affinity)."""
-    service_account_name: str | None = None
+    service_account_name: ObjectName | None = None
     """ServiceAccount of the pods (e.g. one with IRSA for S3 access)."""
     pod_metadata: PodMetadata = PodMetadata()
     """Labels and annotations for every pod."""

@@ -176,8 +176,16 @@ def torchrun_command(
 
 # After torchrun exits, fold each rank's Neuron runtime profile into its profile file; the
 # job's exit code stays torchrun's. "$@" keeps the argv exact (no word splitting).
+# The shell is PID 1 and ignores SIGTERM: it passes the signal on to torchrun (which stops its
+# workers, whose profilers flush), waits for it, then merges the device profile and exits with
+# torchrun's code. A second `wait` collects the exit code after the trap cut the first one short.
 NEURON_PROFILE_MERGE_SCRIPT = (
-    '"$@"; rc=$?; python3 -m trainium_operator.profiler.sources.neuron '
+    "term=0; "
+    "trap 'term=1; kill -TERM \"$child\" 2>/dev/null' TERM INT; "
+    '"$@" & child=$!; '
+    'wait "$child"; rc=$?; '
+    'if [ "$term" = 1 ]; then wait "$child"; rc=$?; fi; '
+    "python3 -m trainium_operator.profiler.sources.neuron "
     '"$TRAINIUM_PROFILE_DIR" --node "$TRAINIUM_NODE_NAME" || true; exit $rc'
 )
 

@@ -183,8 +183,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
                 runtime.passes.run, key, lambda: reconciler.reconcile(*key)
             )
         except JobGoneError:
-            queue.forget(key)
-            runtime.seen_generations.pop(key, None)
+            job_gone(runtime, key)
             return None
         except PermissionDeniedError as error:
             runtime.reconcile_errors += 1
@@ -230,6 +229,17 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
         )
         logging.shutdown()
         os._exit(0)
+
+
+def job_gone(runtime: Runtime, key: Key) -> None:
+    """A pass found its job gone. The key is forgotten only if no job of that name exists now:
+    a job deleted and created again under the same name during the pass is a new job, and its
+    own event (queued while the pass ran) must still wake it."""
+    if runtime.cache.job(key) is not None:
+        return
+    if runtime.queue is not None:
+        runtime.queue.forget(key)
+    runtime.seen_generations.pop(key, None)
 
 
 def _start_watches(runtime: Runtime, loop: asyncio.AbstractEventLoop) -> None:

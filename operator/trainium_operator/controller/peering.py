@@ -2,8 +2,8 @@
 
 kopf pauses its own handlers in an outranked replica, but our work queue also wakes on
 timers (requeues, resync); this gate applies kopf's rule to those wake-ups too, reading the
-same peering object kopf maintains: a replica works only while no live peer outranks it, and
-(as kopf does) a tie pauses both.
+same peering object kopf maintains: a replica works only while its own entry is there and alive
+and no live peer outranks it, and (as kopf does) a tie pauses both.
 """
 
 from __future__ import annotations
@@ -18,6 +18,29 @@ from trainium_operator.k8s.client import Cluster
 CACHE_SECONDS = 1.0
 
 
+def may_work(peers: dict[str, Any], own_priority: int, now: datetime) -> bool:
+    """True when the peering holds our own live entry and no live peer outranks us.
+
+    A missing peering object or a missing (or expired) own entry pauses the replica, as kopf
+    pauses its handlers then: another replica may be working unseen."""
+    return _live_with(peers, own_priority, now) == 1 and not outranked(peers, own_priority, now)
+
+
+def _live_with(peers: dict[str, Any], priority: int, now: datetime) -> int:
+    return sum(
+        1
+        for info in peers.values()
+        if isinstance(info, dict) and _alive(info, now) and int(info.get("priority", 0)) == priority
+    )
+
+
+def _alive(info: dict[str, Any], now: datetime) -> bool:
+    lastseen = datetime.fromisoformat(str(info.get("lastseen")).replace("Z", "+00:00"))
+    if lastseen.tzinfo is None:
+        lastseen = lastseen.replace(tzinfo=UTC)
+    return lastseen + timedelta(seconds=int(info.get("lifetime", 60))) > now
+
+
 def outranked(peers: dict[str, Any], own_priority: int, now: datetime) -> bool:
     """True when a live peer has a higher priority, or another live peer has ours.
 
@@ -27,10 +50,7 @@ def outranked(peers: dict[str, Any], own_priority: int, now: datetime) -> bool:
     for info in peers.values():
         if not isinstance(info, dict):
             continue
-        lastseen = datetime.fromisoformat(str(info.get("lastseen")).replace("Z", "+00:00"))
-        if lastseen.tzinfo is None:
-            lastseen = lastseen.replace(tzinfo=UTC)
-        if lastseen + timedelta(seconds=int(info.get("lifetime", 60))) <= now:
+        if not _alive(info, now):
             continue  # dead peer
         priority = int(info.get("priority", 0))
         if priority > own_priority:
@@ -61,6 +81,6 @@ class PeeringGate:
         if cached is not None and self.clock() - cached[0] < CACHE_SECONDS:
             return cached[1]
         peers = self.cluster.get_peering_status(self.name, None if self.clusterwide else namespace)
-        allowed = not outranked(peers, self.priority, datetime.now(UTC))
+        allowed = may_work(peers, self.priority, datetime.now(UTC))
         self._cache[scope] = (self.clock(), allowed)
         return allowed

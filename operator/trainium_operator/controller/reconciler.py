@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from trainium_operator.api.spec import TrainingJobSpec
 from trainium_operator.api.status import validated_status
 from trainium_operator.builders.job import JobRef
-from trainium_operator.builders.upload import is_upload_pod
+from trainium_operator.builders.upload import LABEL_PROFILE_ATTEMPT, is_upload_pod
 from trainium_operator.controller.admission_holds import AdmissionHolds, Mark
 from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.k8s.client import (
@@ -37,7 +37,7 @@ from trainium_operator.k8s.client import (
 )
 from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.observed import observe, podgroup_view, queue_view
-from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload
+from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload, upload_refused
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -90,6 +90,12 @@ def parse_job(body: Obj) -> JobRef | list[str]:
         spec = TrainingJobSpec.model_validate(body.get("spec") or {})
     except ValidationError as error:
         return validation_problems(error)
+    except (TypeError, AttributeError, KeyError) as error:
+        # Pass-through content (spec.podTemplate) of a shape no check foresaw: the job fails
+        # with a status instead of the operator retrying a traceback forever.
+        return [
+            f"spec.podTemplate: content of an unexpected type ({type(error).__name__}: {error})"
+        ]
     return JobRef(
         name=meta["name"],
         namespace=meta["namespace"],
@@ -97,6 +103,25 @@ def parse_job(body: Obj) -> JobRef | list[str]:
         generation=int(meta.get("generation", 1)),
         spec=spec,
     )
+
+
+def _upload_refused(
+    current: Obj, attempt: int, pod: str, reason: str, *, generation: int, now: datetime
+) -> machine.Decision:
+    status, message = upload_refused(current, attempt, pod, reason, generation=generation, now=now)
+    return machine.Decision(
+        status=status, events=[machine.EventRecord("Warning", "ProfileUploadFailed", message)]
+    )
+
+
+def status_merge_patch(old: Any, new: Any) -> Any:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`: a key `new` no longer has is
+    sent as null, which is the only way a merge patch removes it; lists are replaced whole."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    patch = {key: status_merge_patch(old.get(key), value) for key, value in new.items()}
+    patch.update({key: None for key in old if key not in new})
+    return patch
 
 
 def _now(clock: Callable[[], datetime]) -> str:
@@ -145,14 +170,20 @@ class Reconciler:
             return obj, error
         return obj, None
 
-    def _create_all(self, objects: list[Obj]) -> None:
-        """Creates every object; raises the first error with the object it was for."""
+    def _create_all(self, objects: list[Obj], created_pods: list[str]) -> None:
+        """Creates every object, adding the pods that exist now to `created_pods`; raises the
+        first error with the object it was for."""
         # Service and PodGroup first: pods name the group, and the first pods to arrive
         # should find it.
         pods = [o for o in objects if o["kind"] == "Pod"]
         results = [self._create_one(o) for o in objects if o["kind"] != "Pod"]
         if not any(error for _, error in results):
             results += list(self._creators.map(self._create_one, pods))
+        created_pods += [
+            obj["metadata"]["name"]
+            for obj, error in results
+            if error is None and obj["kind"] == "Pod"
+        ]
         for obj, error in results:
             if error is not None:
                 raise _CreateError(obj, error) from error
@@ -322,35 +353,71 @@ class Reconciler:
         status_written = False
         if decision.status_first and decision.status != current_status:
             # A restart is recorded before its side effects; a stale view fails here with 409.
-            self._write_status(body, decision.status)
+            self._write_status(body, current_status, decision.status)
             status_written = True
         for deletion in decision.delete_pods:
             self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
         self.cache.expect(key, deleted=[d.name for d in decision.delete_pods])
         for podgroup in decision.delete_podgroups:
             self.cluster.delete_podgroup(namespace, podgroup)
+        created: list[str] = []
         try:
-            self._create_all(decision.create)
+            self._create_all(decision.create, created)
         finally:
-            created = [o["metadata"]["name"] for o in decision.create if o["kind"] == "Pod"]
+            # Only what exists: a refused pod the cache waited for would hold the job's next
+            # pass (after a released hold) until the expectation expires.
             self.cache.expect(key, created=created)
         if decision.status != current_status and not status_written:
             # resourceVersion makes a stale pass fail with 409 and retry, never overwrite;
             # events follow the status so a retried pass does not post them twice.
-            self._write_status(body, decision.status)
+            self._write_status(body, current_status, decision.status)
         now = _now(self.clock)
         for event in decision.events:
             log.info("%s/%s %s: %s", namespace, meta["name"], event.reason, event.message)
             self.events.post(body, event.type, event.reason, event.message, now)
+        for side in decision.side_create:
+            self._create_side(body, side)
         if decision.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished elapsed, deleting", namespace, meta["name"])
             self.cluster.delete_training_job(namespace, meta["name"], meta["uid"])
         return decision.requeue_after
 
-    def _write_status(self, body: Obj, status: Obj) -> None:
+    def _create_side(self, body: Obj, obj: Obj) -> None:
+        """Creates an object beside the job (a profile upload pod) after the job's own writes.
+        Its refusal is recorded as its own outcome (the upload Failed, a Warning) and never
+        touches the job's phase, restarts or holds; a passing API error retries the pass."""
         meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        name = obj["metadata"]["name"]
+        try:
+            self.cluster.create(obj)
+        except Exception as error:
+            if is_namespace_terminating(error):
+                raise JobGoneError(f"{key[0]}/{key[1]} (its namespace is being deleted)") from error
+            rejection = admission_rejection(error)
+            if rejection is None and not is_forbidden(error):
+                raise
+            reason = rejection.message if rejection is not None else api_error_message(error)
+            attempt = int(obj["metadata"]["labels"][LABEL_PROFILE_ATTEMPT])
+            log.warning("%s/%s: upload pod %s refused: %s", *key, name, reason)
+            self._record(
+                body,
+                lambda current, generation: _upload_refused(
+                    current, attempt, name, reason, generation=generation, now=self.clock()
+                ),
+            )
+            return
+        self.cache.expect(key, created=[name])
+
+    def _write_status(self, body: Obj, current: Obj, status: Obj) -> None:
+        meta = body["metadata"]
+        # The resourceVersion precondition makes `current` exactly what the server holds, so the
+        # merge patch can remove what the state machine dropped (an earlier failure's exit code).
         written = self.cluster.patch_training_job_status(
-            meta["namespace"], meta["name"], status, meta.get("resourceVersion")
+            meta["namespace"],
+            meta["name"],
+            status_merge_patch(current, status),
+            meta.get("resourceVersion"),
         )
         if written is not None:
             version = written["metadata"].get("resourceVersion")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import socket
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import urllib3.connection
 import urllib3.exceptions
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -153,9 +155,29 @@ def load_configuration(kubeconfig: str | None = None) -> client.Configuration:
 API_CONNECTIONS = 32  # reconcile workers x concurrent creates, without discarded sockets
 
 
+# TCP keepalive on every API connection: a peer that vanished without a FIN (a NAT or load
+# balancer dropping the flow) is found in about a minute instead of never.
+KEEPALIVE_SOCKET_OPTIONS: list[tuple[int, int, int]] = [
+    (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+    *(
+        [
+            (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 30),
+            (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 10),
+            (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3),
+        ]
+        if hasattr(socket, "TCP_KEEPIDLE")
+        else []
+    ),
+]
+
+
 def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
     configuration = load_configuration(kubeconfig)
     configuration.connection_pool_maxsize = API_CONNECTIONS
+    configuration.socket_options = [
+        *urllib3.connection.HTTPConnection.default_socket_options,
+        *KEEPALIVE_SOCKET_OPTIONS,
+    ]
     return client.ApiClient(configuration)
 
 

@@ -29,6 +29,12 @@ log = logging.getLogger(__name__)
 
 LIST_PAGE = 500
 WATCH_SECONDS = 300
+# Client-side bounds: a LIST page that does not arrive, or a watch that stays silent past the
+# server's own timeout (a half-open connection), ends in an error and a fresh LIST instead of
+# freezing the cache while the process looks healthy.
+CONNECT_TIMEOUT_SECONDS = 10
+LIST_READ_TIMEOUT_SECONDS = 60
+WATCH_READ_TIMEOUT_SECONDS = WATCH_SECONDS + 30
 MAX_BACKOFF_SECONDS = 30.0
 
 
@@ -134,7 +140,11 @@ class Reflector:
         token: str | None = None
         while True:
             self._counter.add("list", self.resource)
-            kwargs: dict[str, Any] = {"limit": LIST_PAGE, **self._selector_kwargs()}
+            kwargs: dict[str, Any] = {
+                "limit": LIST_PAGE,
+                "_request_timeout": (CONNECT_TIMEOUT_SECONDS, LIST_READ_TIMEOUT_SECONDS),
+                **self._selector_kwargs(),
+            }
             if token:
                 kwargs["_continue"] = token
             page = json.loads(self._call(_preload_content=False, **kwargs).data)
@@ -165,6 +175,7 @@ class Reflector:
             resource_version=version,
             allow_watch_bookmarks=True,
             timeout_seconds=WATCH_SECONDS,
+            _request_timeout=(CONNECT_TIMEOUT_SECONDS, WATCH_READ_TIMEOUT_SECONDS),
             **self._selector_kwargs(),
         )
         try:

@@ -61,6 +61,9 @@ class EventRecord:
 @dataclass(slots=True)
 class Decision:
     create: list[Obj] = field(default_factory=list)
+    # Objects beside the job (profile upload pods): created after the job's status is written,
+    # and a refusal of one is that object's own outcome, never the job's.
+    side_create: list[Obj] = field(default_factory=list)
     delete_pods: list[PodDeletion] = field(default_factory=list)
     delete_podgroups: list[str] = field(default_factory=list)
     delete_job: bool = False
@@ -699,6 +702,16 @@ def _ensure_gang(
         status.transition(Phase.PENDING, reason, message, warning=warning)
 
 
+_GANG_VERDICT = re.compile(r"(\d+)/(\d+) tasks in gang unschedulable")
+
+
+def _verdict_covers(message: str, pods: int) -> bool:
+    """Whether Volcano's "<unschedulable>/<tasks seen> tasks in gang unschedulable" saw at least
+    `pods` tasks (a message in another form is taken as it is)."""
+    match = _GANG_VERDICT.search(message)
+    return match is None or int(match.group(2)) >= pods
+
+
 def _waiting_reason(
     job: JobRef, stage: Stage, gang: dict[int, PodView], observed: Observed
 ) -> tuple[str, str, bool]:
@@ -728,8 +741,15 @@ def _waiting_reason(
     ready = sum(1 for p in gang.values() if p.phase == "Running" and p.ready and not p.deleting)
     progress = f"{scheduled}/{nodes} pods scheduled, {ready}/{nodes} ready"
     # Until all of the gang's pods exist, Volcano's "16/0 tasks in gang unschedulable" only
-    # says that the pods being created are not there yet.
-    if group is not None and group.unschedulable and scheduled < nodes and len(gang) >= nodes:
+    # says that the pods being created are not there yet; a verdict on fewer tasks than the gang
+    # now has was written before its pods existed and is no refusal either.
+    if (
+        group is not None
+        and group.unschedulable
+        and scheduled < nodes
+        and len(gang) >= nodes
+        and _verdict_covers(group.unschedulable, len(gang))
+    ):
         return (
             "Unschedulable",
             f"{stage.value} stage: Volcano cannot place the gang of {nodes} pods "

@@ -19,6 +19,7 @@ It runs after `machine.decide`, on its output, so the state machine knows nothin
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -159,7 +160,7 @@ def _record(
     name = upload_pod_name(job, attempt)
     pod = _find_pod(upload_pods, name, attempt)
     if pod is None:
-        decision.create.append(
+        decision.side_create.append(
             upload_pod(job, attempt, s3_uri, service_account=defaults.service_account)
         )
         outcome = _PodOutcome("Pending", "")
@@ -195,11 +196,7 @@ def _report(
             decision.events.append(EventRecord("Normal", "NoProfile", message))
         return False, "NoProfile", message
     if state == "Failed":
-        job_state = f"the {phase.lower()} job" if phase else "training"
-        message = (
-            f"profile of attempt {attempt} was not uploaded to {destination} "
-            f"({job_state} is not affected): {record.get('message', '')}"
-        )
+        message = _failed_message(record, phase)
         if changed:
             decision.events.append(EventRecord("Warning", "ProfileUploadFailed", message))
         return False, "UploadFailed", message
@@ -248,3 +245,32 @@ def plan_upload(
             profile["s3Uri"] = current["s3Uri"]
         else:
             profile.pop("s3Uri", None)
+
+
+def upload_refused(
+    status: Obj, attempt: int, pod: str, reason: str, *, generation: int, now: datetime
+) -> tuple[Obj, str]:
+    """`status` with the upload of `attempt` recorded as Failed because the API server refused
+    its pod (a quota, Pod Security, a missing ServiceAccount, a policy webhook), and the event
+    message. The upload is over (no retry until the job changes); the job's phase is untouched."""
+    updated = copy.deepcopy(status)
+    records = {int(r["attempt"]): r for r in updated.get("profileUploads") or []}
+    record = records.setdefault(attempt, {"attempt": attempt, "pod": pod})
+    record["state"] = "Failed"
+    record["message"] = f"the upload pod {pod} was refused by the API server: {reason}"
+    updated["profileUploads"] = [records[a] for a in sorted(records)]
+    profile = updated.get("profile")
+    if isinstance(profile, dict) and int(updated.get("attempt", 0)) == attempt:
+        profile["upload"] = {k: v for k, v in record.items() if k != "s3Uri"}
+    message = _failed_message(record, updated.get("phase"))
+    _set_condition(updated, False, "UploadFailed", message, generation=generation, now=now)
+    return updated, message
+
+
+def _failed_message(record: Obj, phase: str | None) -> str:
+    job_state = f"the {phase.lower()} job" if phase else "training"
+    return (
+        f"profile of attempt {record['attempt']} was not uploaded to "
+        f"{record.get('destination', 'S3')} ({job_state} is not affected): "
+        f"{record.get('message', '')}"
+    )
