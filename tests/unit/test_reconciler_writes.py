@@ -103,8 +103,8 @@ def end_pod(cluster: FakeCluster, name: str, exit_code: int) -> None:
     )
 
 
-def running_gang() -> tuple[FakeCluster, Reconciler]:
-    cluster, reconciler = new_world()
+def running_gang(**spec: Any) -> tuple[FakeCluster, Reconciler]:
+    cluster, reconciler = new_world(**spec)
     reconciler.reconcile(*KEY)
     admit(cluster, "bert-train")
     reconciler.reconcile(*KEY)
@@ -244,12 +244,7 @@ QUOTA = 'pods "bert-upload-0" is forbidden: exceeded quota: compute, requested: 
 
 
 def test_a_refused_upload_pod_is_the_uploads_failure_and_never_changes_a_succeeded_job() -> None:
-    cluster, reconciler = new_world(**PROFILED)
-    reconciler.reconcile(*KEY)
-    admit(cluster, "bert-train")
-    reconciler.reconcile(*KEY)
-    run_pods(cluster)
-    reconciler.reconcile(*KEY)
+    cluster, reconciler = running_gang(**PROFILED)
     cluster.refuse("create", "Pod", api_error(403, QUOTA))
     for pod in ("bert-train-0-0", "bert-train-0-1"):
         end_pod(cluster, pod, exit_code=0)
@@ -272,12 +267,7 @@ def test_a_refused_upload_pod_is_the_uploads_failure_and_never_changes_a_succeed
 
 
 def test_a_refused_upload_pod_during_a_restart_leaves_the_restart_as_decided() -> None:
-    cluster, reconciler = new_world(**PROFILED)
-    reconciler.reconcile(*KEY)
-    admit(cluster, "bert-train")
-    reconciler.reconcile(*KEY)
-    run_pods(cluster)
-    reconciler.reconcile(*KEY)
+    cluster, reconciler = running_gang(**PROFILED)
     cluster.refuse("create", "Pod", api_error(403, QUOTA))
     end_pod(cluster, "bert-train-0-0", exit_code=137)
     reconciler.reconcile(*KEY)
@@ -317,3 +307,23 @@ def test_once_a_refusal_is_lifted_the_next_pass_creates_the_gang_without_waiting
     reconciler.reconcile(*KEY)
     created = [w.name for w in cluster.of("create") if w.kind == "Pod"]
     assert created == ["bert-train-0-0", "bert-train-0-1"], "the pass waited for refused pods"
+
+
+def test_an_upload_pod_refused_by_a_terminating_namespace_ends_the_job_quietly() -> None:
+    cluster, reconciler = running_gang(**PROFILED)
+    cluster.refuse(
+        "create",
+        "Pod",
+        api_error(
+            403,
+            f"unable to create new content in namespace {NAMESPACE} because it is being terminated",
+            causes=[{"reason": "NamespaceTerminating"}],
+        ),
+    )
+    for pod in ("bert-train-0-0", "bert-train-0-1"):
+        end_pod(cluster, pod, exit_code=0)
+    with pytest.raises(JobGoneError):
+        reconciler.reconcile(*KEY)
+    assert not [e for e in cluster.events if e["type"] == "Warning"]
+    uploads = cluster.job(NAME)["status"]["profileUploads"]
+    assert [u["state"] for u in uploads] == ["Pending"], "not recorded as a refused upload"

@@ -392,8 +392,8 @@ class Reconciler:
         try:
             self.cluster.create(obj)
         except Exception as error:
-            if is_namespace_terminating(error):
-                raise JobGoneError(f"{key[0]}/{key[1]} (its namespace is being deleted)") from error
+            # Anything but a refusal (the API server away, the namespace being deleted) goes
+            # to `reconcile`'s own handling, as a failed pass.
             rejection = admission_rejection(error)
             if rejection is None and not is_forbidden(error):
                 raise

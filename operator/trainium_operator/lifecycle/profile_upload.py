@@ -240,7 +240,7 @@ def plan_upload(
     current = records.get(int(status.get("attempt", 0)))
     if isinstance(profile, dict) and current is not None:
         profile = status["profile"] = dict(profile)
-        profile["upload"] = {k: v for k, v in current.items() if k != "s3Uri"}
+        profile["upload"] = _upload_view(current)
         if current.get("s3Uri"):
             profile["s3Uri"] = current["s3Uri"]
         else:
@@ -261,10 +261,15 @@ def upload_refused(
     updated["profileUploads"] = [records[a] for a in sorted(records)]
     profile = updated.get("profile")
     if isinstance(profile, dict) and int(updated.get("attempt", 0)) == attempt:
-        profile["upload"] = {k: v for k, v in record.items() if k != "s3Uri"}
+        profile["upload"] = _upload_view(record)
     message = _failed_message(record, updated.get("phase"))
     _set_condition(updated, False, "UploadFailed", message, generation=generation, now=now)
     return updated, message
+
+
+def _upload_view(record: Obj) -> Obj:
+    """An upload record as `status.profile.upload` shows it (the s3Uri is the profile's own)."""
+    return {k: v for k, v in record.items() if k != "s3Uri"}
 
 
 def _failed_message(record: Obj, phase: str | None) -> str:
