@@ -24,6 +24,7 @@ from integration.operator_harness import (
     ensure_shared_claim,
     install_crds,
     running_operator,
+    supervised,
 )
 from trainium_operator.devcluster import testing
 
@@ -57,14 +58,8 @@ def shared_operator(
         namespace=pattern,
         log_path=tmp_path_factory.mktemp("shared-operator") / "operator.log",
     )
-    proc.start()
-    try:
+    with supervised(proc):
         yield proc
-    finally:
-        alive = proc.process is not None and proc.process.poll() is None
-        stopped_in = proc.stop()
-    assert alive, f"the module's operator crashed:\n{proc.log()[-6000:]}"
-    assert stopped_in is not None, "the module's operator ignored SIGTERM"
 
 
 @pytest.fixture

@@ -124,6 +124,14 @@ def running_operator(
         extra_args=extra_args,
         env=dict(env or {}),
     )
+    with supervised(proc):
+        yield proc
+
+
+@contextlib.contextmanager
+def supervised(proc: OperatorProcess) -> Iterator[OperatorProcess]:
+    """Starts `proc`, and after the block stops it with SIGTERM and prints its log's tail;
+    fails if it crashed meanwhile, ignored SIGTERM or logged an unhandled exception."""
     proc.start()
     try:
         yield proc
@@ -131,7 +139,7 @@ def running_operator(
         alive = proc.process is not None and proc.process.poll() is None
         stopped_in = proc.stop()
         print(proc.log()[-6000:])
-    assert alive, "the operator crashed during the test"
+    assert alive, "the operator crashed"
     assert stopped_in is not None, f"the operator ignored SIGTERM for {STOP_TIMEOUT_SECONDS} s"
     assert "Traceback" not in proc.log(), "the operator logged an unhandled exception"
 
@@ -262,6 +270,14 @@ def wait_gang_running(
         timeout=90,
         description=f"{nodes} {stage} pods of attempt {attempt} Running for {namespace}/{name}",
     )
+
+
+def training_job(clients: Any, namespace: str, name: str) -> list[Any]:
+    """Creates a job without a compile stage and returns its gang once it trains."""
+    create_job(clients, namespace, job_manifest(name, compile={"enabled": False}))
+    pods = wait_gang_running(clients, namespace, name, "train", 0)
+    wait_phase(clients, namespace, name, "Training")
+    return pods
 
 
 def finish_pods(

@@ -21,6 +21,7 @@ from integration.operator_harness import (
     job_manifest,
     job_pods,
     running_operator,
+    training_job,
     wait_gang_running,
     wait_phase,
 )
@@ -42,9 +43,7 @@ def test_operator_restarts_never_restart_a_running_gang(
 ) -> None:
     """Scenario 1: right after a start the node cache is empty; that is not node loss."""
     clients = dev_cluster.clients
-    create_job(clients, namespace, job_manifest("steady", compile={"enabled": False}))
-    pods = wait_gang_running(clients, namespace, "steady", "train", 0)
-    wait_phase(clients, namespace, "steady", "Training")
+    pods = training_job(clients, namespace, "steady")
     uids = {p.metadata.uid for p in pods}
     for _ in range(3):
         own_operator.kill()
@@ -63,9 +62,7 @@ def test_a_force_deleted_training_pod_restarts_the_whole_gang_not_one_rank(
 ) -> None:
     """Scenario 3: the vanished rank is not re-created alone beside the old survivors."""
     clients = dev_cluster.clients
-    create_job(clients, namespace, job_manifest("gone", compile={"enabled": False}))
-    pods = wait_gang_running(clients, namespace, "gone", "train", 0)
-    wait_phase(clients, namespace, "gone", "Training")
+    pods = training_job(clients, namespace, "gone")
     clients.core.delete_namespaced_pod(pods[1].metadata.name, namespace, grace_period_seconds=0)
 
     seen: list[set[str]] = []

@@ -22,6 +22,7 @@ from integration.operator_harness import (
     job_pods,
     kubectl,
     patch_job,
+    training_job,
     wait_gang_running,
     wait_phase,
 )
@@ -275,9 +276,7 @@ def test_operator_killed_mid_training_resumes_without_duplicating_pods(
     dev_cluster: Any, namespace: str, own_operator: OperatorProcess
 ) -> None:
     clients = dev_cluster.clients
-    create_job(clients, namespace, job_manifest("rs", compile={"enabled": False}))
-    pods = wait_gang_running(clients, namespace, "rs", "train", 0)
-    wait_phase(clients, namespace, "rs", "Training")
+    pods = training_job(clients, namespace, "rs")
     uids = {p.metadata.uid for p in pods}
     own_operator.kill()
     own_operator.start()
@@ -416,9 +415,7 @@ def test_sigterm_stops_the_operator_within_3_s_and_the_next_one_continues_the_jo
 ) -> None:
     """A rolling update or a drained node: the replica exits quickly, with nothing lost."""
     clients = dev_cluster.clients
-    create_job(clients, namespace, job_manifest("steady", compile={"enabled": False}))
-    steady = wait_gang_running(clients, namespace, "steady", "train", 0)
-    wait_phase(clients, namespace, "steady", "Training")
+    steady = training_job(clients, namespace, "steady")
     # The signal lands while the operator works on a new job (its first passes and creates).
     create_job(clients, namespace, job_manifest("fresh", nodes=1, compile={"enabled": False}))
     stopped_in = own_operator.stop()
