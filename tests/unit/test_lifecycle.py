@@ -113,7 +113,7 @@ def test_an_admitted_podgroup_gets_its_whole_gang_created(phase: str) -> None:
 
 def test_a_gang_with_pods_already_is_completed_even_if_its_podgroup_went_back_to_pending() -> None:
     job = job_ref()
-    (first, _) = gang(job, Stage.COMPILE, 0, "Pending")
+    first = pod(job, Stage.COMPILE, 0, 0, "Pending", node=None)
     view = Observed(
         (first,), {"bert-compile": PodGroupView("bert-compile", "Pending", None)}, True, NODES, T0
     )
@@ -380,9 +380,50 @@ def test_a_pod_vanished_from_a_full_gang_restarts_the_gang_instead_of_being_recr
 def test_a_gang_still_being_created_gets_its_missing_ranks_not_a_restart() -> None:
     job = job_ref(compile={"enabled": False})
     first = machine.decide(job, {}, Observed((), {}, True, NODES, T0)).status
-    partial = machine.decide(job, first, observed(pod(job, Stage.TRAIN, 0, 0, "Pending")))
+    unplaced = pod(job, Stage.TRAIN, 0, 0, "Pending", node=None)
+    partial = machine.decide(job, first, observed(unplaced))
     assert names(partial.create) == ["bert-train-0-1"]
     assert partial.status["restarts"]["total"] == 0
+
+
+def test_the_first_attempt_is_recorded_before_the_stages_first_pods_are_created() -> None:
+    job = job_ref(compile={"enabled": False})
+    admitted = Observed(
+        (), {"bert-train": PodGroupView("bert-train", "Inqueue", None)}, True, NODES, T0
+    )
+    decision = machine.decide(job, {}, admitted)
+    assert names(decision.create) == ["bert-train-0-0", "bert-train-0-1"]
+    assert decision.status["training"]["firstAttempt"] == 0
+    assert decision.status_first, "the status must be stored before the creates"
+    again = machine.decide(job, decision.status, observed(*gang(job, Stage.TRAIN, 0)))
+    assert not again.status_first, "only the pass that creates the first gang writes first"
+
+
+def test_a_placed_gang_whose_whole_gang_record_was_lost_restarts_on_a_vanished_rank() -> None:
+    # The operator created the gang and crashed before it recorded fullGangAttempt; a rank was
+    # force-deleted while it was down. Volcano placed rank 0, so the whole gang had existed.
+    job = job_ref(compile={"enabled": False})
+    lost_record = {
+        "phase": "Pending",
+        "attempt": 0,
+        "startTime": "2026-11-30T11:59:00Z",
+        "restarts": {"total": 0, "application": 0, "infrastructure": 0},
+        "training": {"firstAttempt": 0, "startTime": "2026-11-30T11:59:00Z"},
+    }
+    decision = machine.decide(job, lost_record, observed(pod(job, Stage.TRAIN, 0, 0)))
+    assert decision.create == [], "a rank re-created alone cannot join the closed rendezvous"
+    assert decision.status["lastFailure"]["reason"] == "PodVanished"
+    assert decision.status["attempt"] == 1
+    resumed = machine.decide(job, decision.status, observed())
+    assert resumed.status["phase"] in ("Restarting", "Pending")
+    after = machine.decide(
+        job,
+        resumed.status,
+        Observed((), {"bert-train": PodGroupView("bert-train", "Inqueue", None)}, True, NODES, T0),
+    )
+    train = [o for o in after.create if o["kind"] == "Pod"]
+    assert names(train) == ["bert-train-1-0", "bert-train-1-1"]
+    assert "--resume" in train[0]["spec"]["containers"][0]["command"]
 
 
 def test_an_unknown_node_right_after_start_is_not_a_lost_node() -> None:

@@ -130,6 +130,18 @@ def test_a_new_job_creates_service_and_podgroup_before_its_status_and_pods_after
     assert [w.name for w in cluster.of("create")] == ["bert-train-0-0", "bert-train-0-1"]
 
 
+def test_the_stages_first_attempt_is_stored_before_its_pods_are_created() -> None:
+    cluster, reconciler = new_world()
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    cluster.writes.clear()
+    reconciler.reconcile(*KEY)
+    order = [(w.verb, w.kind) for w in cluster.writes if w.verb in ("status", "create")]
+    assert order[0] == ("status", "TrainingJob"), f"firstAttempt after the creates: {order}"
+    assert cluster.job(NAME)["status"]["training"]["firstAttempt"] == 0
+    assert [w.name for w in cluster.of("create")] == ["bert-train-0-0", "bert-train-0-1"]
+
+
 def test_a_restart_is_written_to_the_status_before_the_failed_gang_is_deleted() -> None:
     cluster, reconciler = running_gang()
     end_pod(cluster, "bert-train-0-0", exit_code=137)

@@ -553,7 +553,7 @@ def _failed(p: _Pass, stage: Stage, attempt: int) -> bool:
     gang = observed.gang(stage, attempt)
     grace = float(run_policy.node_lost_grace_period_seconds)
     failures = [f for f in (_failure_of(pod, observed, grace) for pod in gang.values()) if f]
-    if p.status.stage_int(stage, "fullGangAttempt") == attempt:
+    if _gang_was_whole(p.status, gang, stage, attempt):
         failures += [
             _vanished(job, stage, attempt, rank)
             for rank in range(job.spec.nodes)
@@ -590,6 +590,16 @@ def _failed(p: _Pass, stage: Stage, attempt: int) -> bool:
         failures=failures,
     )
     return True
+
+
+def _gang_was_whole(status: _Status, gang: dict[int, PodView], stage: Stage, attempt: int) -> bool:
+    """Whether all of this attempt's pods have existed at once, so a missing rank vanished
+    (and cannot rejoin a closed rendezvous alone). The status records it once seen; a pod of the
+    attempt that Volcano placed proves it too (the PodGroup's minMember is the whole gang, so
+    nothing is bound before every pod exists), which covers a record lost to a crash."""
+    if status.stage_int(stage, "fullGangAttempt") == attempt:
+        return True
+    return any(pod.node for pod in gang.values())
 
 
 def _stage_succeeded(p: _Pass, stage: Stage, attempt: int) -> Stage | None:
@@ -664,19 +674,23 @@ def _ensure_gang(
             reason, message, warning = _waiting_reason(job, stage, gang, observed)
             status.transition(Phase.PENDING, reason, message, warning=warning)
         return
+    missing = [rank for rank in range(job.spec.nodes) if rank not in gang]
     first_attempt = status.stage_int(stage, "firstAttempt")
     if first_attempt is None:
         first_attempt = attempt
         status.set_stage(stage, "firstAttempt", attempt)
+        if missing:
+            # Recorded before the stage's first pods exist: a crash after the creates, and a
+            # failure while the operator is down, must still leave the next attempt resuming.
+            decision.status_first = True
     # Resume only when an earlier training gang ran: a compile-stage restart or a suspend
     # before training raises the attempt too, and must not pick up an older run's checkpoints.
     resume = stage is Stage.TRAIN and attempt > first_attempt
     restarts = int(status.data["restarts"].get("total", 0))
-    for rank in range(job.spec.nodes):
-        if rank not in gang:
-            decision.create.append(
-                pod_builders.pod(job, stage, attempt, rank, resume=resume, restarts=restarts)
-            )
+    for rank in missing:
+        decision.create.append(
+            pod_builders.pod(job, stage, attempt, rank, resume=resume, restarts=restarts)
+        )
     if len(gang) == job.spec.nodes:
         status.set_stage(stage, "fullGangAttempt", attempt)
         if any(c["type"] == "Admitted" for c in status.data.get("conditions", [])):
