@@ -35,6 +35,13 @@ def _env(container: Any) -> dict[str, Any]:
     return {e.name: e.value for e in container.env}
 
 
+def described_events(describe_output: str) -> list[tuple[str, str]]:
+    """(type, reason) of each event `kubectl describe` lists, in its order."""
+    lines = describe_output.split("\nEvents:", 1)[1].splitlines()
+    rows = [line.split() for line in lines if line.startswith("  ") and line.split()]
+    return [(row[0], row[1]) for row in rows if row[0] in ("Normal", "Warning")]
+
+
 def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
     dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
@@ -89,7 +96,17 @@ def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
     assert podgroup["spec"]["minMember"] == 2
     assert podgroup["spec"]["queue"] == "test"
 
-    finish_pods(clients, namespace, train_pods)
+    # One rank ends first: the job is still training (it used to flip to Pending/WaitingForGang
+    # with an event saying "2/2 scheduled, 1/2 ready").
+    finish_pods(clients, namespace, train_pods[:1])
+    wait_for(
+        lambda: get_job(clients, namespace, name)["status"].get("message", ""),
+        until=lambda message: "1 finished" in message,
+        timeout=30,
+        description="the job to see its first rank finish",
+    )
+    assert get_job(clients, namespace, name)["status"]["phase"] == "Training"
+    finish_pods(clients, namespace, train_pods[1:])
     job = wait_phase(clients, namespace, name, "Succeeded")
     assert job["status"]["restarts"]["total"] == 0
     assert job["status"]["compile"]["completionTime"]
@@ -98,6 +115,16 @@ def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
     reasons = [reason for _, reason, _ in job_events(clients, namespace, name)]
     assert "CompileSucceeded" in reasons
     assert "TrainingSucceeded" in reasons
+
+    # `kubectl describe` is what a user reads as the truth: a healthy job shows no Warning, and
+    # its events in kubectl's order end with the state the job is in.
+    described = kubectl(dev_cluster, namespace, "describe", "tj", name)
+    assert described.returncode == 0, described.stderr
+    shown = described_events(described.stdout)
+    assert [kind for kind, _ in shown if kind != "Normal"] == [], shown
+    reasons_shown = [reason for _, reason in shown]
+    assert reasons_shown[-1] == "TrainingSucceeded", shown
+    assert reasons_shown.index("CompileSucceeded") < reasons_shown.index("TrainingSucceeded")
 
     listing = kubectl(dev_cluster, namespace, "get", "tj", "-o", "wide")
     assert listing.returncode == 0, listing.stderr

@@ -123,11 +123,16 @@ class FakeCluster:
         self._deliver("ADDED", stored)
         return True
 
-    def owner_uids(self, kind: str, namespace: str, name: str) -> list[str] | None:
+    def read_child(self, kind: str, namespace: str, name: str) -> Obj | None:
         obj = self.objects.get((kind, name))
-        if obj is None:
-            return None
-        return [r["uid"] for r in obj["metadata"].get("ownerReferences") or []]
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def delete_service(self, namespace: str, name: str) -> None:
+        self.fail_if_refused("delete", "Service")
+        self.writes.append(Write("delete", "Service", name))
+        obj = self.objects.pop(("Service", name), None)
+        if obj is not None:
+            self._deliver("DELETED", obj)
 
     def delete_pod(self, namespace: str, name: str, *, force: bool) -> None:
         self.fail_if_refused("delete", "Pod")

@@ -10,6 +10,7 @@ import pytest
 
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle import machine
+from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import (
     NodeView,
     Observed,
@@ -566,3 +567,41 @@ def test_a_verdict_volcano_wrote_before_the_gangs_pods_existed_is_no_warning_onc
     )
     assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "WaitingForGang")
     assert not [e for e in decision.events if e.type == "Warning"], decision.events
+
+
+def test_a_rank_that_finishes_before_the_others_leaves_the_job_training_with_no_event() -> None:
+    job = job_ref(compile={"enabled": False})
+    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0)))
+    assert (running.status["phase"], running.status["reason"]) == ("Training", "GangRunning")
+    finished = pod(job, Stage.TRAIN, 0, 0, "Succeeded")
+    later = machine.decide(job, running.status, observed(finished, pod(job, Stage.TRAIN, 0, 1)))
+    assert (later.status["phase"], later.status["reason"]) == ("Training", "GangRunning")
+    assert later.events == [], "no event describes a state the job is not in"
+    assert "1 finished" in later.status["message"]
+
+
+def test_a_restart_force_deletes_an_old_pod_stuck_terminating_on_a_ready_node() -> None:
+    job = job_ref(compile={"enabled": False})
+    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    failed = pod(job, Stage.TRAIN, 0, 0, "Failed", exit_code=1)
+    restart = machine.decide(job, running, observed(failed, pod(job, Stage.TRAIN, 0, 1)))
+    assert restart.status["attempt"] == 1
+    stuck = pod(job, Stage.TRAIN, 0, 1, deleting=True, deletion_due=T0)
+
+    def at(seconds: float, status: dict[str, Any]) -> Decision:
+        return machine.decide(
+            job, status, observed(failed, stuck, now=T0 + timedelta(seconds=seconds))
+        )
+
+    waiting = at(5, restart.status)
+    assert waiting.delete_pods == [], "within its bound a Terminating pod is left to its kubelet"
+    assert waiting.status["reason"] == "WaitingForOldGang"
+    forced = at(30, waiting.status)
+    assert [(d.name, d.force) for d in forced.delete_pods] == [("bert-train-0-1", True)]
+    assert forced.status["reason"] == "ForceDeletingOldGang"
+    assert "bert-train-0-1 on n1" in forced.status["message"]
+    assert [e.reason for e in forced.events] == ["ForceDeletingOldGang"]
+    assert forced.create == [], "the next attempt still waits for the old pod to go"
+    held = at(90, forced.status)
+    assert (held.status["phase"], held.status["reason"]) == ("Failed", "OldGangStuck")
+    assert "bert-train-0-1" in held.status["message"]

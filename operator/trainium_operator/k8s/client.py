@@ -15,6 +15,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -399,28 +400,36 @@ class Cluster:
             raise
         return True
 
-    def owner_uids(self, kind: str, namespace: str, name: str) -> list[str] | None:
-        """The owner UIDs of an existing child, or None when it does not exist."""
+    def read_child(self, kind: str, namespace: str, name: str) -> Obj | None:
+        """An existing object of a kind the operator creates (to see who owns a name that is
+        taken, and why it is still there), or None when it does not exist."""
         self.counter.add("get", kind.lower() + "s")
         try:
             if kind == "Pod":
-                meta = self.core.read_namespaced_pod(name, namespace).metadata
-                refs = [r.uid for r in meta.owner_references or []]
+                found: Any = self.core.read_namespaced_pod(name, namespace)
             elif kind == "Service":
-                meta = self.core.read_namespaced_service(name, namespace).metadata
-                refs = [r.uid for r in meta.owner_references or []]
+                found = self.core.read_namespaced_service(name, namespace)
             elif kind == "PodGroup":
-                body = self.custom.get_namespaced_custom_object(
-                    VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, name
+                return dict(
+                    self.custom.get_namespaced_custom_object(
+                        VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, name
+                    )
                 )
-                refs = [r.get("uid") for r in body["metadata"].get("ownerReferences") or []]
             else:
                 raise ValueError(f"the operator does not own {kind} objects")
         except ApiException as error:
             if error.status == 404:
                 return None
             raise
-        return [str(uid) for uid in refs]
+        return dict(self.core.api_client.sanitize_for_serialization(found))
+
+    def delete_service(self, namespace: str, name: str) -> None:
+        self.counter.add("delete", "services")
+        try:
+            self.core.delete_namespaced_service(name, namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
 
     def delete_pod(self, namespace: str, name: str, *, force: bool) -> None:
         self.counter.add("delete", "pods")
@@ -443,6 +452,11 @@ class Cluster:
                 raise
 
 
+def event_micro_time(moment: datetime) -> str:
+    """A MicroTime as the API server stores it (RFC 3339, microseconds, UTC)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def _event_name(involved: Obj, reason: str) -> str:
     return f"{involved['metadata']['name']}.{reason.lower()}.{secrets.token_hex(4)}"
 
@@ -454,7 +468,9 @@ class EventPoster:
         self.cluster = cluster
         self.component = component
 
-    def post(self, involved: Obj, event_type: str, reason: str, message: str, now: str) -> None:
+    def post(
+        self, involved: Obj, event_type: str, reason: str, message: str, now: datetime
+    ) -> None:
         meta = involved["metadata"]
         self.cluster.counter.add("create", "events")
         body: Obj = {
@@ -476,9 +492,11 @@ class EventPoster:
             "source": {"component": self.component},
             "reportingComponent": self.component,
             "reportingInstance": self.component,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
+            # eventTime alone (microseconds), not first/lastTimestamp (whole seconds): kubectl
+            # sorts by lastTimestamp when it is set, so two events of one second (GangRunning,
+            # then TrainingSucceeded) could show in either order, the older state last.
+            "eventTime": event_micro_time(now),
+            "action": reason,
         }
         try:
             self.cluster.core.create_namespaced_event(meta["namespace"], body)
