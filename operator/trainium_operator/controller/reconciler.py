@@ -115,16 +115,6 @@ def _upload_refused(
     return Decision(status=status, events=[EventRecord("Warning", "ProfileUploadFailed", message)])
 
 
-def status_merge_patch(old: Any, new: Any) -> Any:
-    """The JSON merge patch (RFC 7386) that turns `old` into `new`: a key `new` no longer has is
-    sent as null, which is the only way a merge patch removes it; lists are replaced whole."""
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return new
-    patch = {key: status_merge_patch(old.get(key), value) for key, value in new.items()}
-    patch.update({key: None for key in old if key not in new})
-    return patch
-
-
 def _owned_by(obj: Obj, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
 
@@ -360,7 +350,7 @@ class Reconciler:
         status_written = False
         if decision.status_first and decision.status != current_status:
             # A restart is recorded before its side effects; a stale view fails here with 409.
-            self._write_status(body, current_status, decision.status)
+            self._write_status(body, decision.status)
             status_written = True
         for deletion in decision.delete_pods:
             self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
@@ -379,7 +369,7 @@ class Reconciler:
         if decision.status != current_status and not status_written:
             # resourceVersion makes a stale pass fail with 409 and retry, never overwrite;
             # events follow the status so a retried pass does not post them twice.
-            self._write_status(body, current_status, decision.status)
+            self._write_status(body, decision.status)
         for event in decision.events:
             log.info("%s/%s %s: %s", namespace, meta["name"], event.reason, event.message)
             self.events.post(body, event.type, event.reason, event.message, self.clock())
@@ -425,16 +415,10 @@ class Reconciler:
             return
         self.cache.expect(key, created=[name])
 
-    def _write_status(self, body: Obj, current: Obj, status: Obj) -> None:
+    def _write_status(self, body: Obj, status: Obj) -> None:
         meta = body["metadata"]
-        # The resourceVersion precondition makes `current` exactly what the server holds, so the
-        # merge patch can remove what the state machine dropped (an earlier failure's exit code).
-        written = self.cluster.patch_training_job_status(
-            meta["namespace"],
-            meta["name"],
-            status_merge_patch(current, status),
-            meta.get("resourceVersion"),
-        )
+        # The whole status replaces the old one, under the resourceVersion the pass decided on.
+        written = self.cluster.replace_training_job_status(body, status)
         if written is not None:
             version = written["metadata"].get("resourceVersion")
             self.cache.expect((meta["namespace"], meta["name"]), job_version=version)

@@ -247,18 +247,32 @@ class Cluster:
         items: list[Obj] = result.get("items", [])
         return items
 
-    def patch_training_job_status(
-        self, namespace: str, name: str, status: Obj, resource_version: str | None
-    ) -> Obj | None:
-        """Replace the status; with resource_version set, a concurrent writer makes this fail
-        with 409 instead of being silently overwritten."""
-        self.counter.add("patch", f"{spec_model.PLURAL}/status")
-        body: Obj = {"status": status}
-        if resource_version:
-            body["metadata"] = {"resourceVersion": resource_version}
+    def replace_training_job_status(self, job: Obj, status: Obj) -> Obj | None:
+        """Writes `status` as the job's whole status (PUT of the status subresource: what the
+        state machine dropped is gone from the server too). `job` is the object the status was
+        decided on; its resourceVersion makes a concurrent writer's change fail this with 409
+        instead of being silently overwritten."""
+        self.counter.add("update", f"{spec_model.PLURAL}/status")
+        meta = job["metadata"]
+        body: Obj = {
+            "apiVersion": job.get("apiVersion", f"{spec_model.GROUP}/{spec_model.VERSION}"),
+            "kind": job.get("kind", spec_model.KIND),
+            "metadata": {
+                key: meta[key]
+                for key in ("name", "namespace", "uid", "resourceVersion")
+                if key in meta
+            },
+            "spec": job.get("spec") or {},
+            "status": status,
+        }
         try:
-            result: Obj = self.custom.patch_namespaced_custom_object_status(
-                spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, name, body
+            result: Obj = self.custom.replace_namespaced_custom_object_status(
+                spec_model.GROUP,
+                spec_model.VERSION,
+                meta["namespace"],
+                spec_model.PLURAL,
+                meta["name"],
+                body,
             )
         except ApiException as error:
             if error.status == 404:
