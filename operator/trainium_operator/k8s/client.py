@@ -12,6 +12,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -466,13 +467,16 @@ class Cluster:
                 raise
 
 
-def event_micro_time(moment: datetime) -> str:
-    """A MicroTime as the API server stores it (RFC 3339, microseconds, UTC)."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def event_name(involved: Obj) -> str:
+    """`<object>.<nanoseconds, hex>` as client-go's recorder names events, plus a random tail:
+    `kubectl describe` sorts events by lastTimestamp, which has whole seconds, and leaves ties in
+    the API server's order, which is by name; time-ordered names keep two events of one second
+    (GangRunning, then TrainingSucceeded) in the order they happened."""
+    return f"{involved['metadata']['name']}.{time.time_ns():016x}{secrets.token_hex(2)}"
 
 
-def _event_name(involved: Obj, reason: str) -> str:
-    return f"{involved['metadata']['name']}.{reason.lower()}.{secrets.token_hex(4)}"
+def event_timestamp(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class EventPoster:
@@ -490,7 +494,7 @@ class EventPoster:
         body: Obj = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": _event_name(involved, reason), "namespace": meta["namespace"]},
+            "metadata": {"name": event_name(involved), "namespace": meta["namespace"]},
             "involvedObject": {
                 "apiVersion": involved["apiVersion"],
                 "kind": involved["kind"],
@@ -506,11 +510,9 @@ class EventPoster:
             "source": {"component": self.component},
             "reportingComponent": self.component,
             "reportingInstance": self.component,
-            # eventTime alone (microseconds), not first/lastTimestamp (whole seconds): kubectl
-            # sorts by lastTimestamp when it is set, so two events of one second (GangRunning,
-            # then TrainingSucceeded) could show in either order, the older state last.
-            "eventTime": event_micro_time(now),
-            "action": reason,
+            "firstTimestamp": event_timestamp(now),
+            "lastTimestamp": event_timestamp(now),
+            "count": 1,
         }
         try:
             self.cluster.core.create_namespaced_event(meta["namespace"], body)
