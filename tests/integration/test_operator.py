@@ -335,6 +335,43 @@ INVALID_SPECS = [
     pytest.param({"precision": "fp8"}, "spec.precision", id="precision"),
     pytest.param({"scheduling": {"queue": "Team_A"}}, "spec.scheduling.queue", id="queue-name"),
     pytest.param({"storage": {"claimName": "../fsx"}}, "spec.storage.claimName", id="claim-name"),
+    pytest.param(
+        {
+            "podTemplate": {
+                "spec": {"volumes": [{"name": "c", "secret": {"secretName": "Bad_Name"}}]}
+            }
+        },
+        "spec.podTemplate.spec.volumes[0].secret.secretName",
+        id="volume-secret-name",
+    ),
+    pytest.param(
+        {
+            "podTemplate": {
+                "spec": {
+                    "containers": [
+                        {"name": "trainer", "envFrom": [{"configMapRef": {"name": "Settings"}}]}
+                    ]
+                }
+            }
+        },
+        "spec.podTemplate.spec.containers[0].envFrom[0].configMapRef.name",
+        id="env-from-config-map-name",
+    ),
+    pytest.param(
+        {"podTemplate": {"spec": {"imagePullSecrets": [{"name": "ecr_pull"}]}}},
+        "spec.podTemplate.spec.imagePullSecrets[0].name",
+        id="image-pull-secret-name",
+    ),
+    pytest.param(
+        {"podTemplate": {"spec": {"volumes": [{"name": "a.b", "emptyDir": {}}]}}},
+        "spec.podTemplate.spec.volumes[0].name",
+        id="volume-name-is-a-label",
+    ),
+    pytest.param(
+        {"env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "t", "key": "a/b"}}}]},
+        "spec.env[0].valueFrom.secretKeyRef.key",
+        id="env-secret-key",
+    ),
 ]
 
 
@@ -347,6 +384,52 @@ def test_invalid_specs_are_refused_by_the_api_server_naming_the_field(
         create_job(dev_cluster.clients, namespace, manifest)
     assert getattr(refused.value, "status", None) == 422
     assert message in str(getattr(refused.value, "body", "")), refused.value
+
+
+def test_valid_names_inside_the_pod_template_are_accepted_and_every_pod_field_kept(
+    dev_cluster: Any, namespace: str, operator: Any
+) -> None:
+    env = [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "hf.token", "key": ".t_1-A"}}}]
+    sidecar = {
+        "name": "log-shipper",
+        "image": "example.com/shipper:1",
+        "env": env,
+        "envFrom": [{"prefix": "S_", "secretRef": {"name": "s", "optional": True}}],
+        "volumeMounts": [{"name": "conf", "mountPath": "/etc/conf", "readOnly": True}],
+    }
+    template = {
+        "spec": {
+            "imagePullSecrets": [{"name": "ecr.pull-1"}],
+            "volumes": [
+                {"name": "conf", "configMap": {"name": "c.v1", "defaultMode": 256}},
+                {
+                    "name": "creds",
+                    "secret": {"secretName": "s", "items": [{"key": "k", "path": "k"}]},
+                },
+                {
+                    "name": "more",
+                    "persistentVolumeClaim": {"claimName": "x" * 253, "readOnly": True},
+                },
+                {
+                    "name": "p",
+                    "projected": {
+                        "sources": [
+                            {"secret": {"name": "s"}},
+                            {"serviceAccountToken": {"path": "t"}},
+                        ]
+                    },
+                },
+            ],
+            "initContainers": [{**sidecar, "name": "fetch"}],
+            "containers": [sidecar],
+        }
+    }
+    manifest = job_manifest("names", podTemplate=template, env=env, runPolicy={"suspend": True})
+    create_job(dev_cluster.clients, namespace, manifest)
+    # The operator's own checks agree: the job is suspended, not Failed with InvalidSpec.
+    stored = wait_phase(dev_cluster.clients, namespace, "names", "Suspended")["spec"]
+    assert stored["podTemplate"]["spec"] == template["spec"]
+    assert stored["env"] == env
 
 
 def test_immutable_fields_cannot_change_under_a_running_job(
