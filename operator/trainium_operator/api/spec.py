@@ -154,7 +154,8 @@ class TrainingCommand(ApiModel):
     adds it with spec.dataDir as its value. Unset: nothing is added."""
     output_dir_arg: Flag | None = None
     """Option the script takes its output directory from (e.g. --output_dir): the operator
-    then adds it with the job's output directory. Unset: nothing is added."""
+    then adds it with the gang's own attempt directory, <outputDir>/attempt-<N> (compile:
+    <outputDir>/compile-<N>). Unset: nothing is added."""
 
 
 class StorageSpec(ApiModel):
@@ -584,8 +585,10 @@ class TrainingJobSpec(ApiModel):
     """The training data (TRAINIUM_DATA_DIR, and the value of command.dataDirArg); defaults
     to the tutorial's layout <mountPath>/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128."""
     output_dir: str | None = None
-    """Checkpoints and metrics (TRAINIUM_OUTPUT_DIR, and the value of
-    command.outputDirArg); defaults to <mountPath>/output/<namespace>/<job>."""
+    """The root of the job's checkpoints and metrics (TRAINIUM_OUTPUT_ROOT); defaults to
+    <mountPath>/output/<namespace>/<job>. Each gang writes only under its own attempt's
+    directory, <outputDir>/attempt-<N> (compile: compile-<N>), passed as TRAINIUM_OUTPUT_DIR
+    and as the value of command.outputDirArg; a resume reads earlier attempts' directories."""
     precision: Precision = Precision.BF16
     """Training precision; bf16 enables stochastic rounding on Neuron."""
     storage: StorageSpec = StorageSpec()
