@@ -65,7 +65,9 @@ class Condition(ApiModel):
     """A Kubernetes-style condition; one per type."""
 
     type: str
-    """Condition type, e.g. Compiled, Running, Restarting, Admitted, Suspended."""
+    """Condition type: Admitted, Compiled, Running, Restarting, Suspended, Succeeded, Failed or
+    Blocked (something outside the job is in its way; lastTransitionTime is when the wait
+    began)."""
     status: Literal["True", "False", "Unknown"]
     reason: str | None = None
     """CamelCase reason."""
