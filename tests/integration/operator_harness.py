@@ -241,6 +241,17 @@ def wait_phase(
     )
 
 
+def wait_reason(
+    clients: Any, namespace: str, name: str, reason: str, timeout: float = 60
+) -> dict[str, Any]:
+    return wait_for(
+        lambda: get_job(clients, namespace, name),
+        until=lambda job: (job.get("status") or {}).get("reason") == reason,
+        timeout=timeout,
+        description=f"TrainingJob {namespace}/{name} reason {reason}",
+    )
+
+
 def job_pods(
     clients: Any, namespace: str, name: str, stage: str | None = None, attempt: int | None = None
 ) -> list[Any]:

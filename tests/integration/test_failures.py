@@ -24,6 +24,7 @@ from integration.operator_harness import (
     training_job,
     wait_gang_running,
     wait_phase,
+    wait_reason,
 )
 from trainium_operator.devcluster.sim import simulate_pod_outcome, wait_for
 
@@ -351,12 +352,7 @@ def test_a_recreated_job_waits_for_its_predecessors_terminating_pod_instead_of_a
         # rank 0 meets the old rank 0's name.
         successor = job_manifest("twin", nodes=1, compile={"enabled": False})
         create_job(clients, namespace, successor)
-        job = wait_for(
-            lambda: get_job(clients, namespace, "twin"),
-            until=lambda j: (j.get("status") or {}).get("reason") == "WaitingForPredecessor",
-            timeout=60,
-            description="the new twin waits for the old pod",
-        )
+        job = wait_reason(clients, namespace, "twin", "WaitingForPredecessor")
         assert held in job["status"]["message"]
     finally:
         clients.core.patch_namespaced_pod(held, namespace, {"metadata": {"finalizers": None}})
@@ -454,12 +450,7 @@ def test_a_restart_force_deletes_an_old_pod_stuck_terminating_on_a_ready_node_na
         simulate_pod_outcome(
             clients.core, namespace, pods[0].metadata.name, succeeded=False, exit_code=1
         )
-        job = wait_for(
-            lambda: get_job(clients, namespace, "stuck"),
-            until=lambda j: (j.get("status") or {}).get("reason") == "ForceDeletingOldGang",
-            timeout=60,
-            description="the restart to force-delete the stuck old pod",
-        )
+        job = wait_reason(clients, namespace, "stuck", "ForceDeletingOldGang")
         assert held in job["status"]["message"]
         assert job["status"]["phase"] == "Restarting"
         assert ("Warning", "ForceDeletingOldGang") in [
@@ -490,12 +481,7 @@ def test_an_unrelated_service_of_the_jobs_name_fails_the_job_naming_it_and_is_ke
         "clash", compile={"enabled": False}, runPolicy={"nodeLostGracePeriodSeconds": 0}
     )
     create_job(clients, namespace, manifest)
-    waiting = wait_for(
-        lambda: get_job(clients, namespace, "clash"),
-        until=lambda j: (j.get("status") or {}).get("reason") == "WaitingForNameConflict",
-        timeout=30,
-        description="the job to name the Service in its way",
-    )
+    waiting = wait_reason(clients, namespace, "clash", "WaitingForNameConflict", timeout=30)
     assert f"Service {namespace}/clash" in waiting["status"]["message"]
     job = wait_phase(clients, namespace, "clash", "Failed", timeout=40)
     assert job["status"]["reason"] == "NameConflict"
