@@ -35,9 +35,11 @@ class OperatorProcess:
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
     env: dict[str, str] = field(default_factory=dict)
+    start_offset: int = 0  # where the latest start's output begins in the log
 
     def start(self) -> None:
         self.starts += 1
+        self.start_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = self.log_path.open("ab")
         log.write(f"\n===== operator start #{self.starts} =====\n".encode())
         log.flush()
@@ -81,6 +83,15 @@ class OperatorProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def started_up(self) -> bool:
+        """The latest start got past its imports into kopf (which says so first): from here
+        on it can watch, take the peering and reconcile."""
+        if not self.log_path.exists():
+            return False
+        with self.log_path.open("rb") as log:
+            log.seek(self.start_offset)
+            return b"Starting Kopf" in log.read()
 
     def assert_alive(self) -> None:
         assert self.process is not None
