@@ -223,6 +223,7 @@ class Chaos:
     kills: int = 0
     partition: Partition | None = None
     partitions: list[Partition] = field(default_factory=list)
+    control_plane: dict[str, Any] = field(default_factory=dict)  # how to start each again
     seconds: dict[str, float] = field(default_factory=dict)  # wall time of each phase
 
     @property
@@ -259,6 +260,10 @@ class Chaos:
         while time.monotonic() < deadline:
             self.check()
             time.sleep(0.2)
+        # A controller manager that exited after an API server restart takes the node
+        # lifecycle controller with it: nodes would never turn NotReady again.
+        for component in cluster.relaunch_exited(self.cluster_name, self.control_plane):
+            self.ledger.faults[f"{component} restarted"] += 1
 
     def running(self, names: list[str], seen: Snapshot | None = None) -> list[PodSeen]:
         seen = seen or self.snapshot()
@@ -284,16 +289,18 @@ class Chaos:
         # At a random moment: often mid-reconcile, since every fault wakes the jobs. The
         # replica comes back with a new random priority, as a new pod of the Deployment would.
         time.sleep(self.rng.uniform(0.0, 0.8))
-        replica = self.rng.choice(self.replicas)
         # Never during its imports (seconds on a busy machine): a kill there interrupts no
         # work, and kills that fast in a row leave no replica running at all.
-        with contextlib.suppress(WaitTimeoutError):
-            wait_for(
-                replica.started_up,
-                timeout=STARTUP_TIMEOUT_SECONDS,
-                description="replica started",
-                interval=0.1,
-            )
+        started = [r for r in self.replicas if r.started_up()]
+        replica = self.rng.choice(started or self.replicas)
+        if not started:
+            with contextlib.suppress(WaitTimeoutError):
+                wait_for(
+                    replica.started_up,
+                    timeout=STARTUP_TIMEOUT_SECONDS,
+                    description="replica started",
+                    interval=0.1,
+                )
         replica.kill()
         self.kills += 1
         time.sleep(self.rng.uniform(0.0, 0.5))
@@ -588,6 +595,7 @@ def test_invariants_hold_under_seeded_faults(
         ):
             create_job(clients, namespace, manifest)
         chaos = Chaos(clients, dev_cluster.name, namespace, replicas, nodes_of, rng, ledger)
+        chaos.control_plane = cluster.control_plane_launches(dev_cluster.name)
         try:
             drive(chaos)
         finally:

@@ -85,13 +85,17 @@ class OperatorProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def started_up(self) -> bool:
-        """The latest start got past its imports into kopf (which says so first): from here
-        on it can watch, take the peering and reconcile."""
+        """The latest start got past its imports and, under peering, took its role (kopf
+        says "Resuming operations" as the active replica, "Pausing operations" as a standby;
+        without peering "Starting Kopf" is the last word before it works)."""
         if not self.log_path.exists():
             return False
         with self.log_path.open("rb") as log:
             log.seek(self.start_offset)
-            return b"Starting Kopf" in log.read()
+            text = log.read()
+        if "--peering" not in self.extra_args:
+            return b"Starting Kopf" in text
+        return b"Resuming operations" in text or b"Pausing operations" in text
 
     def assert_alive(self) -> None:
         assert self.process is not None

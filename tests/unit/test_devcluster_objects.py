@@ -50,8 +50,7 @@ def test_added_nodes_continue_the_numbering_of_the_nodes_there() -> None:
     existing = ["trn1-32xlarge-0", "trn1-32xlarge-1", "trn1-32xlarge-7x", "trn1n-32xlarge-9"]
     first = objects.next_node_index(existing, "trn1.32xlarge")
     names = [
-        n["metadata"]["name"]
-        for n in objects.fake_nodes(2, "trn1.32xlarge", first_index=first)
+        n["metadata"]["name"] for n in objects.fake_nodes(2, "trn1.32xlarge", first_index=first)
     ]
     assert names == ["trn1-32xlarge-2", "trn1-32xlarge-3"]
     assert objects.next_node_index([], "trn1.32xlarge") == 0

@@ -135,6 +135,28 @@ def restart_apiserver(name: str, downtime: float = 1.0, *, timeout: float = 60.0
     return new_pid
 
 
+def control_plane_launches(name: str) -> dict[str, _Launch]:
+    """How each running control-plane component was started (to start it again later)."""
+    pids = paths.ClusterPaths(name).kwok_dir / "pids"
+    launches = {c: _launch_of(pids / f"{c}.pid") for c in CONTROL_PLANE}
+    return {c: launch for c, launch in launches.items() if launch is not None}
+
+
+def relaunch_exited(name: str, launches: dict[str, _Launch]) -> list[str]:
+    """Starts again every component of `launches` whose current process has exited, as the
+    kubelet restarts a static pod: the controller manager and scheduler exit on their own up to
+    ten seconds after an API server restart (their leader lease could not be renewed), later
+    than `restart_apiserver` looks. Returns the components started."""
+    cluster = paths.ClusterPaths(name)
+    started = []
+    for component, launch in launches.items():
+        current = _launch_of(cluster.kwok_dir / "pids" / f"{component}.pid")
+        if current is None:
+            _relaunch(cluster, component, launch)
+            started.append(component)
+    return started
+
+
 @dataclass(frozen=True)
 class _Launch:
     pid: int
