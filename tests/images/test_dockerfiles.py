@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -136,22 +137,85 @@ def test_example_job_runs_a_script_the_training_image_contains() -> None:
     assert source.is_file(), f"{script} is copied from {source.relative_to(ROOT)}, which is missing"
 
 
-PROFILER_ONLY = [
+# The profiler, and the two standard-library-only contract modules the training package imports
+# (its flags and the workload environment, with the attempt layout of the output root).
+OURS_IN_THE_TRAINING_IMAGE = [
     ["operator/trainium_operator/__init__.py", "/opt/trainium/trainium_operator/__init__.py"],
+    [
+        "operator/trainium_operator/api/__init__.py",
+        "/opt/trainium/trainium_operator/api/__init__.py",
+    ],
+    [
+        "operator/trainium_operator/api/training_flags.py",
+        "/opt/trainium/trainium_operator/api/training_flags.py",
+    ],
+    [
+        "operator/trainium_operator/api/workload_env.py",
+        "/opt/trainium/trainium_operator/api/workload_env.py",
+    ],
     ["operator/trainium_operator/profiler/", "/opt/trainium/trainium_operator/profiler/"],
 ]
 
 
-def test_training_image_carries_only_the_profiler_of_our_package() -> None:
+def test_training_image_carries_only_the_profiler_and_the_contract_of_our_package() -> None:
     dockerfile = Dockerfile(TRAINING_DOCKERFILE)
     copies = [i.flags_and_operands()[1] for i in dockerfile.final("COPY")]
     ours = [c for c in copies if c[0].startswith("operator/")]
-    assert ours == PROFILER_ONLY, "no controller, UI, API models or dev cluster"
+    assert ours == OURS_IN_THE_TRAINING_IMAGE, "no controller, UI, API models or dev cluster"
     runs = [i.arguments for i in dockerfile.instructions if i.keyword == "RUN"]
     assert not [r for r in runs if "trainium_operator-" in r or "pip wheel" in r], "no wheel"
     (check,) = [r for r in runs if "import trainium_operator.profiler" in r]
     assert "trainium_operator.profiler.s3" in check
+    assert "trainium_operator.api.workload_env" in check
     assert dockerfile.final_env()["PYTHONPATH"] == "/opt/trainium"
+
+
+def image_layout(folder: Path) -> Path:
+    """The training Dockerfile's COPY lines of our package reproduced in `folder` (its
+    /opt/trainium)."""
+    copies = [i.flags_and_operands()[1] for i in Dockerfile(TRAINING_DOCKERFILE).final("COPY")]
+    for source, destination in [c for c in copies if c[0].startswith("operator/")]:
+        target = folder / destination.removeprefix("/opt/trainium/")
+        if source.endswith("/"):
+            shutil.copytree(ROOT / source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / source, target)
+    return folder
+
+
+def our_imports_of_the_training_package() -> set[str]:
+    """Every trainium_operator module (or package) the training package imports."""
+    found = set()
+    for path in (ROOT / "images" / "training" / "trainium_training").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.startswith("trainium_operator")}
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "trainium_operator"
+            ):
+                found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def test_the_training_image_layout_holds_every_module_of_ours_the_training_package_imports(
+    tmp_path: Path,
+) -> None:
+    layout = image_layout(tmp_path)
+    imported = our_imports_of_the_training_package()
+    assert "trainium_operator.api.workload_env" in imported
+
+    def present(dotted: str) -> bool:
+        path = layout.joinpath(*dotted.split("."))
+        return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+    def is_a_name_in_a_present_module(dotted: str) -> bool:
+        return present(dotted.rpartition(".")[0])  # e.g. `from ...training_flags import FLAG`
+
+    missing = [
+        m for m in sorted(imported) if not present(m) and not is_a_name_in_a_present_module(m)
+    ]
+    assert not missing, f"the training image lacks {missing}"
 
 
 def test_training_image_pins_boto3_as_pyproject_does() -> None:
@@ -165,24 +229,21 @@ def test_training_image_pins_boto3_as_pyproject_does() -> None:
 
 
 def test_the_training_image_layout_imports_the_profiler_and_the_uploader(tmp_path: Path) -> None:
-    """The two COPY lines reproduced in a folder: the profiler, its S3 uploader and the Neuron
-    post-processing import from it alone, and nothing else of ours is there."""
-    for source, destination in PROFILER_ONLY:
-        target = tmp_path / destination.removeprefix("/opt/trainium/")
-        if source.endswith("/"):
-            shutil.copytree(ROOT / source, target, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(ROOT / source, target)
+    """Our COPY lines reproduced in a folder: the profiler, its S3 uploader, the Neuron
+    post-processing and the workload contract import from it alone, with the standard library,
+    and nothing else of ours is there."""
+    image_layout(tmp_path)
     code = (
         "import sys, trainium_operator\n"
         f"assert trainium_operator.__file__.startswith({str(tmp_path)!r})\n"
         "import trainium_operator.profiler, trainium_operator.profiler.s3\n"
         "import trainium_operator.profiler.sources.neuron\n"
         "import trainium_operator.profiler.env_contract\n"
+        "import trainium_operator.api.training_flags, trainium_operator.api.workload_env\n"
         "from trainium_operator.profiler.s3 import main\n"
         "assert main([]) == 2\n"
-        "for name in ('api', 'controller', 'ui', 'k8s', 'analysis', 'devcluster', 'builders'):\n"
+        "for name in ('api.spec', 'api.crd', 'controller', 'ui', 'k8s', 'analysis', "
+        "'devcluster', 'builders'):\n"
         "    try:\n"
         "        __import__('trainium_operator.' + name)\n"
         "    except ImportError:\n"

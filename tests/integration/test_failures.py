@@ -24,6 +24,7 @@ from integration.operator_harness import (
     training_job,
     wait_gang_running,
     wait_phase,
+    wait_reason,
 )
 from trainium_operator.devcluster.sim import simulate_pod_outcome, wait_for
 
@@ -351,12 +352,7 @@ def test_a_recreated_job_waits_for_its_predecessors_terminating_pod_instead_of_a
         # rank 0 meets the old rank 0's name.
         successor = job_manifest("twin", nodes=1, compile={"enabled": False})
         create_job(clients, namespace, successor)
-        job = wait_for(
-            lambda: get_job(clients, namespace, "twin"),
-            until=lambda j: (j.get("status") or {}).get("reason") == "WaitingForPredecessor",
-            timeout=60,
-            description="the new twin waits for the old pod",
-        )
+        job = wait_reason(clients, namespace, "twin", "WaitingForPredecessor")
         assert held in job["status"]["message"]
     finally:
         clients.core.patch_namespaced_pod(held, namespace, {"metadata": {"finalizers": None}})
@@ -430,3 +426,66 @@ def test_the_first_training_gang_after_a_compile_restart_starts_fresh(
     assert job["status"]["restarts"] == {"total": 1, "application": 0, "infrastructure": 1}
     finish_pods(clients, namespace, train)
     wait_phase(clients, namespace, "fresh", "Succeeded")
+
+
+def test_a_restart_force_deletes_an_old_pod_stuck_terminating_on_a_ready_node_naming_it(
+    dev_cluster: Any, namespace: str, operator: OperatorView
+) -> None:
+    """Issue 19 (7): a restart used to wait forever for an old pod whose kubelet never confirmed
+    its deletion (here a finalizer keeps it Terminating on a Ready node)."""
+    clients = dev_cluster.clients
+    manifest = job_manifest(
+        "stuck",
+        compile={"enabled": False},
+        runPolicy={"nodeLostGracePeriodSeconds": 0},
+        podTemplate={"spec": {"terminationGracePeriodSeconds": 1}},
+    )
+    create_job(clients, namespace, manifest)
+    pods = wait_gang_running(clients, namespace, "stuck", "train", 0)
+    held = pods[1].metadata.name
+    clients.core.patch_namespaced_pod(
+        held, namespace, {"metadata": {"finalizers": ["sim.trainium.dev/hold"]}}
+    )
+    try:
+        simulate_pod_outcome(
+            clients.core, namespace, pods[0].metadata.name, succeeded=False, exit_code=1
+        )
+        job = wait_reason(clients, namespace, "stuck", "ForceDeletingOldGang")
+        assert held in job["status"]["message"]
+        assert job["status"]["phase"] == "Restarting"
+        assert ("Warning", "ForceDeletingOldGang") in [
+            (kind, reason) for kind, reason, _ in job_events(clients, namespace, "stuck")
+        ]
+        assert (
+            clients.core.read_namespaced_pod(held, namespace).metadata.deletion_grace_period_seconds
+            == 0
+        )
+    finally:
+        clients.core.patch_namespaced_pod(held, namespace, {"metadata": {"finalizers": None}})
+    wait_gang_running(clients, namespace, "stuck", "train", 1)
+    assert get_job(clients, namespace, "stuck")["status"]["restarts"]["total"] == 1
+
+
+def test_an_unrelated_service_of_the_jobs_name_fails_the_job_naming_it_and_is_kept(
+    dev_cluster: Any, namespace: str, operator: OperatorView
+) -> None:
+    """Issue 19 (7): a job used to wait forever behind a Service of its name that no
+    TrainingJob owns."""
+    clients = dev_cluster.clients
+    service = {
+        "metadata": {"name": "clash"},
+        "spec": {"clusterIP": "None", "selector": {"app": "other"}, "ports": [{"port": 80}]},
+    }
+    clients.core.create_namespaced_service(namespace, service)
+    manifest = job_manifest(
+        "clash", compile={"enabled": False}, runPolicy={"nodeLostGracePeriodSeconds": 0}
+    )
+    create_job(clients, namespace, manifest)
+    waiting = wait_reason(clients, namespace, "clash", "WaitingForNameConflict", timeout=30)
+    assert f"Service {namespace}/clash" in waiting["status"]["message"]
+    job = wait_phase(clients, namespace, "clash", "Failed", timeout=40)
+    assert job["status"]["reason"] == "NameConflict"
+    assert "delete or rename that Service" in job["status"]["message"]
+    assert clients.core.read_namespaced_service("clash", namespace).spec.selector == {
+        "app": "other"
+    }

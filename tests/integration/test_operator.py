@@ -35,6 +35,13 @@ def _env(container: Any) -> dict[str, Any]:
     return {e.name: e.value for e in container.env}
 
 
+def described_events(describe_output: str) -> list[tuple[str, str]]:
+    """(type, reason) of each event `kubectl describe` lists, in its order."""
+    lines = describe_output.split("\nEvents:", 1)[1].splitlines()
+    rows = [line.split() for line in lines if line.startswith("  ") and line.split()]
+    return [(row[0], row[1]) for row in rows if row[0] in ("Normal", "Warning")]
+
+
 def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
     dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
@@ -89,7 +96,17 @@ def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
     assert podgroup["spec"]["minMember"] == 2
     assert podgroup["spec"]["queue"] == "test"
 
-    finish_pods(clients, namespace, train_pods)
+    # One rank ends first: the job is still training (it used to flip to Pending/WaitingForGang
+    # with an event saying "2/2 scheduled, 1/2 ready").
+    finish_pods(clients, namespace, train_pods[:1])
+    wait_for(
+        lambda: get_job(clients, namespace, name)["status"].get("message", ""),
+        until=lambda message: "1 finished" in message,
+        timeout=30,
+        description="the job to see its first rank finish",
+    )
+    assert get_job(clients, namespace, name)["status"]["phase"] == "Training"
+    finish_pods(clients, namespace, train_pods[1:])
     job = wait_phase(clients, namespace, name, "Succeeded")
     assert job["status"]["restarts"]["total"] == 0
     assert job["status"]["compile"]["completionTime"]
@@ -98,6 +115,16 @@ def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
     reasons = [reason for _, reason, _ in job_events(clients, namespace, name)]
     assert "CompileSucceeded" in reasons
     assert "TrainingSucceeded" in reasons
+
+    # `kubectl describe` is what a user reads as the truth: a healthy job shows no Warning, and
+    # its events in kubectl's order end with the state the job is in.
+    described = kubectl(dev_cluster, namespace, "describe", "tj", name)
+    assert described.returncode == 0, described.stderr
+    shown = described_events(described.stdout)
+    assert [kind for kind, _ in shown if kind != "Normal"] == [], shown
+    reasons_shown = [reason for _, reason in shown]
+    assert reasons_shown[-1] == "TrainingSucceeded", shown
+    assert reasons_shown.index("CompileSucceeded") < reasons_shown.index("TrainingSucceeded")
 
     listing = kubectl(dev_cluster, namespace, "get", "tj", "-o", "wide")
     assert listing.returncode == 0, listing.stderr
@@ -308,6 +335,43 @@ INVALID_SPECS = [
     pytest.param({"precision": "fp8"}, "spec.precision", id="precision"),
     pytest.param({"scheduling": {"queue": "Team_A"}}, "spec.scheduling.queue", id="queue-name"),
     pytest.param({"storage": {"claimName": "../fsx"}}, "spec.storage.claimName", id="claim-name"),
+    pytest.param(
+        {
+            "podTemplate": {
+                "spec": {"volumes": [{"name": "c", "secret": {"secretName": "Bad_Name"}}]}
+            }
+        },
+        "spec.podTemplate.spec.volumes[0].secret.secretName",
+        id="volume-secret-name",
+    ),
+    pytest.param(
+        {
+            "podTemplate": {
+                "spec": {
+                    "containers": [
+                        {"name": "trainer", "envFrom": [{"configMapRef": {"name": "Settings"}}]}
+                    ]
+                }
+            }
+        },
+        "spec.podTemplate.spec.containers[0].envFrom[0].configMapRef.name",
+        id="env-from-config-map-name",
+    ),
+    pytest.param(
+        {"podTemplate": {"spec": {"imagePullSecrets": [{"name": "ecr_pull"}]}}},
+        "spec.podTemplate.spec.imagePullSecrets[0].name",
+        id="image-pull-secret-name",
+    ),
+    pytest.param(
+        {"podTemplate": {"spec": {"volumes": [{"name": "a.b", "emptyDir": {}}]}}},
+        "spec.podTemplate.spec.volumes[0].name",
+        id="volume-name-is-a-label",
+    ),
+    pytest.param(
+        {"env": [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "t", "key": "a/b"}}}]},
+        "spec.env[0].valueFrom.secretKeyRef.key",
+        id="env-secret-key",
+    ),
 ]
 
 
@@ -320,6 +384,52 @@ def test_invalid_specs_are_refused_by_the_api_server_naming_the_field(
         create_job(dev_cluster.clients, namespace, manifest)
     assert getattr(refused.value, "status", None) == 422
     assert message in str(getattr(refused.value, "body", "")), refused.value
+
+
+def test_valid_names_inside_the_pod_template_are_accepted_and_every_pod_field_kept(
+    dev_cluster: Any, namespace: str, operator: Any
+) -> None:
+    env = [{"name": "T", "valueFrom": {"secretKeyRef": {"name": "hf.token", "key": ".t_1-A"}}}]
+    sidecar = {
+        "name": "log-shipper",
+        "image": "example.com/shipper:1",
+        "env": env,
+        "envFrom": [{"prefix": "S_", "secretRef": {"name": "s", "optional": True}}],
+        "volumeMounts": [{"name": "conf", "mountPath": "/etc/conf", "readOnly": True}],
+    }
+    template = {
+        "spec": {
+            "imagePullSecrets": [{"name": "ecr.pull-1"}],
+            "volumes": [
+                {"name": "conf", "configMap": {"name": "c.v1", "defaultMode": 256}},
+                {
+                    "name": "creds",
+                    "secret": {"secretName": "s", "items": [{"key": "k", "path": "k"}]},
+                },
+                {
+                    "name": "more",
+                    "persistentVolumeClaim": {"claimName": "x" * 253, "readOnly": True},
+                },
+                {
+                    "name": "p",
+                    "projected": {
+                        "sources": [
+                            {"secret": {"name": "s"}},
+                            {"serviceAccountToken": {"path": "t"}},
+                        ]
+                    },
+                },
+            ],
+            "initContainers": [{**sidecar, "name": "fetch"}],
+            "containers": [sidecar],
+        }
+    }
+    manifest = job_manifest("names", podTemplate=template, env=env, runPolicy={"suspend": True})
+    create_job(dev_cluster.clients, namespace, manifest)
+    # The operator's own checks agree: the job is suspended, not Failed with InvalidSpec.
+    stored = wait_phase(dev_cluster.clients, namespace, "names", "Suspended")["spec"]
+    assert stored["podTemplate"]["spec"] == template["spec"]
+    assert stored["env"] == env
 
 
 def test_immutable_fields_cannot_change_under_a_running_job(

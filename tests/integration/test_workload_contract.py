@@ -45,25 +45,31 @@ args = parser.parse_args()
 stage = os.environ["TRAINIUM_STAGE"]
 attempt = int(os.environ["TRAINIUM_ATTEMPT"])
 resume = os.environ["TRAINIUM_RESUME"] == "1"
-out = pathlib.Path(os.environ["TRAINIUM_OUTPUT_DIR"])
+out = pathlib.Path(os.environ["TRAINIUM_OUTPUT_DIR"])  # this gang's own directory
+root = pathlib.Path(os.environ["TRAINIUM_OUTPUT_ROOT"])  # the earlier attempts' are under it
 out.mkdir(parents=True, exist_ok=True)
-checkpoint = out / "checkpoint.json"
+earlier = [
+    d / "checkpoint.json"
+    for d in root.glob("attempt-*")
+    if int(d.name.partition("-")[2]) < attempt and (d / "checkpoint.json").exists()
+]
 record = {
     "stage": stage,
     "attempt": attempt,
     "resume": resume,
     "restarts": int(os.environ["TRAINIUM_RESTART_COUNT"]),
     "epochs": args.epochs,
-    "found_checkpoint": checkpoint.exists(),
+    "found_checkpoint": bool(earlier),
     "compile_steps": os.environ.get("TRAINIUM_COMPILE_STEPS"),
+    "wrote_to": out.name,
 }
 with open(out / "runs.jsonl", "a") as log:
     log.write(json.dumps(record) + "\\n")
 if stage == "train" and not resume:
-    checkpoint.write_text(json.dumps({"epoch": 1}))
+    (out / "checkpoint.json").write_text(json.dumps({"epoch": 1}))
     sys.exit("simulated crash in epoch 2 after a checkpoint")
-if stage == "train" and not checkpoint.exists():
-    sys.exit("asked to resume but there is no checkpoint")
+if stage == "train" and not earlier:
+    sys.exit("asked to resume but no earlier attempt left a checkpoint")
 """
 
 
@@ -75,7 +81,8 @@ def _run_pod_locally(pod: Any, script: Path, shared: Path) -> int:
     assert args == ["--epochs", "2"], f"the operator added arguments: {args}"
     env = {e.name: e.value for e in container.env if e.value is not None}
     env[workload_env.NODE_NAME] = pod.spec.node_name
-    env[workload_env.OUTPUT_DIR] = env[workload_env.OUTPUT_DIR].replace("/data", str(shared), 1)
+    for name in (workload_env.OUTPUT_DIR, workload_env.OUTPUT_ROOT):
+        env[name] = env[name].replace("/data", str(shared), 1)
     env["PATH"] = os.environ.get("PATH", "")
     result = subprocess.run(
         [sys.executable, str(script), *args], env=env, capture_output=True, text=True, check=False
@@ -138,16 +145,21 @@ def test_a_plain_argparse_script_runs_compile_training_and_a_gang_restart_on_env
 
     job = wait_phase(clients, namespace, name, "Succeeded")
     assert job["status"]["restarts"]["total"] == 1
-    runs_log = shared / "output" / namespace / name / "runs.jsonl"
-    runs = [json.loads(line) for line in runs_log.read_text().splitlines()]
-    seen = [(r["stage"], r["attempt"], r["resume"], r["restarts"]) for r in runs]
+    root = shared / "output" / namespace / name
+    assert sorted(p.name for p in root.iterdir()) == ["attempt-0", "attempt-1", "compile-0"]
+    runs = [
+        json.loads(line)
+        for gang in ("compile-0", "attempt-0", "attempt-1")
+        for line in (root / gang / "runs.jsonl").read_text().splitlines()
+    ]
+    seen = [(r["stage"], r["attempt"], r["resume"], r["restarts"], r["wrote_to"]) for r in runs]
     assert seen == [
-        ("compile", 0, False, 0),
-        ("compile", 0, False, 0),
-        ("train", 0, False, 0),
-        ("train", 0, False, 0),
-        ("train", 1, True, 1),
-        ("train", 1, True, 1),
+        ("compile", 0, False, 0, "compile-0"),
+        ("compile", 0, False, 0, "compile-0"),
+        ("train", 0, False, 0, "attempt-0"),
+        ("train", 0, False, 0, "attempt-0"),
+        ("train", 1, True, 1, "attempt-1"),
+        ("train", 1, True, 1, "attempt-1"),
     ]
     assert [r["compile_steps"] for r in runs[:2]] == ["3", "3"]
     assert all(r["found_checkpoint"] for r in runs[4:])

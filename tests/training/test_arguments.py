@@ -146,8 +146,9 @@ def test_the_script_runs_as_a_file_and_reports_bad_arguments() -> None:
 
 
 def test_what_the_script_imports_from_the_operator_package_needs_no_third_party_module() -> None:
-    """The training image installs trainium-operator without its dependencies (no pydantic,
-    kopf or kubernetes there), so these imports must stay standard-library only."""
+    """The training image copies these modules of ours alone, without the operator's
+    dependencies (no pydantic, kopf or kubernetes there), so they must stay standard-library
+    only."""
     probe = (
         "import sys\n"
         "before = set(sys.modules)\n"
@@ -180,7 +181,7 @@ def test_the_commands_the_operator_builds_for_the_example_job_parse(
     args = parse_arguments(script_args, {})
 
     assert args.data_dir == Path(job.data_dir)
-    assert args.output_dir == Path(job.output_dir)
+    assert args.output_dir == Path(job.output_dir(Stage(stage_name), attempt))
     assert (args.batch_size, args.grad_accum_usteps) == (16, 32)
     assert args.steps_this_run == (spec.compile.steps if stage_name == "compile" else -1)
     assert args.resume is (attempt > 0)

@@ -99,3 +99,67 @@ def test_nested_state_moves_to_the_host_with_containers_kept() -> None:
     assert moved["a"][1][1] == 3
     assert moved["b"] == "x"
     assert moved["a"][0].device.type == "cpu"
+
+
+def attempt_checkpoints(root: Path, attempt: int, *steps: int) -> Path:
+    directory = checkpoints.checkpoint_dir(root / f"attempt-{attempt}")
+    for step in steps:
+        checkpoints.save_atomic(payload(step), directory, step)
+    return directory
+
+
+def test_a_resume_takes_the_newest_complete_checkpoint_of_the_attempts_before_it(
+    tmp_path: Path,
+) -> None:
+    attempt_checkpoints(tmp_path, 0, 3, 6)
+    earlier = attempt_checkpoints(tmp_path, 1, 5)
+    (earlier / ".ckpt_9.pt.tmp-4242").write_bytes(b"a partitioned gang is writing this")
+    attempt_checkpoints(tmp_path, 2, 20)  # its own attempt: never a source
+    attempt_checkpoints(tmp_path, 5, 30)  # a later attempt
+    checkpoints.save_atomic(payload(40), checkpoints.checkpoint_dir(tmp_path / "compile-0"), 40)
+
+    found = checkpoints.newest_of_earlier_attempts(tmp_path, attempt=2)
+
+    assert found is not None
+    assert (found.attempt, found.checkpoint.step) == (0, 6)
+    assert found.checkpoint.path == tmp_path / "attempt-0" / "checkpoints" / "ckpt_6.pt"
+
+
+def test_of_two_attempts_with_the_same_newest_step_the_later_one_wins(tmp_path: Path) -> None:
+    attempt_checkpoints(tmp_path, 0, 6)
+    attempt_checkpoints(tmp_path, 3, 6)
+    found = checkpoints.newest_of_earlier_attempts(tmp_path, attempt=4)
+    assert found is not None
+    assert found.attempt == 3
+
+
+def test_the_first_attempt_or_an_empty_root_has_nothing_to_resume_from(tmp_path: Path) -> None:
+    attempt_checkpoints(tmp_path, 0, 6)
+    assert checkpoints.newest_of_earlier_attempts(tmp_path, attempt=0) is None
+    assert checkpoints.newest_of_earlier_attempts(tmp_path / "none", attempt=3) is None
+
+
+@pytest.mark.parametrize("hard_links", [True, False])
+def test_an_adopted_checkpoint_outlives_its_earlier_writer_pruning_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hard_links: bool
+) -> None:
+    if not hard_links:
+
+        def no_links(source: object, target: object) -> None:
+            raise PermissionError("this file system has no hard links")
+
+        monkeypatch.setattr(checkpoints.os, "link", no_links)
+    earlier = attempt_checkpoints(tmp_path, 1, 6)
+    source = checkpoints.newest_checkpoint(earlier)
+    assert source is not None
+    own = checkpoints.checkpoint_dir(tmp_path / "attempt-2")
+
+    adopted = checkpoints.adopt(source, own)
+    # The earlier gang runs on: it writes a newer checkpoint and prunes the adopted one.
+    checkpoints.save_atomic(payload(7), earlier, 7)
+    checkpoints.prune(earlier, keep=1)
+
+    assert adopted == own / "ckpt_6.pt"
+    assert not source.path.exists()
+    assert torch.equal(checkpoints.load(adopted)["model"]["w"], torch.full((2,), 6.0))
+    assert not list(own.glob(".ckpt_*"))

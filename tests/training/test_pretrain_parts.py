@@ -11,8 +11,9 @@ from trainium_training import metrics
 from trainium_training.arguments import parse_arguments
 from trainium_training.pretrain import (
     PREVIOUS_RUNS_SUBDIR,
-    archive_previous_outputs,
+    earlier_outputs,
     final_step,
+    move_aside,
     resolve_precision,
     step_seed,
 )
@@ -26,7 +27,7 @@ def test_a_fresh_run_moves_an_earlier_runs_outputs_aside_without_deleting(tmp_pa
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     (tmp_path / "unrelated.txt").write_text("kept in place")
 
-    archive = archive_previous_outputs(tmp_path, now=0.0)
+    archive = move_aside(tmp_path, earlier_outputs(tmp_path), now=0.0)
 
     assert archive == tmp_path / PREVIOUS_RUNS_SUBDIR / "19700101T000000Z"
     assert (archive / "checkpoints" / "ckpt_500.pt").read_bytes() == b"old"
@@ -34,11 +35,12 @@ def test_a_fresh_run_moves_an_earlier_runs_outputs_aside_without_deleting(tmp_pa
     assert not (tmp_path / "checkpoints").exists()
     assert (tmp_path / "unrelated.txt").exists()
     (tmp_path / "metrics.jsonl").write_text("")
-    assert archive_previous_outputs(tmp_path, now=0.0) == archive.with_name("19700101T000000Z-1")
+    again = move_aside(tmp_path, earlier_outputs(tmp_path), now=0.0)
+    assert again == archive.with_name("19700101T000000Z-1")
 
 
 def test_an_empty_output_dir_needs_no_archive(tmp_path: Path) -> None:
-    assert archive_previous_outputs(tmp_path / "new") is None
+    assert move_aside(tmp_path / "new", earlier_outputs(tmp_path / "new")) is None
 
 
 def test_steps_this_run_bounds_a_run_from_where_it_starts() -> None:

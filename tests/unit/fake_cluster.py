@@ -123,11 +123,16 @@ class FakeCluster:
         self._deliver("ADDED", stored)
         return True
 
-    def owner_uids(self, kind: str, namespace: str, name: str) -> list[str] | None:
+    def read_child(self, kind: str, namespace: str, name: str) -> Obj | None:
         obj = self.objects.get((kind, name))
-        if obj is None:
-            return None
-        return [r["uid"] for r in obj["metadata"].get("ownerReferences") or []]
+        return copy.deepcopy(obj) if obj is not None else None
+
+    def delete_service(self, namespace: str, name: str) -> None:
+        self.fail_if_refused("delete", "Service")
+        self.writes.append(Write("delete", "Service", name))
+        obj = self.objects.pop(("Service", name), None)
+        if obj is not None:
+            self._deliver("DELETED", obj)
 
     def delete_pod(self, namespace: str, name: str, *, force: bool) -> None:
         self.fail_if_refused("delete", "Pod")
@@ -147,16 +152,16 @@ class FakeCluster:
         obj = self.objects.get(("TrainingJob", name))
         return copy.deepcopy(obj) if obj is not None else None
 
-    def patch_training_job_status(
-        self, namespace: str, name: str, status: Obj, resource_version: str | None
-    ) -> Obj | None:
+    def replace_training_job_status(self, body: Obj, status: Obj) -> Obj | None:
+        name = body["metadata"]["name"]
         self.fail_if_refused("status", "TrainingJob")
         job = self.objects.get(("TrainingJob", name))
         if job is None:
             return None
-        if resource_version and resource_version != job["metadata"]["resourceVersion"]:
+        version = body["metadata"].get("resourceVersion")
+        if version and version != job["metadata"]["resourceVersion"]:
             raise api_error(409, f"Operation cannot be fulfilled on trainingjobs {name!r}")
-        job["status"] = _apply_merge_patch(job.get("status") or {}, status)
+        job["status"] = copy.deepcopy(status)
         job["metadata"]["resourceVersion"] = self._next_version()
         self.writes.append(Write("status", "TrainingJob", name, str(status.get("phase"))))
         self._deliver("MODIFIED", job)
@@ -192,16 +197,3 @@ def _merge(target: Obj, change: Obj) -> None:
             _merge(target[key], value)
         else:
             target[key] = copy.deepcopy(value)
-
-
-def _apply_merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386, as the API server applies a merge-patch to a custom resource's status."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = _apply_merge_patch(result.get(key), value)
-    return result

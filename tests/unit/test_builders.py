@@ -106,16 +106,52 @@ def test_opted_in_flags_get_the_operator_computed_values_in_each_stage() -> None
         dataDir="/data/set",
         compile={"steps": 4, "stepsArg": "--max-steps", "extraArgs": ["--dry"]},
     )
-    out = "/data/output/team-a/bert"
+    root = "/data/output/team-a/bert"
     assert _script_args(pods.torchrun_command(job, Stage.COMPILE, 0), "/app/train.py") == [
-        *["--a", "--data", "/data/set", "-o", out, "--max-steps", "4", "--dry"]
+        *["--a", "--data", "/data/set", "-o", f"{root}/compile-0", "--max-steps", "4", "--dry"]
     ]
     assert _script_args(pods.torchrun_command(job, Stage.TRAIN, 0), "/app/train.py") == [
-        *["--a", "--data", "/data/set", "-o", out, "--train-only"]
+        *["--a", "--data", "/data/set", "-o", f"{root}/attempt-0", "--train-only"]
     ]
     assert _script_args(pods.torchrun_command(job, Stage.TRAIN, 1), "/app/train.py") == [
-        *["--a", "--data", "/data/set", "-o", out, "--train-only", "--resume", "latest"]
+        *["--a", "--data", "/data/set", "-o", f"{root}/attempt-1", "--train-only"],
+        *["--resume", "latest"],
     ]
+
+
+def test_attempt_n_writes_under_its_own_directory_in_its_env_and_its_output_flag() -> None:
+    job = job_ref(command={"script": "/app/train.py", "outputDirArg": "--out"})
+    for stage, attempt, own in [
+        (Stage.COMPILE, 0, "/data/output/team-a/bert/compile-0"),
+        (Stage.TRAIN, 0, "/data/output/team-a/bert/attempt-0"),
+        (Stage.TRAIN, 3, "/data/output/team-a/bert/attempt-3"),
+    ]:
+        pod = pods.pod(job, stage, attempt, 1)
+        env = env_of(pod)
+        assert env[workload_env.OUTPUT_DIR] == own, (stage, attempt)
+        assert env[workload_env.OUTPUT_ROOT] == "/data/output/team-a/bert", (stage, attempt)
+        assert _script_args(pod["spec"]["containers"][0]["command"], "/app/train.py") == [
+            "--out",
+            own,
+        ]
+
+
+def test_no_two_gangs_of_a_job_get_the_same_write_path() -> None:
+    job = job_ref(outputDir="/fsx/out/", command={"script": "/s.py", "outputDirArg": "--out"})
+    gangs = [(stage, attempt) for stage in Stage for attempt in range(12)]
+    written = {env_of(pods.pod(job, s, a, 0))[workload_env.OUTPUT_DIR] for s, a in gangs}
+    assert len(written) == len(gangs)
+    assert all(path.startswith("/fsx/out/") and "//" not in path for path in written)
+    # A resume finds the training gangs' directories, and only theirs, by name.
+    attempts = {workload_env.training_attempt_of(path.rpartition("/")[2]) for path in written}
+    assert attempts == {*range(12), None}
+
+
+def test_only_training_attempt_directory_names_parse_as_attempts() -> None:
+    assert workload_env.training_attempt_of("attempt-0") == 0
+    assert workload_env.training_attempt_of("attempt-17") == 17
+    for other in ("compile-3", "attempt-", "attempt-01", "attempt--1", "attempt-3.tmp", "x"):
+        assert workload_env.training_attempt_of(other) is None, other
 
 
 def test_resume_args_are_added_on_every_attempt_after_the_first() -> None:
@@ -140,7 +176,8 @@ def test_every_attempt_gets_the_workload_environment_and_it_reads_back() -> None
         attempt=2,
         restart_count=2,
         resume=True,
-        output_dir="/data/output/team-a/bert",
+        output_dir="/data/output/team-a/bert/attempt-2",
+        output_root="/data/output/team-a/bert",
         data_dir="/data/in",
         compile_steps=None,
         node_name="",

@@ -10,6 +10,7 @@ import pytest
 
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle import machine
+from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import (
     NodeView,
     Observed,
@@ -113,7 +114,7 @@ def test_an_admitted_podgroup_gets_its_whole_gang_created(phase: str) -> None:
 
 def test_a_gang_with_pods_already_is_completed_even_if_its_podgroup_went_back_to_pending() -> None:
     job = job_ref()
-    (first, _) = gang(job, Stage.COMPILE, 0, "Pending")
+    first = pod(job, Stage.COMPILE, 0, 0, "Pending", node=None)
     view = Observed(
         (first,), {"bert-compile": PodGroupView("bert-compile", "Pending", None)}, True, NODES, T0
     )
@@ -380,9 +381,50 @@ def test_a_pod_vanished_from_a_full_gang_restarts_the_gang_instead_of_being_recr
 def test_a_gang_still_being_created_gets_its_missing_ranks_not_a_restart() -> None:
     job = job_ref(compile={"enabled": False})
     first = machine.decide(job, {}, Observed((), {}, True, NODES, T0)).status
-    partial = machine.decide(job, first, observed(pod(job, Stage.TRAIN, 0, 0, "Pending")))
+    unplaced = pod(job, Stage.TRAIN, 0, 0, "Pending", node=None)
+    partial = machine.decide(job, first, observed(unplaced))
     assert names(partial.create) == ["bert-train-0-1"]
     assert partial.status["restarts"]["total"] == 0
+
+
+def test_the_first_attempt_is_recorded_before_the_stages_first_pods_are_created() -> None:
+    job = job_ref(compile={"enabled": False})
+    admitted = Observed(
+        (), {"bert-train": PodGroupView("bert-train", "Inqueue", None)}, True, NODES, T0
+    )
+    decision = machine.decide(job, {}, admitted)
+    assert names(decision.create) == ["bert-train-0-0", "bert-train-0-1"]
+    assert decision.status["training"]["firstAttempt"] == 0
+    assert decision.status_first, "the status must be stored before the creates"
+    again = machine.decide(job, decision.status, observed(*gang(job, Stage.TRAIN, 0)))
+    assert not again.status_first, "only the pass that creates the first gang writes first"
+
+
+def test_a_placed_gang_whose_whole_gang_record_was_lost_restarts_on_a_vanished_rank() -> None:
+    # The operator created the gang and crashed before it recorded fullGangAttempt; a rank was
+    # force-deleted while it was down. Volcano placed rank 0, so the whole gang had existed.
+    job = job_ref(compile={"enabled": False})
+    lost_record = {
+        "phase": "Pending",
+        "attempt": 0,
+        "startTime": "2026-11-30T11:59:00Z",
+        "restarts": {"total": 0, "application": 0, "infrastructure": 0},
+        "training": {"firstAttempt": 0, "startTime": "2026-11-30T11:59:00Z"},
+    }
+    decision = machine.decide(job, lost_record, observed(pod(job, Stage.TRAIN, 0, 0)))
+    assert decision.create == [], "a rank re-created alone cannot join the closed rendezvous"
+    assert decision.status["lastFailure"]["reason"] == "PodVanished"
+    assert decision.status["attempt"] == 1
+    resumed = machine.decide(job, decision.status, observed())
+    assert resumed.status["phase"] in ("Restarting", "Pending")
+    after = machine.decide(
+        job,
+        resumed.status,
+        Observed((), {"bert-train": PodGroupView("bert-train", "Inqueue", None)}, True, NODES, T0),
+    )
+    train = [o for o in after.create if o["kind"] == "Pod"]
+    assert names(train) == ["bert-train-1-0", "bert-train-1-1"]
+    assert "--resume" in train[0]["spec"]["containers"][0]["command"]
 
 
 def test_an_unknown_node_right_after_start_is_not_a_lost_node() -> None:
@@ -525,3 +567,73 @@ def test_a_verdict_volcano_wrote_before_the_gangs_pods_existed_is_no_warning_onc
     )
     assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "WaitingForGang")
     assert not [e for e in decision.events if e.type == "Warning"], decision.events
+
+
+def test_a_rank_that_finishes_before_the_others_leaves_the_job_training_with_no_event() -> None:
+    job = job_ref(compile={"enabled": False})
+    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0)))
+    assert (running.status["phase"], running.status["reason"]) == ("Training", "GangRunning")
+    finished = pod(job, Stage.TRAIN, 0, 0, "Succeeded")
+    later = machine.decide(job, running.status, observed(finished, pod(job, Stage.TRAIN, 0, 1)))
+    assert (later.status["phase"], later.status["reason"]) == ("Training", "GangRunning")
+    assert later.events == [], "no event describes a state the job is not in"
+    assert "1 finished" in later.status["message"]
+
+
+def test_a_restart_force_deletes_an_old_pod_stuck_terminating_on_a_ready_node() -> None:
+    job = job_ref(compile={"enabled": False})
+    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    failed = pod(job, Stage.TRAIN, 0, 0, "Failed", exit_code=1)
+    restart = machine.decide(job, running, observed(failed, pod(job, Stage.TRAIN, 0, 1)))
+    assert restart.status["attempt"] == 1
+    stuck = pod(job, Stage.TRAIN, 0, 1, deleting=True, deletion_due=T0)
+
+    def at(seconds: float, status: dict[str, Any]) -> Decision:
+        return machine.decide(
+            job, status, observed(failed, stuck, now=T0 + timedelta(seconds=seconds))
+        )
+
+    waiting = at(5, restart.status)
+    assert waiting.delete_pods == [], "within its bound a Terminating pod is left to its kubelet"
+    assert waiting.status["reason"] == "WaitingForOldGang"
+    forced = at(30, waiting.status)
+    assert [(d.name, d.force) for d in forced.delete_pods] == [("bert-train-0-1", True)]
+    assert forced.status["reason"] == "ForceDeletingOldGang"
+    assert "bert-train-0-1 on n1" in forced.status["message"]
+    assert [e.reason for e in forced.events] == ["ForceDeletingOldGang"]
+    assert forced.create == [], "the next attempt still waits for the old pod to go"
+    held = at(90, forced.status)
+    assert (held.status["phase"], held.status["reason"]) == ("Failed", "OldGangStuck")
+    assert "bert-train-0-1" in held.status["message"]
+
+
+def test_a_job_that_ends_before_its_pods_exist_releases_its_admitted_podgroup() -> None:
+    job = job_ref(compile={"enabled": False}, runPolicy={"activeDeadlineSeconds": 60})
+    admitted = Observed(
+        (), {"bert-train": PodGroupView("bert-train", "Inqueue", None)}, True, NODES, T0
+    )
+    started = machine.decide(job, {}, admitted).status
+    later = replace(admitted, now=T0 + timedelta(seconds=61))
+    ended = machine.decide(job, started, later)
+    assert (ended.status["phase"], ended.status["reason"]) == ("Failed", "DeadlineExceeded")
+    assert ended.delete_podgroups == ["bert-train"], "Volcano would keep reserving its capacity"
+
+
+def test_an_ended_job_keeps_the_podgroup_of_pods_still_running() -> None:
+    job = job_ref(compile={"enabled": False}, runPolicy={"cleanPodPolicy": "None"})
+    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    failed = {**running, "phase": "Failed", "reason": "DeadlineExceeded"}
+    decision = machine.decide(job, failed, observed(*gang(job, Stage.TRAIN, 0)))
+    assert "bert-train" not in decision.delete_podgroups
+
+
+def test_a_running_gang_whose_readiness_blinks_stays_in_its_stage() -> None:
+    job = job_ref(compile={"enabled": False})
+    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    unready = [pod(job, Stage.TRAIN, 0, r, ready=False) for r in range(2)]
+    blink = machine.decide(job, running, observed(*unready))
+    assert (blink.status["phase"], blink.status["reason"]) == ("Training", "GangRunning")
+    assert blink.events == []
+    assert "(0/2 ready)" in blink.status["message"]
+    fresh = machine.decide(job, {}, observed(*unready))
+    assert fresh.status["phase"] == "Pending", "a gang that never ran still waits for readiness"

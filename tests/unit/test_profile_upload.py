@@ -14,7 +14,7 @@ from trainium_operator.builders.upload import (
     is_upload_pod,
     upload_pod,
 )
-from trainium_operator.lifecycle.machine import Decision
+from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload
 from unit.jobs import job_ref
 

@@ -4,7 +4,7 @@ refusals, conflicts and a namespace being deleted each end a pass the way they s
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -127,6 +127,18 @@ def test_a_new_job_creates_service_and_podgroup_before_its_status_and_pods_after
     cluster.writes.clear()
     admit(cluster, "bert-train")
     reconciler.reconcile(*KEY)
+    assert [w.name for w in cluster.of("create")] == ["bert-train-0-0", "bert-train-0-1"]
+
+
+def test_the_stages_first_attempt_is_stored_before_its_pods_are_created() -> None:
+    cluster, reconciler = new_world()
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    cluster.writes.clear()
+    reconciler.reconcile(*KEY)
+    order = [(w.verb, w.kind) for w in cluster.writes if w.verb in ("status", "create")]
+    assert order[0] == ("status", "TrainingJob"), f"firstAttempt after the creates: {order}"
+    assert cluster.job(NAME)["status"]["training"]["firstAttempt"] == 0
     assert [w.name for w in cluster.of("create")] == ["bert-train-0-0", "bert-train-0-1"]
 
 
@@ -327,3 +339,36 @@ def test_an_upload_pod_refused_by_a_terminating_namespace_ends_the_job_quietly()
     assert not [e for e in cluster.events if e["type"] == "Warning"]
     uploads = cluster.job(NAME)["status"]["profileUploads"]
     assert [u["state"] for u in uploads] == ["Pending"], "not recorded as a refused upload"
+
+
+def test_an_unrelated_service_of_the_jobs_name_fails_the_job_after_a_bound_and_is_kept() -> None:
+    cache = ClusterCache()
+    cluster = FakeCluster(cache)
+    for index in range(2):
+        cluster.add_node(ready_node(f"trn1-{index}"))
+    cache.on_queue(WatchEvent("ADDED", open_queue("default")))
+    cluster.objects[("Service", NAME)] = {
+        "kind": "Service",
+        "metadata": {"name": NAME, "namespace": NAMESPACE, "resourceVersion": "1"},
+    }
+    cluster.add_job(job_document(compile={"enabled": False}))
+    clock = [NOW]
+    reconciler = Reconciler(
+        cluster,  # type: ignore[arg-type]
+        cache,
+        synced=lambda: True,
+        clock=lambda: clock[0],
+        upload_defaults=UploadDefaults(),
+    )
+    requeue = reconciler.reconcile(*KEY)
+    status = cluster.job(NAME)["status"]
+    assert status["reason"] == "WaitingForNameConflict"
+    assert f"Service {NAMESPACE}/{NAME} exists and is not this job's" in status["message"]
+    assert requeue is not None, "the wait has a bound"
+    assert requeue <= 30
+    clock[0] = NOW + timedelta(seconds=31)
+    reconciler.reconcile(*KEY)
+    status = cluster.job(NAME)["status"]
+    assert (status["phase"], status["reason"]) == ("Failed", "NameConflict")
+    assert ("Service", NAME) in cluster.objects, "a Service the job does not own is never deleted"
+    assert ("delete", "Service") not in [(w.verb, w.kind) for w in cluster.writes]

@@ -136,3 +136,192 @@ def test_pass_through_content_of_the_wrong_shape_is_a_problem_naming_it_not_a_cr
     problems = parse_job(job_document(podTemplate=template))
     assert isinstance(problems, list), "accepted"
     assert any(field in problem for problem in problems), problems
+
+
+SUBDOMAIN_FIX = "(lower-case alphanumerics, '-' or '.', starting and ending with an alphanumeric, "
+LABEL_FIX = "(lower-case alphanumerics or '-', starting and ending with an alphanumeric, at most 63"
+SIDECAR = {"name": "sidecar", "image": "example.com/sidecar:1"}
+
+
+def _sidecar(**fields: object) -> dict[str, object]:
+    return {"spec": {"containers": [{**SIDECAR, **fields}]}}
+
+
+def _volume(**source: object) -> dict[str, object]:
+    return {"spec": {"volumes": [{"name": "v", **source}]}}
+
+
+TOKEN_A_B = {"name": "tok", "key": "a/b"}
+
+
+def _env_from(**source: object) -> list[dict[str, object]]:
+    return [{"name": "T", "valueFrom": source}]
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        pytest.param(
+            {"spec": {"imagePullSecrets": [{"name": "ECR_Secret"}]}},
+            'spec.podTemplate.spec.imagePullSecrets[0].name: "ECR_Secret" is not a valid Secret '
+            f"name {SUBDOMAIN_FIX}at most 253 characters)",
+            id="image-pull-secret",
+        ),
+        pytest.param(
+            _volume(secret={"secretName": "Bad_Name"}),
+            'spec.podTemplate.spec.volumes[0].secret.secretName: "Bad_Name" is not a valid Secret '
+            f"name {SUBDOMAIN_FIX}",
+            id="volume-secret",
+        ),
+        pytest.param(
+            _volume(configMap={"name": "my config"}),
+            'spec.podTemplate.spec.volumes[0].configMap.name: "my config" is not a valid '
+            "ConfigMap name",
+            id="volume-config-map",
+        ),
+        pytest.param(
+            _volume(persistentVolumeClaim={"claimName": "x" * 254}),
+            "spec.podTemplate.spec.volumes[0].persistentVolumeClaim.claimName: "
+            f'"{"x" * 254}" is not a valid PersistentVolumeClaim name',
+            id="volume-claim",
+        ),
+        pytest.param(
+            _volume(
+                projected={"sources": [{"secret": {"name": "ok"}}, {"configMap": {"name": "-b"}}]}
+            ),
+            'spec.podTemplate.spec.volumes[0].projected.sources[1].configMap.name: "-b" is not '
+            "a valid ConfigMap name",
+            id="projected-config-map",
+        ),
+        pytest.param(
+            _volume(projected={"sources": [{"secret": {"name": "Upper"}}]}),
+            'spec.podTemplate.spec.volumes[0].projected.sources[0].secret.name: "Upper" is not a '
+            "valid Secret name",
+            id="projected-secret",
+        ),
+        pytest.param(
+            {"spec": {"volumes": [{"name": "Data", "emptyDir": {}}]}},
+            f'spec.podTemplate.spec.volumes[0].name: "Data" is not a valid volume name {LABEL_FIX}',
+            id="volume-name",
+        ),
+        pytest.param(
+            {"spec": {"volumes": [{"name": "a.b", "emptyDir": {}}]}},
+            'spec.podTemplate.spec.volumes[0].name: "a.b" is not a valid volume name',
+            id="volume-name-is-a-label-not-a-subdomain",
+        ),
+        pytest.param(
+            {"spec": {"containers": [{"name": "trainer", "volumeMounts": [{"name": "x" * 64}]}]}},
+            f'spec.podTemplate.spec.containers[0].volumeMounts[0].name: "{"x" * 64}" is not a '
+            "valid volume name",
+            id="volume-mount-name",
+        ),
+        pytest.param(
+            _sidecar(name="Side_Car"),
+            'spec.podTemplate.spec.containers[0].name: "Side_Car" is not a valid container name',
+            id="container-name",
+        ),
+        pytest.param(
+            _sidecar(envFrom=[{"secretRef": {"name": "db_creds"}}]),
+            'spec.podTemplate.spec.containers[0].envFrom[0].secretRef.name: "db_creds" is not a '
+            "valid Secret name",
+            id="env-from-secret",
+        ),
+        pytest.param(
+            _sidecar(envFrom=[{"prefix": "X_", "configMapRef": {"name": "Settings"}}]),
+            'spec.podTemplate.spec.containers[0].envFrom[0].configMapRef.name: "Settings" is not '
+            "a valid ConfigMap name",
+            id="env-from-config-map",
+        ),
+        pytest.param(
+            {"spec": {"initContainers": [{**SIDECAR, "env": _env_from(secretKeyRef=TOKEN_A_B)}]}},
+            'spec.podTemplate.spec.initContainers[0].env[0].valueFrom.secretKeyRef.key: "a/b" is '
+            "not a valid Secret key (alphanumerics, '-', '_' or '.', at most 253 characters, "
+            "neither '.' nor starting with '..')",
+            id="init-env-secret-key",
+        ),
+        pytest.param(
+            _sidecar(env=_env_from(configMapKeyRef={"name": "C", "key": "k"})),
+            'spec.podTemplate.spec.containers[0].env[0].valueFrom.configMapKeyRef.name: "C" is '
+            "not a valid ConfigMap name",
+            id="env-config-map",
+        ),
+        pytest.param(
+            _sidecar(env=_env_from(configMapKeyRef={"name": "c", "key": ".."})),
+            'configMapKeyRef.key: ".." is not a valid ConfigMap key',
+            id="env-config-map-key-dot-dot",
+        ),
+    ],
+)
+def test_a_name_inside_the_pod_template_that_no_object_can_have_is_refused_naming_field_and_rule(
+    template: dict[str, object], expected: str
+) -> None:
+    problems = problems_of(podTemplate=template)
+    assert any(expected in p for p in problems), problems
+
+
+def test_a_top_level_env_value_from_names_a_valid_secret_and_key() -> None:
+    problems = problems_of(env=_env_from(secretKeyRef={"name": "hf.Token", "key": "t"}))
+    assert any(
+        p.startswith('spec.env[0].valueFrom.secretKeyRef.name: "hf.Token" is not a valid Secret')
+        for p in problems
+    ), problems
+
+
+def test_every_name_in_the_pod_template_set_correctly_is_accepted() -> None:
+    subdomain = ".".join(["a" * 63] * 4)[:253].rstrip(".")
+    env_from = [{"secretRef": {"name": subdomain}}, {"configMapRef": {"name": "cfg.v1"}}]
+    env = [
+        {"name": "A", "valueFrom": {"secretKeyRef": {"name": "s-1", "key": ".dot_file-1.X"}}},
+        {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k" * 253}}},
+        {"name": "C", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    template = {
+        "spec": {
+            "imagePullSecrets": [{"name": "ecr.registry-1"}],
+            "volumes": [
+                {"name": "x" * 63, "secret": {"secretName": "s.a-b", "defaultMode": 0o400}},
+                {"name": "conf", "configMap": {"name": "c0"}},
+                {"name": "more", "persistentVolumeClaim": {"claimName": "fsx-2", "readOnly": True}},
+                {
+                    "name": "p",
+                    "projected": {
+                        "sources": [
+                            {"secret": {"name": "s"}},
+                            {"configMap": {"name": "c"}},
+                            {"serviceAccountToken": {"path": "t"}},
+                        ]
+                    },
+                },
+            ],
+            "initContainers": [{**SIDECAR, "name": "init-0", "env": env, "envFrom": env_from}],
+            "containers": [
+                {"name": "trainer", "volumeMounts": [{"name": "x" * 63, "mountPath": "/s"}]},
+                {**SIDECAR, "envFrom": env_from, "env": env},
+            ],
+        }
+    }
+    parsed = parse_job(job_document(podTemplate=template, env=env))
+    assert isinstance(parsed, JobRef), parsed
+
+
+@pytest.mark.parametrize(
+    ("template", "field"),
+    [
+        (_volume(secret=5), "volumes[0].secret must be an object"),
+        ({"spec": {"volumes": [{"name": 5}]}}, "volumes[0].name must be a string"),
+        (_sidecar(envFrom="x"), "containers[0].envFrom must be a list"),
+        (_sidecar(env=_env_from(secretKeyRef={"name": ["s"]})), "secretKeyRef.name must be"),
+        (_volume(projected={"sources": {}}), "projected.sources must be a list"),
+        ({"spec": {"imagePullSecrets": [{"name": None}, {"name": {}}]}}, "imagePullSecrets[1]"),
+        (
+            {"spec": {"containers": [{**SIDECAR, "name": ["x"]}, {**SIDECAR, "name": ["x"]}]}},
+            "spec.podTemplate.spec.containers[1].name must be a string",
+        ),
+    ],
+)
+def test_names_inside_content_of_the_wrong_shape_are_a_problem_naming_it_not_a_crash(
+    template: dict[str, object], field: str
+) -> None:
+    problems = parse_job(job_document(podTemplate=template))
+    assert isinstance(problems, list), "accepted"
+    assert any(field in problem for problem in problems), problems

@@ -6,6 +6,12 @@ atomic on POSIX file systems, FSx for Lustre included), so a reader (a restarted
 complete checkpoint or none; a writer killed mid-way leaves only a temporary file, which the
 next writer removes. Older checkpoints are pruned only after the new one is in place.
 
+Under the operator each training attempt writes `<root>/attempt-<N>/checkpoints/` (the layout
+is `trainium_operator.api.workload_env`'s), and a resuming gang starts from the newest complete
+checkpoint of the attempts before it (`newest_of_earlier_attempts`), which it first `adopt`s
+into its own directory: an earlier gang that still runs (its node was only partitioned) may go
+on writing and pruning there, but cannot change or remove what the new gang reads.
+
 Files load with `torch.load(weights_only=True)`: a checkpoint holds tensors and plain Python
 containers only, so loading one cannot run code.
 """
@@ -15,12 +21,15 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Mapping
+import shutil
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import IO, Any, Final
 
 import torch
+
+from trainium_operator.api import workload_env
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +75,28 @@ def newest_checkpoint(directory: Path) -> CheckpointFile | None:
     return found[-1] if found else None
 
 
+@dataclass(frozen=True)
+class AttemptCheckpoint:
+    attempt: int
+    checkpoint: CheckpointFile
+
+
+def newest_of_earlier_attempts(root: Path, attempt: int) -> AttemptCheckpoint | None:
+    """What a gang of `attempt` resumes from: the newest complete checkpoint by step (on a tie,
+    the later attempt's) of the training attempts before it under the output root `root`.
+
+    Never its own attempt's or a later one's. A gang of an earlier attempt may still be writing
+    (its node was only partitioned): only files renamed into place count, never temporaries.
+    """
+    found = [
+        AttemptCheckpoint(number, checkpoint)
+        for number, directory in workload_env.training_attempt_dirs(root)
+        if number < attempt
+        for checkpoint in list_checkpoints(checkpoint_dir(directory))
+    ]
+    return max(found, key=lambda f: (f.checkpoint.step, f.attempt), default=None)
+
+
 def _fsync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -85,21 +116,54 @@ def remove_stale_temporaries(directory: Path) -> list[Path]:
     return removed
 
 
-def save_atomic(state: Mapping[str, Any], directory: Path, step: int) -> Path:
-    """Write `state` as checkpoint `step`; the file appears complete or not at all."""
+def _put_atomic(directory: Path, step: int, write: Callable[[Path], None]) -> Path:
+    """Checkpoint `step` of `directory`, made by `write` under a temporary name, then renamed
+    into place: it appears complete or not at all."""
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / checkpoint_name(step)
     temporary = directory / f"{_TEMP_PREFIX}{step}.pt.tmp-{os.getpid()}"
     try:
-        with open(temporary, "wb") as handle:
-            torch.save(dict(state), handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+        write(temporary)
         os.replace(temporary, final)
         _fsync_dir(directory)
     finally:
         temporary.unlink(missing_ok=True)
     return final
+
+
+def _fsynced(fill: Callable[[IO[bytes]], object]) -> Callable[[Path], None]:
+    def write(path: Path) -> None:
+        with open(path, "wb") as handle:
+            fill(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    return write
+
+
+def save_atomic(state: Mapping[str, Any], directory: Path, step: int) -> Path:
+    """Write `state` as checkpoint `step`; the file appears complete or not at all."""
+    return _put_atomic(directory, step, _fsynced(lambda handle: torch.save(dict(state), handle)))
+
+
+def adopt(source: CheckpointFile, directory: Path) -> Path:
+    """Give `source` a name of its own in `directory` (this attempt's checkpoints).
+
+    A hard link where the file system has them: no copy, and the two names share a file that
+    never changes (writers only rename new files in and delete old names). Otherwise an atomic
+    copy. FileNotFoundError: its writer pruned it meanwhile; look again.
+    """
+
+    def link_or_copy(temporary: Path) -> None:
+        try:
+            os.link(source.path, temporary)
+        except FileNotFoundError:
+            raise
+        except OSError:
+            with open(source.path, "rb") as original:
+                _fsynced(lambda handle: shutil.copyfileobj(original, handle))(temporary)
+
+    return _put_atomic(directory, source.step, link_or_copy)
 
 
 def prune(directory: Path, keep: int) -> list[Path]:

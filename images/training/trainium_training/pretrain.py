@@ -11,6 +11,11 @@ checkpoint restores the model, optimizer, schedule, step and data position, and 
 RNG seeds are a function of (seed, rank, step), so a resumed run repeats what the
 uninterrupted run would have done.
 
+Under the operator (`TRAINIUM_OUTPUT_ROOT` set) `--output_dir` is this attempt's own directory,
+`<root>/attempt-<N>`, and `--resume` starts from the newest complete checkpoint of the earlier
+attempts' directories, never writing there (see `checkpoints.newest_of_earlier_attempts`). Run
+by hand (no such variable), `--resume` continues from `--output_dir` itself.
+
 Under neuron_parallel_compile (`NEURON_EXTRACT_GRAPHS_ONLY` set) the same steps run so the
 same graphs are traced, but nothing is written: no checkpoint, no metrics, no TensorBoard.
 """
@@ -22,7 +27,7 @@ import math
 import os
 import sys
 import time
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +43,8 @@ import torch
 from torch import nn
 
 from trainium_operator import profiler
+from trainium_operator.api import workload_env
+from trainium_operator.api.training_flags import OUTPUT_DIR_FLAG
 from trainium_training import checkpoints, data_stream, devices, metrics, shards
 from trainium_training.arguments import TrainingArguments, parse_arguments
 from trainium_training.model_configs import MODEL_CONFIGS, build_model
@@ -349,37 +356,118 @@ def run(args: TrainingArguments, environ: MutableMapping[str, str]) -> int:
         raise RunError(str(exc)) from exc
     configure_logging(backend.rank)
     try:
-        return _train(args, backend, extraction)
+        return _train(args, backend, extraction, attempt_layout(args, environ))
     finally:
         backend.shutdown()
+
+
+def attempt_layout(
+    args: TrainingArguments, environ: Mapping[str, str]
+) -> workload_env.WorkloadEnv | None:
+    """The operator's run when --output_dir is this attempt's own directory: it then writes only
+    there and resumes from the earlier attempts'. None when run by hand (no
+    TRAINIUM_OUTPUT_ROOT) or given another directory: that one is written and resumed from, as
+    the user asked."""
+    if workload_env.OUTPUT_ROOT not in environ:
+        return None
+    run = workload_env.read_workload_env(environ)
+    own = args.output_dir.absolute()
+    if own == Path(run.output_dir):
+        return run
+    another = workload_env.training_attempt_of(own.name) is not None
+    if own.parent == Path(run.output_root) and another:
+        raise RunError(
+            f"{OUTPUT_DIR_FLAG} {own} is another attempt's directory: attempt {run.attempt} "
+            f"writes only its own, ${workload_env.OUTPUT_DIR} ({run.output_dir})"
+        )
+    log.warning(
+        "%s %s is not this attempt's own directory ($%s, %s): a gang of an earlier attempt "
+        "that still runs may write there too",
+        OUTPUT_DIR_FLAG,
+        own,
+        workload_env.OUTPUT_DIR,
+        run.output_dir,
+    )
+    return None
 
 
 PREVIOUS_RUNS_SUBDIR: Final = "previous-runs"
 
 
-def archive_previous_outputs(output_dir: Path, now: float | None = None) -> Path | None:
-    """Move an earlier run's checkpoints, metrics and TensorBoard files aside.
-
-    A run started without --resume must not mix with them: a later --resume would pick the
-    earlier run's newest checkpoint. Nothing is deleted; returns the archive folder, if any.
-    """
+def earlier_outputs(output_dir: Path) -> list[Path]:
+    """The checkpoints, metrics and TensorBoard files a run leaves in its output directory."""
     names = (checkpoints.CHECKPOINT_SUBDIR, metrics.METRICS_FILE, metrics.TENSORBOARD_SUBDIR)
-    present = [output_dir / name for name in names if (output_dir / name).exists()]
+    return [output_dir / name for name in names if (output_dir / name).exists()]
+
+
+def outputs_of_an_earlier_run(
+    args: TrainingArguments, layout: workload_env.WorkloadEnv | None
+) -> tuple[Path, list[Path]]:
+    """What an earlier run left where this run writes or resumes from, and the folder whose
+    previous-runs/ takes it. A run must not mix with them: a later resume would pick the
+    earlier run's checkpoints.
+
+    By hand, a run without --resume finds them in --output_dir (with --resume, that directory
+    is what it continues). Under the operator, the job's first training gang that starts fresh
+    moves aside every attempt directory of the output root: later attempts resume from those,
+    and none is this job's (a job of the same name before it, or another job with the same
+    outputDir, wrote them). Any other gang finds them in its own attempt directory, which a
+    resume never reads.
+    """
+    if layout is None:
+        return args.output_dir, [] if args.resume else earlier_outputs(args.output_dir)
+    first_fresh_training = layout.stage == "train" and not layout.resume and not args.resume
+    if first_fresh_training:
+        root = Path(layout.output_root)
+        return root, [directory for _, directory in workload_env.training_attempt_dirs(root)]
+    return args.output_dir, earlier_outputs(args.output_dir)
+
+
+def move_aside(folder: Path, present: Sequence[Path], now: float | None = None) -> Path | None:
+    """Move `present` (entries of `folder`) into `folder/previous-runs/<UTC time>/`; nothing is
+    deleted. Returns that archive folder, None when there was nothing to move."""
     if not present:
         return None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
-    archive = output_dir / PREVIOUS_RUNS_SUBDIR / stamp
+    archive = folder / PREVIOUS_RUNS_SUBDIR / stamp
     suffix = 0
     while archive.exists():
         suffix += 1
-        archive = output_dir / PREVIOUS_RUNS_SUBDIR / f"{stamp}-{suffix}"
+        archive = folder / PREVIOUS_RUNS_SUBDIR / f"{stamp}-{suffix}"
     archive.mkdir(parents=True)
     for path in present:
         path.rename(archive / path.name)
     return archive
 
 
-def _train(args: TrainingArguments, backend: devices.Backend, extraction: bool) -> int:
+def adopt_resume_point(
+    layout: workload_env.WorkloadEnv, ckpt_dir: Path, tries: int = 3
+) -> checkpoints.AttemptCheckpoint | None:
+    """Rank 0: link the newest complete checkpoint of the earlier attempts into this attempt's
+    own checkpoints, so every rank reads the same file and no earlier gang can take it away.
+    An earlier gang still running may prune the chosen file meanwhile: then look again."""
+    root = Path(layout.output_root)
+    for _ in range(tries):
+        found = checkpoints.newest_of_earlier_attempts(root, layout.attempt)
+        if found is None:
+            return None
+        try:
+            checkpoints.adopt(found.checkpoint, ckpt_dir)
+        except FileNotFoundError:
+            continue
+        return found
+    raise checkpoints.CheckpointError(
+        f"the newest checkpoint under {root} vanished {tries} times while being taken: an "
+        "earlier attempt's gang is still pruning there"
+    )
+
+
+def _train(
+    args: TrainingArguments,
+    backend: devices.Backend,
+    extraction: bool,
+    layout: workload_env.WorkloadEnv | None = None,
+) -> int:
     rank0 = backend.rank == 0
     writes = rank0 and not extraction
     if extraction:
@@ -419,27 +507,38 @@ def _train(args: TrainingArguments, backend: devices.Backend, extraction: bool) 
     state = TrainingState()
     saved: dict[str, Any] | None = None
     ckpt_dir = checkpoints.checkpoint_dir(args.output_dir)
+    if writes:
+        folder, present = outputs_of_an_earlier_run(args, layout)
+        archive = move_aside(folder, present)
+        if archive is not None:
+            log.warning(
+                "%s held the outputs of an earlier run; this run moved them to %s",
+                folder,
+                archive,
+            )
     if args.resume and extraction:
         log.info("graph extraction: %s ignored (no state is real here)", "--resume")
     elif args.resume:
+        if layout is not None:
+            if rank0:
+                point = adopt_resume_point(layout, ckpt_dir)
+                if point is not None:
+                    log.info(
+                        "resume point: step %d of attempt %d (%s)",
+                        point.checkpoint.step,
+                        point.attempt,
+                        point.checkpoint.path,
+                    )
+            backend.barrier("checkpoint-adopt")
         found = load_newest_checkpoint(args, backend)
         if found is None:
-            log.info("--resume: no checkpoint in %s yet, starting from step 0", ckpt_dir)
+            where = ckpt_dir if layout is None else f"the attempts before {layout.attempt}"
+            log.info("--resume: no checkpoint in %s yet, starting from step 0", where)
         else:
             ckpt, saved = found
             check_resumable(args, ckpt.path, saved, backend)
             state = restore(saved, learner, args)
             log.info("resuming from step %d (%s)", state.step, ckpt.path)
-    elif writes:
-        archive = archive_previous_outputs(args.output_dir)
-        if archive is not None:
-            log.warning(
-                "%s held the outputs of an earlier run; started without %s, this run moved "
-                "them to %s",
-                args.output_dir,
-                "--resume",
-                archive,
-            )
 
     lengths = data_stream.ShardLengths(expect)
     start = data_stream.position_after(plan, lengths, args.batch_size, state.micro_batches_consumed)

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
 
+from trainium_operator.api import object_names
 from trainium_operator.api.instance_types import (
     DEFAULT_INSTANCE_TYPE,
     INSTANCE_TYPES,
@@ -118,8 +119,18 @@ Flag = Annotated[str, Field(pattern=FLAG_PATTERN)]
 # The name of a Kubernetes or Volcano object (a PersistentVolumeClaim, PriorityClass,
 # ServiceAccount, Volcano Queue): a DNS-1123 subdomain, as the API server requires of them. A
 # name nothing could be created under is refused at admission, naming the field.
-OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-ObjectName = Annotated[str, Field(pattern=OBJECT_NAME_PATTERN, max_length=253)]
+ObjectName = Annotated[str, Field(pattern=object_names.SUBDOMAIN_PATTERN, max_length=253)]
+
+
+def _declares_names(node: object_names.Node) -> Any:
+    """Pass-through content whose schema declares the object names inside it (and nothing
+    else), so the API server refuses a name no object can have."""
+    return Field(json_schema_extra=object_names.schema(node))
+
+
+def _items_declare_names(pod_spec_field: str) -> Any:
+    items = object_names.schema(object_names.POD_SPEC_ITEMS[pod_spec_field])
+    return Field(json_schema_extra={"items": items})
 
 
 class TrainingCommand(ApiModel):
@@ -143,7 +154,8 @@ class TrainingCommand(ApiModel):
     adds it with spec.dataDir as its value. Unset: nothing is added."""
     output_dir_arg: Flag | None = None
     """Option the script takes its output directory from (e.g. --output_dir): the operator
-    then adds it with the job's output directory. Unset: nothing is added."""
+    then adds it with the gang's own attempt directory, <outputDir>/attempt-<N> (compile:
+    <outputDir>/compile-<N>). Unset: nothing is added."""
 
 
 class StorageSpec(ApiModel):
@@ -341,7 +353,7 @@ class EnvVar(ApiModel):
     """Environment variable name."""
     value: str | None = None
     """Literal value."""
-    value_from: KubeObject | None = None
+    value_from: Annotated[KubeObject | None, _declares_names(object_names.ENV_VAR_SOURCE)] = None
     """Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef...)."""
 
 
@@ -426,15 +438,15 @@ class PodTemplatePodSpec(ApiModel):
             "x-kubernetes-validations": list[Any](_protected_pod_field_rules()),
         },
     )
-    volumes: list[KubeObject] = []
+    volumes: Annotated[list[KubeObject], _items_declare_names("volumes")] = []
     """Volumes added to the pod's (the operator's are dshm and shared-data)."""
-    init_containers: list[KubeObject] = []
+    init_containers: Annotated[list[KubeObject], _items_declare_names("initContainers")] = []
     """Init containers, run before the training container."""
-    containers: list[KubeObject] = []
+    containers: Annotated[list[KubeObject], _items_declare_names("containers")] = []
     """Sidecar containers; an entry named trainer is merged into the training container
     (volumeMounts, securityContext, ports, probes, workingDir, envFrom...), whose image,
     command, args, resources and env come from the TrainingJob spec."""
-    image_pull_secrets: list[KubeObject] = []
+    image_pull_secrets: Annotated[list[KubeObject], _items_declare_names("imagePullSecrets")] = []
     """Secrets for pulling the images."""
     security_context: KubeObject | None = None
     """The pod's PodSecurityContext."""
@@ -494,10 +506,19 @@ class PodTemplate(ApiModel):
                     f"spec.podTemplate.spec.volumes[{index}].name {volume.get('name')!r} is the "
                     f"operator's (it uses {', '.join(OPERATOR_VOLUMES)}); pick another name"
                 )
-        names = [c.get("name") for c in [*self.spec.init_containers, *self.spec.containers]]
+        for field, item in object_names.POD_SPEC_ITEMS.items():
+            found += object_names.problems(
+                f"spec.podTemplate.spec.{field}", spec.get(field), object_names.ListOf(item)
+            )
+        # Only string names can repeat; any other is a problem of its own above.
+        names = [
+            given
+            for c in [*self.spec.init_containers, *self.spec.containers]
+            if isinstance(given := c.get("name"), str)
+        ]
         for index, container in enumerate(self.spec.containers):
             where = f"spec.podTemplate.spec.containers[{index}]"
-            if not container.get("name"):
+            if container.get("name") is None:  # an invalid name is a problem of its own above
                 found.append(f"{where}.name is required")
             if container.get("name") != TRAINING_CONTAINER:
                 if not container.get("image"):
@@ -513,12 +534,7 @@ class PodTemplate(ApiModel):
             if mounts is not None and not (
                 isinstance(mounts, list) and all(isinstance(m, dict) for m in mounts)
             ):
-                # Content the CRD passes through unchecked: say what is wrong, never crash.
-                found.append(
-                    f"{where}.volumeMounts must be a list of volume mounts (objects with name "
-                    "and mountPath)"
-                )
-                continue
+                continue  # the names check above says what is wrong with its shape
             for mount in mounts or []:
                 if mount.get("mountPath") in ("/dev/shm", mount_path):
                     found.append(
@@ -533,8 +549,47 @@ class PodTemplate(ApiModel):
                 )
         duplicates = sorted({n for n in names if n and names.count(n) > 1})
         if duplicates:
-            found.append(f"spec.podTemplate.spec: container names repeat: {', '.join(duplicates)}")
-        return found
+            found.append(
+                "spec.podTemplate.spec.containers and initContainers: container names repeat: "
+                + ", ".join(duplicates)
+            )
+        return found + _quantity_problems(spec)
+
+
+# Any Kubernetes quantity the API server can decode (a negative one it then refuses by name).
+_DECODABLE_QUANTITY = re.compile(r"^[+-]?" + QUANTITY_PATTERN.removeprefix("^"))
+
+
+def _quantity_problems(pod_spec: dict[str, Any]) -> list[str]:
+    """Malformed quantities in pass-through pod content: the API server cannot decode such a
+    pod at all, and its 400 says "quantities must match the regular expression" without naming
+    the field, so the spec check names it."""
+    places: list[tuple[str, Any]] = []
+    for field in ("initContainers", "containers"):
+        for index, container in enumerate(pod_spec.get(field) or []):
+            resources = container.get("resources")
+            for kind in ("limits", "requests"):
+                values = resources.get(kind) if isinstance(resources, dict) else None
+                if isinstance(values, dict):
+                    where = f"spec.podTemplate.spec.{field}[{index}].resources.{kind}"
+                    places += [(f"{where}[{name}]", value) for name, value in values.items()]
+    for index, volume in enumerate(pod_spec.get("volumes") or []):
+        empty_dir = volume.get("emptyDir")
+        if isinstance(empty_dir, dict) and "sizeLimit" in empty_dir:
+            where = f"spec.podTemplate.spec.volumes[{index}].emptyDir.sizeLimit"
+            places.append((where, empty_dir["sizeLimit"]))
+    overhead = pod_spec.get("overhead")
+    if isinstance(overhead, dict):
+        places += [(f"spec.podTemplate.spec.overhead[{k}]", v) for k, v in overhead.items()]
+    return [
+        f"{where}: {value!r} is not a Kubernetes quantity (for example 500m, 2Gi)"
+        for where, value in places
+        if not (
+            value is None  # null decodes as zero
+            or (isinstance(value, int | float) and not isinstance(value, bool))
+            or (isinstance(value, str) and _DECODABLE_QUANTITY.match(value))
+        )
+    ]
 
 
 class TrainingJobSpec(ApiModel):
@@ -569,8 +624,10 @@ class TrainingJobSpec(ApiModel):
     """The training data (TRAINIUM_DATA_DIR, and the value of command.dataDirArg); defaults
     to the tutorial's layout <mountPath>/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128."""
     output_dir: str | None = None
-    """Checkpoints and metrics (TRAINIUM_OUTPUT_DIR, and the value of
-    command.outputDirArg); defaults to <mountPath>/output/<namespace>/<job>."""
+    """The root of the job's checkpoints and metrics (TRAINIUM_OUTPUT_ROOT); defaults to
+    <mountPath>/output/<namespace>/<job>. Each gang writes only under its own attempt's
+    directory, <outputDir>/attempt-<N> (compile: compile-<N>), passed as TRAINIUM_OUTPUT_DIR
+    and as the value of command.outputDirArg; a resume reads earlier attempts' directories."""
     precision: Precision = Precision.BF16
     """Training precision; bf16 enables stochastic rounding on Neuron."""
     storage: StorageSpec = StorageSpec()
@@ -628,6 +685,10 @@ class TrainingJobSpec(ApiModel):
         ]
         if reserved:
             problems.append(f"{_CROSS_FIELD_RULES[3]['message']} (got {', '.join(reserved)})")
+        for index, variable in enumerate(self.env):
+            problems += object_names.problems(
+                f"spec.env[{index}].valueFrom", variable.value_from, object_names.ENV_VAR_SOURCE
+            )
         problems += self.pod_template.problems(self.storage.mount_path.rstrip("/") or "/")
         if problems:
             raise ValueError("; ".join(problems))

@@ -31,6 +31,21 @@ class Phase(enum.StrEnum):
 TERMINAL_PHASES = frozenset({Phase.SUCCEEDED, Phase.FAILED})
 
 
+class ConditionType(enum.StrEnum):
+    """The types of status.conditions the operator writes (one condition per type)."""
+
+    ADMITTED = "Admitted"  # the API server took the job's pods (False: a refusal, named)
+    COMPILED = "Compiled"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    # Something outside the job is in its way (a taken child name, an old pod that does not
+    # go); lastTransitionTime is when the wait began, which bounds it.
+    BLOCKED = "Blocked"
+
+
 class FailureClass(enum.StrEnum):
     """The budget a failure is charged to: backoffLimit or infrastructureBackoffLimit."""
 
@@ -50,7 +65,9 @@ class Condition(ApiModel):
     """A Kubernetes-style condition; one per type."""
 
     type: str
-    """Condition type, e.g. Compiled, Running, Restarting, Admitted, Suspended."""
+    """Condition type: Admitted, Compiled, Running, Restarting, Suspended, Succeeded, Failed or
+    Blocked (something outside the job is in its way; lastTransitionTime is when the wait
+    began)."""
     status: Literal["True", "False", "Unknown"]
     reason: str | None = None
     """CamelCase reason."""

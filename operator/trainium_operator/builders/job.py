@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainium_operator.api import spec as spec_model
+from trainium_operator.api import workload_env
 from trainium_operator.api.spec import TrainingJobSpec
 
 APP_NAME = "trainium-operator"
@@ -69,8 +70,14 @@ class JobRef:
         return self.spec.data_dir or self._under_mount(DEFAULT_DATA_SUBDIR)
 
     @property
-    def output_dir(self) -> str:
+    def output_root(self) -> str:
+        """Read-only to a gang: the attempts' own directories are under it."""
         return self.spec.output_dir or self._under_mount("output", self.namespace, self.name)
+
+    def output_dir(self, stage: Stage, attempt: int) -> str:
+        """Where gang `attempt` of `stage` writes: its own directory, so a gang of an earlier
+        attempt that still runs (a partitioned node) cannot touch what a later one reads."""
+        return workload_env.attempt_output_dir(self.output_root, stage.value, attempt)
 
     @property
     def cache_root(self) -> str:

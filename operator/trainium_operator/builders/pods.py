@@ -119,7 +119,7 @@ def rendezvous_endpoint(job: JobRef, stage: Stage) -> str:
     return f"{host}:{rdzv.port}"
 
 
-def script_args(job: JobRef, stage: Stage, *, resume: bool) -> list[str]:
+def script_args(job: JobRef, stage: Stage, attempt: int, *, resume: bool) -> list[str]:
     """The script's arguments: the user's, plus only what the spec opted into.
 
     The compile stage's arguments match training's except for the step limit and the
@@ -131,7 +131,7 @@ def script_args(job: JobRef, stage: Stage, *, resume: bool) -> list[str]:
     if command.data_dir_arg:
         args += [command.data_dir_arg, job.data_dir]
     if command.output_dir_arg:
-        args += [command.output_dir_arg, job.output_dir]
+        args += [command.output_dir_arg, job.output_dir(stage, attempt)]
     if stage is Stage.COMPILE:
         if spec.compile.steps_arg:
             args += [spec.compile.steps_arg, str(spec.compile.steps)]
@@ -167,7 +167,7 @@ def torchrun_command(
         # the collectives of the others.
         "--max_restarts=0",
         spec.command.script,
-        *script_args(job, stage, resume=should_resume(stage, attempt, resume)),
+        *script_args(job, stage, attempt, resume=should_resume(stage, attempt, resume)),
     ]
     if stage is Stage.COMPILE:
         return [NEURON_PARALLEL_COMPILE, *argv]
@@ -224,7 +224,8 @@ def _operator_env(
         {"name": workload_env.ATTEMPT, "value": str(attempt)},
         {"name": workload_env.RESTART_COUNT, "value": str(restarts)},
         {"name": workload_env.RESUME, "value": "1" if resume else "0"},
-        {"name": workload_env.OUTPUT_DIR, "value": job.output_dir},
+        {"name": workload_env.OUTPUT_DIR, "value": job.output_dir(stage, attempt)},
+        {"name": workload_env.OUTPUT_ROOT, "value": job.output_root},
         {"name": workload_env.DATA_DIR, "value": job.data_dir},
         {"name": workload_env.PRECISION, "value": spec.precision.value},
         {

@@ -17,6 +17,7 @@ from trainium_operator.api.crd import training_job_crd
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.controller.reconciler import parse_job
 from trainium_operator.lifecycle import machine
+from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import observe
 
 Obj = dict[str, Any]
@@ -144,7 +145,7 @@ def render_stages(document: Obj, now: datetime) -> list[tuple[Stage, list[Obj]]]
     """
     job = _parse_for_render(document)
 
-    def decide(status: Obj, pods: list[Obj], groups: list[Obj], service: bool) -> machine.Decision:
+    def decide(status: Obj, pods: list[Obj], groups: list[Obj], service: bool) -> Decision:
         seen = observe(pods=pods, podgroups=groups, service_exists=service, nodes=[], now=now)
         return machine.decide(job, status, seen)
 

@@ -35,8 +35,9 @@ from trainium_operator.k8s.client import (
     is_forbidden,
     is_namespace_terminating,
 )
-from trainium_operator.lifecycle import machine
-from trainium_operator.lifecycle.observed import observe, podgroup_view, queue_view
+from trainium_operator.lifecycle import admission, blockers, cleanup, machine
+from trainium_operator.lifecycle.decision import Decision, EventRecord
+from trainium_operator.lifecycle.observed import node_view, observe, podgroup_view, queue_view
 from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload, upload_refused
 
 Obj = dict[str, Any]
@@ -57,12 +58,14 @@ CACHE_WAIT_SECONDS = 0.2  # the watches deliver an own write in milliseconds
 
 class ForeignChildError(RuntimeError):
     """A child's name is taken by an object this job does not own (a deleted predecessor's
-    pod still terminating): adopting it would run someone else's pod as ours."""
+    pod still terminating, or an unrelated object): adopting it would run someone else's pod as
+    ours. `existing` is that object as the API server has it."""
 
-    def __init__(self, obj: Obj, owners: list[str]):
+    def __init__(self, obj: Obj, existing: Obj):
+        owners = [r.get("uid") for r in existing["metadata"].get("ownerReferences") or []]
         super().__init__(f"{obj['kind']} {obj['metadata']['name']} is owned by {owners}")
         self.obj = obj
-        self.owners = owners
+        self.existing = existing
 
 
 class JobGoneError(LookupError):
@@ -107,25 +110,9 @@ def parse_job(body: Obj) -> JobRef | list[str]:
 
 def _upload_refused(
     current: Obj, attempt: int, pod: str, reason: str, *, generation: int, now: datetime
-) -> machine.Decision:
+) -> Decision:
     status, message = upload_refused(current, attempt, pod, reason, generation=generation, now=now)
-    return machine.Decision(
-        status=status, events=[machine.EventRecord("Warning", "ProfileUploadFailed", message)]
-    )
-
-
-def status_merge_patch(old: Any, new: Any) -> Any:
-    """The JSON merge patch (RFC 7386) that turns `old` into `new`: a key `new` no longer has is
-    sent as null, which is the only way a merge patch removes it; lists are replaced whole."""
-    if not isinstance(old, dict) or not isinstance(new, dict):
-        return new
-    patch = {key: status_merge_patch(old.get(key), value) for key, value in new.items()}
-    patch.update({key: None for key in old if key not in new})
-    return patch
-
-
-def _now(clock: Callable[[], datetime]) -> str:
-    return clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+    return Decision(status=status, events=[EventRecord("Warning", "ProfileUploadFailed", message)])
 
 
 def _owned_by(obj: Obj, uid: str) -> bool:
@@ -162,10 +149,11 @@ class Reconciler:
             if not self.cluster.create(obj):
                 # 409: ours from an earlier pass, or another owner's object of the same name.
                 meta = obj["metadata"]
-                owners = self.cluster.owner_uids(obj["kind"], meta["namespace"], meta["name"])
+                existing = self.cluster.read_child(obj["kind"], meta["namespace"], meta["name"])
                 ours = {r["uid"] for r in meta.get("ownerReferences") or []}
-                if owners is not None and not ours & set(owners):
-                    return obj, ForeignChildError(obj, owners)
+                if existing is not None and not any(_owned_by(existing, uid) for uid in ours):
+                    existing.setdefault("kind", obj["kind"])
+                    return obj, ForeignChildError(obj, existing)
         except Exception as error:
             return obj, error
         return obj, None
@@ -223,7 +211,7 @@ class Reconciler:
             f"{api_error_message(error)}; the operator's RBAC (Helm chart "
             "templates/_rbac.tpl) must grant it"
         )
-        self.events.post(body, "Warning", "PermissionDenied", message, _now(self.clock))
+        self.events.post(body, "Warning", "PermissionDenied", message, self.clock())
         raise PermissionDeniedError(message) from error
 
     def _help_deletion(self, body: Obj) -> float:
@@ -240,13 +228,17 @@ class Reconciler:
             nodes=self.cache.nodes(),
             now=self.clock(),
         )
-        deletions = machine.while_deleting(observed)
+        parsed = parse_job(body)
+        bound = (
+            cleanup.stuck_bound(parsed) if isinstance(parsed, JobRef) else cleanup.MIN_STUCK_SECONDS
+        )
+        deletions = cleanup.while_deleting(observed, bound)
         for deletion in deletions:
             self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
         self.cache.expect(key, deleted=[d.name for d in deletions])
         return PREDECESSOR_RETRY_SECONDS
 
-    def _record(self, body: Obj, decide: Callable[[Obj, int], machine.Decision]) -> None:
+    def _record(self, body: Obj, decide: Callable[[Obj, int], Decision]) -> float | None:
         """Writes an outcome found while applying (the pass's own writes were cut short) on the
         job as it is now: `decide(current status, generation)` builds it."""
         meta = body["metadata"]
@@ -255,21 +247,26 @@ class Reconciler:
             raise JobGoneError(f"{meta['namespace']}/{meta['name']}")
         current: Obj = fresh.get("status") or {}
         generation = int(fresh["metadata"].get("generation", 1))
-        self._apply(fresh, current, decide(current, generation))
+        return self._apply(fresh, current, decide(current, generation))
 
-    def _blocked_by_predecessor(self, body: Obj, error: ForeignChildError) -> float:
-        message = (
-            f"{error.obj['kind']} {error.obj['metadata']['name']} already exists and belongs to "
-            f"another owner ({', '.join(error.owners) or 'none'}), likely a deleted job of the "
-            "same name whose children are still terminating; waiting for it to go"
+    def _blocked_by_predecessor(self, body: Obj, error: ForeignChildError) -> float | None:
+        """A child's name is taken: wait for it, with a bound and an escalation
+        (`lifecycle.blockers`)."""
+        blocker = blockers.blocker_view(
+            error.existing, {n.name: n for n in map(node_view, self.cache.nodes())}
         )
-        self._record(
+        parsed = parse_job(body)
+        bound = blockers.wait_bound(
+            parsed.spec.run_policy.node_lost_grace_period_seconds
+            if isinstance(parsed, JobRef)
+            else blockers.MIN_WAIT_SECONDS
+        )
+        return self._record(
             body,
-            lambda current, generation: machine.blocked(
-                current, generation, "WaitingForPredecessor", message, now=self.clock()
+            lambda current, generation: blockers.blocked(
+                current, generation, blocker, bound_seconds=bound, now=self.clock()
             ),
         )
-        return PREDECESSOR_RETRY_SECONDS
 
     def _rejected(
         self, body: Obj, obj: Obj, rejection: AdmissionRejection, since: Mark
@@ -290,7 +287,7 @@ class Reconciler:
             )
         self._record(
             body,
-            lambda current, generation: machine.admission_rejected(
+            lambda current, generation: admission.admission_rejected(
                 current,
                 generation,
                 rejection.reason,
@@ -345,7 +342,7 @@ class Reconciler:
         self,
         body: Obj,
         current_status: Obj,
-        decision: machine.Decision,
+        decision: Decision,
     ) -> float | None:
         meta = body["metadata"]
         namespace = meta["namespace"]
@@ -353,13 +350,15 @@ class Reconciler:
         status_written = False
         if decision.status_first and decision.status != current_status:
             # A restart is recorded before its side effects; a stale view fails here with 409.
-            self._write_status(body, current_status, decision.status)
+            self._write_status(body, decision.status)
             status_written = True
         for deletion in decision.delete_pods:
             self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
         self.cache.expect(key, deleted=[d.name for d in decision.delete_pods])
         for podgroup in decision.delete_podgroups:
             self.cluster.delete_podgroup(namespace, podgroup)
+        for kind, name in decision.delete_foreign:
+            self._delete_foreign(namespace, kind, name)
         created: list[str] = []
         try:
             self._create_all(decision.create, created)
@@ -370,17 +369,24 @@ class Reconciler:
         if decision.status != current_status and not status_written:
             # resourceVersion makes a stale pass fail with 409 and retry, never overwrite;
             # events follow the status so a retried pass does not post them twice.
-            self._write_status(body, current_status, decision.status)
-        now = _now(self.clock)
+            self._write_status(body, decision.status)
         for event in decision.events:
             log.info("%s/%s %s: %s", namespace, meta["name"], event.reason, event.message)
-            self.events.post(body, event.type, event.reason, event.message, now)
+            self.events.post(body, event.type, event.reason, event.message, self.clock())
         for side in decision.side_create:
             self._create_side(body, side)
         if decision.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished elapsed, deleting", namespace, meta["name"])
             self.cluster.delete_training_job(namespace, meta["name"], meta["uid"])
         return decision.requeue_after
+
+    def _delete_foreign(self, namespace: str, kind: str, name: str) -> None:
+        if kind == "Pod":
+            self.cluster.delete_pod(namespace, name, force=False)
+        elif kind == "PodGroup":
+            self.cluster.delete_podgroup(namespace, name)
+        elif kind == "Service":
+            self.cluster.delete_service(namespace, name)
 
     def _create_side(self, body: Obj, obj: Obj) -> None:
         """Creates an object beside the job (a profile upload pod) after the job's own writes.
@@ -409,16 +415,10 @@ class Reconciler:
             return
         self.cache.expect(key, created=[name])
 
-    def _write_status(self, body: Obj, current: Obj, status: Obj) -> None:
+    def _write_status(self, body: Obj, status: Obj) -> None:
         meta = body["metadata"]
-        # The resourceVersion precondition makes `current` exactly what the server holds, so the
-        # merge patch can remove what the state machine dropped (an earlier failure's exit code).
-        written = self.cluster.patch_training_job_status(
-            meta["namespace"],
-            meta["name"],
-            status_merge_patch(current, status),
-            meta.get("resourceVersion"),
-        )
+        # The whole status replaces the old one, under the resourceVersion the pass decided on.
+        written = self.cluster.replace_training_job_status(body, status)
         if written is not None:
             version = written["metadata"].get("resourceVersion")
             self.cache.expect((meta["namespace"], meta["name"]), job_version=version)

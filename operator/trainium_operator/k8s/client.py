@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import socket
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
@@ -85,7 +88,14 @@ _ADMISSION_RULES: tuple[tuple[str, bool, str], ...] = (
     ("PodSecurityRejected", False, "violates PodSecurity"),
     ("LimitRangeRejected", False, "maximum cpu usage per"),
     ("LimitRangeRejected", False, "maximum memory usage per"),
+    # Built-in admission plugins on pods: RuntimeClass (a class created later lifts it), pod
+    # overhead without a RuntimeClass and Priority's own fields (only the spec can fix those).
+    ("RuntimeClassNotFound", False, "pod rejected: RuntimeClass"),
+    ("PodRejected", True, "pod rejected:"),
+    ("PriorityRejected", True, "must not be provided in pod spec"),
 )
+# How RBAC words a denial: 'pods is forbidden: User "..." cannot create resource "pods" ...'.
+_RBAC_DENIAL = re.compile(r'cannot [a-z]+ resource "')
 
 
 def admission_rejection(error: BaseException) -> AdmissionRejection | None:
@@ -93,7 +103,9 @@ def admission_rejection(error: BaseException) -> AdmissionRejection | None:
     if not isinstance(error, ApiException):
         return None
     message = api_error_message(error)
-    if error.status == 422:
+    if error.status in (400, 422):
+        # 422: a field's value is invalid; 400: the body could not even be decoded (a boolean
+        # field given a list, in pass-through content). Only a spec change can fix either.
         return AdmissionRejection("InvalidPodSpec", message, fatal=True)
     if error.status == 403:
         for reason, fatal, marker in _ADMISSION_RULES:
@@ -101,6 +113,9 @@ def admission_rejection(error: BaseException) -> AdmissionRejection | None:
                 return AdmissionRejection(reason, message, fatal)
         if "denied the request" in message:  # a validating webhook (Kyverno, Gatekeeper...)
             return AdmissionRejection("AdmissionWebhookRejected", message, fatal=False)
+        if not _RBAC_DENIAL.search(message) and not is_namespace_terminating(error):
+            # Any other admission plugin or policy: the cluster's rules, which may change.
+            return AdmissionRejection("AdmissionRejected", message, fatal=False)
     return None
 
 
@@ -246,18 +261,32 @@ class Cluster:
         items: list[Obj] = result.get("items", [])
         return items
 
-    def patch_training_job_status(
-        self, namespace: str, name: str, status: Obj, resource_version: str | None
-    ) -> Obj | None:
-        """Replace the status; with resource_version set, a concurrent writer makes this fail
-        with 409 instead of being silently overwritten."""
-        self.counter.add("patch", f"{spec_model.PLURAL}/status")
-        body: Obj = {"status": status}
-        if resource_version:
-            body["metadata"] = {"resourceVersion": resource_version}
+    def replace_training_job_status(self, job: Obj, status: Obj) -> Obj | None:
+        """Writes `status` as the job's whole status (PUT of the status subresource: what the
+        state machine dropped is gone from the server too). `job` is the object the status was
+        decided on; its resourceVersion makes a concurrent writer's change fail this with 409
+        instead of being silently overwritten."""
+        self.counter.add("update", f"{spec_model.PLURAL}/status")
+        meta = job["metadata"]
+        body: Obj = {
+            "apiVersion": job.get("apiVersion", f"{spec_model.GROUP}/{spec_model.VERSION}"),
+            "kind": job.get("kind", spec_model.KIND),
+            "metadata": {
+                key: meta[key]
+                for key in ("name", "namespace", "uid", "resourceVersion")
+                if key in meta
+            },
+            "spec": job.get("spec") or {},
+            "status": status,
+        }
         try:
-            result: Obj = self.custom.patch_namespaced_custom_object_status(
-                spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, name, body
+            result: Obj = self.custom.replace_namespaced_custom_object_status(
+                spec_model.GROUP,
+                spec_model.VERSION,
+                meta["namespace"],
+                spec_model.PLURAL,
+                meta["name"],
+                body,
             )
         except ApiException as error:
             if error.status == 404:
@@ -399,28 +428,36 @@ class Cluster:
             raise
         return True
 
-    def owner_uids(self, kind: str, namespace: str, name: str) -> list[str] | None:
-        """The owner UIDs of an existing child, or None when it does not exist."""
+    def read_child(self, kind: str, namespace: str, name: str) -> Obj | None:
+        """An existing object of a kind the operator creates (to see who owns a name that is
+        taken, and why it is still there), or None when it does not exist."""
         self.counter.add("get", kind.lower() + "s")
         try:
             if kind == "Pod":
-                meta = self.core.read_namespaced_pod(name, namespace).metadata
-                refs = [r.uid for r in meta.owner_references or []]
+                found: Any = self.core.read_namespaced_pod(name, namespace)
             elif kind == "Service":
-                meta = self.core.read_namespaced_service(name, namespace).metadata
-                refs = [r.uid for r in meta.owner_references or []]
+                found = self.core.read_namespaced_service(name, namespace)
             elif kind == "PodGroup":
-                body = self.custom.get_namespaced_custom_object(
-                    VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, name
+                return dict(
+                    self.custom.get_namespaced_custom_object(
+                        VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, name
+                    )
                 )
-                refs = [r.get("uid") for r in body["metadata"].get("ownerReferences") or []]
             else:
                 raise ValueError(f"the operator does not own {kind} objects")
         except ApiException as error:
             if error.status == 404:
                 return None
             raise
-        return [str(uid) for uid in refs]
+        return dict(self.core.api_client.sanitize_for_serialization(found))
+
+    def delete_service(self, namespace: str, name: str) -> None:
+        self.counter.add("delete", "services")
+        try:
+            self.core.delete_namespaced_service(name, namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
 
     def delete_pod(self, namespace: str, name: str, *, force: bool) -> None:
         self.counter.add("delete", "pods")
@@ -443,8 +480,16 @@ class Cluster:
                 raise
 
 
-def _event_name(involved: Obj, reason: str) -> str:
-    return f"{involved['metadata']['name']}.{reason.lower()}.{secrets.token_hex(4)}"
+def event_name(involved: Obj) -> str:
+    """`<object>.<nanoseconds, hex>` as client-go's recorder names events, plus a random tail:
+    `kubectl describe` sorts events by lastTimestamp, which has whole seconds, and leaves ties in
+    the API server's order, which is by name; time-ordered names keep two events of one second
+    (GangRunning, then TrainingSucceeded) in the order they happened."""
+    return f"{involved['metadata']['name']}.{time.time_ns():016x}{secrets.token_hex(2)}"
+
+
+def event_timestamp(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class EventPoster:
@@ -454,13 +499,15 @@ class EventPoster:
         self.cluster = cluster
         self.component = component
 
-    def post(self, involved: Obj, event_type: str, reason: str, message: str, now: str) -> None:
+    def post(
+        self, involved: Obj, event_type: str, reason: str, message: str, now: datetime
+    ) -> None:
         meta = involved["metadata"]
         self.cluster.counter.add("create", "events")
         body: Obj = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": _event_name(involved, reason), "namespace": meta["namespace"]},
+            "metadata": {"name": event_name(involved), "namespace": meta["namespace"]},
             "involvedObject": {
                 "apiVersion": involved["apiVersion"],
                 "kind": involved["kind"],
@@ -476,8 +523,8 @@ class EventPoster:
             "source": {"component": self.component},
             "reportingComponent": self.component,
             "reportingInstance": self.component,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
+            "firstTimestamp": event_timestamp(now),
+            "lastTimestamp": event_timestamp(now),
             "count": 1,
         }
         try:

@@ -57,6 +57,9 @@ class PodView:
     waiting_message: str | None = None
     unschedulable: str | None = None  # the PodScheduled=False message (scheduler's words)
     scheduled_at: datetime | None = None  # when PodScheduled turned True
+    # metadata.deletionTimestamp: when the kubelet should have stopped the pod (its grace
+    # period included); a pod still there well after it has a kubelet that does not confirm.
+    deletion_due: datetime | None = None
 
     @property
     def terminal(self) -> bool:
@@ -162,6 +165,7 @@ def pod_view(pod: Obj) -> PodView | None:
         ready=(conditions.get("Ready") or {}).get("status") == "True",
         node=(pod.get("spec") or {}).get("nodeName"),
         deleting=bool(meta.get("deletionTimestamp")),
+        deletion_due=parse_time(meta.get("deletionTimestamp")),
         exit_code=int(exit_code) if exit_code is not None else None,
         reason=status.get("reason") or terminated.get("reason"),
         message=status.get("message") or terminated.get("message"),

@@ -33,7 +33,7 @@ from trainium_operator.builders.upload import (
     upload_pod,
     upload_pod_name,
 )
-from trainium_operator.lifecycle.machine import Decision, EventRecord
+from trainium_operator.lifecycle.decision import Decision, EventRecord
 from trainium_operator.profiler import s3 as uploader
 
 Obj = dict[str, Any]

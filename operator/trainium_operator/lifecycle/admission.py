@@ -1,0 +1,109 @@
+"""Admission: whether the gang may start, in Volcano's and the API server's own words.
+
+Volcano admits a gang into its queue (the PodGroup's phase), then places it; the API server may
+refuse a pod (quota, a missing PriorityClass or ServiceAccount, policy). A refusal only the spec
+can fix fails the job; one the cluster can fix is a Warning on a Pending job, held until
+something it depends on changes.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+
+from trainium_operator.api.status import ConditionType, Phase
+from trainium_operator.builders.job import JobRef, Stage
+from trainium_operator.lifecycle.decision import Decision, Obj
+from trainium_operator.lifecycle.failures import start_blocker
+from trainium_operator.lifecycle.observed import Observed, PodView
+from trainium_operator.lifecycle.status_edit import StatusEdit
+
+
+def admission_rejected(
+    status_after: Obj, generation: int, reason: str, message: str, *, fatal: bool, now: datetime
+) -> Decision:
+    """The API server refused a child for a reason only the spec (fatal) or the cluster (quota,
+    a PriorityClass or ServiceAccount created later) can fix: say so once, do not spin."""
+    decision = Decision()
+    status = StatusEdit(status_after, generation, now, decision)
+    status.condition(ConditionType.ADMITTED, False, reason, message)
+    if fatal:
+        status.finish(Phase.FAILED, reason, message)
+    else:
+        status.transition(Phase.PENDING, reason, message, warning=True)
+    decision.status = status.validated()
+    return decision
+
+
+_GANG_VERDICT = re.compile(r"(\d+)/(\d+) tasks in gang unschedulable")
+
+
+def _verdict_covers(message: str, pods: int) -> bool:
+    """Whether Volcano's "<unschedulable>/<tasks seen> tasks in gang unschedulable" saw at least
+    `pods` tasks (a message in another form is taken as it is)."""
+    match = _GANG_VERDICT.search(message)
+    return match is None or int(match.group(2)) >= pods
+
+
+def waiting_reason(
+    job: JobRef, stage: Stage, gang: dict[int, PodView], observed: Observed
+) -> tuple[str, str, bool]:
+    """Why a stage's gang is not running yet, in Volcano's own words where it gave some:
+    (reason, message, is a warning)."""
+    queue = job.spec.scheduling.queue
+    nodes = job.spec.nodes
+    if observed.queue is not None and not observed.queue.exists:
+        return (
+            "QueueNotFound",
+            f"spec.scheduling.queue: Volcano queue {queue!r} does not exist; create it "
+            "(kubectl get queues lists them) or name an existing queue",
+            True,
+        )
+    if observed.queue is not None and observed.queue.state not in (None, "Open"):
+        return (
+            "QueueClosed",
+            f"spec.scheduling.queue: Volcano queue {queue!r} is {observed.queue.state}; "
+            "it admits no new jobs until it is Open again",
+            True,
+        )
+    blocker = start_blocker(job, gang)
+    if blocker is not None:
+        return blocker.reason, blocker.message, True
+    group = observed.podgroups.get(job.podgroup_name(stage))
+    scheduled = sum(1 for p in gang.values() if p.node)
+    ready = sum(1 for p in gang.values() if p.phase == "Running" and p.ready and not p.deleting)
+    progress = f"{scheduled}/{nodes} pods scheduled, {ready}/{nodes} ready"
+    # Until all of the gang's pods exist, Volcano's "16/0 tasks in gang unschedulable" only
+    # says that the pods being created are not there yet; a verdict on fewer tasks than the gang
+    # now has was written before its pods existed and is no refusal either.
+    if (
+        group is not None
+        and group.unschedulable
+        and scheduled < nodes
+        and len(gang) >= nodes
+        and _verdict_covers(group.unschedulable, len(gang))
+    ):
+        return (
+            "Unschedulable",
+            f"{stage.value} stage: Volcano cannot place the gang of {nodes} pods "
+            f"(queue {queue}): {group.unschedulable}",
+            True,
+        )
+    if group is None or not group.admitted:
+        seen = f"{group.phase or 'not yet seen by the scheduler'}" if group else "being created"
+        pods = f"{progress}" if gang else "its pods are created once Volcano admits it"
+        message = (
+            f"{stage.value} stage: waiting in Volcano queue {queue!r} "
+            f"(PodGroup {job.podgroup_name(stage)} {seen}); {pods}"
+        )
+        kind = job.spec.instance_type.value
+        fitting = sum(1 for n in observed.nodes.values() if n.ready and n.instance_type == kind)
+        if group is not None and fitting < nodes:
+            # Volcano's enqueue says only "resource in cluster is overused" (an Event on the
+            # PodGroup); the count of nodes that could host a rank is the actionable part.
+            message += (
+                f"; the cluster has {fitting} Ready {kind} node(s) and the gang needs {nodes}: "
+                "it is admitted once enough join (autoscaling) or spec.nodes is lowered"
+            )
+        return "Queued", message, fitting < nodes
+    return "WaitingForGang", f"{stage.value} stage: {progress} (queue {queue})", False

@@ -1,0 +1,52 @@
+"""What one reconcile pass decided: the objects to create and delete, the status, the events.
+
+Every policy of the lifecycle writes into one `Decision`; the reconciler applies it in a safe
+order (a restart's status before its deletes, events after the status they describe, side
+objects last).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class PodDeletion:
+    name: str
+    force: bool  # grace period 0: the pod's node is gone and will never confirm
+
+
+@dataclass(frozen=True, slots=True)
+class EventRecord:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclass(slots=True)
+class Decision:
+    create: list[Obj] = field(default_factory=list)
+    # Objects beside the job (profile upload pods): created after the job's status is written,
+    # and a refusal of one is that object's own outcome, never the job's.
+    side_create: list[Obj] = field(default_factory=list)
+    delete_pods: list[PodDeletion] = field(default_factory=list)
+    delete_podgroups: list[str] = field(default_factory=list)
+    # (kind, name) of a deleted predecessor's child that garbage collection left in the way.
+    delete_foreign: list[tuple[str, str]] = field(default_factory=list)
+    delete_job: bool = False
+    status: Obj = field(default_factory=dict)
+    events: list[EventRecord] = field(default_factory=list)
+    requeue_after: float | None = None
+    # Written (guarded by resourceVersion) before anything is deleted or created: a restart's
+    # new attempt and counts, a stage's first attempt. A crash in between then neither loses
+    # the count nor lets a later pass re-create the old attempt or forget to resume.
+    status_first: bool = False
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 1.0)
+        self.requeue_after = (
+            seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+        )

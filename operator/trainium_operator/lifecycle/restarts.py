@@ -1,0 +1,103 @@
+"""What a failure of the current gang leads to: a gang restart within its budget, or the end.
+
+torchrun ranks cannot rejoin alone, so a failure restarts the whole gang as a new attempt;
+application failures spend spec.runPolicy.backoffLimit, infrastructure failures (a lost node,
+an eviction, a vanished pod) infrastructureBackoffLimit. A compile-stage application failure
+ends the job at once (the same compiler run would fail again).
+"""
+
+from __future__ import annotations
+
+from trainium_operator.api.status import ConditionType, FailureClass, Phase
+from trainium_operator.builders.job import JobRef, Stage
+from trainium_operator.lifecycle.cleanup import cleanup_on_finish, delete_gang, stuck_bound
+from trainium_operator.lifecycle.decision import Decision, EventRecord
+from trainium_operator.lifecycle.failures import CANNOT_START_REASONS, CLAIM_NOT_FOUND, Failure
+from trainium_operator.lifecycle.observed import Observed
+from trainium_operator.lifecycle.status_edit import StatusEdit, workers_view
+
+
+def handle_failures(
+    job: JobRef,
+    *,
+    status: StatusEdit,
+    decision: Decision,
+    observed: Observed,
+    stage: Stage,
+    attempt: int,
+    failures: list[Failure],
+) -> None:
+    # An application failure explains more than the infrastructure noise it causes.
+    failures.sort(
+        key=lambda f: (
+            f.reason not in CANNOT_START_REASONS and f.reason != CLAIM_NOT_FOUND,
+            f.klass is not FailureClass.APPLICATION,
+            f.rank,
+        )
+    )
+    first = failures[0]
+    status.data["lastFailure"] = first.as_status(observed.now)
+    for failure in failures:
+        decision.events.append(EventRecord("Warning", failure.reason, failure.message))
+    policy = job.spec.run_policy
+    restarts = dict(
+        status.data.get("restarts") or {"total": 0, "application": 0, "infrastructure": 0}
+    )
+    if first.klass is FailureClass.APPLICATION:
+        used, limit, budget = restarts.get("application", 0), policy.backoff_limit, "backoffLimit"
+    else:
+        used, limit = restarts.get("infrastructure", 0), policy.infrastructure_backoff_limit
+        budget = "infrastructureBackoffLimit"
+
+    if stage is Stage.COMPILE and first.klass is FailureClass.APPLICATION:
+        status.condition(ConditionType.COMPILED, False, "CompileFailed", first.message)
+        status.finish(Phase.FAILED, "CompileFailed", f"compile stage failed: {first.message}")
+        cleanup_on_finish(job, decision, observed)
+        return
+    if used >= limit:
+        reason = (
+            "BackoffLimitExceeded"
+            if first.klass is FailureClass.APPLICATION
+            else "InfrastructureBackoffLimitExceeded"
+        )
+        status.finish(
+            Phase.FAILED,
+            reason,
+            f"{first.message}; spec.runPolicy.{budget} ({limit}) exhausted",
+        )
+        cleanup_on_finish(job, decision, observed)
+        return
+
+    key = "application" if first.klass is FailureClass.APPLICATION else "infrastructure"
+    restarts[key] = used + 1
+    restarts["total"] = restarts.get("total", 0) + 1
+    status.data["restarts"] = restarts
+    new_attempt = attempt + 1
+    status.data["attempt"] = new_attempt
+    # torchrun ranks cannot rejoin alone: stop the whole gang. Keep this attempt's failed
+    # pods for their logs; drop failed pods of older attempts.
+    old = [
+        p
+        for p in observed.pods
+        if p.attempt <= attempt and (not p.terminal or (p.stage is stage and p.attempt < attempt))
+    ]
+    delete_gang(decision, old, observed, stuck_bound(job))
+    status.transition(
+        Phase.RESTARTING,
+        "GangRestart",
+        f"restarting all {job.spec.nodes} {stage.value} pods as attempt {new_attempt} after "
+        f"{first.reason}: {first.message}",
+        warning=True,
+    )
+    status.condition(ConditionType.RESTARTING, True, first.reason, first.message)
+    status.condition(ConditionType.RUNNING, False, "GangRestart", f"attempt {new_attempt} starting")
+    # The new gang is created by a later pass, once this status is stored and the old pods
+    # are gone (their deletion events wake the job).
+    decision.status_first = True
+    decision.requeue(1.0)
+    status.data["workers"] = workers_view({}, job.spec.nodes)
+    if stage is Stage.TRAIN and job.spec.profile.enabled:
+        status.data["profile"] = {
+            "path": job.profile_dir(new_attempt),
+            "claimName": job.spec.storage.claim_name,
+        }
