@@ -57,6 +57,40 @@ def test_an_rbac_denial_stays_a_permission_problem() -> None:
     assert is_forbidden(api_error(403, message))
 
 
+@pytest.mark.parametrize(
+    ("message", "reason", "fatal"),
+    [
+        ('pods "j-train-0-0" is forbidden: pod rejected: RuntimeClass "neuron" not found',
+         "RuntimeClassNotFound", False),
+        ('pods "j-train-0-0" is forbidden: pod rejected: Pod Overhead set without corresponding '
+         "RuntimeClass defined Overhead", "PodRejected", True),
+        ('pods "j-train-0-0" is forbidden: the integer value of priority (0) must not be provided '
+         "in pod spec; priority admission controller computed 0 from the given PriorityClass "
+         "name", "PriorityRejected", True),
+        ('pods "j-train-0-0" is forbidden: some admission plugin said no', "AdmissionRejected",
+         False),
+    ],
+)  # fmt: skip
+def test_built_in_admission_plugins_refusals_are_not_rbac_denials(
+    message: str, reason: str, fatal: bool
+) -> None:
+    rejection = admission_rejection(api_error(403, message))
+    assert rejection is not None
+    assert (rejection.reason, rejection.fatal) == (reason, fatal)
+    assert not is_forbidden(api_error(403, message))
+
+
+def test_a_body_the_api_server_cannot_decode_is_an_invalid_pod_spec() -> None:
+    message = (
+        'Pod in version "v1" cannot be handled as a Pod: json: cannot unmarshal array into Go '
+        "struct field PodSpec.spec.enableServiceLinks of type bool"
+    )
+    rejection = admission_rejection(api_error(400, message))
+    assert rejection is not None
+    assert (rejection.reason, rejection.fatal) == ("InvalidPodSpec", True)
+    assert "enableServiceLinks" in rejection.message
+
+
 def test_an_invalid_field_is_fatal() -> None:
     message = 'Pod "j-train-0-0" is invalid: metadata.labels: Invalid value: "a b"'
     rejection = admission_rejection(api_error(422, message))

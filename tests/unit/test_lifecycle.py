@@ -605,3 +605,23 @@ def test_a_restart_force_deletes_an_old_pod_stuck_terminating_on_a_ready_node() 
     held = at(90, forced.status)
     assert (held.status["phase"], held.status["reason"]) == ("Failed", "OldGangStuck")
     assert "bert-train-0-1" in held.status["message"]
+
+
+def test_a_job_that_ends_before_its_pods_exist_releases_its_admitted_podgroup() -> None:
+    job = job_ref(compile={"enabled": False}, runPolicy={"activeDeadlineSeconds": 60})
+    admitted = Observed(
+        (), {"bert-train": PodGroupView("bert-train", "Inqueue", None)}, True, NODES, T0
+    )
+    started = machine.decide(job, {}, admitted).status
+    later = replace(admitted, now=T0 + timedelta(seconds=61))
+    ended = machine.decide(job, started, later)
+    assert (ended.status["phase"], ended.status["reason"]) == ("Failed", "DeadlineExceeded")
+    assert ended.delete_podgroups == ["bert-train"], "Volcano would keep reserving its capacity"
+
+
+def test_an_ended_job_keeps_the_podgroup_of_pods_still_running() -> None:
+    job = job_ref(compile={"enabled": False}, runPolicy={"cleanPodPolicy": "None"})
+    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    failed = {**running, "phase": "Failed", "reason": "DeadlineExceeded"}
+    decision = machine.decide(job, failed, observed(*gang(job, Stage.TRAIN, 0)))
+    assert "bert-train" not in decision.delete_podgroups

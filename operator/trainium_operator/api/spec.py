@@ -549,8 +549,47 @@ class PodTemplate(ApiModel):
                 )
         duplicates = sorted({n for n in names if n and names.count(n) > 1})
         if duplicates:
-            found.append(f"spec.podTemplate.spec: container names repeat: {', '.join(duplicates)}")
-        return found
+            found.append(
+                "spec.podTemplate.spec.containers and initContainers: container names repeat: "
+                + ", ".join(duplicates)
+            )
+        return found + _quantity_problems(spec)
+
+
+# Any Kubernetes quantity the API server can decode (a negative one it then refuses by name).
+_DECODABLE_QUANTITY = re.compile(r"^[+-]?" + QUANTITY_PATTERN.removeprefix("^"))
+
+
+def _quantity_problems(pod_spec: dict[str, Any]) -> list[str]:
+    """Malformed quantities in pass-through pod content: the API server cannot decode such a
+    pod at all, and its 400 says "quantities must match the regular expression" without naming
+    the field, so the spec check names it."""
+    places: list[tuple[str, Any]] = []
+    for field in ("initContainers", "containers"):
+        for index, container in enumerate(pod_spec.get(field) or []):
+            resources = container.get("resources")
+            for kind in ("limits", "requests"):
+                values = resources.get(kind) if isinstance(resources, dict) else None
+                if isinstance(values, dict):
+                    where = f"spec.podTemplate.spec.{field}[{index}].resources.{kind}"
+                    places += [(f"{where}[{name}]", value) for name, value in values.items()]
+    for index, volume in enumerate(pod_spec.get("volumes") or []):
+        empty_dir = volume.get("emptyDir")
+        if isinstance(empty_dir, dict) and "sizeLimit" in empty_dir:
+            where = f"spec.podTemplate.spec.volumes[{index}].emptyDir.sizeLimit"
+            places.append((where, empty_dir["sizeLimit"]))
+    overhead = pod_spec.get("overhead")
+    if isinstance(overhead, dict):
+        places += [(f"spec.podTemplate.spec.overhead[{k}]", v) for k, v in overhead.items()]
+    return [
+        f"{where}: {value!r} is not a Kubernetes quantity (for example 500m, 2Gi)"
+        for where, value in places
+        if not (
+            value is None  # null decodes as zero
+            or (isinstance(value, int | float) and not isinstance(value, bool))
+            or (isinstance(value, str) and _DECODABLE_QUANTITY.match(value))
+        )
+    ]
 
 
 class TrainingJobSpec(ApiModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import socket
 import threading
@@ -87,7 +88,14 @@ _ADMISSION_RULES: tuple[tuple[str, bool, str], ...] = (
     ("PodSecurityRejected", False, "violates PodSecurity"),
     ("LimitRangeRejected", False, "maximum cpu usage per"),
     ("LimitRangeRejected", False, "maximum memory usage per"),
+    # Built-in admission plugins on pods: RuntimeClass (a class created later lifts it), pod
+    # overhead without a RuntimeClass and Priority's own fields (only the spec can fix those).
+    ("RuntimeClassNotFound", False, "pod rejected: RuntimeClass"),
+    ("PodRejected", True, "pod rejected:"),
+    ("PriorityRejected", True, "must not be provided in pod spec"),
 )
+# How RBAC words a denial: 'pods is forbidden: User "..." cannot create resource "pods" ...'.
+_RBAC_DENIAL = re.compile(r'cannot [a-z]+ resource "')
 
 
 def admission_rejection(error: BaseException) -> AdmissionRejection | None:
@@ -95,7 +103,9 @@ def admission_rejection(error: BaseException) -> AdmissionRejection | None:
     if not isinstance(error, ApiException):
         return None
     message = api_error_message(error)
-    if error.status == 422:
+    if error.status in (400, 422):
+        # 422: a field's value is invalid; 400: the body could not even be decoded (a boolean
+        # field given a list, in pass-through content). Only a spec change can fix either.
         return AdmissionRejection("InvalidPodSpec", message, fatal=True)
     if error.status == 403:
         for reason, fatal, marker in _ADMISSION_RULES:
@@ -103,6 +113,9 @@ def admission_rejection(error: BaseException) -> AdmissionRejection | None:
                 return AdmissionRejection(reason, message, fatal)
         if "denied the request" in message:  # a validating webhook (Kyverno, Gatekeeper...)
             return AdmissionRejection("AdmissionWebhookRejected", message, fatal=False)
+        if not _RBAC_DENIAL.search(message) and not is_namespace_terminating(error):
+            # Any other admission plugin or policy: the cluster's rules, which may change.
+            return AdmissionRejection("AdmissionRejected", message, fatal=False)
     return None
 
 

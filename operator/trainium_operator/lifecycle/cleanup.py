@@ -11,7 +11,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from trainium_operator.api.spec import CleanPodPolicy
-from trainium_operator.builders.job import JobRef
+from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle.decision import Decision, PodDeletion
 from trainium_operator.lifecycle.observed import Observed, PodView
 
@@ -50,8 +50,20 @@ def delete_gang(decision: Decision, pods: list[PodView], observed: Observed, bou
             decision.delete_pods.append(PodDeletion(pod.name, force=force))
 
 
+def release_podgroups(job: JobRef, decision: Decision, observed: Observed) -> None:
+    """An ended job's PodGroups go once no live pod of their stage needs them: Volcano keeps
+    reserving an admitted PodGroup's minResources (a job that failed before its pods existed
+    would hold a node's worth of capacity until someone deleted the job)."""
+    for stage in Stage:
+        name = job.podgroup_name(stage)
+        live = any(p.stage is stage and not p.terminal for p in observed.pods)
+        if name in observed.podgroups and not live and name not in decision.delete_podgroups:
+            decision.delete_podgroups.append(name)
+
+
 def cleanup_on_finish(job: JobRef, decision: Decision, observed: Observed) -> None:
-    """spec.runPolicy.cleanPodPolicy once the job has ended."""
+    """spec.runPolicy.cleanPodPolicy once the job has ended, and its PodGroups released."""
+    release_podgroups(job, decision, observed)
     policy = job.spec.run_policy.clean_pod_policy
     if policy is CleanPodPolicy.NONE:
         return
