@@ -63,7 +63,7 @@ class _Security:
 
 JOBS_KEY = web.AppKey("jobs", _Jobs)
 SECURITY_KEY = web.AppKey("security", _Security)
-USER_KEY = "trainium.user"  # request[USER_KEY]: the reviewed user (kubernetes mode only)
+USER_KEY = web.RequestKey("user", ReviewedUser)  # kubernetes mode: the reviewed user
 UNGUARDED_PATHS = frozenset({"/healthz"})  # probes: no Host, no token, nothing to read
 STATIC_DIR = Path(str(resources.files("trainium_operator.ui") / "static"))
 _SECURITY_HEADERS = {
@@ -115,7 +115,11 @@ async def _readable(request: web.Request, namespaces: Collection[str]) -> dict[s
     if access is None:
         return dict.fromkeys(namespaces, True)
     assert user is not None  # the authentication middleware set it
-    return await access.readable(user, namespaces)
+    try:
+        return await access.readable(user, namespaces)
+    except Exception as exc:  # the API server is unreachable: refuse, never show unchecked
+        log.warning("SubjectAccessReview failed: %s", exc)
+        raise web.HTTPServiceUnavailable(text="cannot review access now") from exc
 
 
 def _profile_namespaces(store: ProfileStore, identifier: str) -> set[str]:
@@ -334,6 +338,7 @@ async def authenticate(request: web.Request, handler: Any) -> web.StreamResponse
         if not verdict.allowed:
             raise _refuse(verdict)
         assert review is not None
+        assert review.user is not None
         request[USER_KEY] = review.user
     response: web.StreamResponse = await handler(request)
     return response
