@@ -139,15 +139,27 @@ def test_the_operator_never_creates_queues_claims_or_nodes(scenario: str, tmp_pa
         pytest.param({"watchNamespaces": ["team-a", "team-b"]}, id="namespaced"),
     ],
 )
-def test_profile_ui_can_only_read_training_jobs(values: dict[str, Any], tmp_path: Path) -> None:
+def test_profile_ui_can_only_read_training_jobs_and_review_its_users(
+    values: dict[str, Any], tmp_path: Path
+) -> None:
     manifests = render({**values, "profileUI": {"enabled": True}}, tmp_path)
     name = f"{FULLNAME}-profile-ui"
     roles = [m for m in rbac_objects(manifests) if m["metadata"]["name"] == name]
-    assert len(roles) == len(values.get("watchNamespaces", [None]))
+    namespaced = "watchNamespaces" in values
+    # A Role per watched namespace plus the ClusterRole of the reviews, or one ClusterRole.
+    assert len(roles) == (len(values["watchNamespaces"]) + 1 if namespaced else 1)
+    reviews = {
+        ("authentication.k8s.io", "tokenreviews"): {"create"},
+        ("authorization.k8s.io", "subjectaccessreviews"): {"create"},
+    }
+    jobs = {("trainium.dev", "trainingjobs"): {"get", "list", "watch"}}
+    granted: dict[tuple[str, str], set[str]] = {}
     for role in roles:
-        assert permissions(role["rules"]) == {
-            ("trainium.dev", "trainingjobs"): {"get", "list", "watch"}
-        }
+        for key, verbs in permissions(role["rules"]).items():
+            granted.setdefault(key, set()).update(verbs)
+        if role["kind"] == "Role":
+            assert permissions(role["rules"]) == jobs
+    assert granted == {**jobs, **reviews}
     bindings = [
         m
         for m in manifests

@@ -410,6 +410,13 @@ def test_profile_ui_mounts_the_shared_claim_read_only(tmp_path: Path) -> None:
         "/data/profiles",
         "--port=8090",
         "--host=0.0.0.0",
+        "--auth=kubernetes",
+        f"--allowed-host={FULLNAME}-profile-ui",
+        f"--allowed-host={FULLNAME}-profile-ui.default",
+        f"--allowed-host={FULLNAME}-profile-ui.default.svc",
+        f"--allowed-host={FULLNAME}-profile-ui.default.svc.cluster.local",
+        "--allowed-host=localhost",
+        "--allowed-host=127.0.0.1",
         "--list-jobs",
     ]
     assert {"name": "shared", "mountPath": "/data", "readOnly": True} in container["volumeMounts"]

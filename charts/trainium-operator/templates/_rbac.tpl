@@ -94,6 +94,16 @@ operator never creates Volcano queues, PersistentVolumeClaims or nodes.
   apiGroups: ["trainium.dev"]
   resources: ["trainingjobs"]
   verbs: ["get", "list", "watch"]
+# `--auth kubernetes`: who a request's bearer token is (TokenReview) and whether that user may
+# read a namespace's TrainingJobs (SubjectAccessReview); reviews change nothing in the cluster.
+- scope: cluster
+  apiGroups: ["authentication.k8s.io"]
+  resources: ["tokenreviews"]
+  verbs: ["create"]
+- scope: cluster
+  apiGroups: ["authorization.k8s.io"]
+  resources: ["subjectaccessreviews"]
+  verbs: ["create"]
 {{- end }}
 
 {{/*
