@@ -120,6 +120,11 @@ class ProfileFormatError(ValueError):
         self.reason = reason
         super().__init__(f"{self.path}: byte {offset}: {reason}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Crosses process boundaries (loading decodes rank files in worker processes); the
+        # default would call cls(message) and fail on the missing arguments.
+        return (type(self), (self.path, self.offset, self.reason))
+
 
 class TruncatedProfileError(ProfileFormatError):
     """The file ends in the middle of its header or a block (or before its END block)."""
