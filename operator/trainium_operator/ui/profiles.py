@@ -14,6 +14,7 @@ import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -245,21 +246,22 @@ class ProfileStore:
         return {**row, "state": slot.state, "error": error, "events": slot.events}
 
     def listing(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
         if self.s3 is not None:
-            rows = [
-                _row_or_error(
-                    profile.identifier, str(profile.location), lambda p=profile: _s3_row(p)
+            for profile in self.s3.listing():
+                rows.append(
+                    _row_or_error(
+                        profile.identifier, str(profile.location), partial(_s3_row, profile)
+                    )
                 )
-                for profile in self.s3.listing()
-            ]
         else:
             root = self.root.resolve()
-            rows = [
-                _row_or_error(
-                    profile_id(root, path), str(path), lambda p=path: _dir_row(self.root, p)
+            for path in find_profiles(self.root):
+                rows.append(
+                    _row_or_error(
+                        profile_id(root, path), str(path), partial(_dir_row, self.root, path)
+                    )
                 )
-                for path in find_profiles(self.root)
-            ]
         return [self._with_slot(row) for row in rows]
 
     def _locate(self, identifier: str) -> Path | S3Profile:
