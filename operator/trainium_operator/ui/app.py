@@ -233,6 +233,8 @@ async def load(request: web.Request) -> web.Response:
         raise web.HTTPBadGateway(text=str(exc)) from exc
     if request.query.get("wait") == "1" and slot.task is not None:
         await asyncio.shield(slot.task)
+    if slot.state == "error":  # a malformed profile: the client's input, not a server fault
+        raise web.HTTPUnprocessableEntity(text=f"profile {identifier!r}: {slot.error}")
     return web.json_response({"id": identifier, "state": slot.state, "error": slot.error})
 
 
