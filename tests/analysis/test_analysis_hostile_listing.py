@@ -14,6 +14,7 @@ import pytest
 from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.profiler.manifest import ManifestError, load_manifest
 from trainium_operator.ui.app import create_app
+from trainium_operator.ui.guards import CSRF_HEADER
 from ui_serving import serving
 
 SPEC = SyntheticSpec(nodes=1, ranks_per_node=2, kernels_per_step=4, steps=4, detailed_steps=(1, 2))
@@ -35,7 +36,7 @@ def _get(url: str) -> Any:
 
 
 def _post(url: str) -> Any:
-    request = urllib.request.Request(url, method="POST")
+    request = urllib.request.Request(url, method="POST", headers={CSRF_HEADER: "1"})
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
 

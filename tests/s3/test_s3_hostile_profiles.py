@@ -17,6 +17,7 @@ from trainium_operator.analysis.s3store import S3ProfileSource, key_problem
 from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.profiler.s3 import S3Location, S3ProfileError, parse_s3_uri, upload_profile
 from trainium_operator.ui.app import create_app
+from trainium_operator.ui.guards import CSRF_HEADER
 from ui_serving import serving
 
 SPEC = SyntheticSpec(nodes=1, ranks_per_node=2, kernels_per_step=4, steps=4, detailed_steps=(1, 2))
@@ -116,7 +117,7 @@ def _get(url: str) -> Any:
 
 
 def _post(url: str) -> Any:
-    request = urllib.request.Request(url, method="POST")
+    request = urllib.request.Request(url, method="POST", headers={CSRF_HEADER: "1"})
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
 
