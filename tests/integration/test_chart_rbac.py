@@ -100,7 +100,7 @@ def test_helm_install_creates_the_operator_deployment_and_least_privilege_rbac(
     )
     granted = {(r.resources[0], verb) for r in role.rules for verb in r.verbs}
     assert ("pods", "create") in granted
-    assert ("trainingjobs/status", "patch") in granted
+    assert ("trainingjobs/status", "update") in granted
     assert not any("*" in r.verbs or "*" in r.resources for r in role.rules)
     assert not any("secrets" in r.resources for r in role.rules)
 
