@@ -21,7 +21,7 @@ import pytest
 from images.dockerfile_model import ROOT, TRAINING_DOCKERFILE, Dockerfile
 from s3_server import S3Bucket, aws_env
 from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
-from trainium_operator.builders.upload import upload_pod
+from trainium_operator.builders.upload import UploadPodSettings, upload_pod
 from trainium_operator.profiler.s3 import MANIFEST_NAME
 from unit.jobs import job_ref
 
@@ -164,29 +164,24 @@ def test_the_operator_images_entry_point_runs_from_the_installed_wheel(
     assert not devcluster.exists(), "the dev cluster is no part of the image"
 
 
-def test_the_upload_pods_command_uploads_a_profile_from_the_image_it_names(
-    operator_image: Path, training_image: tuple[Path, dict[str, str]], s3: S3Bucket, tmp_path: Path
+def test_the_upload_pods_command_uploads_a_profile_from_the_operator_image(
+    operator_image: Path, s3: S3Bucket, tmp_path: Path
 ) -> None:
-    """The command the operator gives the profile upload pod, run in the layout of the image
-    that pod runs, against a real S3 API: the profile and its manifest (last) arrive."""
+    """The command the operator gives the profile upload pod, run in the operator image's
+    layout (the image that pod runs, never the job's), against a real S3 API: the rank files
+    and the manifest (last) arrive."""
     job = job_ref(profile={"enabled": True, "s3Uri": s3.uri("profiles")})
-    pod: dict[str, Any] = upload_pod(job, 0, s3.uri("profiles"))
+    settings = UploadPodSettings(image="registry.example/trainium-operator:test")
+    pod: dict[str, Any] = upload_pod(job, 0, s3.uri("profiles"), settings)
     (container,) = pod["spec"]["containers"]
-    mounted = {m["mountPath"] for m in container.get("volumeMounts") or []}
+    assert container["image"] == settings.image
     profile = write_synthetic_profile(
         tmp_path / "shared" / "profile", SyntheticSpec(nodes=1, ranks_per_node=2, steps=3)
     )
     argv = [str(profile) if a == job.profile_dir(0) else a for a in container["command"]]
     assert str(profile) in argv, f"the command names the attempt's profile dir: {argv}"
-    assert mounted, "the profile is mounted from the shared claim"
-    uses_training_image = container["image"] == job.spec.image
-    root, training_env = training_image
-    if uses_training_image:
-        env, cwd, argv = {**training_env}, root, image_command(argv, root)
-    else:
-        env, cwd, argv = operator_env(operator_image), tmp_path, image_command(argv, tmp_path)
-    env.update(aws_env(s3.endpoint))
-    result = run(argv, env, cwd)
+    env = {**operator_env(operator_image), **aws_env(s3.endpoint)}
+    result = run(image_command(argv, tmp_path), env, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     keys = s3.keys("profiles/")
     ranks = [k for k in keys if k.endswith(".trnprof")]
