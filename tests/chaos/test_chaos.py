@@ -2,23 +2,43 @@
 step.
 
 Two operator replicas run with kopf peering (one active, one standby; a short peering lifetime so
-a crashed active one is replaced in seconds). Jobs run through compile, training and restarts
-while a replica is SIGKILLed at random moments (at least 50 times; each restart takes a new random
-priority, so the active one changes), the kube-apiserver crashes and comes back, pods are deleted
-and force-deleted, PodGroups and Services are deleted by hand, training processes fail, a node is
-lost and restored, and a ResourceQuota refuses pods for a while. After every step (and on every
-poll while waiting) the invariants are checked:
+a crashed active one is replaced in seconds). One-node, two-node and four-node jobs run through
+compile, training and restarts while a replica is SIGKILLed at random moments (at least 50 times;
+each restart takes a new random priority, so the active one changes), the kube-apiserver crashes
+and comes back, pods are deleted and force-deleted, PodGroups and Services are deleted by hand,
+training processes fail, a ResourceQuota refuses the jobs' pods for a while, and nodes are
+partitioned: a node's heartbeat stops (its Lease is taken over, as when the kubelet is cut off),
+the control plane marks it NotReady while its pods stay Running in the API (nothing acts for an
+unreachable node), and it comes back once the operator has given up on those pods. A second
+quota refuses every profile-upload pod for the whole run (a side pod's refusal), and two control
+jobs run beside the others that no fault targets (they are only finished).
 
-- never two attempts' live pods of one job at once;
-- a job's attempt number and restart count only grow, and each restart was counted
-  (restarts.total == attempt for jobs that are never suspended);
-- at the end every job reaches Succeeded/TrainingSucceeded (compile pods are evicted, not failed,
-  and the limits are far above the faults injected), and the faults caused at least 5 restarts;
-- after deletion nothing the jobs created is left;
-- neither replica crashed or logged an unhandled exception.
+The cluster gets `EXTRA_NODES` more nodes for this module (removed after it), so every gang fits
+while one node is partitioned. After every step, and on every poll while waiting, the checks of
+`checks.py` run on what the poll saw:
+
+- a (job, stage, attempt, rank) that was ever scheduled is never re-created as another pod, and
+  never two attempts' live pods of one job at once (two gangs never write to one attempt);
+- a job's attempt and restart counts only grow, each restart is counted once
+  (restarts.total == attempt), and a job that trained never goes back to Pending in the attempt;
+- a partitioned node's pods stay Running while it is unreachable, are gone within
+  `PARTITION_TIMEOUT_SECONDS` of it going NotReady, and the gang restarted as a new attempt;
+
+and at the end:
+
+- every job is Succeeded/TrainingSucceeded, including the one whose uploads were all refused
+  (their refusal shows only as `status.profile.upload` Failed and a ProfileUploadFailed Warning);
+- each job's newest events carry its final reason (an event older than the state it describes
+  is a violation, and so are ties to the second with one: kubectl may list either last);
+- the control jobs have no Warning event at all;
+- the faults restarted at least 5 gangs, multi-node gangs of 2 and 4 nodes ran, partitions
+  happened and upload pods were refused (so no check passed for want of its case);
+- after deletion nothing the jobs created is left, and neither replica crashed or logged an
+  unhandled exception.
 
 `CHAOS_SEED` picks the run (default 20261201); `CHAOS_STEPS` its length. The report (kills,
-faults, jobs, violations) is printed; any violation fails the test with the step that broke it.
+faults, gangs, partitions, refusals, violations) is printed and published; any violation fails
+the test with the step that broke it.
 """
 
 from __future__ import annotations
@@ -34,20 +54,35 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client import ApiException
 
+from chaos.checks import (
+    EventSeen,
+    Ledger,
+    PodSeen,
+    check_pods,
+    check_status,
+    final_event_violations,
+    live_attempts,
+    refused_uploads,
+    side_pod_refusal_violations,
+    warning_violations,
+)
 from integration.operator_harness import (
+    GROUP,
+    PLURAL,
+    VERSION,
     OperatorProcess,
     create_job,
     ensure_shared_claim,
-    finish_pods,
-    get_job,
     install_crds,
     job_manifest,
-    job_pods,
     publish_report,
 )
-from trainium_operator.devcluster import cluster
+from trainium_operator.devcluster import cluster, stages, testing
 from trainium_operator.devcluster.sim import (
+    WaitTimeoutError,
+    node_is_ready,
     restore_node,
     simulate_node_loss,
     simulate_pod_outcome,
@@ -62,6 +97,24 @@ MIN_KILLS = 50
 VOLCANO = ("scheduling.volcano.sh", "v1beta1")
 PEERING = "chaos"
 PEERING_LIFETIME_SECONDS = 4
+STARTUP_TIMEOUT_SECONDS = 30
+NODE_LOST_GRACE_SECONDS = 3
+# Every gang at once (1+1+1+2+4 targeted, 1+2 control) plus a partitioned node and one spare.
+EXTRA_NODES = 12
+# The faults that target pods only hit jobs of this PriorityClass (value 0, the default's), so
+# a quota scoped to it refuses their pods and never the control jobs'.
+TARGET_PRIORITY_CLASS = "chaos-target"
+TARGET_QUOTA = "chaos-quota"
+# Upload pods are the only pods with activeDeadlineSeconds, so a quota on the Terminating scope
+# refuses exactly them; the API server's ResourceQuota admission enforces it.
+UPLOAD_QUOTA = "chaos-no-upload-pods"
+CONTROL_JOBS = ("ctl-one", "ctl-two")
+UPLOAD_JOB = "p-two"
+# The node lifecycle controller marks a node whose Lease stopped NotReady after its monitor
+# grace period; the operator gives up on its pods `nodeLostGracePeriodSeconds` later. Past this
+# (counted from NotReady) the partitioned pods still existing is a violation.
+PARTITION_TIMEOUT_SECONDS = 45
+NOT_READY_TIMEOUT_SECONDS = stages.NODE_MONITOR_GRACE_PERIOD_MS / 1000 + 20
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -69,65 +122,93 @@ def crds(dev_cluster: Any) -> None:
     install_crds(dev_cluster.clients)
 
 
-@dataclass
-class Ledger:
-    """What the suite has seen so far, to check that things only move forward."""
-
-    attempts: dict[str, int] = field(default_factory=dict)
-    restarts: dict[str, int] = field(default_factory=dict)
-    violations: list[str] = field(default_factory=list)
-    faults: Counter[str] = field(default_factory=Counter)
-    step: str = "start"
-
-    def violation(self, text: str) -> None:
-        self.violations.append(f"[{self.step}] {text}")
+@pytest.fixture(scope="module", autouse=True)
+def chaos_nodes(dev_cluster: Any) -> Iterator[list[str]]:
+    with testing.extra_nodes(dev_cluster, EXTRA_NODES) as names:
+        yield names
 
 
-def live_attempts(clients: Any, namespace: str, name: str) -> set[int]:
+@pytest.fixture(scope="module", autouse=True)
+def target_priority_class(dev_cluster: Any) -> Iterator[str]:
+    from kubernetes import client
+
+    scheduling = client.SchedulingV1Api(dev_cluster.clients.api_client)
+    body = {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": TARGET_PRIORITY_CLASS},
+        "value": 0,
+        "description": "chaos suite: the jobs its faults target",
+    }
+    with contextlib.suppress(client.ApiException):
+        scheduling.create_priority_class(body)
+    yield TARGET_PRIORITY_CLASS
+    scheduling.delete_priority_class(TARGET_PRIORITY_CLASS)
+
+
+def target_quota() -> dict[str, Any]:
+    selector = {"scopeName": "PriorityClass", "operator": "In", "values": [TARGET_PRIORITY_CLASS]}
     return {
-        int(p.metadata.labels["trainium.dev/attempt"])
-        for p in job_pods(clients, namespace, name)
-        if p.status.phase not in ("Succeeded", "Failed")
+        "metadata": {"name": TARGET_QUOTA},
+        "spec": {"hard": {"pods": "0"}, "scopeSelector": {"matchExpressions": [selector]}},
     }
 
 
-def check(clients: Any, namespace: str, names: list[str], ledger: Ledger) -> None:
-    for name in names:
-        alive = live_attempts(clients, namespace, name)
-        if len(alive) > 1:
-            ledger.violation(f"{name}: pods of attempts {sorted(alive)} alive at once")
-        try:
-            status = get_job(clients, namespace, name).get("status") or {}
-        except Exception:
-            continue
-        attempt = int(status.get("attempt", 0))
-        total = int((status.get("restarts") or {}).get("total", 0))
-        if attempt < ledger.attempts.get(name, 0):
-            ledger.violation(f"{name}: attempt went down {ledger.attempts[name]} -> {attempt}")
-        if total < ledger.restarts.get(name, 0):
-            ledger.violation(f"{name}: restarts went down {ledger.restarts[name]} -> {total}")
-        if "attempt" in status and total != attempt:
-            ledger.violation(f"{name}: attempt {attempt} but {total} restarts counted")
-        if alive and max(alive) < attempt and status.get("phase") not in ("Restarting", None):
-            ledger.violation(f"{name}: live pods of attempt {max(alive)} below status {attempt}")
-        ledger.attempts[name] = max(attempt, ledger.attempts.get(name, 0))
-        ledger.restarts[name] = max(total, ledger.restarts.get(name, 0))
+def upload_quota() -> dict[str, Any]:
+    return {
+        "metadata": {"name": UPLOAD_QUOTA},
+        "spec": {"hard": {"pods": "0"}, "scopes": ["Terminating"]},
+    }
 
 
-def watch(clients: Any, namespace: str, names: list[str], ledger: Ledger, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        check(clients, namespace, names, ledger)
-        time.sleep(0.2)
-
-
-def running_pods(clients: Any, namespace: str, names: list[str]) -> list[Any]:
-    return [
-        p
-        for name in names
-        for p in job_pods(clients, namespace, name)
-        if p.status.phase == "Running" and p.metadata.deletion_timestamp is None
+def chaos_jobs() -> dict[str, dict[str, Any]]:
+    limits = {
+        "backoffLimit": 100,
+        "infrastructureBackoffLimit": 100,
+        "nodeLostGracePeriodSeconds": NODE_LOST_GRACE_SECONDS,
+    }
+    target = {"priorityClassName": TARGET_PRIORITY_CLASS}
+    no_compile = {"enabled": False}
+    profile = {"enabled": True, "startStep": 1, "endStep": 4, "s3Uri": "s3://chaos/profiles"}
+    manifests = [
+        job_manifest("c-one", nodes=1, runPolicy=limits, scheduling=target),
+        job_manifest("c-two", nodes=1, runPolicy=limits, scheduling=target),
+        job_manifest("t-one", nodes=1, compile=no_compile, runPolicy=limits, scheduling=target),
+        job_manifest("m-four", nodes=4, runPolicy=limits, scheduling=target),
+        job_manifest(
+            UPLOAD_JOB,
+            nodes=2,
+            compile=no_compile,
+            profile=profile,
+            runPolicy=limits,
+            scheduling=target,
+        ),
+        job_manifest("ctl-one", nodes=1, runPolicy=limits),
+        job_manifest("ctl-two", nodes=2, compile=no_compile, runPolicy=limits),
     ]
+    return {m["metadata"]["name"]: m for m in manifests}
+
+
+@dataclass
+class Snapshot:
+    """One poll: every pod of the namespace and every job's status."""
+
+    pods: list[PodSeen]
+    statuses: dict[str, dict[str, Any]]
+
+
+@dataclass
+class Partition:
+    node: str
+    pods: dict[str, PodSeen]  # uid -> the live pod on the node when it was cut off
+    started: float
+    not_ready_at: float | None = None
+    gone_at: float | None = None
+    healed_at: float | None = None
+    changed: set[str] = field(default_factory=set)  # uids already reported
+    # Pods seen Running but not Ready while the node was NotReady: what an unreachable
+    # node's pods look like (the node lifecycle controller clears Ready, nothing ends them).
+    running_unready: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -136,17 +217,90 @@ class Chaos:
     cluster_name: str
     namespace: str
     replicas: list[OperatorProcess]
-    names: list[str]
+    nodes_of: dict[str, int]
     rng: random.Random
     ledger: Ledger
-    lost_node: str | None = None
     kills: int = 0
+    partition: Partition | None = None
+    partitions: list[Partition] = field(default_factory=list)
+    control_plane: dict[str, Any] = field(default_factory=dict)  # how to start each again
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time of each phase
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.nodes_of)
+
+    @property
+    def targets(self) -> list[str]:
+        return [n for n in self.nodes_of if n not in CONTROL_JOBS]
+
+    # --- observing ---------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        pods = [
+            seen
+            for pod in self.clients.core.list_namespaced_pod(self.namespace).items
+            if (seen := PodSeen.of(pod)) is not None
+        ]
+        jobs = self.clients.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL
+        )["items"]
+        return Snapshot(pods, {j["metadata"]["name"]: j.get("status") or {} for j in jobs})
+
+    def check(self) -> Snapshot:
+        seen = self.snapshot()
+        check_pods(seen.pods, self.nodes_of, self.ledger)
+        for name, status in seen.statuses.items():
+            check_status(name, status, live_attempts(seen.pods, name), self.ledger)
+        self.advance_partition(seen)
+        return seen
+
+    def watch(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.check()
+            time.sleep(0.2)
+        # A controller manager that exited after an API server restart takes the node
+        # lifecycle controller with it: nodes would never turn NotReady again.
+        for component in cluster.relaunch_exited(self.cluster_name, self.control_plane):
+            self.ledger.faults[f"{component} restarted"] += 1
+
+    def running(self, names: list[str], seen: Snapshot | None = None) -> list[PodSeen]:
+        seen = seen or self.snapshot()
+        cut_off = self.partition.node if self.partition else None
+        return [
+            p
+            for p in seen.pods
+            if p.job in names
+            and p.attempt is not None
+            and p.phase == "Running"
+            and not p.deleting
+            and p.node != cut_off
+        ]
+
+    def pick_pod(self) -> PodSeen | None:
+        """A running pod of a targeted job, off the partitioned node (nothing acts there)."""
+        pods = self.running(self.targets)
+        return self.rng.choice(pods) if pods else None
+
+    # --- faults --------------------------------------------------------------------------------
 
     def kill_operator(self) -> None:
         # At a random moment: often mid-reconcile, since every fault wakes the jobs. The
         # replica comes back with a new random priority, as a new pod of the Deployment would.
         time.sleep(self.rng.uniform(0.0, 0.8))
-        replica = self.rng.choice(self.replicas)
+        # Never during its imports (seconds on a busy machine): a kill there interrupts no
+        # work, and kills that fast in a row leave no replica running at all.
+        started = [r for r in self.replicas if r.started_up()]
+        replica = self.rng.choice(started or self.replicas)
+        if not started:
+            with contextlib.suppress(WaitTimeoutError):
+                wait_for(
+                    replica.started_up,
+                    timeout=STARTUP_TIMEOUT_SECONDS,
+                    description="replica started",
+                    interval=0.1,
+                )
         replica.kill()
         self.kills += 1
         time.sleep(self.rng.uniform(0.0, 0.5))
@@ -155,49 +309,51 @@ class Chaos:
     def restart_apiserver(self) -> None:
         cluster.restart_apiserver(self.cluster_name, downtime=self.rng.uniform(0.5, 3.0))
 
-    def pick_pod(self) -> Any | None:
-        pods = running_pods(self.clients, self.namespace, self.names)
-        return self.rng.choice(pods) if pods else None
-
     def delete_pod(self) -> None:
         if pod := self.pick_pod():
-            self.clients.core.delete_namespaced_pod(pod.metadata.name, self.namespace)
+            self.clients.core.delete_namespaced_pod(pod.name, self.namespace)
 
     def force_delete_pod(self) -> None:
         if pod := self.pick_pod():
             self.clients.core.delete_namespaced_pod(
-                pod.metadata.name, self.namespace, grace_period_seconds=0
+                pod.name, self.namespace, grace_period_seconds=0
             )
 
     def fail_pod(self) -> None:
         """A training process exits non-zero; a compile pod is evicted (a compile failure would
         end the job, and the suite wants its jobs alive through the faults)."""
         if pod := self.pick_pod():
-            compile_pod = pod.metadata.labels["trainium.dev/stage"] == "compile"
             simulate_pod_outcome(
-                self.clients.core, self.namespace, pod.metadata.name, succeeded=False,
+                self.clients.core, self.namespace, pod.name, succeeded=False,
                 exit_code=self.rng.choice([1, 137]),
-                reason="Evicted" if compile_pod else "Error",
+                reason="Evicted" if pod.stage == "compile" else "Error",
             )  # fmt: skip
 
-    def finish_gang(self) -> None:
-        """Progress: a job whose whole current gang runs finishes that stage."""
-        name = self.rng.choice(self.names)
-        status = get_job(self.clients, self.namespace, name).get("status") or {}
-        attempt = str(status.get("attempt", 0))
-        pods = [
-            p
-            for p in job_pods(self.clients, self.namespace, name)
-            if p.metadata.labels["trainium.dev/attempt"] == attempt and p.status.phase == "Running"
-        ]
-        nodes = get_job(self.clients, self.namespace, name)["spec"]["nodes"]
-        if len(pods) == nodes:
-            finish_pods(self.clients, self.namespace, pods)
+    def finish_gang(self, name: str | None = None) -> None:
+        """Progress: a job whose whole current gang runs finishes that stage, its ranks a
+        moment apart (as real ranks end), so the operator sees some done and some running."""
+        name = name or self.rng.choice(self.names)
+        seen = self.snapshot()
+        attempt = int(seen.statuses.get(name, {}).get("attempt", 0))
+        pods = [p for p in self.running([name], seen) if p.attempt == attempt]
+        one_stage = len({p.stage for p in pods}) == 1
+        # A pod already told how to end (a failure injected, or finishing) is left to it.
+        untouched = all(p.outcome is None for p in pods)
+        if pods and one_stage and untouched and len(pods) == self.nodes_of[name]:
+            for pod in pods:
+                simulate_pod_outcome(
+                    self.clients.core, self.namespace, pod.name, succeeded=True,
+                    after=self.rng.uniform(0.0, 1.5) if len(pods) > 1 else None,
+                )  # fmt: skip
+
+    def _targeted(self, items: list[Any], labels: Callable[[Any], dict[str, str]]) -> list[Any]:
+        return [i for i in items if (labels(i) or {}).get("trainium.dev/job-name") in self.targets]
 
     def delete_podgroup(self) -> None:
         groups = self.clients.custom.list_namespaced_custom_object(
             *VOLCANO, self.namespace, "podgroups"
         )["items"]
+        groups = self._targeted(groups, lambda g: g["metadata"].get("labels"))
         if groups:
             group = self.rng.choice(groups)["metadata"]["name"]
             self.clients.custom.delete_namespaced_custom_object(
@@ -206,38 +362,107 @@ class Chaos:
 
     def delete_service(self) -> None:
         services = self.clients.core.list_namespaced_service(self.namespace).items
+        services = self._targeted(services, lambda s: s.metadata.labels)
         if services:
             self.clients.core.delete_namespaced_service(
                 self.rng.choice(services).metadata.name, self.namespace
             )
 
     def quota_for_a_while(self) -> None:
-        quota = {"metadata": {"name": "chaos-quota"}, "spec": {"hard": {"pods": "0"}}}
-        self.clients.core.create_namespaced_resource_quota(self.namespace, quota)
-        watch(self.clients, self.namespace, self.names, self.ledger, self.rng.uniform(1, 3))
-        self.clients.core.delete_namespaced_resource_quota("chaos-quota", self.namespace)
+        self.clients.core.create_namespaced_resource_quota(self.namespace, target_quota())
+        try:
+            self.watch(self.rng.uniform(1, 3))
+        finally:
+            self.clients.core.delete_namespaced_resource_quota(TARGET_QUOTA, self.namespace)
 
-    def lose_node(self) -> None:
-        if self.lost_node is not None:
-            restore_node(self.clients.core, self.lost_node)
-            self.lost_node = None
+    def partition_node(self) -> None:
+        """Cuts a node of a targeted job off: its heartbeat stops; `advance_partition` brings
+        it back once the operator has given up on its pods (or the timeout says it did not)."""
+        seen = self.snapshot()
+        pods = self.running(self.targets, seen)
+        if not pods:
+            self.ledger.faults["partition-node (no running pod)"] += 1
             return
-        if pod := self.pick_pod():
-            self.lost_node = pod.spec.node_name
-            simulate_node_loss(self.clients.core, self.lost_node)
+        node = self.rng.choice(pods).node
+        assert node is not None
+        on_node = {p.uid: p for p in seen.pods if p.node == node and p.live}
+        if any(p.job in CONTROL_JOBS for p in on_node.values()):
+            return
+        simulate_node_loss(self.clients.core, node)
+        self.partition = Partition(node, on_node, time.monotonic())
+
+    def advance_partition(self, seen: Snapshot) -> None:
+        part = self.partition
+        if part is None:
+            return
+        now = time.monotonic()
+        if part.not_ready_at is None:
+            node = self.clients.core.read_node(part.node)
+            if not node_is_ready(self.clients.api_client.sanitize_for_serialization(node)):
+                part.not_ready_at = now
+            elif now - part.started > NOT_READY_TIMEOUT_SECONDS:
+                self.ledger.violation(
+                    f"partition of {part.node}: still Ready {now - part.started:.0f} s after "
+                    "its heartbeat stopped"
+                )
+                self.heal(now)
+                return
+        present = [p for p in seen.pods if p.uid in part.pods]
+        for pod in present:
+            if part.not_ready_at is not None and pod.phase == "Running" and not pod.ready:
+                part.running_unready.add(pod.uid)
+            # Nothing acts for an unreachable node: its pods stay Running in the API until
+            # the operator deletes them.
+            if pod.phase != "Running" and pod.uid not in part.changed:
+                part.changed.add(pod.uid)
+                self.ledger.violation(
+                    f"partition of {part.node}: pod {pod.name} turned {pod.phase} while its "
+                    "node was unreachable"
+                )
+        if not present and part.gone_at is None:
+            part.gone_at = now
+        if part.not_ready_at is None:
+            return
+        not_ready_for = now - part.not_ready_at
+        if part.gone_at is not None and not_ready_for >= NODE_LOST_GRACE_SECONDS + 1:
+            self.heal(now, seen)
+        elif not_ready_for > PARTITION_TIMEOUT_SECONDS:
+            self.ledger.violation(
+                f"partition of {part.node}: pods {sorted(p.name for p in present)} still exist "
+                f"{not_ready_for:.0f} s after the node went NotReady "
+                f"(nodeLostGracePeriodSeconds {NODE_LOST_GRACE_SECONDS})"
+            )
+            self.heal(now, seen)
+
+    def heal(self, now: float, seen: Snapshot | None = None) -> None:
+        part = self.partition
+        if part is None:
+            return
+        restore_node(self.clients.core, part.node)
+        part.healed_at = now
+        self.partitions.append(part)
+        self.partition = None
+        for pod in part.pods.values():
+            status = seen.statuses.get(pod.job, {}) if seen else {}
+            if status and pod.attempt is not None and int(status.get("attempt", 0)) <= pod.attempt:
+                self.ledger.violation(
+                    f"partition of {part.node}: {pod.job} still at attempt {status.get('attempt')}"
+                    f" after its pod {pod.name} was lost with the node"
+                )
 
     def faults(self) -> list[tuple[str, Callable[[], None], int]]:
         return [
             ("kill-operator", self.kill_operator, 10),
             ("restart-apiserver", self.restart_apiserver, 1),
-            ("finish-gang", self.finish_gang, 2),
+            ("finish-gang", self.finish_gang, 3),
             ("fail-pod", self.fail_pod, 3),
             ("delete-pod", self.delete_pod, 1),
             ("force-delete-pod", self.force_delete_pod, 1),
             ("delete-podgroup", self.delete_podgroup, 1),
             ("delete-service", self.delete_service, 1),
             ("quota", self.quota_for_a_while, 1),
-            ("lose-or-restore-node", self.lose_node, 1),
+            # One partition at a time: it lasts about 20 s across the steps that follow.
+            ("partition-node", self.partition_node, 0 if self.partition else 3),
         ]
 
 
@@ -274,71 +499,144 @@ def peered_replicas(
         assert "Traceback" not in replica.log(), "a replica logged an unhandled exception"
 
 
+def job_events(clients: Any, namespace: str, name: str) -> list[EventSeen]:
+    events = clients.core.list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name},involvedObject.kind=TrainingJob"
+    ).items
+    return [EventSeen.of(e) for e in events]
+
+
+def settled_events(clients: Any, namespace: str, name: str, reason: str) -> list[EventSeen]:
+    """The job's events once the one for its final state is in (a pass posts its events just
+    after it writes the status), or whatever is there after a few seconds."""
+    try:
+        return wait_for(
+            lambda: job_events(clients, namespace, name),
+            until=lambda events: any(e.reason == reason for e in events),
+            timeout=10,
+            description=f"{name}'s {reason} event",
+        )
+    except AssertionError:
+        return job_events(clients, namespace, name)
+
+
+def drive(chaos: Chaos) -> None:
+    """The seeded steps, the kills still missing, then every job to its end (no faults)."""
+    rng, ledger, names = chaos.rng, chaos.ledger, chaos.names
+    started = time.monotonic()
+    for index in range(STEPS):
+        faults = chaos.faults()
+        label, inject, _ = rng.choices(faults, weights=[w for _, _, w in faults])[0]
+        ledger.step = f"step {index} {label}"
+        ledger.faults[label] += 1
+        try:
+            inject()
+        except ApiException as error:  # a fault racing a deletion is fine; note it
+            ledger.faults[f"{label} (raced: {getattr(error, 'status', type(error).__name__)})"] += 1
+        chaos.watch(rng.uniform(0.3, 1.5))
+    chaos.seconds["steps"] = time.monotonic() - started
+    while chaos.kills < MIN_KILLS:
+        ledger.step = f"extra kill {chaos.kills}"
+        chaos.kill_operator()
+        chaos.watch(0.5)
+    chaos.seconds["extra kills"] = time.monotonic() - started - chaos.seconds["steps"]
+    ledger.step = "drive to the end"
+    started = time.monotonic()
+    # The partition in progress runs its course; then every job reaches Succeeded: finish
+    # whatever gang runs, no more faults.
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        seen = chaos.check()
+        phases = {n: seen.statuses.get(n, {}).get("phase") for n in names}
+        if chaos.partition is None and all(p in ("Succeeded", "Failed") for p in phases.values()):
+            break
+        for name, phase in phases.items():
+            if phase not in ("Succeeded", "Failed"):
+                chaos.finish_gang(name)
+        chaos.watch(0.5)
+    if chaos.partition is not None:
+        ledger.violation(f"partition of {chaos.partition.node} never resolved")
+        chaos.heal(time.monotonic())
+    chaos.seconds["drive to the end"] = time.monotonic() - started
+
+
+def partition_line(part: Partition) -> str:
+    def at(moment: float | None) -> str:
+        return f"{moment - part.started:.1f} s" if moment is not None else "never"
+
+    pods = ", ".join(sorted(p.name for p in part.pods.values()))
+    return (
+        f"{part.node} ({pods}): NotReady at {at(part.not_ready_at)}, pods gone at "
+        f"{at(part.gone_at)}, healed at {at(part.healed_at)}; seen Running and not Ready: "
+        f"{len(part.running_unready)}/{len(part.pods)}"
+    )
+
+
+def upload_decided(status: dict[str, Any]) -> bool:
+    upload = (status.get("profile") or {}).get("upload") or {}
+    return upload.get("state") not in (None, "Pending")
+
+
 def test_invariants_hold_under_seeded_faults(
-    dev_cluster: Any, namespace: str, tmp_path: Path
+    dev_cluster: Any, namespace: str, tmp_path: Path, chaos_nodes: list[str]
 ) -> None:
     clients = dev_cluster.clients
     rng = random.Random(SEED)
     ledger = Ledger()
-    limits = {
-        "backoffLimit": 100,
-        "infrastructureBackoffLimit": 100,
-        "nodeLostGracePeriodSeconds": 3,
-    }
-    jobs = {
-        "c-one": job_manifest("c-one", nodes=1, runPolicy=limits),
-        "c-two": job_manifest("c-two", nodes=1, runPolicy=limits),
-        "t-one": job_manifest("t-one", nodes=1, compile={"enabled": False}, runPolicy=limits),
-    }
+    jobs = chaos_jobs()
+    nodes_of = {name: int(m["spec"]["nodes"]) for name, m in jobs.items()}
     names = list(jobs)
     started = time.monotonic()
+    clients.core.create_namespaced_resource_quota(namespace, upload_quota())
     with peered_replicas(dev_cluster, namespace, tmp_path) as replicas:
-        for manifest in jobs.values():
+        # The control jobs first: they find room before the others queue.
+        for manifest in sorted(
+            jobs.values(), key=lambda m: m["metadata"]["name"] not in CONTROL_JOBS
+        ):
             create_job(clients, namespace, manifest)
-        chaos = Chaos(clients, dev_cluster.name, namespace, replicas, names, rng, ledger)
-        faults = chaos.faults()
-        weights = [w for _, _, w in faults]
-        for index in range(STEPS):
-            label, inject, _ = rng.choices(faults, weights=weights)[0]
-            ledger.step = f"step {index} {label}"
-            ledger.faults[label] += 1
-            try:
-                inject()
-            except Exception as error:  # a fault racing a deletion is fine; note it
-                ledger.faults[
-                    f"{label} (raced: {getattr(error, 'status', type(error).__name__)})"
-                ] += 1
-            watch(clients, namespace, names, ledger, rng.uniform(0.3, 1.5))
-        while chaos.kills < MIN_KILLS:
-            ledger.step = f"extra kill {chaos.kills}"
-            chaos.kill_operator()
-            watch(clients, namespace, names, ledger, 0.5)
-        if chaos.lost_node is not None:
-            restore_node(clients.core, chaos.lost_node)
-        ledger.step = "drive to the end"
-        # Every job reaches Succeeded: finish whatever gang runs, no more faults.
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            phases = {
-                n: (get_job(clients, namespace, n).get("status") or {}).get("phase") for n in names
-            }
-            if all(p in ("Succeeded", "Failed") for p in phases.values()):
-                break
-            chaos.finish_gang()
-            watch(clients, namespace, names, ledger, 0.5)
+        chaos = Chaos(clients, dev_cluster.name, namespace, replicas, nodes_of, rng, ledger)
+        chaos.control_plane = cluster.control_plane_launches(dev_cluster.name)
+        try:
+            drive(chaos)
+        finally:
+            if chaos.partition is not None:  # never leave a node cut off for later suites
+                restore_node(clients.core, chaos.partition.node)
+        ledger.step = "end"
+        statuses = chaos.snapshot().statuses
+        refusals: dict[str, list[int]] = {}
         for name in names:
-            status = get_job(clients, namespace, name).get("status") or {}
+            status = statuses.get(name, {})
             want = ("Succeeded", "TrainingSucceeded")
             if (status.get("phase"), status.get("reason")) != want:
                 ledger.violation(
                     f"{name} ended {status.get('phase')}/{status.get('reason')}, expected "
                     f"{want[0]}/{want[1]}: {status.get('message')}"
                 )
+            if name == UPLOAD_JOB:
+                # The last attempt's upload is decided in the pass that finishes the job or
+                # the next one.
+                try:
+                    status = wait_for(
+                        lambda: chaos.snapshot().statuses.get(UPLOAD_JOB, {}),
+                        until=upload_decided,
+                        timeout=20,
+                        description=f"{UPLOAD_JOB}'s last upload decided",
+                    )
+                except WaitTimeoutError as error:
+                    ledger.violation(str(error))
+            events = settled_events(clients, namespace, name, str(status.get("reason")))
+            for text in final_event_violations(name, status, events):
+                ledger.violation(text)
+            if name in CONTROL_JOBS:
+                for text in warning_violations(name, events):
+                    ledger.violation(text)
+            if name == UPLOAD_JOB:
+                refusals[name] = refused_uploads(status)
+                for text in side_pod_refusal_violations(name, status, events):
+                    ledger.violation(text)
         ledger.step = "delete"
         for name in names:
-            clients.custom.delete_namespaced_custom_object(
-                "trainium.dev", "v1alpha1", namespace, "trainingjobs", name
-            )
+            clients.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
 
         def leftovers() -> list[str]:
             pods = [p.metadata.name for p in clients.core.list_namespaced_pod(namespace).items]
@@ -353,18 +651,62 @@ def test_invariants_hold_under_seeded_faults(
         except Exception as error:
             ledger.violation(f"orphans after deletion: {error}")
         restarts = dict(ledger.restarts)
+    gangs = Counter(nodes for nodes in ledger.full_gangs.values())
+    lost = [p for p in chaos.partitions if p.gone_at is not None]
+
+    def mean(values: list[float]) -> str:
+        return f"{sum(values) / len(values):.1f} s" if values else "-"
+
+    to_not_ready = [p.not_ready_at - p.started for p in lost if p.not_ready_at is not None]
+    to_gone = [
+        max(0.0, p.gone_at - p.not_ready_at)
+        for p in lost
+        if p.gone_at is not None and p.not_ready_at is not None
+    ]
     report: list[str] = []
-    report.append(f"chaos suite: seed {SEED}, {STEPS} steps, {time.monotonic() - started:.0f} s")
+    phases = ", ".join(f"{label} {seconds:.0f} s" for label, seconds in chaos.seconds.items())
+    report.append(
+        f"chaos suite: seed {SEED}, {STEPS} steps, {time.monotonic() - started:.0f} s ({phases})"
+    )
     report.append(
         f"  replicas              2 (kopf peering, lifetime {PEERING_LIFETIME_SECONDS} s)"
+    )
+    report.append(
+        f"  nodes                 {testing.NODES + len(chaos_nodes)} "
+        f"({len(chaos_nodes)} added for the suite)"
     )
     report.append(f"  operator kills        {chaos.kills}")
     for label, count in sorted(ledger.faults.items()):
         report.append(f"  {label:<21} {count}")
-    report.append(f"  jobs                  {len(names)} (restarts seen: {restarts})")
+    report.append(
+        f"  jobs                  {len(names)} ({len(CONTROL_JOBS)} control jobs no fault "
+        f"targets: {', '.join(CONTROL_JOBS)})"
+    )
+    report.append(
+        f"  multi-node gangs ran  {sum(gangs.values())} "
+        f"({', '.join(f'{n}-node: {c}' for n, c in sorted(gangs.items())) or 'none'})"
+    )
+    report.append(
+        f"  partitions injected   {len(chaos.partitions)} (pods lost: "
+        f"{sum(len(p.pods) for p in lost)}; NotReady after {mean(to_not_ready)}, pods gone "
+        f"{mean(to_gone)} after NotReady, grace {NODE_LOST_GRACE_SECONDS} s)"
+    )
+    for part in chaos.partitions:
+        report.append(f"    {partition_line(part)}")
+    report.append(
+        f"  side-pod refusals     {sum(len(a) for a in refusals.values())} "
+        f"(upload pods of {UPLOAD_JOB} refused by quota {UPLOAD_QUOTA}: attempts "
+        f"{refusals.get(UPLOAD_JOB, [])})"
+    )
+    report.append(f"  restarts seen         {restarts}")
     report.append(f"  violations            {len(ledger.violations)}")
+    report += [f"    {text}" for text in ledger.violations[:30]]
     publish_report("chaos", report)
     assert chaos.kills >= MIN_KILLS
-    # Not vacuous: the faults did restart gangs, and each restart was counted (checked above).
+    # Not vacuous: the faults did restart gangs (each counted, checked above), gangs of 2 and 4
+    # nodes ran, nodes were partitioned and upload pods refused.
     assert sum(restarts.values()) >= 5, restarts
+    assert {2, 4} <= set(gangs), gangs
+    assert lost, "no partition took a pod with it"
+    assert refusals.get(UPLOAD_JOB), "no upload pod was refused"
     assert not ledger.violations, "\n".join(ledger.violations[:20])

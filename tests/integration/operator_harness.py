@@ -35,9 +35,11 @@ class OperatorProcess:
     process: subprocess.Popen[bytes] | None = None
     starts: int = 0
     env: dict[str, str] = field(default_factory=dict)
+    start_offset: int = 0  # where the latest start's output begins in the log
 
     def start(self) -> None:
         self.starts += 1
+        self.start_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = self.log_path.open("ab")
         log.write(f"\n===== operator start #{self.starts} =====\n".encode())
         log.flush()
@@ -81,6 +83,19 @@ class OperatorProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def started_up(self) -> bool:
+        """The latest start got past its imports and, under peering, took its role (kopf
+        says "Resuming operations" as the active replica, "Pausing operations" as a standby;
+        without peering "Starting Kopf" is the last word before it works)."""
+        if not self.log_path.exists():
+            return False
+        with self.log_path.open("rb") as log:
+            log.seek(self.start_offset)
+            text = log.read()
+        if "--peering" not in self.extra_args:
+            return b"Starting Kopf" in text
+        return b"Resuming operations" in text or b"Pausing operations" in text
 
     def assert_alive(self) -> None:
         assert self.process is not None

@@ -918,10 +918,12 @@ def check(verdict: Verdict, run: Run, groups: list[dict[str, Any]]) -> str | Non
 def test_a_thousand_bad_specs_are_refused_or_failed_naming_the_field(
     dev_cluster: Any, namespace: str, tmp_path: Path
 ) -> None:
-    # Every pass-through field has nested content (a new untyped field needs its own).
-    assert sorted(NESTED) == PASS_THROUGH, (
-        f"pass-through fields without nested content: {PASS_THROUGH}"
-    )
+    # Every pass-through field has nested content, its own or its enclosing field's (the CRD
+    # types a few names inside podTemplate, each level still passing unknown fields through);
+    # a new untyped field needs a generator.
+    uncovered = [f for f in PASS_THROUGH if not any(f[: len(r)] == r for r in NESTED)]
+    assert not uncovered, f"pass-through fields without nested content: {uncovered}"
+    assert not [r for r in NESTED if r not in PASS_THROUGH], "a generator for a typed field"
     clients = dev_cluster.clients
     port = free_port()
     with running_operator(

@@ -46,6 +46,18 @@ def test_node_names_are_distinct_and_deterministic() -> None:
     assert names == ["trn1-32xlarge-0", "trn1-32xlarge-1", "trn1-32xlarge-2"]
 
 
+def test_added_nodes_continue_the_numbering_of_the_nodes_there() -> None:
+    existing = ["trn1-32xlarge-0", "trn1-32xlarge-1", "trn1-32xlarge-7x", "trn1n-32xlarge-9"]
+    first = objects.next_node_index(existing, "trn1.32xlarge")
+    names = [
+        n["metadata"]["name"] for n in objects.fake_nodes(2, "trn1.32xlarge", first_index=first)
+    ]
+    assert names == ["trn1-32xlarge-2", "trn1-32xlarge-3"]
+    assert objects.next_node_index([], "trn1.32xlarge") == 0
+    # Another instance type's nodes (and names that only look alike) take no index.
+    assert objects.next_node_index(["trn1n-32xlarge-4"], "trn1.32xlarge") == 0
+
+
 def test_taint_option_adds_the_neuron_taint() -> None:
     tainted = objects.fake_nodes(1, "trn1.32xlarge", neuron_taint=True)[0]
     plain = objects.fake_nodes(1, "trn1.32xlarge")[0]

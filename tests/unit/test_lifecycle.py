@@ -625,3 +625,15 @@ def test_an_ended_job_keeps_the_podgroup_of_pods_still_running() -> None:
     failed = {**running, "phase": "Failed", "reason": "DeadlineExceeded"}
     decision = machine.decide(job, failed, observed(*gang(job, Stage.TRAIN, 0)))
     assert "bert-train" not in decision.delete_podgroups
+
+
+def test_a_running_gang_whose_readiness_blinks_stays_in_its_stage() -> None:
+    job = job_ref(compile={"enabled": False})
+    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    unready = [pod(job, Stage.TRAIN, 0, r, ready=False) for r in range(2)]
+    blink = machine.decide(job, running, observed(*unready))
+    assert (blink.status["phase"], blink.status["reason"]) == ("Training", "GangRunning")
+    assert blink.events == []
+    assert "(0/2 ready)" in blink.status["message"]
+    fresh = machine.decide(job, {}, observed(*unready))
+    assert fresh.status["phase"] == "Pending", "a gang that never ran still waits for readiness"

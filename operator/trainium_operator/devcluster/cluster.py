@@ -116,15 +116,45 @@ def restart_apiserver(name: str, downtime: float = 1.0, *, timeout: float = 60.0
     time.sleep(downtime)
     new_pid = _relaunch(cluster, "kube-apiserver", apiserver)
     clients = clients_for(cluster.kubeconfig)
-    sim.wait_for(
-        lambda: _serves(clients),
-        timeout=max(1.0, deadline - time.monotonic()),
-        description=f"kube-apiserver of {name!r} serving again",
-    )
+    try:
+        sim.wait_for(
+            lambda: _serves(clients),
+            timeout=max(1.0, deadline - time.monotonic()),
+            description=f"kube-apiserver of {name!r} serving again",
+        )
+    except sim.WaitTimeoutError as error:
+        log = cluster.kwok_dir / "logs" / "kube-apiserver.log"
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+        alive = "running" if not _exited(new_pid) else "exited"
+        raise ClusterError(
+            f"{error}; the new kube-apiserver ({new_pid}) {alive}; {log}:\n{tail}"
+        ) from error
     for component, launch in launches.items():
         if launch is not None and component != "kube-apiserver" and _exited(launch.pid):
             _relaunch(cluster, component, launch)
     return new_pid
+
+
+def control_plane_launches(name: str) -> dict[str, _Launch]:
+    """How each running control-plane component was started (to start it again later)."""
+    pids = paths.ClusterPaths(name).kwok_dir / "pids"
+    launches = {c: _launch_of(pids / f"{c}.pid") for c in CONTROL_PLANE}
+    return {c: launch for c, launch in launches.items() if launch is not None}
+
+
+def relaunch_exited(name: str, launches: dict[str, _Launch]) -> list[str]:
+    """Starts again every component of `launches` whose current process has exited, as the
+    kubelet restarts a static pod: the controller manager and scheduler exit on their own up to
+    ten seconds after an API server restart (their leader lease could not be renewed), later
+    than `restart_apiserver` looks. Returns the components started."""
+    cluster = paths.ClusterPaths(name)
+    started = []
+    for component, launch in launches.items():
+        current = _launch_of(cluster.kwok_dir / "pids" / f"{component}.pid")
+        if current is None:
+            _relaunch(cluster, component, launch)
+            started.append(component)
+    return started
 
 
 @dataclass(frozen=True)
@@ -305,7 +335,7 @@ def create_csi_nodes(clients: Clients, node_names: list[str]) -> None:
         )
 
 
-def wait_until_ready(clients: Clients, node_names: list[str], *, timeout: float = 60) -> None:
+def wait_nodes_ready(clients: Clients, node_names: list[str], *, timeout: float = 60) -> None:
     for name in node_names:
         sim.wait_for(
             functools.partial(clients.core.read_node, name),
@@ -315,6 +345,29 @@ def wait_until_ready(clients: Clients, node_names: list[str], *, timeout: float 
             timeout=timeout,
             description=f"node {name} Ready",
         )
+
+
+def delete_nodes(clients: Clients, node_names: list[str], *, timeout: float = 60) -> None:
+    """Deletes the nodes and waits until they are gone; their CSINodes and Leases go with them
+    (owned by the Node), and the pod garbage collector removes pods still bound to them."""
+    for name in node_names:
+        try:
+            clients.core.delete_node(name)
+        except Exception as error:
+            if not is_status(error, 404):
+                raise
+
+    def remaining() -> list[str]:
+        present = {node.metadata.name for node in clients.core.list_node().items}
+        return [name for name in node_names if name in present]
+
+    sim.wait_for(
+        remaining, until=lambda left: not left, timeout=timeout, description="nodes deleted"
+    )
+
+
+def wait_until_ready(clients: Clients, node_names: list[str], *, timeout: float = 60) -> None:
+    wait_nodes_ready(clients, node_names, timeout=timeout)
     sim.wait_for(
         lambda: (
             clients.core.read_namespaced_persistent_volume_claim(

@@ -6,6 +6,8 @@ cluster and `dev up` serialises nothing by hand.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from typing import Any
 
 from trainium_operator.api import instance_types
@@ -37,8 +39,12 @@ TUTORIAL_QUEUE = "test"
 DEFAULT_QUEUE = "default"
 
 
+def _node_prefix(instance_type: str) -> str:
+    return f"{instance_type.replace('.', '-')}-"
+
+
 def node_name(instance_type: str, index: int) -> str:
-    return f"{instance_type.replace('.', '-')}-{index}"
+    return f"{_node_prefix(instance_type)}{index}"
 
 
 def node_resources(shape: InstanceType) -> dict[str, str]:
@@ -110,8 +116,10 @@ def fake_node(
 
 
 def fake_nodes(
-    count: int, instance_type: str, *, neuron_taint: bool = False
+    count: int, instance_type: str, *, neuron_taint: bool = False, first_index: int = 0
 ) -> list[dict[str, Any]]:
+    """`count` nodes named `<instance-type>-<index>` from `first_index` on (a suite that adds
+    nodes to a running cluster continues its numbering: see `next_node_index`)."""
     if count < 0:
         raise ValueError(f"--nodes must be >= 0, got {count}")
     try:
@@ -123,8 +131,16 @@ def fake_nodes(
         ) from None
     return [
         fake_node(node_name(instance_type, index), shape, neuron_taint=neuron_taint)
-        for index in range(count)
+        for index in range(first_index, first_index + count)
     ]
+
+
+def next_node_index(existing: Iterable[str], instance_type: str) -> int:
+    """The first index after every existing `<instance-type>-<index>` node, so added nodes
+    never take the name of a node that is there (or of one `dev up` would create)."""
+    pattern = re.compile(re.escape(_node_prefix(instance_type)) + r"([0-9]+)$")
+    indices = [int(m.group(1)) for name in existing if (m := pattern.match(name))]
+    return max(indices, default=-1) + 1
 
 
 def volcano_queue(

@@ -123,6 +123,31 @@ def session_cluster(echo: Callable[[str], None]) -> Iterator[DevCluster]:
         cluster.down(name, echo=echo)
 
 
+@contextlib.contextmanager
+def extra_nodes(
+    dev_cluster: DevCluster,
+    count: int,
+    *,
+    instance_type: str = INSTANCE_TYPE,
+    timeout: float = 60,
+) -> Iterator[list[str]]:
+    """`count` more fake nodes (with their CSINodes) for one suite, Ready when the block
+    starts, numbered after the cluster's own; deleted after it, so the suites that follow see
+    the session's NODES nodes again. Yields the added nodes' names."""
+    clients = dev_cluster.clients
+    existing = [node.metadata.name for node in clients.core.list_node().items]
+    first = objects.next_node_index(existing, instance_type)
+    created = cluster.create_nodes(
+        clients, objects.fake_nodes(count, instance_type, first_index=first)
+    )
+    try:
+        cluster.create_csi_nodes(clients, created)
+        cluster.wait_nodes_ready(clients, created, timeout=timeout)
+        yield created
+    finally:
+        cluster.delete_nodes(clients, created, timeout=timeout)
+
+
 NAMESPACE_PREFIX = "t-"
 
 

@@ -304,13 +304,23 @@ def _ensure_gang(
     workers = workers_view(gang, job.spec.nodes)
     status.data["workers"] = workers
     # A rank that already finished (its pod Succeeded while the others still run) has started:
-    # the job is still in its stage, not waiting for the gang again.
-    if workers["ready"] + workers["succeeded"] == job.spec.nodes:
+    # the job is still in its stage, not waiting for the gang again. Nor is a gang that ran and
+    # whose pods all still run while their readiness blinks (a kubelet or API server restart).
+    ran = (
+        status.phase is STAGE_PHASE[stage]
+        and status.data.get("reason") == "GangRunning"
+        and len(gang) == job.spec.nodes
+        and all(p.phase in ("Running", "Succeeded") and not p.deleting for p in gang.values())
+    )
+    if ran or workers["ready"] + workers["succeeded"] == job.spec.nodes:
+        alive = job.spec.nodes - workers["succeeded"]
         running = (
             f"all {job.spec.nodes} {stage.value} pods running"
             if not workers["succeeded"]
-            else f"{workers['ready']} {stage.value} pods running, {workers['succeeded']} finished"
+            else f"{alive} {stage.value} pods running, {workers['succeeded']} finished"
         )
+        if workers["ready"] < alive:
+            running += f" ({workers['ready']}/{alive} ready)"
         status.transition(STAGE_PHASE[stage], "GangRunning", f"{running} (attempt {attempt})")
         status.condition(ConditionType.RUNNING, True, "GangRunning", f"{stage.value} stage running")
         status.condition(
