@@ -92,7 +92,7 @@ from trainium_operator.devcluster.sim import (
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
 SEED = int(os.environ.get("CHAOS_SEED", "20261201"))
-STEPS = int(os.environ.get("CHAOS_STEPS", "110"))
+STEPS = int(os.environ.get("CHAOS_STEPS", "80"))
 MIN_KILLS = 50
 VOLCANO = ("scheduling.volcano.sh", "v1beta1")
 PEERING = "chaos"
