@@ -100,7 +100,7 @@ class TreeSampler(threading.Thread):
 
 def _timed(url: str, method: str = "GET") -> tuple[float, Any]:
     began = time.perf_counter()
-    request = urllib.request.Request(url, method=method)
+    request = urllib.request.Request(url, method=method, headers={"X-Trainium-UI": "1"})
     with urllib.request.urlopen(request, timeout=600) as response:
         body = json.loads(response.read())
     return time.perf_counter() - began, body

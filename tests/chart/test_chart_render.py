@@ -29,12 +29,15 @@ from chart.chart_harness import (
 )
 from trainium_operator.api.instance_types import INSTANCE_TYPES
 
-OPERATOR_ONLY_KINDS = {
+# The operator and the tenancy admission policy that checks TrainingJob authors.
+DEFAULT_KINDS = {
     "ClusterRole",
     "ClusterRoleBinding",
     "Deployment",
     "Service",
     "ServiceAccount",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 }
 
 
@@ -125,9 +128,9 @@ def test_only_the_service_monitor_skips_schema_validation() -> None:
     assert set(SKIPPED_KINDS) == {("monitoring.coreos.com/v1", "ServiceMonitor")}
 
 
-def test_defaults_render_only_the_operator(tmp_path: Path) -> None:
+def test_defaults_render_only_the_operator_and_its_tenancy_policy(tmp_path: Path) -> None:
     manifests = render({}, tmp_path)
-    assert {m["kind"] for m in manifests} == OPERATOR_ONLY_KINDS
+    assert {m["kind"] for m in manifests} == DEFAULT_KINDS
     assert {
         (m["kind"], m["metadata"].get("namespace"))
         for m in manifests
@@ -407,6 +410,13 @@ def test_profile_ui_mounts_the_shared_claim_read_only(tmp_path: Path) -> None:
         "/data/profiles",
         "--port=8090",
         "--host=0.0.0.0",
+        "--auth=kubernetes",
+        f"--allowed-host={FULLNAME}-profile-ui",
+        f"--allowed-host={FULLNAME}-profile-ui.default",
+        f"--allowed-host={FULLNAME}-profile-ui.default.svc",
+        f"--allowed-host={FULLNAME}-profile-ui.default.svc.cluster.local",
+        "--allowed-host=localhost",
+        "--allowed-host=127.0.0.1",
         "--list-jobs",
     ]
     assert {"name": "shared", "mountPath": "/data", "readOnly": True} in container["volumeMounts"]

@@ -52,7 +52,13 @@ def release(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[str]:
     install_crds(dev_cluster.clients)
     name = f"t{uuid.uuid4().hex[:6]}"
     values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({"watchNamespaces": [namespace]}))
+    # One namespace for the release and its jobs: the tenancy policy would refuse jobs beside
+    # the operator (tests/integration/test_tenancy.py shows that).
+    values.write_text(
+        yaml.safe_dump(
+            {"watchNamespaces": [namespace], "tenancy": {"allowJobsInReleaseNamespace": True}}
+        )
+    )
     helm(dev_cluster, "install", name, str(CHART), "-n", namespace, "-f", str(values))
     yield name
     helm(dev_cluster, "uninstall", name, "-n", namespace)
@@ -94,7 +100,7 @@ def test_helm_install_creates_the_operator_deployment_and_least_privilege_rbac(
     )
     granted = {(r.resources[0], verb) for r in role.rules for verb in r.verbs}
     assert ("pods", "create") in granted
-    assert ("trainingjobs/status", "patch") in granted
+    assert ("trainingjobs/status", "update") in granted
     assert not any("*" in r.verbs or "*" in r.resources for r in role.rules)
     assert not any("secrets" in r.resources for r in role.rules)
 
@@ -174,6 +180,7 @@ def test_profile_ui_account_lists_profiled_jobs_of_its_namespace_and_cannot_writ
             {
                 "watchNamespaces": [namespace],
                 "workloadNamespace": namespace,
+                "tenancy": {"allowJobsInReleaseNamespace": True},
                 "profileUI": {"enabled": True},
             }
         )

@@ -32,7 +32,7 @@ def get(url: str) -> Any:
 
 
 def post(url: str) -> Any:
-    request = urllib.request.Request(url, method="POST")
+    request = urllib.request.Request(url, method="POST", headers={"X-Trainium-UI": "1"})
     with urllib.request.urlopen(request, timeout=60) as response:
         return json.loads(response.read())
 

@@ -88,7 +88,9 @@ def page(live_server: str) -> Iterator[Any]:
         # Start from an unloaded profile whatever other tests did with the shared server.
         urllib.request.urlopen(
             urllib.request.Request(
-                f"{live_server}/api/profiles/unload?id={PROFILE_ID}", method="POST"
+                f"{live_server}/api/profiles/unload?id={PROFILE_ID}",
+                method="POST",
+                headers={"X-Trainium-UI": "1"},
             ),
             timeout=30,
         ).close()

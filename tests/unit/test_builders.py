@@ -335,6 +335,89 @@ def test_trn2_pod_requests_16_chips_16_efa_runs_64_workers_and_sets_lnc() -> Non
     assert "NEURON_LOGICAL_NC_CONFIG" not in env_of(pods.pod(job_ref(), Stage.TRAIN, 0, 0))
 
 
+# Pod Security "baseline" (kubernetes.io/docs/concepts/security/pod-security-standards): the
+# capabilities a container may add, and the host and privilege fields it may not set.
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
+    "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+}  # fmt: skip
+
+
+def baseline_violations(pod: dict[str, Any]) -> list[str]:
+    spec = pod["spec"]
+    found = [f for f in ("hostNetwork", "hostPID", "hostIPC") if spec.get(f)]
+    found += [v["name"] for v in spec["volumes"] if "hostPath" in v]
+    for container in [*spec.get("initContainers", []), *spec["containers"]]:
+        context = container.get("securityContext") or {}
+        if context.get("privileged"):
+            found.append(f"{container['name']}: privileged")
+        added = set((context.get("capabilities") or {}).get("add") or [])
+        found += [f"{container['name']}: adds {c}" for c in sorted(added - BASELINE_CAPABILITIES)]
+        found += [
+            f"{container['name']}: hostPort" for p in container.get("ports", []) if "hostPort" in p
+        ]
+    return found
+
+
+@pytest.mark.parametrize("stage", [Stage.COMPILE, Stage.TRAIN])
+@pytest.mark.parametrize("instance_type", ["trn1.32xlarge", "trn1.2xlarge", "trn2.48xlarge"])
+def test_training_pods_get_the_tightest_context_baseline_allows(
+    stage: Stage, instance_type: str
+) -> None:
+    job = job_ref(
+        instanceType=instance_type, profile={"enabled": True, "neuronDeviceProfile": True}
+    )
+    pod = pods.pod(job, stage, 0, 0)
+    spec = pod["spec"]
+    (trainer,) = spec["containers"]
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["automountServiceAccountToken"] is False, "nothing in the pod calls the API"
+    context = trainer["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["privileged"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}, "NET_RAW and the rest are gone"
+    assert baseline_violations(pod) == []
+
+
+def test_a_pod_template_may_loosen_what_the_operator_set_only_field_by_field() -> None:
+    template = {
+        "spec": {
+            "securityContext": {"runAsUser": 1000, "runAsNonRoot": True},
+            "automountServiceAccountToken": True,
+            "containers": [
+                {"name": "trainer", "securityContext": {"capabilities": {"drop": ["NET_RAW"]}}}
+            ],
+        }
+    }
+    spec = pods.pod(job_ref(podTemplate=template), Stage.TRAIN, 0, 0)["spec"]
+    assert spec["securityContext"] == {
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "runAsUser": 1000,
+        "runAsNonRoot": True,
+    }
+    assert spec["automountServiceAccountToken"] is True
+    context = spec["containers"][0]["securityContext"]
+    assert context["capabilities"] == {"drop": ["NET_RAW"]}, "an explicit drop list wins"
+    assert context["allowPrivilegeEscalation"] is False, "fields it did not name stay"
+
+
+def test_merge_security_context_merges_nested_objects_and_replaces_everything_else() -> None:
+    default = {"seccompProfile": {"type": "RuntimeDefault"}, "capabilities": {"drop": ["ALL"]}}
+    merged = pods.merge_security_context(
+        default,
+        {"seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"}, "runAsUser": 7},
+    )
+    assert merged == {
+        "seccompProfile": {"type": "Localhost", "localhostProfile": "p.json"},
+        "capabilities": {"drop": ["ALL"]},
+        "runAsUser": 7,
+    }
+    assert default == {
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
 POD_TEMPLATE = {
     "metadata": {"labels": {"team": "nlp"}, "annotations": {"example.com/owner": "ml"}},
     "spec": {
@@ -365,12 +448,20 @@ def test_pod_template_is_merged_over_the_built_pod_without_replacing_the_operato
     assert [c["name"] for c in spec["containers"]] == ["trainer", "metrics"]
     trainer = spec["containers"][0]
     assert [m["mountPath"] for m in trainer["volumeMounts"]] == ["/dev/shm", "/data", "/datasets"]
-    assert trainer["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+    # Security contexts merge field by field: the author's capability joins drop ALL.
+    assert trainer["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "capabilities": {"drop": ["ALL"], "add": ["IPC_LOCK"]},
+    }
     plain_trainer = plain["spec"]["containers"][0]
     for owned in ("command", "env", "resources", "image"):
         assert trainer[owned] == plain_trainer[owned], owned
     assert spec["imagePullSecrets"] == [{"name": "ecr"}]
-    assert spec["securityContext"] == {"fsGroup": 1000}
+    assert spec["securityContext"] == {
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "fsGroup": 1000,
+    }
     assert spec["terminationGracePeriodSeconds"] == 60
     assert spec["restartPolicy"] == "Never"
     assert pod["metadata"]["labels"]["team"] == "nlp"

@@ -11,6 +11,7 @@ import pytest
 
 from trainium_operator.builders.upload import (
     UPLOAD_STAGE,
+    UploadPodSettings,
     is_upload_pod,
     upload_pod,
 )
@@ -58,9 +59,34 @@ def condition(status: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+OPERATOR = UploadPodSettings(
+    image="123.dkr.ecr.us-west-2.amazonaws.com/trainium-operator:0.1.0",
+    image_pull_policy="Always",
+    image_pull_secrets=("chart-registry",),
+    service_account="trn-profile-upload",
+)
+# A job author's attempt to steer the upload pod: their image, account, podTemplate.
+AUTHORED = {
+    "serviceAccountName": "trainer-irsa",
+    "image": "example.com/train:1",
+    "tolerations": [{"key": "team", "operator": "Equal", "value": "nlp", "effect": "NoSchedule"}],
+    "podMetadata": {"labels": {"cost-center": "nlp"}},
+    "podTemplate": {
+        "spec": {
+            "imagePullSecrets": [{"name": "team-registry"}, {"name": "chart-registry"}],
+            "securityContext": {"runAsUser": 0},
+            "hostNetwork": True,
+            "volumes": [{"name": "host", "hostPath": {"path": "/"}}],
+            "containers": [{"name": "trainer", "securityContext": {"privileged": True}}],
+        }
+    },
+    **PROFILED,
+}
+
+
 def test_the_upload_pod_reads_the_claim_read_only_and_writes_the_attempts_prefix() -> None:
-    job = job_ref(serviceAccountName="trainer-irsa", **PROFILED)
-    pod = upload_pod(job, 2, S3)
+    job = job_ref(**AUTHORED)
+    pod = upload_pod(job, 2, S3, OPERATOR)
     spec = pod["spec"]
     (container,) = spec["containers"]
     assert pod["metadata"]["name"] == "bert-profile-upload-2"
@@ -75,19 +101,78 @@ def test_the_upload_pod_reads_the_claim_read_only_and_writes_the_attempts_prefix
         "/data/profiles/team-a/bert/2",
         "s3://my-profiles/runs/team-a/bert/2",
     ]
-    assert container["image"] == "example.com/train:1"
     assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    assert container["volumeMounts"] == [
-        {"name": "shared-data", "mountPath": "/data", "readOnly": True}
-    ]
+    assert container["volumeMounts"][0] == {
+        "name": "shared-data",
+        "mountPath": "/data",
+        "readOnly": True,
+    }
     assert spec["volumes"][0]["persistentVolumeClaim"] == {
         "claimName": "fsx-claim",
         "readOnly": True,
     }
-    assert spec["serviceAccountName"] == "trainer-irsa"
     assert "nodeSelector" not in spec, "any node will do"
     assert "schedulerName" not in spec
     assert not any("AWS_" in e["name"] for e in container["env"]), "no keys in pods"
+
+
+def test_the_upload_pod_runs_the_operators_image_and_account_never_the_authors() -> None:
+    pod = upload_pod(job_ref(**AUTHORED), 2, S3, OPERATOR)
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    assert (container["image"], container["imagePullPolicy"]) == (OPERATOR.image, "Always")
+    assert spec["serviceAccountName"] == "trn-profile-upload"
+    assert spec["automountServiceAccountToken"] is False
+    # Of the podTemplate only the pull secrets' names arrive (once each, the chart's first).
+    assert spec["imagePullSecrets"] == [{"name": "chart-registry"}, {"name": "team-registry"}]
+    assert [v["name"] for v in spec["volumes"]] == ["shared-data", "tmp"]
+    assert "hostNetwork" not in spec
+    assert spec["tolerations"] == AUTHORED["tolerations"]
+    assert pod["metadata"]["labels"]["cost-center"] == "nlp"
+
+
+def test_without_a_chart_account_the_upload_pod_runs_as_the_namespace_default() -> None:
+    settings = UploadPodSettings(image=OPERATOR.image)
+    spec = upload_pod(job_ref(**AUTHORED), 0, S3, settings)["spec"]
+    assert "serviceAccountName" not in spec, "the namespace's default, not trainer-irsa"
+    assert spec["imagePullSecrets"] == [{"name": "team-registry"}, {"name": "chart-registry"}]
+
+
+def test_the_upload_pod_meets_pod_security_restricted_with_limits() -> None:
+    spec = upload_pod(job_ref(**PROFILED), 0, S3, OPERATOR)["spec"]
+    (container,) = spec["containers"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] == 65532, "the operator image's USER"
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    context = container["securityContext"]
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["readOnlyRootFilesystem"] is True
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/data", "/tmp"}
+    assert set(container["resources"]["limits"]) >= {"cpu", "memory"}
+    assert set(container["resources"]["requests"]) >= {"cpu", "memory"}
+
+
+def test_upload_defaults_come_from_the_deployments_env_and_default_to_the_operator_image() -> None:
+    defaults = UploadDefaults.from_env(
+        {
+            "TRAINIUM_OPERATOR_IMAGE": "reg/op@sha256:abc",
+            "TRAINIUM_OPERATOR_IMAGE_PULL_POLICY": "Always",
+            "TRAINIUM_OPERATOR_IMAGE_PULL_SECRETS": "a, b,",
+            "TRAINIUM_PROFILE_UPLOAD_SERVICE_ACCOUNT": "trn-profile-upload",
+        }
+    )
+    assert defaults.pod_settings() == UploadPodSettings(
+        image="reg/op@sha256:abc",
+        image_pull_policy="Always",
+        image_pull_secrets=("a", "b"),
+        service_account="trn-profile-upload",
+    )
+    # Outside the chart: the chart's default image of this version, never the job's.
+    assert UploadDefaults.from_env({}).pod_settings().image == "trainium-operator:0.1.0"
+    decision, _ = run(finished_status(), [])
+    (pod,) = decision.side_create
+    assert pod["spec"]["containers"][0]["image"] == "trainium-operator:0.1.0"
 
 
 def test_a_finished_profiled_job_gets_one_upload_pod() -> None:

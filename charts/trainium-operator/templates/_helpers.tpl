@@ -108,3 +108,21 @@ own spec.serviceAccountName, else the namespace default).
 {{- printf "%s-profile-upload" (include "trainium-operator.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The chart's own ServiceAccounts, as a JSON list of names: no TrainingJob may run as one of them
+(the tenancy policy refuses them whatever the author's rights, and the operator refuses them
+itself through TRAINIUM_RESERVED_SERVICE_ACCOUNTS). `default` is never listed: it is every
+namespace's default account; an operator running as the release namespace's `default` is kept
+from jobs because jobs may not run in the release namespace.
+*/}}
+{{- define "trainium-operator.reservedServiceAccounts" -}}
+{{- $names := list (include "trainium-operator.serviceAccountName" .) -}}
+{{- if .Values.profileUI.enabled -}}
+{{- $names = append $names (include "trainium-operator.profileUI.fullname" .) -}}
+{{- end -}}
+{{- with (include "trainium-operator.profileUpload.serviceAccountName" .) -}}
+{{- $names = append $names . -}}
+{{- end -}}
+{{- without (uniq $names) "default" | toJson -}}
+{{- end -}}

@@ -6,23 +6,29 @@ from (see rbac.yaml). Each rule carries a scope:
   cluster    - cluster-scoped resources (or cluster-wide discovery): always in a ClusterRole.
 Least privilege: no wildcards, no Secrets or ConfigMaps, nothing the operator does not call. The
 operator never creates Volcano queues, PersistentVolumeClaims or nodes.
+tests/chart/test_chart_rbac_from_code.py derives from the code (and kopf's documented needs)
+what each account calls and fails on a verb granted here that nothing sends, or one missing.
 */}}
 {{- define "trainium-operator.rbac.operatorRules" -}}
 {{- $clusterWide := include "trainium-operator.clusterWide" . -}}
-# TrainingJobs: watch them; patch/update for kopf's finalizer and progress annotations.
+# TrainingJobs: listed and watched (the cache), read fresh before a status write, deleted when
+# ttlSecondsAfterFinished elapses. Only on.event handlers run in kopf: no finalizers or
+# progress annotations, so the operator never patches or updates a job.
 - scope: namespaced
   apiGroups: ["trainium.dev"]
   resources: ["trainingjobs"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "list", "watch", "delete"]
+# The status subresource, written whole (PUT, under the resourceVersion the pass decided on).
 - scope: namespaced
   apiGroups: ["trainium.dev"]
   resources: ["trainingjobs/status"]
-  verbs: ["get", "patch", "update"]
+  verbs: ["update"]
 # A job's children: worker pods, their headless Service, the Volcano PodGroup of each stage.
+# Watched into the cache, read when a name is taken, created and deleted; never changed.
 - scope: namespaced
   apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+  verbs: ["get", "list", "watch", "create", "delete"]
 - scope: namespaced
   apiGroups: [""]
   resources: ["services"]
@@ -30,27 +36,23 @@ operator never creates Volcano queues, PersistentVolumeClaims or nodes.
 - scope: namespaced
   apiGroups: ["scheduling.volcano.sh"]
   resources: ["podgroups"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
-# Events on TrainingJobs: kopf posts core/v1 Events, the operator events.k8s.io/v1 ones.
+  verbs: ["get", "list", "watch", "create", "delete"]
+# core/v1 Events on TrainingJobs (the operator's) and kopf's warnings: each is a new Event.
 - scope: namespaced
   apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- scope: namespaced
-  apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 # Volcano queues: watched read-only, to report a job whose queue is missing or closed (the
 # operator never creates or changes a queue).
 - scope: cluster
   apiGroups: ["scheduling.volcano.sh"]
   resources: ["queues"]
   verbs: ["list", "watch"]
-# Node loss: a job whose node disappears or turns NotReady is restarted.
+# Node loss: a job whose node disappears or turns NotReady is restarted (nodes are watched).
 - scope: cluster
   apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 # kopf: notices CRDs being created or changed while it runs.
 - scope: cluster
   apiGroups: ["apiextensions.k8s.io"]
@@ -90,10 +92,21 @@ operator never creates Volcano queues, PersistentVolumeClaims or nodes.
 
 {{/* The profile UI only reads TrainingJobs (the profiles themselves come from the volume). */}}
 {{- define "trainium-operator.rbac.profileUIRules" -}}
+# `--list-jobs`: lists the TrainingJobs with profiling on, per request (no watch, no get).
 - scope: namespaced
   apiGroups: ["trainium.dev"]
   resources: ["trainingjobs"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list"]
+# `--auth kubernetes`: who a request's bearer token is (TokenReview) and whether that user may
+# read a namespace's TrainingJobs (SubjectAccessReview); reviews change nothing in the cluster.
+- scope: cluster
+  apiGroups: ["authentication.k8s.io"]
+  resources: ["tokenreviews"]
+  verbs: ["create"]
+- scope: cluster
+  apiGroups: ["authorization.k8s.io"]
+  resources: ["subjectaccessreviews"]
+  verbs: ["create"]
 {{- end }}
 
 {{/*

@@ -11,6 +11,11 @@ Loading downloads each rank file once into a local cache (`$TRAINIUM_PROFILE_CAC
 load downloads only files whose ETag changed. The cached directory is then an ordinary profile
 directory, so the dashboards, the report, the timeline and the Perfetto export are exactly the
 ones a directory gets.
+
+Keys are untrusted (anyone who may write under the prefix chooses them): a key is mapped to a
+local path only when every component of it is a safe name and the result stays inside the
+cache (see `key_problem` and `S3ProfileSource.cache_path`). A profile with an unsafe key is
+listed with that problem and cannot be loaded; nothing of it is downloaded.
 """
 
 from __future__ import annotations
@@ -23,7 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from trainium_operator.profiler.format import RANK_FILE_SUFFIX
-from trainium_operator.profiler.manifest import MANIFEST_NAME, ManifestError, ProfileManifest
+from trainium_operator.profiler.manifest import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
+    ManifestError,
+    ProfileManifest,
+    is_safe_segment,
+    manifest_from_json,
+    rank_file_path_problem,
+)
 from trainium_operator.profiler.s3 import (
     S3Location,
     S3ProfileError,
@@ -72,6 +85,25 @@ class S3Profile:
         return sum(obj.size for obj in self.rank_files)
 
 
+def key_problem(relative: str) -> str | None:
+    """Why a key (relative to the listed prefix) may not become a local path, or None.
+
+    Every component must be a safe name (no "..", ".", empty component, NUL, backslash or
+    leading "/"), ending in `profile.json` or `<node>/rank-<RANK>.trnprof` below the root.
+    """
+    parts = relative.split("/")
+    *root, last = parts
+    if last != MANIFEST_NAME:
+        root = root[:-1]
+        problem = rank_file_path_problem("/".join(parts[-2:]))
+        if problem:
+            return f"key {relative[:300]!r}: {problem}"
+    bad = [part for part in root if not is_safe_segment(part)]
+    if bad:
+        return f"key {relative[:300]!r}: unsafe path component {bad[0][:80]!r}"
+    return None
+
+
 def _split(relative: str) -> tuple[str, str] | None:
     """(profile root, path inside it) of a key relative to the listed prefix, or None."""
     parts = relative.split("/")
@@ -97,6 +129,11 @@ def group_profiles(base: S3Location, objects: list[dict[str, Any]]) -> list[S3Pr
         profile = found.get(root)
         if profile is None:
             profile = found[root] = S3Profile(base.child(root), root or ".")
+        problem = key_problem(key[len(prefix) :])
+        if problem is not None:
+            # Listed, so the hostile upload is visible, but never mapped to a local path.
+            profile.problem = profile.problem or problem
+            continue
         item = S3Object(key, inside, int(obj["Size"]), str(obj.get("ETag", "")).strip('"'))
         if inside == MANIFEST_NAME:
             profile.manifest = item
@@ -104,19 +141,27 @@ def group_profiles(base: S3Location, objects: list[dict[str, Any]]) -> list[S3Pr
             profile.rank_files.append(item)
     for profile in found.values():
         profile.rank_files.sort(key=lambda o: o.relative)
-        if profile.manifest is None:
+        if profile.manifest is None and profile.problem is None:
             profile.problem = "no manifest: the upload is incomplete or still running"
     return [found[k] for k in sorted(found)]
 
 
 def check_against_manifest(profile: S3Profile, manifest: ProfileManifest) -> str | None:
     """Why the listed rank files do not match what the manifest records, or None."""
-    recorded = (manifest.extra.get("s3") or {}).get("files") or {}
+    upload = manifest.extra.get("s3") or {}
+    recorded = upload.get("files") or {} if isinstance(upload, dict) else None
+    if not isinstance(recorded, dict) or not all(
+        isinstance(size, int) and not isinstance(size, bool) for size in recorded.values()
+    ):
+        return f"{profile.location}/{MANIFEST_NAME}: extra.s3.files must map rank files to sizes"
+    unsafe = [name for name in recorded if rank_file_path_problem(name)]
+    if unsafe:
+        return f"{profile.location}/{MANIFEST_NAME}: {rank_file_path_problem(unsafe[0])}"
     listed = {obj.relative: obj.size for obj in profile.rank_files}
     missing = sorted(set(recorded) - set(listed))
     if missing:
         return f"rank files named by the manifest are missing: {', '.join(missing[:5])}"
-    wrong = sorted(name for name, size in recorded.items() if listed[name] != int(size))
+    wrong = sorted(name for name, size in recorded.items() if listed[name] != size)
     if wrong:
         return f"rank files differ in size from the manifest: {', '.join(wrong[:5])}"
     if not listed:
@@ -152,7 +197,38 @@ class S3ProfileSource:
         return (ClientError, BotoCoreError)
 
     def local_dir(self, location: S3Location) -> Path:
-        return self.cache_dir / location.bucket / (location.prefix or "_bucket_root")
+        return self.cache_path(location, "")
+
+    def cache_path(self, location: S3Location, relative: str) -> Path:
+        """Where `relative` (a path inside the profile at `location`) is cached. Raises
+        S3ProfileError unless every component is a safe name and the result stays inside the
+        cache directory: keys come from the bucket, and a bucket is not trusted."""
+        # The listed prefix is the operator's choice (parse_s3_uri refuses "." and ".." in it);
+        # what lies below it comes from the bucket and must be safe names throughout.
+        base = self.base.prefix
+        if location.prefix == base:
+            chosen, below = base.split("/") if base else ["_bucket_root"], ""
+        elif base and location.prefix.startswith(self.base.dir_prefix):
+            chosen, below = base.split("/"), location.prefix[len(self.base.dir_prefix) :]
+        else:
+            chosen, below = [], location.prefix
+        untrusted = [
+            *(below.split("/") if below else []),
+            *(relative.split("/") if relative else []),
+        ]
+        parts = [location.bucket, *chosen, *untrusted]
+        bad = [p for p in [location.bucket, *untrusted] if not is_safe_segment(p)] + [
+            p for p in chosen if p in ("", ".", "..") or "\0" in p
+        ]
+        if bad:
+            raise S3ProfileError(
+                f"{location}/{relative[:300]}: unsafe path component {bad[0][:80]!r}, not cached"
+            )
+        root = self.cache_dir.resolve()
+        target = root.joinpath(*parts).resolve()
+        if not target.is_relative_to(root):
+            raise S3ProfileError(f"{location}/{relative[:300]}: leaves the cache, not cached")
+        return target
 
     def listing(self) -> list[S3Profile]:
         """Every profile under the prefix, each complete one with its manifest read."""
@@ -162,12 +238,12 @@ class S3ProfileSource:
             raise S3ProfileError(describe_error(exc, self.base, "listing")) from exc
         profiles = group_profiles(self.base, objects)
         for profile in profiles:
-            if profile.manifest is None:
+            if profile.manifest is None or profile.problem is not None:
                 continue
             try:
                 profile.manifest_data = self._manifest(profile)
-            except (S3ProfileError, ManifestError) as exc:
-                profile.problem = str(exc)
+            except (S3ProfileError, ManifestError, OSError) as exc:
+                profile.problem = str(exc)  # this profile's error; the others still list
                 continue
             profile.problem = check_against_manifest(profile, profile.manifest_data)
         return profiles
@@ -201,24 +277,26 @@ class S3ProfileSource:
 
     def _manifest(self, profile: S3Profile) -> ProfileManifest:
         assert profile.manifest is not None
-        target = self.local_dir(profile.location) / MANIFEST_NAME
+        source = f"{profile.location}/{MANIFEST_NAME}"
+        if profile.manifest.size > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"{source}: larger than {MAX_MANIFEST_BYTES} bytes, not read")
+        target = self.cache_path(profile.location, MANIFEST_NAME)
         self._download(profile.manifest, target)
         try:
             data = json.loads(target.read_text(encoding="utf-8"))
-            return ProfileManifest.from_json(data)
-        except (ValueError, KeyError, TypeError, IndexError) as exc:
-            raise ManifestError(f"{profile.location}/{MANIFEST_NAME}: malformed: {exc}") from exc
+        except (ValueError, RecursionError) as exc:
+            raise ManifestError(f"{source}: malformed: {exc!s:.200}") from exc
+        return manifest_from_json(data, source)
 
     def fetch(self, profile: S3Profile) -> Path:
         """A local directory holding the complete profile (downloads what the cache lacks)."""
         if not profile.complete:
             raise S3ProfileError(f"{profile.location}: not loadable: {profile.problem}")
-        local = self.local_dir(profile.location)
         for obj in profile.rank_files:
-            self._download(obj, local / obj.relative)
+            self._download(obj, self.cache_path(profile.location, obj.relative))
         if profile.manifest is not None:
-            self._download(profile.manifest, local / MANIFEST_NAME)
-        return local
+            self._download(profile.manifest, self.cache_path(profile.location, MANIFEST_NAME))
+        return self.local_dir(profile.location)
 
 
 def fetch_uri(location: S3Location, *, client: Any | None = None) -> Path:

@@ -8,7 +8,9 @@ Descriptions here become the CRD's OpenAPI descriptions, so `kubectl explain` te
 from __future__ import annotations
 
 import enum
+import os
 import re
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
@@ -54,6 +56,18 @@ S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^*?]*)?$"
 # "<name>-compile-<rank>" stays within 63 characters.
 MAX_JOB_NAME_LENGTH = 40
 JOB_NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+# The chart's own ServiceAccounts (operator, profile UI, profile upload), comma-separated, as the
+# chart passes them to the operator: a job's pods never run as one of them. The chart's
+# admission policy refuses them too; this is the operator's own check for when it is not there.
+RESERVED_SERVICE_ACCOUNTS_ENV = "TRAINIUM_RESERVED_SERVICE_ACCOUNTS"
+
+
+def reserved_service_accounts(environ: Mapping[str, str] | None = None) -> frozenset[str]:
+    """The ServiceAccount names no TrainingJob may run as (none outside the chart)."""
+    listed = (os.environ if environ is None else environ).get(RESERVED_SERVICE_ACCOUNTS_ENV, "")
+    return frozenset(name.strip() for name in listed.split(",") if name.strip())
 
 
 # Changing these under a running gang would mix two different jobs; runPolicy, profile and
@@ -690,6 +704,12 @@ class TrainingJobSpec(ApiModel):
                 f"spec.env[{index}].valueFrom", variable.value_from, object_names.ENV_VAR_SOURCE
             )
         problems += self.pod_template.problems(self.storage.mount_path.rstrip("/") or "/")
+        if self.service_account_name in reserved_service_accounts():
+            problems.append(
+                f"spec.serviceAccountName: {self.service_account_name} is an account of the "
+                "trainium-operator itself (operator, profile UI or profile upload); no job may "
+                "run as it"
+            )
         if problems:
             raise ValueError("; ".join(problems))
         return self

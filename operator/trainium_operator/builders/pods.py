@@ -45,6 +45,31 @@ TRAINIUM_TOLERATIONS: tuple[Obj, ...] = (
     {"key": EFA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"},
 )
 
+# The tightest security context Neuron and EFA allow; the pods pass Pod Security `baseline`.
+# What keeps them from `restricted`:
+# - runAsNonRoot: the Neuron DLC images (and the tutorial's, reference/trainium-eks.md §6) have
+#   no USER and run as root; the device nodes the Neuron and EFA device plugins hand over
+#   (/dev/neuron*, /dev/infiniband/uverbs*) are root-owned on the host, and the Neuron runtime
+#   and libfabric open them as that user. The operator cannot know an image's UID; a job whose
+#   image runs as a non-root user sets runAsNonRoot/runAsUser in spec.podTemplate.
+# - IPC_LOCK, where a node needs it: EFA registers (pins) the collectives' buffers, which the
+#   kernel charges against RLIMIT_MEMLOCK unless the process holds CAP_IPC_LOCK
+#   (ib_umem_get, drivers/infiniband/core/umem.c). A container cannot raise its own ulimit
+#   (AWS, "Install the EFA software in a container": the installer runs with
+#   --skip-limit-conf, the limit is set when the container is created; the tutorial's image
+#   does the same, reference §6), so it comes from the node's container runtime: EKS AMIs set
+#   memlock unlimited (amazon-eks-ami changelog, "Update ulimit for memlock to unlimited").
+#   IPC_LOCK is not in baseline's capability list, so it is not added by default; on a node
+#   with a finite memlock limit a job adds it in spec.podTemplate (trainer container
+#   securityContext.capabilities.add), where the admin allows it.
+# Every other capability is dropped: torchrun, the Neuron runtime and libfabric need none of
+# the runtime's defaults (NET_RAW, CHOWN, SETUID...) as the file owner of what they open.
+TRAINING_POD_SECURITY_CONTEXT: Obj = {"seccompProfile": {"type": "RuntimeDefault"}}
+TRAINING_CONTAINER_SECURITY_CONTEXT: Obj = {
+    "allowPrivilegeEscalation": False,
+    "privileged": False,
+    "capabilities": {"drop": ["ALL"]},
+}
 
 _QUANTITY = re.compile(QUANTITY_PATTERN)
 
@@ -319,6 +344,11 @@ def pod(
         "subdomain": job.service_name,
         "nodeSelector": {**spec.node_selector, INSTANCE_TYPE_LABEL: spec.instance_type.value},
         "tolerations": [*TRAINIUM_TOLERATIONS, *spec.tolerations],
+        # Nothing in a training pod calls the Kubernetes API; S3 or other AWS access comes from
+        # the IRSA / Pod Identity webhook's own projected, audience-bound token. A job that
+        # needs the API sets automountServiceAccountToken in spec.podTemplate.
+        "automountServiceAccountToken": False,
+        "securityContext": copy.deepcopy(TRAINING_POD_SECURITY_CONTEXT),
         "containers": [
             {
                 "name": CONTAINER_NAME,
@@ -327,6 +357,7 @@ def pod(
                 "command": container_command(job, stage, attempt, resume=resume),
                 "env": container_env(job, stage, rank, attempt, resume=resume, restarts=restarts),
                 "resources": container_resources(job),
+                "securityContext": copy.deepcopy(TRAINING_CONTAINER_SECURITY_CONTEXT),
                 "volumeMounts": [
                     {"name": SHM_VOLUME, "mountPath": "/dev/shm"},
                     {"name": DATA_VOLUME, "mountPath": job.mount_path},
@@ -348,19 +379,38 @@ def pod(
     return merge_pod_template(built, spec.pod_template)
 
 
+def merge_security_context(default: Obj, override: Obj) -> Obj:
+    """`override` over `default`, field by field: nested objects (capabilities, seccompProfile,
+    seLinuxOptions...) merge, any other value (a list included) is the override's. So a
+    podTemplate that sets runAsUser keeps the operator's seccomp profile, and one that adds a
+    capability keeps `drop: [ALL]`; dropping fewer is an explicit `drop` list."""
+    merged = copy.deepcopy(default)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge_security_context(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
 def merge_pod_template(built: Obj, template: PodTemplate) -> Obj:
     """spec.podTemplate over the pod the operator built: lists are added to (volumes, init
-    and sidecar containers, pull secrets, the trainer container's volumeMounts), other fields
-    are set. The spec model has refused every field the operator owns, so nothing of the
-    operator's is replaced here."""
+    and sidecar containers, pull secrets, the trainer container's volumeMounts), security
+    contexts are merged field by field (`merge_security_context`), other fields are set. The
+    spec model has refused every field the operator owns, so nothing of the operator's is
+    replaced here; what an author may loosen is the admission policies' business."""
     pod = copy.deepcopy(built)
     metadata, pod_spec = pod["metadata"], pod["spec"]
     metadata["labels"] = {**template.metadata.labels, **metadata["labels"]}
     metadata["annotations"] = {**template.metadata.annotations, **metadata["annotations"]}
     extra = template.spec.model_dump(by_alias=True, exclude_none=True)
-    for key in ("volumes", "initContainers", "containers", "imagePullSecrets"):
+    for key in ("volumes", "initContainers", "containers", "imagePullSecrets", "securityContext"):
         extra.pop(key, None)
     pod_spec.update(copy.deepcopy(extra))
+    if template.spec.security_context:
+        pod_spec["securityContext"] = merge_security_context(
+            pod_spec.get("securityContext") or {}, template.spec.security_context
+        )
     pod_spec["volumes"] = [*pod_spec["volumes"], *copy.deepcopy(template.spec.volumes)]
     if template.spec.init_containers:
         pod_spec["initContainers"] = copy.deepcopy(template.spec.init_containers)
@@ -372,7 +422,12 @@ def merge_pod_template(built: Obj, template: PodTemplate) -> Obj:
             pod_spec["containers"].append(container)
             continue
         mounts = container.pop("volumeMounts", [])
+        security = container.pop("securityContext", None)
         trainer.update({k: v for k, v in container.items() if k != "name"})
+        if isinstance(security, dict):
+            trainer["securityContext"] = merge_security_context(
+                trainer.get("securityContext") or {}, security
+            )
         trainer["volumeMounts"] = [*trainer["volumeMounts"], *mounts]
     return pod
 

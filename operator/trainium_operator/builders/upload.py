@@ -1,15 +1,22 @@
 """The profile upload pod: after a profiled attempt ends, one short pod per attempt copies the
 profile from the shared claim (mounted read-only) to S3 with boto3 (manifest last).
 
-It runs the job's own training image, which carries the profiler package and boto3
-(`python3 -m trainium_operator.profiler.s3 DIR s3://...`), as the job's ServiceAccount (the
-IRSA / Pod Identity role with S3 access), on any node: it needs no Neuron device or EFA. The
-training pods need no S3 access at all, and one uploader per attempt writes the manifest after
-every node's rank files without any coordination between nodes.
+It runs the operator's own image and command (`python3 -m trainium_operator.profiler.s3 DIR
+s3://...`; the image carries the profiler package and boto3), never the job's training image:
+the upload role's S3 rights must not run code the job author chose. For the same reason it runs
+as the chart's upload ServiceAccount (the IRSA / Pod Identity role with S3 access), never the
+job's `spec.serviceAccountName`, and nothing of `spec.podTemplate` reaches it but the names of
+its image pull secrets. It passes Pod Security `restricted` (non-root, no capability, no
+privilege escalation, RuntimeDefault seccomp, read-only root filesystem), has no Kubernetes API
+token, and runs on any node: it needs no Neuron device or EFA. The training pods need no S3
+access at all, and one uploader per attempt writes the manifest after every node's rank files
+without any coordination between nodes.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from importlib import metadata as package_metadata
 from typing import Any
 
 from trainium_operator.builders.job import LABEL_JOB_NAME, LABEL_STAGE, JobRef
@@ -20,10 +27,39 @@ UPLOAD_STAGE = "profile-upload"  # value of trainium.dev/stage on upload pods
 LABEL_PROFILE_ATTEMPT = "trainium.dev/profile-attempt"
 CONTAINER_NAME = "upload"
 DATA_VOLUME = "shared-data"
+TMP_VOLUME = "tmp"
 UPLOAD_MODULE = "trainium_operator.profiler.s3"
 # boto3's own retries cover throttling and dropped connections; a pod that still fails is
 # reported, not retried blindly (a missing bucket or a denied role needs a person).
 UPLOAD_DEADLINE_SECONDS = 3600
+# The operator image's unprivileged user (images/operator/Dockerfile: USER 65532:65532). Stated
+# in the pod too, so runAsNonRoot is checked against a number, not the image's metadata.
+OPERATOR_IMAGE_UID = 65532
+# The chart's default image (image.repository "trainium-operator", tag = appVersion): what an
+# operator run outside the chart uploads with.
+DEFAULT_IMAGE_REPOSITORY = "trainium-operator"
+# boto3 streams rank files in 8 MiB parts: a quarter CPU and a few hundred MiB are plenty; the
+# CPU limit only slows a long upload down, it never fails it.
+UPLOAD_RESOURCES: Obj = {
+    "requests": {"cpu": "250m", "memory": "256Mi", "ephemeral-storage": "64Mi"},
+    "limits": {"cpu": "1", "memory": "1Gi", "ephemeral-storage": "256Mi"},
+}
+
+
+def default_operator_image() -> str:
+    return f"{DEFAULT_IMAGE_REPOSITORY}:{package_metadata.version('trainium-operator')}"
+
+
+@dataclass(frozen=True)
+class UploadPodSettings:
+    """What the chart decides about upload pods (the Deployment's env, read by
+    lifecycle.profile_upload.UploadDefaults): the operator's own image and its pull secrets,
+    and the ServiceAccount with the S3 role (None: the namespace's `default`)."""
+
+    image: str
+    image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = ()
+    service_account: str | None = None
 
 
 def upload_pod_name(job: JobRef, attempt: int) -> str:
@@ -40,12 +76,41 @@ def is_upload_pod(pod: Obj) -> bool:
     return labels.get(LABEL_STAGE) == UPLOAD_STAGE
 
 
-def upload_pod(
-    job: JobRef, attempt: int, s3_uri: str, *, service_account: str | None = None
-) -> Obj:
+def restricted_pod_security_context() -> Obj:
+    """Pod Security `restricted` at the pod level."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": OPERATOR_IMAGE_UID,
+        "runAsGroup": OPERATOR_IMAGE_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def restricted_container_security_context() -> Obj:
+    """Pod Security `restricted` at the container level, plus a read-only root filesystem
+    (the uploader writes nothing but boto3's temporary files, to the /tmp emptyDir)."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def image_pull_secrets(job: JobRef, settings: UploadPodSettings) -> list[Obj]:
+    """The chart's pull secrets (for the operator image) and the job's own, by name, once each:
+    a registry mirror the job's namespace needs for every image is in the job's list."""
+    names = [*settings.image_pull_secrets]
+    names += [str(s.get("name")) for s in job.spec.pod_template.spec.image_pull_secrets]
+    return [{"name": name} for name in dict.fromkeys(n for n in names if n)]
+
+
+def upload_pod(job: JobRef, attempt: int, s3_uri: str, settings: UploadPodSettings) -> Obj:
     spec = job.spec
     metadata = job.metadata(upload_pod_name(job, attempt))
     metadata["labels"] = {
+        **spec.pod_metadata.labels,
         **metadata["labels"],
         LABEL_JOB_NAME: job.name,
         LABEL_STAGE: UPLOAD_STAGE,
@@ -55,11 +120,15 @@ def upload_pod(
     pod_spec: Obj = {
         "restartPolicy": "Never",
         "activeDeadlineSeconds": UPLOAD_DEADLINE_SECONDS,
+        # The S3 role's credentials come from the IRSA / Pod Identity webhook's own projected,
+        # audience-bound token; the uploader never calls the Kubernetes API.
+        "automountServiceAccountToken": False,
+        "securityContext": restricted_pod_security_context(),
         "containers": [
             {
                 "name": CONTAINER_NAME,
-                "image": spec.image,
-                "imagePullPolicy": spec.image_pull_policy,
+                "image": settings.image,
+                "imagePullPolicy": settings.image_pull_policy,
                 "command": [
                     "python3",
                     "-m",
@@ -67,28 +136,37 @@ def upload_pod(
                     job.profile_dir(attempt),
                     destination_uri(s3_uri, job, attempt),
                 ],
-                "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+                "env": [
+                    {"name": "PYTHONUNBUFFERED", "value": "1"},
+                    # No .pyc files on the read-only root; temporary files in the emptyDir.
+                    {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+                    {"name": "TMPDIR", "value": "/tmp"},
+                    {"name": "HOME", "value": "/tmp"},
+                ],
                 # The last line of the log (the outcome in one sentence) becomes the
                 # termination message the operator puts in the status and the event.
                 "terminationMessagePolicy": "FallbackToLogsOnError",
-                "resources": {
-                    "requests": {"cpu": "250m", "memory": "256Mi"},
-                    "limits": {"memory": "1Gi"},
-                },
+                "resources": UPLOAD_RESOURCES,
                 "volumeMounts": [
-                    {"name": DATA_VOLUME, "mountPath": job.mount_path, "readOnly": True}
+                    {"name": DATA_VOLUME, "mountPath": job.mount_path, "readOnly": True},
+                    {"name": TMP_VOLUME, "mountPath": "/tmp"},
                 ],
-                "securityContext": {"allowPrivilegeEscalation": False},
+                "securityContext": restricted_container_security_context(),
             }
         ],
         "volumes": [
             {
                 "name": DATA_VOLUME,
                 "persistentVolumeClaim": {"claimName": spec.storage.claim_name, "readOnly": True},
-            }
+            },
+            {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}},
         ],
     }
-    account = spec.service_account_name or service_account
-    if account:
-        pod_spec["serviceAccountName"] = account
+    if spec.tolerations:
+        pod_spec["tolerations"] = list(spec.tolerations)
+    secrets = image_pull_secrets(job, settings)
+    if secrets:
+        pod_spec["imagePullSecrets"] = secrets
+    if settings.service_account:
+        pod_spec["serviceAccountName"] = settings.service_account
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}

@@ -29,6 +29,8 @@ from trainium_operator.api.status import TERMINAL_PHASES
 from trainium_operator.builders.job import JobRef
 from trainium_operator.builders.upload import (
     LABEL_PROFILE_ATTEMPT,
+    UploadPodSettings,
+    default_operator_image,
     destination_uri,
     upload_pod,
     upload_pod_name,
@@ -40,6 +42,11 @@ Obj = dict[str, Any]
 CONDITION = "ProfileUploaded"
 ENV_DEFAULT_S3_URI = "TRAINIUM_PROFILE_S3_URI"
 ENV_UPLOAD_SERVICE_ACCOUNT = "TRAINIUM_PROFILE_UPLOAD_SERVICE_ACCOUNT"
+# The operator's own image, as the chart's Deployment runs it (upload pods run it too).
+ENV_OPERATOR_IMAGE = "TRAINIUM_OPERATOR_IMAGE"
+ENV_OPERATOR_IMAGE_PULL_POLICY = "TRAINIUM_OPERATOR_IMAGE_PULL_POLICY"
+# Comma-separated names of the chart's imagePullSecrets (they must exist in the job's namespace).
+ENV_OPERATOR_IMAGE_PULL_SECRETS = "TRAINIUM_OPERATOR_IMAGE_PULL_SECRETS"
 DONE_STATES = frozenset({"Succeeded", "Failed", "NoProfile"})
 # The uploader's exit code when it found no rank files (an attempt that never trained).
 NO_PROFILE_EXIT_CODE = uploader.NO_PROFILE_EXIT_CODE
@@ -47,18 +54,36 @@ NO_PROFILE_EXIT_CODE = uploader.NO_PROFILE_EXIT_CODE
 
 @dataclass(frozen=True)
 class UploadDefaults:
-    """Chart-wide settings: the operator's `--profile-s3-uri` / `TRAINIUM_PROFILE_S3_URI` and
-    the ServiceAccount of upload pods when a job names none."""
+    """Chart-wide settings: the operator's `--profile-s3-uri` / `TRAINIUM_PROFILE_S3_URI`, the
+    ServiceAccount of every upload pod (the chart's S3 upload account; None: the namespace's
+    `default`, never the job's own account), and the operator's image and pull secrets, which
+    upload pods run (None: the chart's default image of this version)."""
 
     s3_uri: str | None = None
     service_account: str | None = None
+    image: str | None = None
+    image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> UploadDefaults:
-        """From the operator Deployment's env (the chart's profileUpload values)."""
+        """From the operator Deployment's env (the chart's image and profileUpload values)."""
+        secrets = environ.get(ENV_OPERATOR_IMAGE_PULL_SECRETS, "")
         return cls(
             s3_uri=environ.get(ENV_DEFAULT_S3_URI, "").strip() or None,
             service_account=environ.get(ENV_UPLOAD_SERVICE_ACCOUNT, "").strip() or None,
+            image=environ.get(ENV_OPERATOR_IMAGE, "").strip() or None,
+            image_pull_policy=environ.get(ENV_OPERATOR_IMAGE_PULL_POLICY, "").strip()
+            or "IfNotPresent",
+            image_pull_secrets=tuple(n.strip() for n in secrets.split(",") if n.strip()),
+        )
+
+    def pod_settings(self) -> UploadPodSettings:
+        return UploadPodSettings(
+            image=self.image or default_operator_image(),
+            image_pull_policy=self.image_pull_policy,
+            image_pull_secrets=self.image_pull_secrets,
+            service_account=self.service_account,
         )
 
 
@@ -160,9 +185,7 @@ def _record(
     name = upload_pod_name(job, attempt)
     pod = _find_pod(upload_pods, name, attempt)
     if pod is None:
-        decision.side_create.append(
-            upload_pod(job, attempt, s3_uri, service_account=defaults.service_account)
-        )
+        decision.side_create.append(upload_pod(job, attempt, s3_uri, defaults.pod_settings()))
         outcome = _PodOutcome("Pending", "")
     else:
         outcome = _outcome(pod)

@@ -57,10 +57,38 @@ CODEC_ZLIB: Final = 1
 DEFAULT_BLOCK_EVENTS: Final = 32768
 """Records per EVENTS block: bounds the reader's memory and the data lost to one bad block."""
 
+# Bounds the reader enforces before it allocates anything a file asks for. A rank file is
+# untrusted input (the UI reads files that training pods of any tenant wrote), so every
+# count and length read from one is checked against what the remaining bytes could hold and
+# against these caps; a file that exceeds one is refused as corrupt, never allocated.
+MAX_HEADER_BYTES: Final = 16 << 20
+"""The header JSON (identity, step window, sources, `extra`): a few hundred bytes in practice."""
+MAX_BLOCK_STORED_BYTES: Final = 64 << 20
+"""One block as stored. The writer's largest (32768 records) is about 1 MiB compressed."""
+MAX_BLOCK_RAW_BYTES: Final = 64 << 20
+"""One block decompressed: decompression stops here (the block's declared size, at most)."""
+MAX_BLOCK_RECORDS: Final = 1 << 20
+"""Records in one EVENTS block: the writer refuses `block_events` above it (default 32768)."""
+MAX_INFLATION_RATIO: Final = 32
+INFLATION_ALLOWANCE_BYTES: Final = 8 << 20
+"""A file decompresses to at most MAX_INFLATION_RATIO x its size + INFLATION_ALLOWANCE_BYTES
+(checked against the declared sizes before decompressing), so what a reader holds stays
+proportional to the bytes on disk; zlib alone allows about 1000x (a "zip bomb"). Measured:
+realistic events inflate 1.5-2x, perfectly regular step markers 7x; only synthetic runs of
+identical records reach 400x, and those fit in the allowance up to about 2 million records."""
+MAX_RANK: Final = 1 << 20
+"""Ranks and world sizes above this are corruption: readers index arrays by rank."""
+MAX_VARINT_BITS: Final = 64
+"""Every varint field is a 64-bit quantity; a longer one is corruption (and a run of
+continuation bytes would otherwise build an ever larger integer, quadratically)."""
+_INT64_MAX: Final = (1 << 63) - 1
+
 _FILE_PREFIX = struct.Struct("<8sHHII")
 _BLOCK_HEADER = struct.Struct("<2sBBIII")
 _BLOCK_MARK = b"BK"
-_MAX_BLOCK_BYTES = 1 << 30  # a length above this is corruption, not data
+_MIN_RECORD_BYTES = 4  # kind, mask, name id, start delta: one byte each at least
+_MIN_TRACK_BYTES = 3  # thread id, device, name id
+_MIN_SYNC_POINT_BYTES = 3  # monotonic, wall, uncertainty
 
 # Field-mask bits of one record.
 _HAS_TRACK = 0x01
@@ -91,6 +119,11 @@ class ProfileFormatError(ValueError):
         self.offset = offset
         self.reason = reason
         super().__init__(f"{self.path}: byte {offset}: {reason}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Crosses process boundaries (loading decodes rank files in worker processes); the
+        # default would call cls(message) and fail on the missing arguments.
+        return (type(self), (self.path, self.offset, self.reason))
 
 
 class TruncatedProfileError(ProfileFormatError):
@@ -159,15 +192,75 @@ def header_to_json(header: RankHeader) -> dict[str, Any]:
     return data
 
 
-def header_from_json(data: Mapping[str, Any]) -> RankHeader:
-    known = {f.name for f in dataclasses.fields(RankHeader)}
-    values = {k: v for k, v in data.items() if k in known}
-    window = values.get("step_window")
-    values["step_window"] = (int(window[0]), int(window[1])) if window else None
-    values["clock_sync"] = tuple(ClockSyncPoint(*map(int, p)) for p in values.get("clock_sync", ()))
-    values["sources"] = tuple(values.get("sources", ()))
-    values["format_version"] = tuple(values.get("format_version", FORMAT_VERSION))
-    values["extra"] = dict(values.get("extra", {}))
+def _int_field(name: str, value: Any, low: int = 0, high: int = _INT64_MAX) -> int:
+    # bool is an int subclass; JSON true is not a rank.
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ValueError(f"{name} must be an integer in [{low}, {high}], not {value!r:.80}")
+    return value
+
+
+def _str_field(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, not {type(value).__name__}")
+    return value
+
+
+def _list_field(name: str, value: Any, length: int | None = None) -> list[Any]:
+    if not isinstance(value, list) or (length is not None and len(value) != length):
+        shape = f"a list of {length}" if length is not None else "a list"
+        raise ValueError(f"{name} must be {shape}, not {value!r:.80}")
+    return value
+
+
+def header_from_json(data: Any) -> RankHeader:
+    """The RankHeader in `data`; raises ValueError naming the field that has the wrong shape
+    (readers index arrays by rank and do arithmetic on the clock points, so each is checked)."""
+    if not isinstance(data, Mapping):
+        raise ValueError("header is not a JSON object")
+    values: dict[str, Any] = {}
+    for name in ("rank", "world_size", "local_rank", "group_rank"):
+        if name in data:
+            values[name] = _int_field(name, data[name], 0, MAX_RANK)
+    if "rank" not in values:
+        raise ValueError("header has no rank")
+    for name in ("pid", "attempt", "dropped_events", "event_count"):
+        if name in data:
+            values[name] = _int_field(name, data[name])
+    for name in ("node", "hostname", "job_name", "namespace", "job_uid"):
+        if name in data:
+            values[name] = _str_field(name, data[name])
+    window = data.get("step_window")
+    if window is not None:
+        first, last = _list_field("step_window", window, 2)
+        values["step_window"] = (
+            _int_field("step_window", first, -_INT64_MAX),
+            _int_field("step_window", last, -_INT64_MAX),
+        )
+    values["clock_sync"] = tuple(
+        ClockSyncPoint(
+            *(
+                _int_field("clock_sync", number, -_INT64_MAX)
+                for number in _list_field("clock_sync point", point, 3)
+            )
+        )
+        for point in _list_field("clock_sync", data.get("clock_sync", []))
+    )
+    values["sources"] = tuple(
+        _str_field("sources", source) for source in _list_field("sources", data.get("sources", []))
+    )
+    if "complete" in data:
+        if not isinstance(data["complete"], bool):
+            raise ValueError("complete must be true or false")
+        values["complete"] = data["complete"]
+    major, minor = _list_field("format_version", data.get("format_version", [*FORMAT_VERSION]), 2)
+    values["format_version"] = (
+        _int_field("format_version", major, 0, 0xFFFF),
+        _int_field("format_version", minor, 0, 0xFFFF),
+    )
+    extra = data.get("extra", {})
+    if not isinstance(extra, Mapping):
+        raise ValueError("extra must be a JSON object")
+    values["extra"] = {str(key): _str_field(f"extra[{key!r:.40}]", v) for key, v in extra.items()}
     return RankHeader(**values)
 
 
@@ -191,7 +284,8 @@ def _unzigzag(value: int) -> int:
 
 
 class _Cursor:
-    """Reads varints and bytes from one block payload; raises IndexError past the end."""
+    """Reads varints and bytes from one block payload; raises IndexError past the end and
+    ValueError for a varint longer than 64 bits."""
 
     __slots__ = ("data", "pos")
 
@@ -217,13 +311,24 @@ class _Cursor:
                 self.pos = pos
                 return result
             shift += 7
-            if shift > 70:
+            if shift >= MAX_VARINT_BITS:
                 raise ValueError("varint longer than 10 bytes")
+
+    def count(self, what: str, min_bytes: int, cap: int) -> int:
+        """A count of items of at least `min_bytes` each, checked against the bytes left
+        and `cap` before anyone allocates or loops for it."""
+        value = self.varint()
+        remaining = len(self.data) - self.pos
+        if value * min_bytes > remaining:
+            raise ValueError(f"{value} {what} claimed, but only {remaining} bytes remain")
+        if value > cap:
+            raise ValueError(f"{value} {what} claimed, more than the limit of {cap}")
+        return value
 
     def take(self, n: int) -> bytes:
         end = self.pos + n
         if end > len(self.data):
-            raise IndexError("string runs past the end of the block")
+            raise IndexError(f"{n} bytes claimed, but only {len(self.data) - self.pos} remain")
         chunk = self.data[self.pos : end]
         self.pos = end
         return chunk
@@ -390,6 +495,10 @@ class RankFileWriter:
     ) -> None:
         if codec not in (CODEC_NONE, CODEC_ZLIB):
             raise ValueError(f"unknown codec {codec}")
+        if not 0 < block_events <= MAX_BLOCK_RECORDS:
+            raise ValueError(
+                f"block_events must be in 1..{MAX_BLOCK_RECORDS} (readers refuse more)"
+            )
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._codec = codec
@@ -504,6 +613,9 @@ class RankFileReader:
         self.path = Path(path)
         self._file: IO[bytes] = open(self.path, "rb")  # noqa: SIM115 - closed in close()
         try:
+            # Every length in the file is checked against the bytes that are really there.
+            self._size = os.fstat(self._file.fileno()).st_size
+            self._inflated = 0
             self._initial_header = self._read_header()
         except BaseException:
             self._file.close()
@@ -553,6 +665,19 @@ class RankFileReader:
                 f"format version {major}.{minor} is not supported by this reader "
                 f"(reads {FORMAT_MAJOR}.x)",
             )
+        if length > MAX_HEADER_BYTES:
+            raise self._error(
+                CorruptProfileError,
+                len(MAGIC) + 4,
+                f"header length {length} exceeds the limit of {MAX_HEADER_BYTES} bytes",
+            )
+        present = self._bytes_from(_FILE_PREFIX.size, length)
+        if length > present:
+            raise self._error(
+                TruncatedProfileError,
+                _FILE_PREFIX.size + present,
+                f"file ends inside its header ({present} of {length} bytes present)",
+            )
         body = self._file.read(length)
         if len(body) < length:
             raise self._error(
@@ -563,8 +688,11 @@ class RankFileReader:
         try:
             data = json.loads(body)
             header = header_from_json(data)
-        except (ValueError, TypeError) as exc:
-            raise self._error(CorruptProfileError, _FILE_PREFIX.size, f"bad header: {exc}") from exc
+        except (ValueError, TypeError, RecursionError) as exc:
+            # UnicodeDecodeError and JSONDecodeError are ValueErrors; deep nesting recurses.
+            raise self._error(
+                CorruptProfileError, _FILE_PREFIX.size, f"bad header: {exc!s:.200}"
+            ) from exc
         return dataclasses.replace(header, format_version=(major, minor))
 
     def blocks(self) -> Iterator[tuple[int, int, bytes]]:
@@ -587,8 +715,28 @@ class RankFileReader:
             mark, block_type, codec, stored_len, raw_len, crc = _BLOCK_HEADER.unpack(head)
             if mark != _BLOCK_MARK:
                 raise self._error(CorruptProfileError, offset, "block marker missing")
-            if stored_len > _MAX_BLOCK_BYTES or raw_len > _MAX_BLOCK_BYTES:
-                raise self._error(CorruptProfileError, offset, "implausible block length")
+            if stored_len > MAX_BLOCK_STORED_BYTES or raw_len > MAX_BLOCK_RAW_BYTES:
+                raise self._error(
+                    CorruptProfileError,
+                    offset,
+                    f"implausible block length ({stored_len} stored, {raw_len} raw; limits "
+                    f"{MAX_BLOCK_STORED_BYTES} and {MAX_BLOCK_RAW_BYTES})",
+                )
+            present = self._bytes_from(offset + _BLOCK_HEADER.size, stored_len)
+            if stored_len > present:
+                raise self._error(
+                    TruncatedProfileError,
+                    offset,
+                    f"file ends inside a block ({present} of {stored_len} bytes present)",
+                )
+            self._inflated += raw_len
+            if self._inflated > MAX_INFLATION_RATIO * self._size + INFLATION_ALLOWANCE_BYTES:
+                raise self._error(
+                    CorruptProfileError,
+                    offset,
+                    f"blocks decompress to more than {MAX_INFLATION_RATIO}x the file's "
+                    f"{self._size} bytes (a decompression bomb, not a profile)",
+                )
             stored = f.read(stored_len)
             if len(stored) < stored_len:
                 raise self._error(
@@ -599,10 +747,7 @@ class RankFileReader:
             if zlib.crc32(stored, zlib.crc32(head[2:12])) != crc:
                 raise self._error(CorruptProfileError, offset, "block checksum mismatch")
             if codec == CODEC_ZLIB:
-                try:
-                    payload = zlib.decompress(stored)
-                except zlib.error as exc:
-                    raise self._error(CorruptProfileError, offset, f"bad zlib data: {exc}") from exc
+                payload = self._inflate(stored, raw_len, offset)
             elif codec == CODEC_NONE:
                 payload = stored
             else:
@@ -611,6 +756,33 @@ class RankFileReader:
                 raise self._error(CorruptProfileError, offset, "block size mismatch")
             end_seen = end_seen or block_type == BLOCK_END
             yield offset, block_type, payload
+
+    def _bytes_from(self, offset: int, wanted: int) -> int:
+        """How many bytes the file holds from `offset` (at least `wanted` if it has them). A
+        file still being written may have grown since it was opened: look again first."""
+        if self._size - offset < wanted:
+            self._size = os.fstat(self._file.fileno()).st_size
+        return max(self._size - offset, 0)
+
+    def _inflate(self, stored: bytes, raw_len: int, offset: int) -> bytes:
+        """The block's zlib data, decompressed to at most its declared `raw_len` bytes."""
+        inflater = zlib.decompressobj()
+        try:
+            # max_length 0 would mean "unbounded": one byte more than declared shows excess.
+            payload = inflater.decompress(stored, raw_len + 1)
+        except zlib.error as exc:
+            raise self._error(CorruptProfileError, offset, f"bad zlib data: {exc}") from exc
+        if len(payload) > raw_len or inflater.unconsumed_tail:
+            raise self._error(
+                CorruptProfileError,
+                offset,
+                f"block decompresses past its declared {raw_len} bytes",
+            )
+        if not inflater.eof or inflater.unused_data:
+            raise self._error(
+                CorruptProfileError, offset, "bad zlib data: incomplete stream or trailing bytes"
+            )
+        return payload
 
     def events(self) -> Iterator[Event]:
         """Every event, block by block; raises ProfileFormatError at the first damage."""
@@ -644,41 +816,54 @@ class RankFileReader:
                     self._decode_sync(payload)
                     continue
                 elif block_type == BLOCK_END:
-                    end = json.loads(payload)
-                    self.dropped_events = int(end.get("dropped_events", 0))
-                    self.end_event_count = int(end.get("event_count", self.events_read))
-                    self.complete = True
+                    self._decode_end(payload)
                     continue
                 else:
                     continue  # a block type from a newer minor version
-            except (IndexError, ValueError, KeyError, TypeError) as exc:
+            except (IndexError, ValueError, KeyError, TypeError, ArithmeticError) as exc:
+                # Also what a caller's decoder raises (numpy: ValueError/IndexError/OverflowError).
                 raise self._error(
-                    CorruptProfileError, offset, f"undecodable block: {exc!r}"
+                    CorruptProfileError, offset, f"undecodable block: {exc!r:.300}"
+                ) from exc
+            except RecursionError as exc:
+                raise self._error(
+                    CorruptProfileError, offset, "undecodable block: too deep"
                 ) from exc
             self.events_read += len(batch)
             yield batch
 
+    def _decode_end(self, payload: bytes) -> None:
+        end = json.loads(payload)
+        if not isinstance(end, dict):
+            raise ValueError("END block is not a JSON object")
+        self.dropped_events = _int_field("dropped_events", end.get("dropped_events", 0))
+        self.end_event_count = _int_field("event_count", end.get("event_count", self.events_read))
+        self.complete = True
+
     def _decode_sync(self, payload: bytes) -> None:
         cur = _Cursor(payload)
-        for _ in range(cur.varint()):
-            self.clock_sync.append(ClockSyncPoint(cur.varint(), cur.varint(), cur.varint()))
+        for _ in range(cur.count("sync points", _MIN_SYNC_POINT_BYTES, len(payload))):
+            point = ClockSyncPoint(cur.varint(), cur.varint(), cur.varint())
+            if max(point.monotonic_ns, point.wall_ns, point.uncertainty_ns) > _INT64_MAX:
+                raise ValueError("clock sync point outside the 64-bit range")
+            self.clock_sync.append(point)
 
     def _decode_tables(self, payload: bytes) -> tuple[int, int]:
         """Adds the block's new strings and tracks; returns (records offset, record count)."""
         cur = _Cursor(payload)
         varint = cur.varint
         strings = self.strings
-        for _ in range(varint()):
+        for _ in range(cur.count("strings", 1, len(payload))):
             strings.append(cur.take(varint()).decode("utf-8"))
         tracks = self.tracks
-        for _ in range(varint()):
+        for _ in range(cur.count("tracks", _MIN_TRACK_BYTES, len(payload))):
             thread_id = _unzigzag(varint())
             device = _unzigzag(varint())
             name = strings[varint()]
             tracks.append((thread_id, device))
             if name:
                 self.track_names[(thread_id, device)] = name
-        count = varint()
+        count = cur.count("records", _MIN_RECORD_BYTES, MAX_BLOCK_RECORDS)
         return cur.pos, count
 
     def _decode_rows(self, payload: bytes, records_offset: int, count: int) -> list[Row]:
@@ -719,6 +904,8 @@ class RankFileReader:
                     if byte < 0x80:
                         break
                     shift += 7
+                    if shift >= MAX_VARINT_BITS:
+                        raise ValueError("varint longer than 10 bytes")
                 name = strings[value]
             # start delta
             value = 0
@@ -730,6 +917,8 @@ class RankFileReader:
                 if byte < 0x80:
                     break
                 shift += 7
+                if shift >= MAX_VARINT_BITS:
+                    raise ValueError("varint longer than 10 bytes")
             prev_start += (value >> 1) if not value & 1 else -((value + 1) >> 1)
             duration = flow = val = depth = precision = 0
             if mask:

@@ -27,8 +27,27 @@ from trainium_operator.profiler.format import FORMAT_VERSION, RANK_FILE_SUFFIX
 
 MANIFEST_NAME = "profile.json"
 MANIFEST_SCHEMA = 1
+MAX_MANIFEST_BYTES = 16 << 20
+"""profile.json is a few kilobytes (one entry per rank); a larger one is not read."""
 
 _RANK_FILE = re.compile(r"^rank-(\d+)" + re.escape(RANK_FILE_SUFFIX) + "$")
+# One component of a profile path (namespace, job, attempt, node): a Kubernetes name or a
+# hostname. Never empty, ".", "..", absolute, or holding a separator or NUL, so a path built
+# from such components stays below the directory it is joined to.
+_SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,252}$")
+
+
+def is_safe_segment(text: str) -> bool:
+    """True for a name that may be one component of a local path (see _SAFE_SEGMENT)."""
+    return bool(_SAFE_SEGMENT.match(text))
+
+
+def rank_file_path_problem(relative: str) -> str | None:
+    """Why `relative` is not `<node>/rank-<RANK>.trnprof` with a safe node name, or None."""
+    parts = relative.split("/")
+    if len(parts) != 2 or not is_safe_segment(parts[0]) or not _RANK_FILE.match(parts[1]):
+        return f"{relative[:200]!r} is not <node>/rank-<RANK>{RANK_FILE_SUFFIX}"
+    return None
 
 
 class ManifestError(ValueError):
@@ -92,34 +111,93 @@ class ProfileManifest:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> ProfileManifest:
-        window = data.get("step_window")
+    def from_json(cls, data: Any) -> ProfileManifest:
+        """The manifest in `data`; raises ValueError naming the field of the wrong shape."""
+        if not isinstance(data, Mapping):
+            raise ValueError("profile manifest is not a JSON object")
+        window = _optional_list(data, "step_window")
+        if window and len(window) != 2:
+            raise ValueError(f"step_window must be [first, last], not {window!r:.80}")
+        version = _optional_list(data, "format_version") or list(FORMAT_VERSION)
+        extra = data.get("extra", {})
+        if not isinstance(extra, Mapping):
+            raise ValueError("extra must be a JSON object")
         return cls(
-            job_name=str(data.get("job_name", "")),
-            namespace=str(data.get("namespace", "")),
-            uid=str(data.get("uid", "")),
-            attempt=int(data.get("attempt", 0)),
-            created=str(data.get("created", "")),
-            world_size=int(data.get("world_size", 0)),
-            nodes=tuple(str(n) for n in data.get("nodes", ())),
-            ranks=tuple(
-                ManifestRank(
-                    rank=int(r["rank"]),
-                    node=str(r["node"]),
-                    local_rank=int(r.get("local_rank", 0)),
-                    file=str(r.get("file", "")),
-                )
-                for r in data.get("ranks", ())
-            ),
-            step_window=(int(window[0]), int(window[1])) if window else None,
+            job_name=_text(data, "job_name"),
+            namespace=_text(data, "namespace"),
+            uid=_text(data, "uid"),
+            attempt=_number(data, "attempt"),
+            created=_text(data, "created"),
+            world_size=_number(data, "world_size"),
+            nodes=tuple(_as_text("nodes", n) for n in _optional_list(data, "nodes")),
+            ranks=tuple(_rank(r) for r in _optional_list(data, "ranks")),
+            step_window=(_as_number("step_window", window[0]), _as_number("step_window", window[1]))
+            if window
+            else None,
             format_version=(
-                int(data.get("format_version", FORMAT_VERSION)[0]),
-                int(data.get("format_version", FORMAT_VERSION)[1]),
+                _as_number("format_version", version[0]),
+                _as_number("format_version", version[1]),
             ),
-            clock_sync=tuple(ClockSyncPoint(*map(int, p)) for p in data.get("clock_sync", ())),
+            clock_sync=tuple(_sync_point(point) for point in _optional_list(data, "clock_sync")),
             finished=bool(data.get("finished", False)),
-            extra=dict(data.get("extra", {})),
+            extra=dict(extra),
         )
+
+
+_INT64 = 1 << 63
+
+
+def _as_number(name: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not -_INT64 < value < _INT64:
+        raise ValueError(f"{name} must be a 64-bit integer, not {value!r:.80}")
+    return value
+
+
+def _as_text(name: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, not {type(value).__name__}")
+    return value
+
+
+def _number(data: Mapping[str, Any], name: str) -> int:
+    return _as_number(name, data.get(name, 0))
+
+
+def _text(data: Mapping[str, Any], name: str) -> str:
+    return _as_text(name, data.get(name, ""))
+
+
+def _optional_list(data: Mapping[str, Any], name: str) -> list[Any]:
+    value = data.get(name)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"{name} must be a list, not {type(value).__name__}")
+    return value
+
+
+def _sync_point(point: Any) -> ClockSyncPoint:
+    if not isinstance(point, list) or len(point) != 3:
+        raise ValueError(
+            f"clock_sync points must be [monotonic, wall, uncertainty], not {point!r:.80}"
+        )
+    return ClockSyncPoint(*(_as_number("clock_sync", value) for value in point))
+
+
+def _rank(entry: Any) -> ManifestRank:
+    if not isinstance(entry, Mapping):
+        raise ValueError("ranks[] must be JSON objects")
+    file = _text(entry, "file")
+    # The name is a path relative to the profile directory: it must stay inside it.
+    problem = rank_file_path_problem(file) if file else None
+    if problem:
+        raise ValueError(f"ranks[].file: {problem}")
+    return ManifestRank(
+        rank=_as_number("ranks[].rank", entry.get("rank")),
+        node=_as_text("ranks[].node", entry.get("node")),
+        local_rank=_number(entry, "local_rank"),
+        file=file,
+    )
 
 
 def now_iso() -> str:
@@ -147,19 +225,34 @@ def load_manifest(profile_dir: str | os.PathLike[str]) -> ProfileManifest:
     """Read `<profile_dir>/profile.json`; raises ManifestError naming the file."""
     path = Path(profile_dir) / MANIFEST_NAME
     try:
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"{path}: profile manifest larger than {MAX_MANIFEST_BYTES} bytes")
         data = json.loads(path.read_text(encoding="utf-8"))
+    except ManifestError:
+        raise
     except FileNotFoundError as exc:
         raise ManifestError(f"{path}: no profile manifest") from exc
     except (OSError, ValueError) as exc:
         raise ManifestError(f"{path}: unreadable profile manifest: {exc}") from exc
+    except RecursionError as exc:
+        raise ManifestError(f"{path}: unreadable profile manifest: nested too deeply") from exc
+    return manifest_from_json(data, str(path))
+
+
+def manifest_from_json(data: Any, source: str) -> ProfileManifest:
+    """The manifest in parsed JSON `data`; raises ManifestError naming `source` and the field.
+    Shared by the directory and the S3 readers, so both refuse the same malformed manifests."""
     if not isinstance(data, dict):
-        raise ManifestError(f"{path}: profile manifest is not a JSON object")
-    if int(data.get("schema", MANIFEST_SCHEMA)) > MANIFEST_SCHEMA:
-        raise ManifestError(f"{path}: manifest schema {data['schema']} is newer than this reader")
+        raise ManifestError(f"{source}: profile manifest is not a JSON object")
+    schema = data.get("schema", MANIFEST_SCHEMA)
+    if not isinstance(schema, int) or isinstance(schema, bool):
+        raise ManifestError(f"{source}: manifest schema {schema!r:.40} is not a number")
+    if schema > MANIFEST_SCHEMA:
+        raise ManifestError(f"{source}: manifest schema {schema} is newer than this reader")
     try:
         return ProfileManifest.from_json(data)
     except (KeyError, TypeError, ValueError, IndexError) as exc:
-        raise ManifestError(f"{path}: malformed profile manifest: {exc!r}") from exc
+        raise ManifestError(f"{source}: malformed profile manifest: {exc}") from exc
 
 
 def discover_rank_files(profile_dir: str | os.PathLike[str]) -> list[RankFileRef]:

@@ -8,7 +8,9 @@ queries, never the raw profile.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -18,7 +20,21 @@ from aiohttp import web
 
 from trainium_operator.analysis.report import annotation
 from trainium_operator.analysis.s3store import S3ProfileSource
+from trainium_operator.k8s.reviews import ReviewedUser
 from trainium_operator.profiler.s3 import S3ProfileError
+from trainium_operator.ui.auth import (
+    KubernetesAccess,
+    Verdict,
+    authentication_verdict,
+    bearer_token,
+    profile_namespace,
+    profile_verdict,
+)
+from trainium_operator.ui.guards import (
+    LOOPBACK_HOSTS,
+    cross_origin_refusal,
+    host_allowed,
+)
 from trainium_operator.ui.profiles import (
     JobInfo,
     JobLister,
@@ -26,6 +42,7 @@ from trainium_operator.ui.profiles import (
     ProfileStore,
     UnknownProfileError,
     matches,
+    profile_id,
 )
 
 log = logging.getLogger(__name__)
@@ -38,7 +55,16 @@ class _Jobs:
     lister: JobLister | None
 
 
+@dataclass(frozen=True)
+class _Security:
+    allowed_hosts: frozenset[str]
+    access: KubernetesAccess | None  # None: local mode, no authentication
+
+
 JOBS_KEY = web.AppKey("jobs", _Jobs)
+SECURITY_KEY = web.AppKey("security", _Security)
+USER_KEY = web.RequestKey("user", ReviewedUser)  # kubernetes mode: the reviewed user
+UNGUARDED_PATHS = frozenset({"/healthz"})  # probes: no Host, no token, nothing to read
 STATIC_DIR = Path(str(resources.files("trainium_operator.ui") / "static"))
 _SECURITY_HEADERS = {
     # Everything is served from here; nothing may load from elsewhere (offline by design).
@@ -69,8 +95,58 @@ def _int_param(request: web.Request, name: str) -> int:
         raise web.HTTPBadRequest(text=f"{name} must be a number") from exc
 
 
+def _refuse(verdict: Verdict) -> web.HTTPException:
+    if verdict.status == 401:
+        return web.HTTPUnauthorized(
+            text=verdict.reason,
+            headers={"WWW-Authenticate": 'Bearer realm="trainium-operator profile UI"'},
+        )
+    return web.HTTPForbidden(text=verdict.reason)
+
+
+def _user(request: web.Request) -> ReviewedUser | None:
+    user: ReviewedUser | None = request.get(USER_KEY)
+    return user
+
+
+async def _readable(request: web.Request, namespaces: Collection[str]) -> dict[str, bool]:
+    """Which of these namespaces the request's user may read (all of them in local mode)."""
+    access, user = request.app[SECURITY_KEY].access, _user(request)
+    if access is None:
+        return dict.fromkeys(namespaces, True)
+    assert user is not None  # the authentication middleware set it
+    try:
+        return await access.readable(user, namespaces)
+    except Exception as exc:  # the API server is unreachable: refuse, never show unchecked
+        log.warning("SubjectAccessReview failed: %s", exc)
+        raise web.HTTPServiceUnavailable(text="cannot review access now") from exc
+
+
+def _profile_namespaces(store: ProfileStore, identifier: str) -> set[str]:
+    """The namespace of the id, and of the directory it resolves to (a symlink named like a
+    readable namespace's profile must not open another namespace's)."""
+    namespaces = {profile_namespace(identifier)}
+    if store.s3 is None:
+        # An unknown id is answered 404 by the handler, once its own namespace was allowed.
+        with contextlib.suppress(UnknownProfileError):
+            namespaces.add(profile_namespace(profile_id(store.root, store.resolve(identifier))))
+    return namespaces
+
+
+async def _authorize_profile(request: web.Request, identifier: str) -> None:
+    """403 unless the user may read the namespace the profile belongs to."""
+    user = _user(request)
+    if request.app[SECURITY_KEY].access is None or user is None:
+        return
+    namespaces = await asyncio.to_thread(_profile_namespaces, _store(request), identifier)
+    verdict = profile_verdict(user, await _readable(request, namespaces), namespaces)
+    if not verdict.allowed:
+        raise _refuse(verdict)
+
+
 async def _profile_entry(request: web.Request) -> Any:
     identifier = _param(request, "id")
+    await _authorize_profile(request, identifier)
     try:
         return await _store(request).wait_loaded(identifier)
     except UnknownProfileError as exc:
@@ -100,6 +176,13 @@ async def list_profiles(request: web.Request) -> web.Response:
         except Exception as exc:  # the profile list is still useful without the cluster
             log.warning("listing TrainingJobs failed: %s", exc)
             body["jobs_error"] = f"{type(exc).__name__}: {exc}"
+    readable = await _readable(
+        request,
+        {profile_namespace(row["id"]) for row in profiles} | {job.namespace for job in jobs or []},
+    )
+    profiles = [row for row in profiles if readable[profile_namespace(row["id"])]]
+    if jobs is not None:
+        jobs = [job for job in jobs if readable[job.namespace]]
     phases = {(job.namespace, job.name): job.status for job in jobs or []}
     for row in profiles:
         row["status"] = phases.get((row["namespace"], row["job_name"]), row["profile_status"])
@@ -139,6 +222,7 @@ def _job_row(store: ProfileStore, job: JobInfo) -> dict[str, Any]:
 
 async def load(request: web.Request) -> web.Response:
     identifier = _param(request, "id")
+    await _authorize_profile(request, identifier)
     try:
         slot = await _store(request).load(identifier)
     except UnknownProfileError as exc:
@@ -149,11 +233,14 @@ async def load(request: web.Request) -> web.Response:
         raise web.HTTPBadGateway(text=str(exc)) from exc
     if request.query.get("wait") == "1" and slot.task is not None:
         await asyncio.shield(slot.task)
+    if slot.state == "error":  # a malformed profile: the client's input, not a server fault
+        raise web.HTTPUnprocessableEntity(text=f"profile {identifier!r}: {slot.error}")
     return web.json_response({"id": identifier, "state": slot.state, "error": slot.error})
 
 
 async def unload(request: web.Request) -> web.Response:
     identifier = _param(request, "id")
+    await _authorize_profile(request, identifier)
     return web.json_response({"id": identifier, "unloaded": _store(request).unload(identifier)})
 
 
@@ -220,18 +307,63 @@ async def security_headers(request: web.Request, handler: Any) -> web.StreamResp
     return response
 
 
+@web.middleware
+async def request_guard(request: web.Request, handler: Any) -> web.StreamResponse:
+    """The Host check (DNS rebinding) and the CSRF defence (guards.py), before anything else."""
+    if request.path not in UNGUARDED_PATHS:
+        host = request.headers.get("Host")
+        if not host_allowed(host, request.app[SECURITY_KEY].allowed_hosts):
+            raise web.HTTPMisdirectedRequest(
+                text=f"this UI is not served as {host!r} (allow it with --allowed-host)"
+            )
+        refusal = cross_origin_refusal(request.method, request.headers)
+        if refusal is not None:
+            raise web.HTTPForbidden(text=refusal)
+    response: web.StreamResponse = await handler(request)
+    return response
+
+
+@web.middleware
+async def authenticate(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Kubernetes mode: every request but the probe's names an authenticated user."""
+    access = request.app[SECURITY_KEY].access
+    if access is not None and request.path not in UNGUARDED_PATHS:
+        token = bearer_token(request.headers.get("Authorization"))
+        review = None
+        if token is not None:
+            try:
+                review = await access.authenticate(token)
+            except Exception as exc:  # the API server is unreachable: not the user's fault
+                log.warning("TokenReview failed: %s", exc)
+                raise web.HTTPServiceUnavailable(text="cannot review the token now") from exc
+        verdict = authentication_verdict(token, review)
+        if not verdict.allowed:
+            raise _refuse(verdict)
+        assert review is not None
+        assert review.user is not None
+        request[USER_KEY] = review.user
+    response: web.StreamResponse = await handler(request)
+    return response
+
+
 def create_app(
     root: str | Path,
     job_lister: JobLister | None = None,
     workers: int | None = None,
     s3: S3ProfileSource | None = None,
+    *,
+    allowed_hosts: Collection[str] = LOOPBACK_HOSTS,
+    access: KubernetesAccess | None = None,
 ) -> web.Application:
     """The UI for profiles under `root`, a directory or an `s3://bucket/prefix` URI.
     `job_lister` lists TrainingJobs with profiling on (injected so this module never imports
-    the Kubernetes client); `s3` overrides the S3 source (client, cache) for an s3:// root."""
-    app = web.Application(middlewares=[security_headers])
+    the Kubernetes client); `s3` overrides the S3 source (client, cache) for an s3:// root.
+    `allowed_hosts` are the names the UI answers to (`*`: any); with `access`, every request
+    needs a bearer token the cluster authenticates and sees only namespaces its user may read."""
+    app = web.Application(middlewares=[security_headers, request_guard, authenticate])
     app[STORE_KEY] = ProfileStore.for_source(root, workers=workers, s3=s3)
     app[JOBS_KEY] = _Jobs(job_lister)
+    app[SECURITY_KEY] = _Security(frozenset(allowed_hosts), access)
     app.router.add_get("/", index)
     app.router.add_get("/api/profiles", list_profiles)
     app.router.add_post("/api/profiles/load", load)

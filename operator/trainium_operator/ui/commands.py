@@ -141,7 +141,12 @@ def export(
 
 @profile.command()
 @click.argument("directory", type=PROFILE_DIR)
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to bind (0.0.0.0: every interface, e.g. in a pod).",
+)
 @click.option("--port", default=8265, show_default=True, type=int)
 @click.option("--workers", type=int, default=None, help="Decoding processes per load.")
 @click.option(
@@ -158,6 +163,35 @@ def export(
     "Needed when the UI's RBAC is a Role per namespace.",
 )
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
+@click.option(
+    "--auth",
+    type=click.Choice(["none", "kubernetes"]),
+    default="none",
+    show_default=True,
+    help="kubernetes: every request needs the user's bearer token (TokenReview) and shows "
+    "only namespaces where the user may get trainingjobs (SubjectAccessReview); the UI's own "
+    "account needs create on tokenreviews and subjectaccessreviews. none: local use.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    help="A name the UI is reached by (the Host header; repeat the option; '*' allows any). "
+    "Default: the bound address, localhost, 127.0.0.1 and ::1.",
+)
+@click.option(
+    "--token-audience",
+    "audiences",
+    multiple=True,
+    help="With --auth kubernetes: audiences the token review requires (default: the API server's).",
+)
+@click.option(
+    "--auth-cache-ttl",
+    type=float,
+    default=10.0,
+    show_default=True,
+    help="With --auth kubernetes: seconds a token or access review result is reused.",
+)
 def serve(
     directory: str | Path,
     *,
@@ -167,22 +201,41 @@ def serve(
     list_jobs: bool,
     namespaces: tuple[str, ...],
     kubeconfig: str | None,
+    auth: str,
+    allowed_hosts: tuple[str, ...],
+    audiences: tuple[str, ...],
+    auth_cache_ttl: float,
 ) -> None:
     """Serve the profile web UI for every profile under DIRECTORY or s3://bucket/prefix."""
     from aiohttp import web
 
     from trainium_operator.ui.app import create_app
+    from trainium_operator.ui.guards import default_allowed_hosts
 
     if namespaces and not list_jobs:
         raise click.UsageError("--namespace only applies with --list-jobs")
+    if audiences and auth != "kubernetes":
+        raise click.UsageError("--token-audience only applies with --auth kubernetes")
     lister = None
     if list_jobs:
         from trainium_operator.ui.jobs import cluster_job_lister
 
         lister = cluster_job_lister(kubeconfig, namespaces)
-    app = create_app(directory, job_lister=lister, workers=workers)
+    access = None
+    if auth == "kubernetes":
+        from trainium_operator.ui.auth import kubernetes_access
+
+        access = kubernetes_access(kubeconfig, audiences=audiences, ttl=auth_cache_ttl)
+    app = create_app(
+        directory,
+        job_lister=lister,
+        workers=workers,
+        allowed_hosts=allowed_hosts or default_allowed_hosts(host),
+        access=access,
+    )
     shown = directory.resolve() if isinstance(directory, Path) else directory
-    click.echo(f"profile UI for {shown} on http://{host}:{port}/", err=True)
+    mode = "Kubernetes authentication" if access is not None else "no authentication"
+    click.echo(f"profile UI for {shown} on http://{host}:{port}/ ({mode})", err=True)
     web.run_app(app, host=host, port=port, print=None)
 
 

@@ -10,9 +10,11 @@ present) can be loaded; loading downloads the rank files into the ETag-keyed cac
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from trainium_operator.profiler.manifest import MANIFEST_NAME, discover_rank_fil
 from trainium_operator.profiler.s3 import is_s3_uri, parse_s3_uri
 
 MAX_SEARCH_DEPTH = 8
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,35 @@ def _dir_row(root: Path, path: Path) -> dict[str, Any]:
     }
 
 
+def _unreadable_row(identifier: str, path: str, error: str) -> dict[str, Any]:
+    """The row of a profile that could not even be listed: its error, and not loadable."""
+    return {
+        "id": identifier,
+        "path": path,
+        "job_name": "",
+        "namespace": "",
+        "attempt": 0,
+        "created": "",
+        "nodes": 0,
+        "ranks": 0,
+        "bytes": 0,
+        "finished": False,
+        "manifest_problem": error,
+        "error": error,
+        "loadable": False,
+        "profile_status": "Unreadable",
+    }
+
+
+def _row_or_error(identifier: str, path: str, make: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    # One bad profile is that profile's error; the list still answers for every other one.
+    try:
+        return make()
+    except Exception as exc:
+        log.warning("listing profile %s failed: %s", path, exc)
+        return _unreadable_row(identifier, path, f"{type(exc).__name__}: {exc}")
+
+
 def _s3_row(profile: S3Profile) -> dict[str, Any]:
     manifest = profile.manifest_data
     parts = profile.identifier.split("/")
@@ -130,7 +162,9 @@ def _s3_row(profile: S3Profile) -> dict[str, Any]:
         "path": str(profile.location),
         "job_name": manifest.job_name if manifest else job,
         "namespace": manifest.namespace if manifest else namespace,
-        "attempt": manifest.attempt if manifest else (int(attempt) if attempt.isdigit() else 0),
+        "attempt": manifest.attempt
+        if manifest
+        else (int(attempt) if attempt.isascii() and attempt.isdigit() else 0),
         "created": manifest.created if manifest else "",
         "nodes": len({obj.relative.split("/")[0] for obj in profile.rank_files}),
         "ranks": len(profile.rank_files),
@@ -208,13 +242,26 @@ class ProfileStore:
 
     def _with_slot(self, row: dict[str, Any]) -> dict[str, Any]:
         slot = self.slots.get(row["id"], _Slot())
-        return {**row, "state": slot.state, "error": slot.error, "events": slot.events}
+        error = slot.error or row.get("error")
+        return {**row, "state": slot.state, "error": error, "events": slot.events}
 
     def listing(self) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
         if self.s3 is not None:
-            rows = [_s3_row(profile) for profile in self.s3.listing()]
+            for profile in self.s3.listing():
+                rows.append(
+                    _row_or_error(
+                        profile.identifier, str(profile.location), partial(_s3_row, profile)
+                    )
+                )
         else:
-            rows = [_dir_row(self.root, path) for path in find_profiles(self.root)]
+            root = self.root.resolve()
+            for path in find_profiles(self.root):
+                rows.append(
+                    _row_or_error(
+                        profile_id(root, path), str(path), partial(_dir_row, self.root, path)
+                    )
+                )
         return [self._with_slot(row) for row in rows]
 
     def _locate(self, identifier: str) -> Path | S3Profile:

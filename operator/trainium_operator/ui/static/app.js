@@ -7,8 +7,11 @@ const page = document.getElementById("page");
 const state = { profileId: localStorage.getItem("profileId"), dashboard: null, pollTimer: null, timeline: null };
 window.__ui = state; // read by the browser tests
 
+// Every request carries the UI's header: the server refuses a POST without it (CSRF defence,
+// ui/guards.py), which another site's page cannot add without a CORS preflight we never allow.
 async function api(path, options = {}) {
-  const response = await fetch(path, options);
+  const headers = { "X-Trainium-UI": "1", ...(options.headers || {}) };
+  const response = await fetch(path, { ...options, headers });
   if (!response.ok) throw new Error(`${response.status} ${await response.text()}`);
   return response.json();
 }

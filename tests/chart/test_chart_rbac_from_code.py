@@ -1,0 +1,207 @@
+"""The chart grants each ServiceAccount exactly what its component's code calls, both ways.
+
+What the code calls is read from the code (tests/chart/code_api_calls.py): the operator is
+`controller/` and the k8s methods it reaches, plus kopf's own requests (kopf is a library this
+does not scan: its needs are the documented constants below); the profile UI is `ui/`. A verb
+the chart grants that no code sends fails as unused; a request the code sends that the chart
+does not grant fails as missing. TorchX and CLI paths are not here: they run as the user.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chart import code_api_calls
+from chart.chart_harness import FULLNAME, SCENARIOS, Manifest, render
+from chart.code_api_calls import ApiCall
+
+UI_ACCOUNT = f"{FULLNAME}-profile-ui"
+OPERATOR_FILES = code_api_calls.component_files("controller")
+UI_FILES = code_api_calls.component_files("ui")
+
+# kopf's own requests besides the watches of our @kopf.on.event handlers, which
+# code_api_calls reads from the code. Source: kopf's RBAC documentation,
+# https://kopf.readthedocs.io/en/stable/deployment/#rbac ("Framework: ..." rules), checked
+# against the installed kopf: kopf/_core/reactor/observation.py (resource_observer lists and
+# watches CRDs, namespace_observer namespaces), kopf/_core/engines/posting.py (POSTs core/v1
+# Events, kopf/_cogs/structs/references.py EVENTS = v1 events), kopf/_core/engines/peering.py
+# (reads, watches and PATCHes its peering object's status).
+KOPF_RBAC_DOCS = "https://kopf.readthedocs.io/en/stable/deployment/#rbac"
+KOPF_FRAMEWORK = {
+    ApiCall("apiextensions.k8s.io", "customresourcedefinitions", "list"),
+    ApiCall("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
+    ApiCall("", "namespaces", "list"),
+    ApiCall("", "namespaces", "watch"),
+    ApiCall("", "events", "create"),
+}
+KOPF_PEERING_VERBS = ("get", "list", "watch", "patch")
+# Which peering object a replica keeps alive: `kopf.run(clusterwide=not namespaces)` in
+# controller/commands.py uses the ClusterKopfPeering, a namespace-bound one a KopfPeering per
+# namespace. Our own Cluster.get_peering_status reads the same one.
+PEERING_RESOURCE = {True: "clusterkopfpeerings", False: "kopfpeerings"}
+PEERING_GROUP = "kopf.dev"
+
+
+def operator_calls(values: dict[str, Any]) -> set[ApiCall]:
+    """What the operator sends with these chart values."""
+    clusterwide = not values.get("watchNamespaces")
+    calls = code_api_calls.component_calls(OPERATOR_FILES) | KOPF_FRAMEWORK
+    peering = {c for c in calls if c.group == PEERING_GROUP}
+    assert {c.resource for c in peering} <= set(PEERING_RESOURCE.values()), peering
+    calls -= peering
+    if (values.get("peering") or {}).get("enabled"):
+        resource = PEERING_RESOURCE[clusterwide]
+        calls |= {c for c in peering if c.resource == resource}
+        calls |= {ApiCall(PEERING_GROUP, resource, verb) for verb in KOPF_PEERING_VERBS}
+    return calls
+
+
+def ui_calls() -> set[ApiCall]:
+    return code_api_calls.component_calls(UI_FILES)
+
+
+def is_namespaced(call: ApiCall) -> bool:
+    return (call.group, call.resource.split("/")[0]) in code_api_calls.namespaced_resources()
+
+
+Grants = dict[tuple[str, str], set[ApiCall]]  # (kind, namespace or "") -> permissions
+
+
+def grants_of(manifests: list[Manifest], account: str) -> Grants:
+    """What the chart's bindings give the ServiceAccount `account`, per bound role."""
+    (account_namespace,) = [
+        m["metadata"]["namespace"]
+        for m in manifests
+        if m["kind"] == "ServiceAccount" and m["metadata"]["name"] == account
+    ]
+    roles = {
+        (m["kind"], m["metadata"].get("namespace", ""), m["metadata"]["name"]): m
+        for m in manifests
+        if m["kind"] in {"Role", "ClusterRole"}
+    }
+    grants: Grants = {}
+    for binding in manifests:
+        if binding["kind"] not in {"RoleBinding", "ClusterRoleBinding"}:
+            continue
+        subject = {"kind": "ServiceAccount", "name": account, "namespace": account_namespace}
+        if subject not in binding["subjects"]:
+            continue
+        namespace = binding["metadata"].get("namespace", "")
+        ref = binding["roleRef"]
+        role = roles[(ref["kind"], namespace if ref["kind"] == "Role" else "", ref["name"])]
+        granted = grants.setdefault((ref["kind"], namespace), set())
+        for rule in role["rules"]:
+            assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no resourceNames
+            granted |= {
+                ApiCall(group, resource, verb)
+                for group in rule["apiGroups"]
+                for resource in rule["resources"]
+                for verb in rule["verbs"]
+            }
+    return grants
+
+
+def assert_same(granted: set[ApiCall], used: set[ApiCall], where: str) -> None:
+    unused = sorted(map(str, granted - used))
+    missing = sorted(map(str, used - granted))
+    problem = f"{where}: granted, no code sends it: {unused}; sent, not granted: {missing}"
+    assert not unused, problem
+    assert not missing, problem
+
+
+def assert_grants_match(grants: Grants, used: set[ApiCall], values: dict[str, Any]) -> None:
+    watched = values.get("watchNamespaces") or []
+    if not watched:
+        assert set(grants) == {("ClusterRole", "")}, sorted(grants)
+        assert_same(grants[("ClusterRole", "")], used, "the ClusterRole")
+        return
+    # Bound to namespaces: namespaced kinds in a Role of each watched namespace, only
+    # cluster-scoped ones in the ClusterRole.
+    assert set(grants) == {("ClusterRole", "")} | {("Role", n) for n in watched}, sorted(grants)
+    assert_same(
+        grants[("ClusterRole", "")], {c for c in used if not is_namespaced(c)}, "ClusterRole"
+    )
+    for namespace in watched:
+        namespaced = {c for c in used if is_namespaced(c)}
+        assert_same(grants[("Role", namespace)], namespaced, f"the Role in {namespace}")
+
+
+OPERATOR_VALUES = {
+    "defaults": {},
+    "peering": {"peering": {"enabled": True}},
+    "namespaced": {"watchNamespaces": ["team-a", "team-b"]},
+    "namespaced-peering": {"watchNamespaces": ["team-a", "team-b"], "peering": {"enabled": True}},
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(OPERATOR_VALUES))
+def test_operator_account_is_granted_exactly_what_the_operator_calls(
+    scenario: str, tmp_path: Path
+) -> None:
+    values = OPERATOR_VALUES[scenario]
+    grants = grants_of(render(values, tmp_path), FULLNAME)
+    assert_grants_match(grants, operator_calls(values), values)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [pytest.param({}, id="cluster-wide"), pytest.param({"watchNamespaces": ["team-a"]}, id="ns")],
+)
+def test_profile_ui_account_is_granted_exactly_what_the_ui_calls(
+    values: dict[str, Any], tmp_path: Path
+) -> None:
+    manifests = render({**values, "profileUI": {"enabled": True}}, tmp_path)
+    assert_grants_match(grants_of(manifests, UI_ACCOUNT), ui_calls(), values)
+
+
+@pytest.mark.parametrize("scenario", ["everything", "namespaced-everything"])
+def test_the_upload_account_is_granted_nothing(scenario: str, tmp_path: Path) -> None:
+    """The upload pods only write to S3 (IAM, not RBAC): no binding names their account."""
+    manifests = render(SCENARIOS[scenario], tmp_path)
+    upload_accounts = [
+        m["metadata"]["name"]
+        for m in manifests
+        if m["kind"] == "ServiceAccount"
+        and m["metadata"]["labels"].get("app.kubernetes.io/component") == "profile-upload"
+    ]
+    assert upload_accounts
+    for account in upload_accounts:
+        assert not grants_of(manifests, account)
+
+
+def test_each_k8s_method_counts_the_requests_it_sends() -> None:
+    """The request counters (the API metrics) name the verb, and the resource where it is a
+    constant, of the requests each method sends."""
+    assert code_api_calls.counter_mismatches() == []
+
+
+@pytest.mark.parametrize("component", ["operator", "ui"])
+def test_components_reach_the_api_only_through_the_k8s_classes_they_construct(
+    component: str,
+) -> None:
+    """What keeps the derivation complete: no generated-client call outside k8s/, and each
+    k8s class a component constructs is used through the holder name the analysis knows."""
+    files = OPERATOR_FILES if component == "operator" else UI_FILES
+    assert code_api_calls.direct_client_uses(files) == []
+    used_classes = {cls for cls, _ in code_api_calls.used_k8s_methods(files)}
+    constructed = {
+        cls for cls in code_api_calls.HOLDERS.values() if code_api_calls.constructs(files, cls)
+    }
+    assert constructed
+    assert used_classes == constructed
+
+
+def test_the_analysis_sees_the_requests_it_is_built_for() -> None:
+    """Guards the analysis itself: requests read from the client's own paths, subresources and
+    the Reflector's list + watch."""
+    calls = code_api_calls.component_calls(OPERATOR_FILES)
+    assert ApiCall("trainium.dev", "trainingjobs/status", "update") in calls
+    assert {ApiCall("", "nodes", "list"), ApiCall("", "nodes", "watch")} <= calls
+    assert ApiCall("", "resourcequotas", "watch") in calls  # a @kopf.on.event handler
+    assert ApiCall("", "pods/log", "get") not in calls  # the CLI's, not the operator's
+    assert is_namespaced(ApiCall("scheduling.volcano.sh", "podgroups", "get"))
+    assert not is_namespaced(ApiCall("scheduling.volcano.sh", "queues", "list"))
+    assert KOPF_RBAC_DOCS.startswith("https://kopf.readthedocs.io/")

@@ -1,0 +1,186 @@
+"""The chart's tenancy objects as rendered: the admission policy checking TrainingJob authors,
+its binding, the accounts it reserves (the same list the operator gets), and the workload
+namespace with its Pod Security labels. The policy's behaviour on a real API server is
+tests/integration/test_tenancy.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chart.chart_harness import FULLNAME, RELEASE_NAMESPACE, Manifest, find, helm, one, render
+from chart.chart_harness import template_args as chart_template_args
+
+POLICY = f"{FULLNAME}-tenancy"
+RIGHTS = ("privileged", "hostnamespaces", "hostpath", "capabilities")
+
+
+def policy(manifests: list[Manifest]) -> dict[str, Any]:
+    spec: dict[str, Any] = one(manifests, "ValidatingAdmissionPolicy", POLICY)["spec"]
+    return spec
+
+
+def expressions(manifests: list[Manifest]) -> list[str]:
+    return [v["expression"] for v in policy(manifests)["validations"]]
+
+
+def operator_env(manifests: list[Manifest]) -> dict[str, str]:
+    deployment = one(manifests, "Deployment", FULLNAME)
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
+def test_defaults_keep_jobs_out_of_the_release_namespace_and_check_every_right(
+    tmp_path: Path,
+) -> None:
+    manifests = render({}, tmp_path)
+    spec = policy(manifests)
+    binding = one(manifests, "ValidatingAdmissionPolicyBinding", POLICY)["spec"]
+
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": ["trainium.dev"],
+            "apiVersions": ["*"],
+            "resources": ["trainingjobs"],
+            "operations": ["CREATE", "UPDATE"],
+        }
+    ]
+    assert f"request.namespace != '{RELEASE_NAMESPACE}'" in expressions(manifests)
+    for right in RIGHTS:
+        assert any(f"subresource('{right}')" in e for e in expressions(manifests)), right
+    assert any("resource('serviceaccounts')" in e for e in expressions(manifests))
+    assert binding == {"policyName": POLICY, "validationActions": ["Deny"]}
+    assert one(manifests, "Deployment", FULLNAME)["metadata"]["namespace"] == RELEASE_NAMESPACE
+    # Add-ons go where the jobs run, which by default is not beside the operator.
+    rendered = render({"etcd": {"enabled": True}}, tmp_path)
+    assert one(rendered, "Service", "etcd-server")["metadata"]["namespace"] == "trainium-jobs"
+
+
+def test_every_refusal_names_a_field_and_the_permission_that_would_allow_it(
+    tmp_path: Path,
+) -> None:
+    spec = policy(render({}, tmp_path))
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    messages = [v.get("message") or v["messageExpression"] for v in spec["validations"]]
+
+    assert all(v["reason"] == "Forbidden" for v in spec["validations"])
+    for right in RIGHTS:
+        (message,) = [m for m in messages if f"trainingjobs/{right}" in m]
+        assert 'needs verb "use"' in message
+        # The message starts with the offending fields, which its variable spells out.
+        fields = message.split(".join(")[0].removeprefix("variables.")
+        assert "'spec.podTemplate.spec." in variables[fields], right
+    (account,) = [m for m in messages if "resourceName" in m]
+    assert account.startswith("'spec.serviceAccountName: '")
+    assert 'needs verb "use" on serviceaccounts' in " ".join(account.split())
+
+
+@pytest.mark.parametrize(
+    ("values", "reserved"),
+    [
+        pytest.param({}, [FULLNAME], id="defaults"),
+        pytest.param(
+            {
+                "profileUI": {"enabled": True},
+                "profileUpload": {"serviceAccount": {"create": True}},
+            },
+            [FULLNAME, f"{FULLNAME}-profile-ui", f"{FULLNAME}-profile-upload"],
+            id="ui-and-created-upload-account",
+        ),
+        pytest.param(
+            {"profileUpload": {"serviceAccount": {"name": "s3-writer"}}},
+            [FULLNAME, "s3-writer"],
+            id="named-upload-account",
+        ),
+        # An operator running as its namespace's `default` is kept from jobs by the namespace
+        # rule; refusing `default` everywhere would refuse every job that names no account.
+        pytest.param({"serviceAccount": {"create": False}}, [], id="operator-as-default"),
+    ],
+)
+def test_the_charts_own_accounts_are_reserved_in_the_policy_and_for_the_operator(
+    values: dict[str, Any], reserved: list[str], tmp_path: Path
+) -> None:
+    manifests = render(values, tmp_path)
+    quoted = "[" + ",".join(f"'{name}'" for name in reserved) + "]"
+
+    assert f"!(variables.serviceAccount in {quoted})" in expressions(manifests)
+    assert operator_env(manifests)["TRAINIUM_RESERVED_SERVICE_ACCOUNTS"] == ",".join(reserved)
+
+
+def test_a_namespaced_operator_binds_the_policy_to_its_namespaces_only(tmp_path: Path) -> None:
+    manifests = render({"watchNamespaces": ["team-a", "team-b"]}, tmp_path)
+    binding = one(manifests, "ValidatingAdmissionPolicyBinding", POLICY)["spec"]
+
+    assert binding["matchResources"]["namespaceSelector"]["matchExpressions"] == [
+        {
+            "key": "kubernetes.io/metadata.name",
+            "operator": "In",
+            "values": ["team-a", "team-b", RELEASE_NAMESPACE],
+        }
+    ]
+
+
+def test_jobs_may_be_allowed_in_the_release_namespace_and_the_policy_turned_off(
+    tmp_path: Path,
+) -> None:
+    allowed = render({"tenancy": {"allowJobsInReleaseNamespace": True}}, tmp_path)
+    assert not any("request.namespace !=" in e for e in expressions(allowed))
+    assert any("subresource('privileged')" in e for e in expressions(allowed))
+
+    off = render({"tenancy": {"admissionPolicy": {"enabled": False}}}, tmp_path)
+    assert find(off, "ValidatingAdmissionPolicy") == []
+    assert find(off, "ValidatingAdmissionPolicyBinding") == []
+
+    warn = render(
+        {"tenancy": {"admissionPolicy": {"validationActions": ["Warn", "Audit"]}}}, tmp_path
+    )
+    binding = one(warn, "ValidatingAdmissionPolicyBinding", POLICY)["spec"]
+    assert binding["validationActions"] == ["Warn", "Audit"]
+
+
+def test_only_a_created_workload_namespace_gets_pod_security_labels(tmp_path: Path) -> None:
+    assert find(render({}, tmp_path), "Namespace") == []
+
+    namespace = one(
+        render({"createWorkloadNamespace": True}, tmp_path), "Namespace", "trainium-jobs"
+    )
+    labels = namespace["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "baseline"
+    assert labels["pod-security.kubernetes.io/warn"] == "restricted"
+    assert labels["pod-security.kubernetes.io/audit"] == "restricted"
+    assert namespace["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+    unlabelled = render(
+        {
+            "createWorkloadNamespace": True,
+            "tenancy": {"podSecurity": {"enforce": "", "warn": "", "audit": ""}},
+        },
+        tmp_path,
+    )
+    assert not any(
+        key.startswith("pod-security.kubernetes.io/")
+        for key in one(unlabelled, "Namespace", "trainium-jobs")["metadata"]["labels"]
+    )
+
+
+def test_creating_the_release_namespace_as_the_workload_namespace_is_refused(
+    tmp_path: Path,
+) -> None:
+    values = {"createWorkloadNamespace": True, "workloadNamespace": RELEASE_NAMESPACE}
+    result = helm(*chart_template_args(values, tmp_path), check=False)
+
+    assert result.returncode != 0
+    assert (
+        "createWorkloadNamespace needs a workloadNamespace other than the release" in result.stderr
+    )
+
+
+def test_an_unknown_pod_security_level_is_refused_by_the_schema(tmp_path: Path) -> None:
+    values = {"tenancy": {"podSecurity": {"enforce": "strict"}}}
+    result = helm(*chart_template_args(values, tmp_path), check=False)
+
+    assert result.returncode != 0
+    assert "enforce" in result.stderr
