@@ -14,8 +14,7 @@ import pytest
 from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.profiler.manifest import ManifestError, load_manifest
 from trainium_operator.ui.app import create_app
-from trainium_operator.ui.guards import CSRF_HEADER
-from ui_serving import serving
+from ui_serving import get_json, post_json, serving
 
 SPEC = SyntheticSpec(nodes=1, ranks_per_node=2, kernels_per_step=4, steps=4, detailed_steps=(1, 2))
 
@@ -27,18 +26,6 @@ BAD_MANIFESTS = {
     "window-short": {"step_window": [3]},
     "extra-list": {"extra": [1, 2]},
 }
-
-
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=60) as response:
-        assert response.status == 200
-        return json.loads(response.read())
-
-
-def _post(url: str) -> Any:
-    request = urllib.request.Request(url, method="POST", headers={CSRF_HEADER: "1"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
 
 
 @pytest.mark.parametrize("body", [*BAD_MANIFESTS.values(), [1], "x"])
@@ -66,7 +53,7 @@ def test_bad_profiles_are_their_own_errors_and_the_others_list_and_load(tmp_path
         rank_file.write_bytes(b"\x89TRNPRF\n" + b"\xff" * 64)
 
     with serving(create_app(str(root), workers=1)) as url:
-        rows = {row["id"]: row for row in _get(f"{url}/api/profiles")["profiles"]}
+        rows = {row["id"]: row for row in get_json(f"{url}/api/profiles")["profiles"]}
         assert sorted(rows) == sorted(
             ["ml/good/0", "ml/garbage/0", *(f"ml/{job}/0" for job in BAD_MANIFESTS)]
         )
@@ -75,18 +62,18 @@ def test_bad_profiles_are_their_own_errors_and_the_others_list_and_load(tmp_path
             # The rank files are the source of truth: still loadable, the manifest's problem named.
             assert "profile.json: " in row["manifest_problem"], (job, row)
             assert row["ranks"] == 2
-            assert _post(f"{url}/api/profiles/load?id=ml/{job}/0&wait=1")["state"] == "loaded"
+            assert post_json(f"{url}/api/profiles/load?id=ml/{job}/0&wait=1")["state"] == "loaded"
 
         with pytest.raises(urllib.error.HTTPError) as refused:
-            _post(f"{url}/api/profiles/load?id=ml/garbage/0&wait=1")
+            post_json(f"{url}/api/profiles/load?id=ml/garbage/0&wait=1")
         assert refused.value.code == 422
         message = refused.value.read().decode()
         assert "rank-0.trnprof" in message, message
         assert "is not supported" in message, message
-        errored = {row["id"]: row for row in _get(f"{url}/api/profiles")["profiles"]}
+        errored = {row["id"]: row for row in get_json(f"{url}/api/profiles")["profiles"]}
         assert errored["ml/garbage/0"]["state"] == "error"
         assert "rank-0.trnprof" in errored["ml/garbage/0"]["error"]
 
-        assert _post(f"{url}/api/profiles/load?id=ml/good/0&wait=1")["state"] == "loaded"
-        dashboard = _get(f"{url}/api/dashboard?id=ml/good/0")
+        assert post_json(f"{url}/api/profiles/load?id=ml/good/0&wait=1")["state"] == "loaded"
+        dashboard = get_json(f"{url}/api/dashboard?id=ml/good/0")
         assert dashboard["overview"]["ranks"] == 2

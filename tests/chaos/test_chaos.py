@@ -191,10 +191,12 @@ def chaos_jobs() -> dict[str, dict[str, Any]]:
 
 @dataclass
 class Snapshot:
-    """One poll: every pod of the namespace and every job's status."""
+    """One poll: every pod of the namespace and every job's status, read before the pods (never
+    newer than them) and again after (never older)."""
 
     pods: list[PodSeen]
     statuses: dict[str, dict[str, Any]]
+    statuses_after: dict[str, dict[str, Any]]
 
 
 @dataclass
@@ -237,15 +239,22 @@ class Chaos:
     # --- observing ---------------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
+        # Two lists are two moments. A check that a live pod is not behind its job's attempt
+        # needs a status no newer than the pods (else the operator may have deleted the pod and
+        # moved on in between); one that a lost pod's job moved on needs a status no older.
+        before = self.statuses()
         pods = [
             seen
             for pod in self.clients.core.list_namespaced_pod(self.namespace).items
             if (seen := PodSeen.of(pod)) is not None
         ]
+        return Snapshot(pods, before, self.statuses())
+
+    def statuses(self) -> dict[str, dict[str, Any]]:
         jobs = self.clients.custom.list_namespaced_custom_object(
             GROUP, VERSION, self.namespace, PLURAL
         )["items"]
-        return Snapshot(pods, {j["metadata"]["name"]: j.get("status") or {} for j in jobs})
+        return {j["metadata"]["name"]: j.get("status") or {} for j in jobs}
 
     def check(self) -> Snapshot:
         seen = self.snapshot()
@@ -443,7 +452,7 @@ class Chaos:
         self.partitions.append(part)
         self.partition = None
         for pod in part.pods.values():
-            status = seen.statuses.get(pod.job, {}) if seen else {}
+            status = seen.statuses_after.get(pod.job, {}) if seen else {}
             if status and pod.attempt is not None and int(status.get("attempt", 0)) <= pod.attempt:
                 self.ledger.violation(
                     f"partition of {part.node}: {pod.job} still at attempt {status.get('attempt')}"
@@ -602,7 +611,7 @@ def test_invariants_hold_under_seeded_faults(
             if chaos.partition is not None:  # never leave a node cut off for later suites
                 restore_node(clients.core, chaos.partition.node)
         ledger.step = "end"
-        statuses = chaos.snapshot().statuses
+        statuses = chaos.statuses()
         refusals: dict[str, list[int]] = {}
         for name in names:
             status = statuses.get(name, {})
@@ -617,7 +626,7 @@ def test_invariants_hold_under_seeded_faults(
                 # the next one.
                 try:
                     status = wait_for(
-                        lambda: chaos.snapshot().statuses.get(UPLOAD_JOB, {}),
+                        lambda: chaos.statuses().get(UPLOAD_JOB, {}),
                         until=upload_decided,
                         timeout=20,
                         description=f"{UPLOAD_JOB}'s last upload decided",

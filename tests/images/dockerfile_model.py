@@ -9,6 +9,9 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -178,3 +181,38 @@ class DockerIgnore:
             if any(regex.match(prefix) for prefix in prefixes):
                 excluded = not negated
         return not excluded
+
+
+def assemble_copies(
+    dockerfile: Dockerfile, root: Path, *, under: str = "/", sources: tuple[str, ...] = ("",)
+) -> Path:
+    """The final stage's COPY lines whose source starts with one of `sources`, reproduced from
+    the build context into `root`, which stands for the image's `under` directory."""
+    for copy in dockerfile.final("COPY"):
+        flags, (source, destination) = copy.flags_and_operands()
+        if not source.startswith(sources):
+            continue
+        assert "from" not in flags, "a COPY --from needs the build stage; not assembled here"
+        target = root / destination.removeprefix(under)
+        if source.endswith("/"):
+            shutil.copytree(ROOT / source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / source, target)
+    return root
+
+
+def build_operator_wheel(out: Path) -> Path:
+    """The operator wheel, built the way images/operator/Dockerfile builds it (pip wheel of the
+    checkout), from a copy so no build/ directory is left in the checkout."""
+    build_root = out / "src"
+    build_root.mkdir()
+    for part in ("operator", "pyproject.toml", "README.md"):
+        subprocess.run(["cp", "-r", str(ROOT / part), str(build_root)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         str(build_root), "-w", str(out / "dist")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    (path,) = (out / "dist").glob("trainium_operator-*.whl")
+    return path

@@ -17,6 +17,7 @@ from images.dockerfile_model import (
     TRAINING_DOCKERFILE,
     Dockerfile,
     DockerIgnore,
+    assemble_copies,
     parse_instructions,
 )
 
@@ -173,15 +174,9 @@ def test_training_image_carries_only_the_profiler_and_the_contract_of_our_packag
 def image_layout(folder: Path) -> Path:
     """The training Dockerfile's COPY lines of our package reproduced in `folder` (its
     /opt/trainium)."""
-    copies = [i.flags_and_operands()[1] for i in Dockerfile(TRAINING_DOCKERFILE).final("COPY")]
-    for source, destination in [c for c in copies if c[0].startswith("operator/")]:
-        target = folder / destination.removeprefix("/opt/trainium/")
-        if source.endswith("/"):
-            shutil.copytree(ROOT / source, target, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(ROOT / source, target)
-    return folder
+    return assemble_copies(
+        Dockerfile(TRAINING_DOCKERFILE), folder, under="/opt/trainium/", sources=("operator/",)
+    )
 
 
 def our_imports_of_the_training_package() -> set[str]:

@@ -9,7 +9,6 @@ our code comes from the assembled layout.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -18,7 +17,12 @@ from typing import Any
 
 import pytest
 
-from images.dockerfile_model import ROOT, TRAINING_DOCKERFILE, Dockerfile
+from images.dockerfile_model import (
+    TRAINING_DOCKERFILE,
+    Dockerfile,
+    assemble_copies,
+    build_operator_wheel,
+)
 from s3_server import S3Bucket, aws_env
 from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.builders.upload import UploadPodSettings, upload_pod
@@ -26,20 +30,6 @@ from trainium_operator.profiler.s3 import MANIFEST_NAME
 from unit.jobs import job_ref
 
 RUN_TIMEOUT_S = 240
-
-
-def assemble(dockerfile: Dockerfile, root: Path) -> Path:
-    """Every COPY of the final stage from the build context, at its absolute path under `root`."""
-    for copy in dockerfile.final("COPY"):
-        flags, (source, destination) = copy.flags_and_operands()
-        assert "from" not in flags, "a COPY --from needs the build stage; not assembled here"
-        target = root / destination.lstrip("/")
-        if source.endswith("/"):
-            shutil.copytree(ROOT / source, target, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(ROOT / source, target)
-    return root
 
 
 def under(root: Path, value: str) -> str:
@@ -78,7 +68,7 @@ def run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.Completed
 @pytest.fixture(scope="module")
 def training_image(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
     dockerfile = Dockerfile(TRAINING_DOCKERFILE)
-    root = assemble(dockerfile, tmp_path_factory.mktemp("training-image"))
+    root = assemble_copies(dockerfile, tmp_path_factory.mktemp("training-image"))
     return root, image_env(dockerfile, root)
 
 
@@ -124,16 +114,7 @@ def operator_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The operator wheel, built as the image's build stage builds it and installed as its
     runtime stage does (here without dependencies: they are this environment's)."""
     work = tmp_path_factory.mktemp("operator-image")
-    source = work / "src"
-    source.mkdir()
-    for part in ("operator", "pyproject.toml", "README.md"):
-        subprocess.run(["cp", "-r", str(ROOT / part), str(source)], check=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         str(source), "-w", str(work / "dist")],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    (wheel,) = (work / "dist").glob("trainium_operator-*.whl")
+    wheel = build_operator_wheel(work)
     site = work / "site-packages"
     zipfile.ZipFile(wheel).extractall(site)
     return site

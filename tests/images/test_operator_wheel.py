@@ -2,43 +2,17 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from images.dockerfile_model import ROOT
+from images.dockerfile_model import build_operator_wheel
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
-    out = tmp_path_factory.mktemp("wheel")
-    # Built the way images/operator/Dockerfile builds it (pip wheel of the checkout), but from a
-    # copy so no build/ directory is left in the checkout.
-    build_root = out / "src"
-    build_root.mkdir()
-    for part in ("operator", "pyproject.toml", "README.md"):
-        subprocess.run(["cp", "-r", str(ROOT / part), str(build_root)], check=True)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            str(build_root),
-            "-w",
-            str(out / "dist"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    (path,) = (out / "dist").glob("trainium_operator-*.whl")
-    return zipfile.ZipFile(path)
+    return zipfile.ZipFile(build_operator_wheel(tmp_path_factory.mktemp("wheel")))
 
 
 def names(wheel: zipfile.ZipFile) -> list[str]:

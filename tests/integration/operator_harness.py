@@ -245,26 +245,28 @@ def patch_job(clients: Any, namespace: str, name: str, patch: dict[str, Any]) ->
     clients.custom.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch)
 
 
+def wait_status(
+    clients: Any, namespace: str, name: str, *, key: str, value: str, timeout: float
+) -> dict[str, Any]:
+    """The job once `status.<key>` is `value`."""
+    return wait_for(
+        lambda: get_job(clients, namespace, name),
+        until=lambda job: (job.get("status") or {}).get(key) == value,
+        timeout=timeout,
+        description=f"TrainingJob {namespace}/{name} {key} {value}",
+    )
+
+
 def wait_phase(
     clients: Any, namespace: str, name: str, phase: str, timeout: float = 90
 ) -> dict[str, Any]:
-    return wait_for(
-        lambda: get_job(clients, namespace, name),
-        until=lambda job: (job.get("status") or {}).get("phase") == phase,
-        timeout=timeout,
-        description=f"TrainingJob {namespace}/{name} phase {phase}",
-    )
+    return wait_status(clients, namespace, name, key="phase", value=phase, timeout=timeout)
 
 
 def wait_reason(
     clients: Any, namespace: str, name: str, reason: str, timeout: float = 60
 ) -> dict[str, Any]:
-    return wait_for(
-        lambda: get_job(clients, namespace, name),
-        until=lambda job: (job.get("status") or {}).get("reason") == reason,
-        timeout=timeout,
-        description=f"TrainingJob {namespace}/{name} reason {reason}",
-    )
+    return wait_status(clients, namespace, name, key="reason", value=reason, timeout=timeout)
 
 
 def job_pods(

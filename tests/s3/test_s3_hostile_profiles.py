@@ -8,7 +8,6 @@ import json
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -17,8 +16,7 @@ from trainium_operator.analysis.s3store import S3ProfileSource, key_problem
 from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.profiler.s3 import S3Location, S3ProfileError, parse_s3_uri, upload_profile
 from trainium_operator.ui.app import create_app
-from trainium_operator.ui.guards import CSRF_HEADER
-from ui_serving import serving
+from ui_serving import get_json, post_json, serving
 
 SPEC = SyntheticSpec(nodes=1, ranks_per_node=2, kernels_per_step=4, steps=4, detailed_steps=(1, 2))
 
@@ -110,18 +108,6 @@ def test_a_listing_with_traversal_keys_writes_nothing_outside_the_cache(
         )
 
 
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=60) as response:
-        assert response.status == 200
-        return json.loads(response.read())
-
-
-def _post(url: str) -> Any:
-    request = urllib.request.Request(url, method="POST", headers={CSRF_HEADER: "1"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
-
-
 MALFORMED_MANIFESTS = {
     "list": b"[1, 2, 3]",
     "deep": b"[" * 100_000 + b"]" * 100_000,
@@ -150,15 +136,15 @@ def test_a_malformed_manifest_is_that_profiles_error_and_the_others_list_and_loa
         client.put_object(Bucket=s3.bucket, Key=f"profiles/ml/{job}/0/profile.json", Body=body)
 
     with serving(create_app(s3.uri("profiles"), workers=1)) as url:
-        rows = {row["id"]: row for row in _get(f"{url}/api/profiles")["profiles"]}
+        rows = {row["id"]: row for row in get_json(f"{url}/api/profiles")["profiles"]}
         assert rows["ml/good/0"]["loadable"]
         for job in MALFORMED_MANIFESTS:
             row = rows[f"ml/{job}/0"]
             assert not row["loadable"], job
             assert "profile.json" in row["manifest_problem"], (job, row["manifest_problem"])
             with pytest.raises(urllib.error.HTTPError) as refused:
-                _post(f"{url}/api/profiles/load?id=ml/{job}/0&wait=1")
+                post_json(f"{url}/api/profiles/load?id=ml/{job}/0&wait=1")
             assert refused.value.code == 409, job
             assert "profile.json" in refused.value.read().decode()
-        loaded = _post(f"{url}/api/profiles/load?id=ml/good/0&wait=1")
+        loaded = post_json(f"{url}/api/profiles/load?id=ml/good/0&wait=1")
         assert loaded["state"] == "loaded"

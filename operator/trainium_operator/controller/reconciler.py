@@ -115,6 +115,13 @@ def _upload_refused(
     return Decision(status=status, events=[EventRecord("Warning", "ProfileUploadFailed", message)])
 
 
+def _stuck_bound(body: Obj) -> float:
+    """How long a pod or a predecessor's child may linger before the operator escalates: the
+    job's own bound, or the floor for a spec it cannot read."""
+    parsed = parse_job(body)
+    return cleanup.stuck_bound(parsed) if isinstance(parsed, JobRef) else cleanup.MIN_STUCK_SECONDS
+
+
 def _owned_by(obj: Obj, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
 
@@ -228,11 +235,7 @@ class Reconciler:
             nodes=self.cache.nodes(),
             now=self.clock(),
         )
-        parsed = parse_job(body)
-        bound = (
-            cleanup.stuck_bound(parsed) if isinstance(parsed, JobRef) else cleanup.MIN_STUCK_SECONDS
-        )
-        deletions = cleanup.while_deleting(observed, bound)
+        deletions = cleanup.while_deleting(observed, _stuck_bound(body))
         for deletion in deletions:
             self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
         self.cache.expect(key, deleted=[d.name for d in deletions])
@@ -255,12 +258,7 @@ class Reconciler:
         blocker = blockers.blocker_view(
             error.existing, {n.name: n for n in map(node_view, self.cache.nodes())}
         )
-        parsed = parse_job(body)
-        bound = blockers.wait_bound(
-            parsed.spec.run_policy.node_lost_grace_period_seconds
-            if isinstance(parsed, JobRef)
-            else blockers.MIN_WAIT_SECONDS
-        )
+        bound = _stuck_bound(body)
         return self._record(
             body,
             lambda current, generation: blockers.blocked(

@@ -2,8 +2,8 @@
 
 A TrainingJob's children have deterministic names, so a job re-created under the same name can
 meet its predecessor's pod, PodGroup or Service that garbage collection has not removed yet, or
-an unrelated object that merely has the name. Each wait is bounded (`wait_bound`, from
-spec.runPolicy.nodeLostGracePeriodSeconds) and escalates:
+an unrelated object that merely has the name. Each wait is bounded (`cleanup.stuck_bound`:
+spec.runPolicy.nodeLostGracePeriodSeconds, at least 10 s) and escalates:
 
 - a predecessor's pod on a lost node is force-deleted at once (its kubelet cannot confirm);
 - a predecessor's pod still Terminating a bound after its grace period ended is force-deleted;
@@ -26,7 +26,6 @@ from trainium_operator.lifecycle.observed import NodeView, Obj, parse_time
 from trainium_operator.lifecycle.status_edit import StatusEdit, timestamp
 
 TRAINING_JOB_KIND = "TrainingJob"
-MIN_WAIT_SECONDS = 10.0
 GIVE_UP_BOUNDS = 3
 
 
@@ -65,10 +64,6 @@ def blocker_view(obj: Obj, nodes: dict[str, NodeView], *, nodes_known: bool = Tr
         node_lost=bool(node) and ((seen is None and nodes_known) or not (seen and seen.ready)),
         finalizers=tuple(meta.get("finalizers") or ()),
     )
-
-
-def wait_bound(node_lost_grace_seconds: float) -> float:
-    return max(float(node_lost_grace_seconds), MIN_WAIT_SECONDS)
 
 
 def _waiting_since(status: StatusEdit, now: datetime) -> datetime:
