@@ -288,6 +288,15 @@ class ProfileSpec(ApiModel):
     it is a Warning event and the ProfileUploaded condition."""
 
 
+class HealthSpec(ApiModel):
+    enabled: bool = True
+    """Every training rank reports its progress to the operator through the profiler (a small
+    message every reportIntervalSeconds, authenticated by a projected ServiceAccount token
+    bound to its pod). False: no token is mounted and nothing is sent."""
+    report_interval_seconds: Annotated[float, Field(ge=0.05, le=300)] = 5.0
+    """Seconds between one rank's progress messages."""
+
+
 def _cores_expression(shape: InstanceType) -> str:
     """CEL: the logical NeuronCores of one instance type at the job's spec.lnc."""
     if not shape.supports_lnc:
@@ -656,6 +665,8 @@ class TrainingJobSpec(ApiModel):
     """Restarts, deadlines, cleanup, suspension."""
     profile: ProfileSpec = ProfileSpec()
     """Profiling of the training stage."""
+    health: HealthSpec = HealthSpec()
+    """Live health: the ranks' progress channel to the operator."""
     env: list[EnvVar] = []
     """Extra environment of the training and compile containers; a name the operator also
     sets (e.g. CCOM_SOCKET_IFNAME) replaces the operator's value."""

@@ -19,6 +19,7 @@ from trainium_operator.controller.reconciler import parse_job
 from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import observe
+from trainium_operator.profiler.channel_contract import PATH
 
 Obj = dict[str, Any]
 RENDER_UID = "00000000-0000-0000-0000-000000000000"
@@ -55,6 +56,19 @@ RENDER_UID = "00000000-0000-0000-0000-000000000000"
     help="kopf health endpoint, e.g. http://0.0.0.0:8080/healthz.",
 )
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
+@click.option(
+    "--health-port",
+    type=int,
+    default=None,
+    help="Serve the health channel (training ranks' progress) on this port; off by default.",
+)
+@click.option(
+    "--health-url",
+    default=None,
+    help="How training pods reach the health channel, e.g. "
+    "http://trainium-operator.trainium-system.svc:8090/v1/progress (the chart sets it). "
+    "Default with --health-port: http://127.0.0.1:<port>/v1/progress.",
+)
 @click.option("--workers", type=int, default=4, show_default=True, help="Concurrent reconciles.")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-format", type=click.Choice(["plain", "json"]), default="plain")
@@ -67,6 +81,8 @@ def run(
     peering_lifetime: int,
     liveness_endpoint: str | None,
     metrics_port: int | None,
+    health_port: int | None,
+    health_url: str | None,
     workers: int,
     kubeconfig: str | None,
     log_format: str,
@@ -87,6 +103,8 @@ def run(
         kubeconfig=kubeconfig,
         workers=workers,
         metrics_port=metrics_port,
+        health_port=health_port,
+        health_url=health_url or (f"http://127.0.0.1:{health_port}{PATH}" if health_port else None),
         peering=peering,
         priority=priority or 0,
         peering_lifetime=peering_lifetime,

@@ -26,7 +26,9 @@ from aiohttp import web
 
 from trainium_operator.api import spec as spec_model
 from trainium_operator.builders.job import LABEL_JOB_NAME
+from trainium_operator.controller import health_server
 from trainium_operator.controller.cache import ClusterCache
+from trainium_operator.controller.health_server import HealthChannel, TokenCache, reviewer
 from trainium_operator.controller.peering import PeeringGate
 from trainium_operator.controller.reconciler import (
     JobGoneError,
@@ -46,6 +48,7 @@ from trainium_operator.k8s.client import (
     load_api_client,
 )
 from trainium_operator.k8s.informer import Reflector, WatchEvent
+from trainium_operator.k8s.reviews import Reviews
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -103,6 +106,9 @@ class Runtime:
     namespaces: tuple[str, ...] = ()  # names or glob patterns; empty: all
     gate: PeeringGate | None = None
     metrics_port: int | None = None
+    health_port: int | None = None  # the health channel's endpoint (controller.health_server)
+    health_url: str | None = None  # how training pods reach it
+    health: HealthChannel | None = None
     queue: WorkQueue | None = None
     cluster: Cluster | None = None
     reconciler: Reconciler | None = None
@@ -157,6 +163,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         runtime.cluster,
         runtime.cache,
         synced=lambda: all(r.synced.is_set() for r in runtime.reflectors),
+        health_url=runtime.health_url if runtime.health_port else None,
     )
     queue, reconciler = runtime.queue, runtime.reconciler
     if runtime.peering:
@@ -206,6 +213,12 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     _start_watches(runtime, asyncio.get_running_loop())
     if runtime.metrics_port:
         runtime.tasks.append(asyncio.create_task(_serve_metrics(runtime, runtime.metrics_port)))
+    if runtime.health_port:
+        reviews = Reviews(runtime.cluster.api_client, runtime.cluster.counter)
+        runtime.health = HealthChannel(runtime.cache, TokenCache(reviewer(reviews)))
+        runtime.tasks.append(
+            asyncio.create_task(health_server.serve(runtime.health, "0.0.0.0", runtime.health_port))
+        )
 
 
 @kopf.on.cleanup()
@@ -396,6 +409,13 @@ def metrics_text(runtime: Runtime) -> str:
         lines.append(
             f'trainium_operator_api_requests_total{{verb="{verb}",resource="{resource}"}} {value}'
         )
+    if runtime.health is not None:
+        lines += [
+            "# HELP trainium_operator_health_messages_total Health-channel messages by outcome.",
+            "# TYPE trainium_operator_health_messages_total counter",
+        ]
+        for outcome, value in sorted(runtime.health.counts.items()):
+            lines.append(f'trainium_operator_health_messages_total{{outcome="{outcome}"}} {value}')
     return "\n".join(lines) + "\n"
 
 

@@ -86,7 +86,7 @@ def validation_problems(error: ValidationError) -> list[str]:
     return problems
 
 
-def parse_job(body: Obj) -> JobRef | list[str]:
+def parse_job(body: Obj, health_url: str | None = None) -> JobRef | list[str]:
     """The job's identity and validated spec, or the list of problems with its spec."""
     meta = body["metadata"]
     try:
@@ -105,6 +105,7 @@ def parse_job(body: Obj) -> JobRef | list[str]:
         uid=meta["uid"],
         generation=int(meta.get("generation", 1)),
         spec=spec,
+        health_url=health_url,
     )
 
 
@@ -134,8 +135,12 @@ class Reconciler:
         synced: Callable[[], bool],
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         upload_defaults: UploadDefaults | None = None,
+        *,
+        health_url: str | None = None,
     ):
         self.cluster = cluster
+        # Where training ranks send progress (controller.health_server); None: nowhere.
+        self.health_url = health_url
         self.cache = cache
         # True once every watch has delivered its first full LIST: until then a missing pod or
         # node is unknown, not gone.
@@ -301,7 +306,7 @@ class Reconciler:
     def _reconcile(self, body: Obj) -> float | None:
         now = self.clock()
         current_status: Obj = body.get("status") or {}
-        parsed = parse_job(body)
+        parsed = parse_job(body, self.health_url)
         if isinstance(parsed, list):
             decision = machine.invalid(
                 current_status, int(body["metadata"].get("generation", 1)), parsed, now
