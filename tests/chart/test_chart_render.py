@@ -168,15 +168,35 @@ def test_operator_runs_the_contracted_command_line(tmp_path: Path) -> None:
         "run",
         "--liveness-endpoint=http://0.0.0.0:8080/healthz",
         "--metrics-port=8081",
+        "--health-port=8090",
+        "--health-url=http://trn-trainium-operator-health.trainium-system.svc:8090/v1/progress",
         "--log-format=json",
     ]
     assert container["image"] == "trainium-operator:0.1.0"
 
 
+def test_health_channel_is_served_behind_its_service_and_can_be_turned_off(
+    tmp_path: Path,
+) -> None:
+    manifests = render({}, tmp_path)
+    (service,) = [
+        m for m in manifests if m["kind"] == "Service" and m["metadata"]["name"].endswith("-health")
+    ]
+    assert service["spec"]["ports"] == [
+        {"name": "health-channel", "port": 8090, "targetPort": "health-channel", "protocol": "TCP"}
+    ]
+    ports = {p["name"]: p["containerPort"] for p in operator_container(manifests)["ports"]}
+    assert ports["health-channel"] == 8090
+    (tmp_path / "off").mkdir()
+    off = render({"health": {"enabled": False}}, tmp_path / "off")
+    assert not any(a.startswith("--health") for a in operator_container(off)["args"])
+    assert not [m for m in off if m["metadata"]["name"].endswith("-health")]
+
+
 def test_probes_use_kopfs_health_endpoint(tmp_path: Path) -> None:
     container = operator_container(render({}, tmp_path))
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"health": 8080, "metrics": 8081}
+    assert ports == {"health": 8080, "metrics": 8081, "health-channel": 8090}
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
 
