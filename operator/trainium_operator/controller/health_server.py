@@ -57,11 +57,11 @@ class ProgressStore:
         report = RankReport(message, pod, node, self._clock())
         with self._lock:
             ranks = self._jobs.setdefault(key, {})
-            old = ranks.get(message.rank)
-            # A newer attempt replaces the old one's ranks; an old gang's late message is dropped.
-            if old is not None and old.message.attempt > message.attempt:
+            attempt = max((r.message.attempt for r in ranks.values()), default=message.attempt)
+            # A newer gang replaces the old one's ranks; an old gang's late message is dropped.
+            if message.attempt < attempt:
                 return
-            if old is not None and old.message.attempt < message.attempt:
+            if message.attempt > attempt:
                 ranks.clear()
             ranks[message.rank] = report
 
