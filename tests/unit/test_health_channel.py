@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -289,7 +289,7 @@ def channel_environ(url: str, token_file: Path) -> dict[str, str]:
 
 
 class _Endpoint(http.server.BaseHTTPRequestHandler):
-    received: list[tuple[str, dict[str, Any]]] = []
+    received: ClassVar[list[tuple[str, dict[str, Any]]]] = []
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
@@ -306,7 +306,7 @@ class _Endpoint(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def endpoint() -> Iterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
-    received: list[tuple[str, dict[str, Any]]] = []
+    received: ClassVar[list[tuple[str, dict[str, Any]]]] = []
     handler = type("Handler", (_Endpoint,), {"received": received})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
