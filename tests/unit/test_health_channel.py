@@ -374,3 +374,13 @@ def test_no_reporter_without_the_operators_env_or_a_complete_identity(tmp_path: 
     environ = channel_environ("http://127.0.0.1:9/", tmp_path / "t")
     del environ["TRAINIUM_JOB_UID"]
     assert ChannelConfig.from_env(environ) is None
+
+
+def test_a_restarted_operator_asks_its_ranks_to_retry_until_its_cache_is_filled() -> None:
+    synced = [False]
+    channel = HealthChannel(
+        _cache_with(), TokenCache(lambda _t: pod_identity()), synced=lambda: synced[0]
+    )
+    assert channel.receive("t", message().to_json())[0] == 503
+    synced[0] = True
+    assert channel.receive("t", message().to_json())[0] == 403  # now it knows: no such pod

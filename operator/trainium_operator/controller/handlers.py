@@ -215,7 +215,11 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         runtime.tasks.append(asyncio.create_task(_serve_metrics(runtime, runtime.metrics_port)))
     if runtime.health_port:
         reviews = Reviews(runtime.cluster.api_client, runtime.cluster.counter)
-        runtime.health = HealthChannel(runtime.cache, TokenCache(reviewer(reviews)))
+        runtime.health = HealthChannel(
+            runtime.cache,
+            TokenCache(reviewer(reviews)),
+            synced=lambda: all(r.synced.is_set() for r in runtime.reflectors),
+        )
         runtime.tasks.append(
             asyncio.create_task(health_server.serve(runtime.health, "0.0.0.0", runtime.health_port))
         )

@@ -132,6 +132,9 @@ class HealthChannel:
 
     cache: ClusterCache
     tokens: TokenCache
+    # True once every watch delivered its first LIST: before, a pod missing from the cache is
+    # unknown, not absent (a restarted operator must not refuse its ranks: they retry).
+    synced: Callable[[], bool] = lambda: True
     store: ProgressStore = field(default_factory=ProgressStore)
     counts: Counter[str] = field(default_factory=Counter)  # accepted / refused / malformed
 
@@ -156,6 +159,9 @@ class HealthChannel:
         pod = self.cache.pod(namespace, pod_name) if pod_name and namespace else None
         job = self.cache.job((message.namespace, message.job))
         verdict = authorize(message, identity, pod, job)
+        if not verdict.accepted and identity.authenticated and not self.synced():
+            self.counts["unavailable"] += 1
+            return 503, Verdict(False, "the operator is starting; retry")
         if not verdict.accepted:
             self.counts["refused"] += 1
             log.info(
@@ -196,7 +202,7 @@ def application(channel: HealthChannel) -> web.Application:
 
 async def serve(channel: HealthChannel, host: str, port: int) -> None:
     """Serves the endpoint until cancelled."""
-    runner = web.AppRunner(application(channel))
+    runner = web.AppRunner(application(channel), access_log=None)  # 4096 ranks: no line each
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

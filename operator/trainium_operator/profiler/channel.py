@@ -82,8 +82,19 @@ def http_send(url: str, body: bytes, token: str) -> dict[str, Any]:
         method="POST",
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
     )
-    with urllib.request.urlopen(request, timeout=SEND_TIMEOUT_S) as response:
-        reply = json.loads(response.read(contract.MAX_BODY_BYTES))
+    try:
+        with urllib.request.urlopen(request, timeout=SEND_TIMEOUT_S) as response:
+            reply = json.loads(response.read(contract.MAX_BODY_BYTES))
+    except urllib.error.HTTPError as error:  # a refusal still carries the operator's reason
+        with error:
+            text = error.read(contract.MAX_BODY_BYTES)
+        try:
+            reply = json.loads(text)
+        except ValueError:
+            raise ValueError(f"HTTP {error.code} from the operator") from error
+        if not isinstance(reply, dict):
+            raise ValueError(f"HTTP {error.code} from the operator") from error
+        reply = {**reply, "accepted": False, "status": error.code}
     if not isinstance(reply, dict):
         raise ValueError("the operator's reply is not a JSON object")
     return reply
@@ -177,9 +188,15 @@ class Reporter:
             if self.send_once():
                 backoff = self.config.interval_s
             else:
-                backoff = min(backoff * 2, max(MAX_BACKOFF_S, self.config.interval_s))
+                backoff = min(backoff * 2, self.max_backoff_s)
         if self._final:
             self.send_once()
+
+    @property
+    def max_backoff_s(self) -> float:
+        """Failed sends back off to at most this: a few intervals, never more than a minute,
+        so a returning operator hears from every rank soon."""
+        return min(MAX_BACKOFF_S, max(4 * self.config.interval_s, 1.0))
 
     def start(self) -> None:
         self.thread.start()

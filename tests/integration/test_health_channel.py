@@ -1,0 +1,210 @@
+"""The health channel on the dev cluster: ranks are local processes using the public profiler
+API with their pod's env, authenticated as their pods by pod-bound tokens the API server issues
+(TokenRequest, as the kubelet does for the projected volume); the operator reviews them.
+
+KWOK runs no containers, so each "pod" here is a local process started with the env the
+operator gave the pod (as the demo runs its ranks) and a token file written by the test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from integration.operator_harness import (
+    ROOT,
+    create_job,
+    job_manifest,
+    running_operator,
+    wait_gang_running,
+    wait_phase,
+)
+from trainium_operator.profiler import channel_contract as contract
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
+
+# A rank: the public profiler API only (no profiling window: the channel runs regardless).
+RANK_SCRIPT = """
+import json, sys, time
+from trainium_operator import profiler
+from trainium_operator.profiler import channel
+
+steps, step_s = int(sys.argv[1]), float(sys.argv[2])
+profiler.start_profiling()
+for i in range(steps):
+    profiler.step(i)
+    time.sleep(step_s)
+    profiler.report(samples=8)
+reporter = channel.current()
+print(json.dumps({"sent": reporter.sent, "failures": reporter.failures,
+                  "error": reporter.last_error, "reply": reporter.last_reply}))
+profiler.stop_profiling()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pod_token(clients: Any, pod: Any, audience: str = contract.AUDIENCE) -> str:
+    """A token for the pod's ServiceAccount bound to the pod: what the kubelet projects."""
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(
+            audiences=[audience],
+            expiration_seconds=600,
+            bound_object_ref=client.V1BoundObjectReference(
+                api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid
+            ),
+        )
+    )
+    account = pod.spec.service_account_name or "default"
+    answer = clients.core.create_namespaced_service_account_token(
+        account, pod.metadata.namespace, request
+    )
+    return str(answer.status.token)
+
+
+def wait_account(clients: Any, namespace: str, name: str = "default") -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            clients.core.read_namespaced_service_account(name, namespace)
+            return
+        except client.ApiException:
+            time.sleep(0.2)
+    raise AssertionError(f"ServiceAccount {namespace}/{name} never appeared")
+
+
+def rank_env(pod: Any, token_file: Path, rank: int, world: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINIUM_")}
+    for var in pod.spec.containers[0].env or []:
+        if var.value is not None:
+            env[var.name] = var.value
+    env.pop("TRAINIUM_PROFILE", None)
+    env[contract.TOKEN_FILE] = str(token_file)
+    env.update(
+        RANK=str(rank),
+        GROUP_RANK=pod.metadata.labels["trainium.dev/node-rank"],
+        WORLD_SIZE=str(world),
+        PYTHONPATH=str(ROOT / "operator"),
+    )
+    return env
+
+
+def start_rank(env: dict[str, str], steps: int, step_s: float) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", RANK_SCRIPT, str(steps), str(step_s)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def outcome(process: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]:
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, err
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def health_metrics(port: int) -> dict[str, int]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("trainium_operator_health_messages_total{"):
+            labels, value = line.rsplit(" ", 1)
+            counts[labels.split('"')[1]] = int(value)
+    return counts
+
+
+def test_ranks_report_as_their_pods_and_a_forged_message_from_another_jobs_pod_is_refused(
+    dev_cluster: Any, namespace: str, tmp_path: Path
+) -> None:
+    clients = dev_cluster.clients
+    port, metrics = free_port(), free_port()
+    args = ("--health-port", str(port), "--metrics-port", str(metrics))
+    with running_operator(dev_cluster, namespace, tmp_path, extra_args=args) as operator:
+        health = {"reportIntervalSeconds": 0.2}
+        for name in ("alpha", "beta"):
+            create_job(
+                clients,
+                namespace,
+                job_manifest(name, nodes=1, compile={"enabled": False}, health=health),
+            )
+        (alpha,) = wait_gang_running(clients, namespace, "alpha", "train", 0, nodes=1)
+        (beta,) = wait_gang_running(clients, namespace, "beta", "train", 0, nodes=1)
+        wait_phase(clients, namespace, "alpha", "Training")
+        env = {e.name: e.value for e in alpha.spec.containers[0].env}
+        assert env[contract.URL] == f"http://127.0.0.1:{port}{contract.PATH}"
+        assert any(v.name == contract.TOKEN_VOLUME for v in alpha.spec.volumes)
+        wait_account(clients, namespace)
+
+        own, forged, plain = tmp_path / "own", tmp_path / "forged", tmp_path / "plain"
+        own.write_text(pod_token(clients, alpha))
+        forged.write_text(pod_token(clients, beta))  # beta's pod, claiming to be alpha's rank
+        plain.write_text(pod_token(clients, alpha, audience="https://kubernetes.default.svc"))
+        ranks = [
+            start_rank(rank_env(alpha, own, 0, 3), 15, 0.1),
+            start_rank(rank_env(alpha, forged, 1, 3), 15, 0.1),
+            start_rank(rank_env(alpha, plain, 2, 3), 15, 0.1),
+        ]
+        accepted, refused, wrong_audience = (outcome(r) for r in ranks)
+        operator.assert_alive()
+        counts = health_metrics(metrics)
+
+    assert accepted["sent"] >= 3, accepted
+    assert accepted["failures"] == 0, accepted
+    assert refused["sent"] == 0
+    assert "not a training pod of job alpha" in refused["error"], refused
+    assert wrong_audience["sent"] == 0
+    assert "not valid" in wrong_audience["error"], wrong_audience
+    assert counts["accepted"] >= accepted["sent"]
+    assert counts["refused"] >= 2
+
+
+def test_ranks_keep_training_and_resume_reporting_across_an_operator_restart(
+    dev_cluster: Any, namespace: str, tmp_path: Path
+) -> None:
+    clients = dev_cluster.clients
+    port = free_port()
+    with running_operator(
+        dev_cluster, namespace, tmp_path, extra_args=("--health-port", str(port))
+    ) as operator:
+        create_job(
+            clients,
+            namespace,
+            job_manifest(
+                "gamma", nodes=1, compile={"enabled": False}, health={"reportIntervalSeconds": 0.2}
+            ),
+        )
+        (pod,) = wait_gang_running(clients, namespace, "gamma", "train", 0, nodes=1)
+        wait_account(clients, namespace)
+        token = tmp_path / "token"
+        token.write_text(pod_token(clients, pod))
+        steps, step_s = 120, 0.05  # 6 s of training
+        started = time.monotonic()
+        rank = start_rank(rank_env(pod, token, 0, 1), steps, step_s)
+        time.sleep(0.8)
+        operator.kill()  # away while the rank trains: its sends fail, its steps do not wait
+        time.sleep(0.8)
+        operator.start()
+        result = outcome(rank)
+        elapsed = time.monotonic() - started
+    assert result["failures"] >= 1, result  # it did notice the operator away
+    assert result["reply"].get("accepted") is True, result  # and reported again after
+    # Training took its own time (plus interpreter start), not the operator's absence.
+    assert elapsed < steps * step_s + 6, elapsed
