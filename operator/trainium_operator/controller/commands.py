@@ -69,6 +69,13 @@ RENDER_UID = "00000000-0000-0000-0000-000000000000"
     "http://trainium-operator.trainium-system.svc:8090/v1/progress (the chart sets it). "
     "Default with --health-port: http://127.0.0.1:<port>/v1/progress.",
 )
+@click.option(
+    "--progress-interval",
+    type=click.FloatRange(min=0.5),
+    default=10.0,
+    show_default=True,
+    help="Seconds between writes of a job's status.progress (the ranks' reports batched).",
+)
 @click.option("--workers", type=int, default=4, show_default=True, help="Concurrent reconciles.")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-format", type=click.Choice(["plain", "json"]), default="plain")
@@ -83,6 +90,7 @@ def run(
     metrics_port: int | None,
     health_port: int | None,
     health_url: str | None,
+    progress_interval: float,
     workers: int,
     kubeconfig: str | None,
     log_format: str,
@@ -104,6 +112,7 @@ def run(
         workers=workers,
         metrics_port=metrics_port,
         health_port=health_port,
+        progress_interval=progress_interval,
         health_url=health_url or (f"http://127.0.0.1:{health_port}{PATH}" if health_port else None),
         peering=peering,
         priority=priority or 0,

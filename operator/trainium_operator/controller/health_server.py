@@ -20,12 +20,14 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from aiohttp import web
 
 from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.k8s.reviews import Reviews
 from trainium_operator.lifecycle.channel_auth import TokenIdentity, Verdict, authorize
+from trainium_operator.lifecycle.progress import RankSample
 from trainium_operator.profiler import channel_contract as contract
 from trainium_operator.profiler.channel_contract import ProgressMessage, parse_message
 
@@ -41,16 +43,31 @@ class RankReport:
     message: ProgressMessage
     pod: str
     node: str
-    received: float  # monotonic seconds
+    received: datetime
+
+    def sample(self) -> RankSample:
+        m = self.message
+        return RankSample(
+            rank=m.rank,
+            attempt=m.attempt,
+            world_size=m.world_size,
+            step=m.step,
+            step_times_ms=m.step_times_ms,
+            received=self.received,
+            node=self.node,
+            samples=m.samples,
+            tokens=m.tokens,
+        )
 
 
 class ProgressStore:
     """The newest accepted message of every rank, by job (thread-safe)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._clock = clock
         self._lock = threading.Lock()
         self._jobs: dict[Key, dict[int, RankReport]] = {}
+        self._changed: set[Key] = set()
 
     def put(self, message: ProgressMessage, pod: str, node: str) -> None:
         key = (message.namespace, message.job)
@@ -64,14 +81,25 @@ class ProgressStore:
             if message.attempt > attempt:
                 ranks.clear()
             ranks[message.rank] = report
+            self._changed.add(key)
 
     def ranks(self, key: Key) -> dict[int, RankReport]:
         with self._lock:
             return dict(self._jobs.get(key, {}))
 
+    def samples(self, key: Key) -> list[RankSample]:
+        return [report.sample() for report in self.ranks(key).values()]
+
+    def take_changed(self) -> list[Key]:
+        """The jobs that heard from a rank since the last call."""
+        with self._lock:
+            changed, self._changed = sorted(self._changed), set()
+        return changed
+
     def forget(self, key: Key) -> None:
         with self._lock:
             self._jobs.pop(key, None)
+            self._changed.discard(key)
 
     def jobs(self) -> list[Key]:
         with self._lock:

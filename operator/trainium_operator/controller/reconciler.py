@@ -39,6 +39,10 @@ from trainium_operator.lifecycle import admission, blockers, cleanup, machine
 from trainium_operator.lifecycle.decision import Decision, EventRecord
 from trainium_operator.lifecycle.observed import node_view, observe, podgroup_view, queue_view
 from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload, upload_refused
+from trainium_operator.lifecycle.progress import (
+    DEFAULT_INTERVAL_SECONDS as DEFAULT_PROGRESS_INTERVAL,
+)
+from trainium_operator.lifecycle.progress import RankSample, with_progress
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -137,10 +141,16 @@ class Reconciler:
         upload_defaults: UploadDefaults | None = None,
         *,
         health_url: str | None = None,
+        progress: Callable[[tuple[str, str]], list[RankSample]] | None = None,
+        progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
     ):
         self.cluster = cluster
         # Where training ranks send progress (controller.health_server); None: nowhere.
         self.health_url = health_url
+        # The ranks' newest messages of a job (controller.health_server.ProgressStore.samples)
+        # and how often their figures may be written to its status (lifecycle.progress).
+        self.progress = progress
+        self.progress_interval = progress_interval
         self.cache = cache
         # True once every watch has delivered its first full LIST: until then a missing pod or
         # node is unknown, not gone.
@@ -338,6 +348,10 @@ class Reconciler:
         )
         decision = machine.decide(job, current_status, observed)
         plan_upload(job, decision, uploads, self.upload_defaults, now)
+        if self.progress is not None and job.health_channel:
+            decision.status = with_progress(
+                job, decision.status, self.progress(key), now, self.progress_interval
+            )
         decision.status = validated_status(decision.status)
         return self._apply(body, current_status, decision)
 
