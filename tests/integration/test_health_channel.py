@@ -8,6 +8,7 @@ operator gave the pod (as the demo runs its ranks) and a token file written by t
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -24,11 +25,14 @@ from kubernetes import client
 from integration.operator_harness import (
     ROOT,
     create_job,
+    get_job,
     job_manifest,
+    kubectl,
     running_operator,
     wait_gang_running,
     wait_phase,
 )
+from trainium_operator.lifecycle.observed import parse_time
 from trainium_operator.profiler import channel_contract as contract
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
@@ -208,3 +212,58 @@ def test_ranks_keep_training_and_resume_reporting_across_an_operator_restart(
     assert result["reply"].get("accepted") is True, result  # and reported again after
     # Training took its own time (plus interpreter start), not the operator's absence.
     assert elapsed < steps * step_s + 6, elapsed
+
+
+def test_steady_progress_shows_step_rate_and_an_eta_within_ten_percent_in_kubectl_get(
+    dev_cluster: Any, namespace: str, tmp_path: Path
+) -> None:
+    clients = dev_cluster.clients
+    port = free_port()
+    steps, step_s, total = 240, 0.05, 240  # 12 s of training
+    args = ("--health-port", str(port), "--progress-interval", "1")
+    with running_operator(dev_cluster, namespace, tmp_path, extra_args=args):
+        health = {"reportIntervalSeconds": 0.25, "totalSteps": total}
+        create_job(
+            clients,
+            namespace,
+            job_manifest("delta", compile={"enabled": False}, health=health),
+        )
+        gang = wait_gang_running(clients, namespace, "delta", "train", 0)
+        wait_phase(clients, namespace, "delta", "Training")
+        wait_account(clients, namespace)
+        ranks = []
+        for node_rank, pod in enumerate(gang):
+            token = tmp_path / f"token-{node_rank}"
+            token.write_text(pod_token(clients, pod))
+            ranks.append(start_rank(rank_env(pod, token, node_rank, len(gang)), steps, step_s))
+        # After a warm-up window (a full window of step times from every rank):
+        deadline = time.monotonic() + 30
+        figures: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            figures = (get_job(clients, namespace, "delta").get("status") or {}).get(
+                "progress"
+            ) or {}
+            if figures.get("ranksReporting") == 2 and figures.get("step", 0) >= 60:
+                break
+            time.sleep(0.2)
+        read_at = time.time()
+        table = kubectl(dev_cluster, namespace, "get", "trainingjobs", "delta")
+        results = [outcome(r) for r in ranks]
+        ended_at = time.time()
+    assert figures.get("step", 0) >= 60, figures
+    assert all(r["sent"] > 0 for r in results), results
+    header, row = table.stdout.splitlines()[:2]
+    assert header.split()[5:8] == ["STEP", "RATE", "ETA"], header
+    starts = [header.index(name) for name in ("STEP", "RATE", "ETA", "AGE")]
+    step, rate, left_text = (row[a:b].strip() for a, b in itertools.pairwise(starts))
+    assert step.endswith(f"/{total}"), row
+    assert rate.endswith(" steps/s"), row
+    assert left_text.endswith("s"), row  # seconds left
+    assert abs(figures["stepTimeP50Ms"] - step_s * 1000) <= 0.1 * step_s * 1000, figures
+    assert figures["samplesPerSecond"] > 0
+    eta = parse_time(figures["eta"])
+    assert eta is not None
+    # Against when the ranks really ended: within 10 % of the time that was left, plus the
+    # status's one-second timestamp resolution.
+    left = ended_at - read_at
+    assert abs(eta.timestamp() - ended_at) <= 0.1 * left + 1.0, (figures, read_at, ended_at)
