@@ -384,3 +384,16 @@ def test_a_restarted_operator_asks_its_ranks_to_retry_until_its_cache_is_filled(
     assert channel.receive("t", message().to_json())[0] == 503
     synced[0] = True
     assert channel.receive("t", message().to_json())[0] == 403  # now it knows: no such pod
+
+
+def test_the_spec_refuses_a_pod_template_volume_or_mount_that_takes_the_tokens_place() -> None:
+    from trainium_operator.api import spec as spec_model
+
+    assert spec_model.HEALTH_TOKEN_VOLUME == contract.TOKEN_VOLUME
+    assert spec_model.HEALTH_TOKEN_DIR == contract.TOKEN_DIR
+    from trainium_operator.controller.reconciler import parse_job
+
+    taken = {"spec": {"volumes": [{"name": contract.TOKEN_VOLUME, "emptyDir": {}}]}}
+    problems = parse_job(job_document(podTemplate=taken))
+    assert isinstance(problems, list)
+    assert "'trainium-health-token' is the operator's" in problems[0]

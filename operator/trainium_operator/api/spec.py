@@ -408,7 +408,11 @@ PROTECTED_CONTAINER_FIELDS: dict[str, str] = {
 }
 PROTECTED_LABEL_PREFIXES = ("trainium.dev/", "app.kubernetes.io/")
 PROTECTED_ANNOTATIONS = ("scheduling.k8s.io/group-name",)
-OPERATOR_VOLUMES = ("dshm", "shared-data")
+# The health channel's token volume is profiler/channel_contract.TOKEN_VOLUME (api imports no
+# profiler module; tests/unit/test_health_channel.py keeps the two equal).
+HEALTH_TOKEN_VOLUME = "trainium-health-token"
+HEALTH_TOKEN_DIR = "/var/run/secrets/trainium.dev/health"
+OPERATOR_VOLUMES = ("dshm", "shared-data", HEALTH_TOKEN_VOLUME)
 
 
 def _protected_pod_field_rules() -> list[dict[str, str]]:
@@ -464,7 +468,8 @@ class PodTemplatePodSpec(ApiModel):
         },
     )
     volumes: Annotated[list[KubeObject], _items_declare_names("volumes")] = []
-    """Volumes added to the pod's (the operator's are dshm and shared-data)."""
+    """Volumes added to the pod's (the operator's are dshm, shared-data and
+    trainium-health-token)."""
     init_containers: Annotated[list[KubeObject], _items_declare_names("initContainers")] = []
     """Init containers, run before the training container."""
     containers: Annotated[list[KubeObject], _items_declare_names("containers")] = []
@@ -561,10 +566,10 @@ class PodTemplate(ApiModel):
             ):
                 continue  # the names check above says what is wrong with its shape
             for mount in mounts or []:
-                if mount.get("mountPath") in ("/dev/shm", mount_path):
+                if mount.get("mountPath") in ("/dev/shm", mount_path, HEALTH_TOKEN_DIR):
                     found.append(
                         f"{where}.volumeMounts: {mount.get('mountPath')} is the operator's "
-                        "mount (shared memory or spec.storage.mountPath)"
+                        "mount (shared memory, spec.storage.mountPath or the health token)"
                     )
         for index, container in enumerate(self.spec.init_containers):
             if container.get("name") == TRAINING_CONTAINER:
