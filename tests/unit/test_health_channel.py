@@ -397,3 +397,19 @@ def test_the_spec_refuses_a_pod_template_volume_or_mount_that_takes_the_tokens_p
     problems = parse_job(job_document(podTemplate=taken))
     assert isinstance(problems, list)
     assert "'trainium-health-token' is the operator's" in problems[0]
+
+
+def test_render_shows_the_channel_as_an_operator_serving_it_would_build_the_pods() -> None:
+    from click.testing import CliRunner
+
+    from trainium_operator.cli import main
+
+    example = str(Path(__file__).resolve().parents[2] / "examples" / "bert-large-pretrain.yaml")
+    served = CliRunner().invoke(
+        main, ["render", "-f", example, "--stage", "train", "--health-url", URL]
+    )
+    plain = CliRunner().invoke(main, ["render", "-f", example, "--stage", "train"])
+    assert served.exit_code == 0, served.output
+    assert f"value: {URL}" in served.output
+    assert f"audience: {contract.AUDIENCE}" in served.output
+    assert contract.URL not in plain.output

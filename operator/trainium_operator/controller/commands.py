@@ -130,7 +130,7 @@ def run(
     )
 
 
-def _parse_for_render(document: Obj) -> JobRef:
+def _parse_for_render(document: Obj, health_url: str | None = None) -> JobRef:
     if document.get("apiVersion") != spec_model.API_VERSION or document.get("kind") != (
         spec_model.KIND
     ):
@@ -144,7 +144,7 @@ def _parse_for_render(document: Obj) -> JobRef:
     meta.setdefault("generation", 1)
     if "name" not in meta:
         raise ValueError("metadata.name is required")
-    parsed = parse_job({**document, "metadata": meta})
+    parsed = parse_job({**document, "metadata": meta}, health_url)
     if isinstance(parsed, list):
         raise ValueError(f"{meta['name']}: invalid spec:\n  " + "\n  ".join(parsed))
     return parsed
@@ -163,14 +163,16 @@ def _admitted(podgroup: Obj) -> Obj:
     return {**podgroup, "status": {"phase": "Inqueue"}}
 
 
-def render_stages(document: Obj, now: datetime) -> list[tuple[Stage, list[Obj]]]:
+def render_stages(
+    document: Obj, now: datetime, health_url: str | None = None
+) -> list[tuple[Stage, list[Obj]]]:
     """Every stage's objects in the order the operator creates them, each with its stage.
 
     The same pure path the operator takes: its pass on a new job (Service, PodGroup), its pass
     once Volcano admitted that PodGroup (the pods), and with a compile stage the same two once
     that gang succeeded, which start training.
     """
-    job = _parse_for_render(document)
+    job = _parse_for_render(document, health_url)
 
     def decide(status: Obj, pods: list[Obj], groups: list[Obj], service: bool) -> Decision:
         seen = observe(pods=pods, podgroups=groups, service_exists=service, nodes=[], now=now)
@@ -224,8 +226,15 @@ def _rendered_text(stages: list[tuple[Stage, list[Obj]]], selected: Stage | None
     default=None,
     help="Print only this stage's objects (default: every stage, in apply order).",
 )
+@click.option(
+    "--health-url",
+    default=None,
+    help="Render as an operator serving the health channel there (the chart's default: "
+    "http://<release>-health.<namespace>.svc:8090/v1/progress): training pods then get its env "
+    "and their pod-bound token. Default: as an operator without one.",
+)
 @click.option("--crd", is_flag=True, help="Print the TrainingJob CustomResourceDefinition.")
-def render(filename: str | None, stage: str | None, crd: bool) -> None:
+def render(filename: str | None, stage: str | None, health_url: str | None, crd: bool) -> None:
     """Print exactly the objects the operator will create, every stage labelled, in the
     order it creates them, without a cluster."""
     if crd:
@@ -242,7 +251,7 @@ def render(filename: str | None, stage: str | None, crd: bool) -> None:
         if not document:
             continue
         try:
-            stages = render_stages(document, now)
+            stages = render_stages(document, now, health_url)
         except ValueError as error:
             errors.append(str(error))
             continue
