@@ -187,7 +187,13 @@ class HealthChannel:
             identity = self.tokens.identity(token)
         except Exception as error:  # the API server is unavailable: the rank retries later
             self.counts["unavailable"] += 1
-            log.info("health channel: token review failed: %r", error)
+            if getattr(error, "status", None) == 403:
+                log.error(
+                    "health channel: the operator may not create tokenreviews "
+                    "(authentication.k8s.io); every rank is refused until its RBAC allows it"
+                )
+            else:
+                log.info("health channel: token review failed: %r", error)
             return 503, Verdict(False, "the token could not be reviewed now")
         pod_name = identity.claim(contract.CLAIM_POD_NAME) or ""
         namespace = identity.service_account_namespace or ""
