@@ -293,7 +293,7 @@ class HealthSpec(ApiModel):
     """Every training rank reports its progress to the operator through the profiler (a small
     message every reportIntervalSeconds, authenticated by a projected ServiceAccount token
     bound to its pod). False: no token is mounted and nothing is sent."""
-    report_interval_seconds: Annotated[float, Field(ge=0.05, le=300)] = 5.0
+    report_interval_seconds: Annotated[float, Field(ge=0.2, le=300)] = 5.0
     """Seconds between one rank's progress messages."""
     total_steps: Annotated[int | None, Field(ge=1)] = None
     """The steps the training runs in all, for status.progress.eta (the ETA column)."""
