@@ -28,12 +28,15 @@ from chart.chart_harness import (
     values_file,
 )
 from trainium_operator.api.instance_types import INSTANCE_TYPES
+from trainium_operator.builders.job import LABEL_JOB_NAME
+from trainium_operator.controller.reconciler import ENV_JOB_NETWORK_POLICY
 
 # The operator and the tenancy admission policy that checks TrainingJob authors.
 DEFAULT_KINDS = {
     "ClusterRole",
     "ClusterRoleBinding",
     "Deployment",
+    "NetworkPolicy",
     "Service",
     "ServiceAccount",
     "ValidatingAdmissionPolicy",
@@ -307,7 +310,9 @@ def test_etcd_network_policy_admits_only_its_own_namespace(enabled: bool, tmp_pa
     values = {"etcd": {"enabled": True, "networkPolicy": enabled}, "workloadNamespace": "jobs"}
     manifests = render(values, tmp_path)
     if not enabled:
-        assert not find(manifests, "NetworkPolicy")
+        assert not [
+            m for m in find(manifests, "NetworkPolicy") if m["metadata"]["name"] == "etcd-server"
+        ]
         return
     policy = one(manifests, "NetworkPolicy", "etcd-server")
     assert policy["metadata"]["namespace"] == "jobs"
@@ -604,3 +609,58 @@ def test_install_notes_follow_the_enabled_add_ons(tmp_path: Path) -> None:
     assert "endpoint: etcd-server:2379" in notes
     assert f"port-forward service/{FULLNAME}-profile-ui 8090:8090" in notes
     assert "this release installs no device plugins" not in notes
+
+
+def _pod_labels(manifests: list[Manifest], deployment: str) -> dict[str, str]:
+    labels: dict[str, str] = one(manifests, "Deployment", deployment)["spec"]["template"][
+        "metadata"
+    ]["labels"]
+    return labels
+
+
+def test_operator_and_ui_network_policies_admit_only_their_own_ports(tmp_path: Path) -> None:
+    metrics_peer = {"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}
+    values = {
+        "profileUI": {"enabled": True},
+        "networkPolicy": {"metricsFrom": [metrics_peer]},
+        "workloadNamespace": "jobs",
+    }
+    manifests = render(values, tmp_path)
+    operator = one(manifests, "NetworkPolicy", FULLNAME)
+    assert operator["metadata"]["namespace"] == RELEASE_NAMESPACE
+    selector = operator["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= _pod_labels(manifests, FULLNAME).items()
+    assert operator["spec"]["policyTypes"] == ["Ingress"]
+    ports = {p["name"] for p in operator_container(manifests)["ports"]}
+    rule, channel = operator["spec"]["ingress"]
+    assert {p["port"] for p in rule["ports"]} == {"health", "metrics"}
+    assert rule["from"] == [metrics_peer]
+    assert [p["port"] for p in channel["ports"]] == ["health-channel"]
+    assert channel["from"] == [
+        {
+            "namespaceSelector": {},
+            "podSelector": {"matchExpressions": [{"key": LABEL_JOB_NAME, "operator": "Exists"}]},
+        }
+    ], "only TrainingJob pods reach the health channel"
+    assert ports == {"health", "metrics", "health-channel"}, "every port it serves, no more"
+    ui_name = f"{FULLNAME}-profile-ui"
+    ui = one(manifests, "NetworkPolicy", ui_name)
+    assert ui["metadata"]["namespace"] == "jobs"
+    assert (
+        ui["spec"]["podSelector"]["matchLabels"].items() <= _pod_labels(manifests, ui_name).items()
+    )
+    assert (
+        not ui["spec"]["podSelector"]["matchLabels"].items()
+        <= _pod_labels(manifests, FULLNAME).items()
+    )
+    assert ui["spec"]["ingress"] == [{"ports": [{"port": "http", "protocol": "TCP"}]}]
+
+
+def test_network_policies_and_per_job_isolation_can_be_turned_off(tmp_path: Path) -> None:
+    on = render({}, tmp_path)
+    env = {e["name"]: e.get("value") for e in operator_container(on)["env"]}
+    assert env[ENV_JOB_NETWORK_POLICY] == "true"
+    off = render({"networkPolicy": {"enabled": False, "jobs": False}}, tmp_path)
+    assert not find(off, "NetworkPolicy")
+    env = {e["name"]: e.get("value") for e in operator_container(off)["env"]}
+    assert env[ENV_JOB_NETWORK_POLICY] == "false", "the name and value the operator reads"

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 
 from integration.operator_harness import (
     ROOT,
@@ -293,7 +294,15 @@ def test_deleting_a_job_removes_everything_it_created(
 ) -> None:
     clients = dev_cluster.clients
     create_job(clients, namespace, job_manifest("del"))
-    wait_gang_running(clients, namespace, "del", "compile", 0)
+    running = wait_gang_running(clients, namespace, "del", "compile", 0)
+    # The job's NetworkPolicy, as the API server stored it: owned by the job, selecting its pods
+    # and admitting only them.
+    networking = client.NetworkingV1Api(clients.api_client)
+    policy = networking.read_namespaced_network_policy("del", namespace)
+    assert policy.metadata.owner_references[0].kind == "TrainingJob"
+    selector = policy.spec.pod_selector.match_labels
+    assert all(selector.items() <= (p.metadata.labels or {}).items() for p in running)
+    assert [peer.pod_selector.match_labels for peer in policy.spec.ingress[0]._from] == [selector]
     clients.custom.delete_namespaced_custom_object(
         "trainium.dev", "v1alpha1", namespace, "trainingjobs", "del"
     )
@@ -301,10 +310,13 @@ def test_deleting_a_job_removes_everything_it_created(
     def leftovers() -> list[str]:
         pods = [p.metadata.name for p in job_pods(clients, namespace, "del")]
         services = [s.metadata.name for s in clients.core.list_namespaced_service(namespace).items]
+        policies = [
+            n.metadata.name for n in networking.list_namespaced_network_policy(namespace).items
+        ]
         groups = clients.custom.list_namespaced_custom_object(
             "scheduling.volcano.sh", "v1beta1", namespace, "podgroups"
         )["items"]
-        return pods + services + [g["metadata"]["name"] for g in groups]
+        return pods + services + policies + [g["metadata"]["name"] for g in groups]
 
     wait_for(leftovers, until=lambda left: not left, timeout=60, description="children deleted")
 

@@ -134,6 +134,13 @@ class FakeCluster:
         if obj is not None:
             self._deliver("DELETED", obj)
 
+    def delete_network_policy(self, namespace: str, name: str) -> None:
+        self.fail_if_refused("delete", "NetworkPolicy")
+        self.writes.append(Write("delete", "NetworkPolicy", name))
+        obj = self.objects.pop(("NetworkPolicy", name), None)
+        if obj is not None:
+            self._deliver("DELETED", obj)
+
     def delete_pod(self, namespace: str, name: str, *, force: bool) -> None:
         self.fail_if_refused("delete", "Pod")
         self.writes.append(Write("delete", "Pod", name, "force" if force else ""))
@@ -189,6 +196,8 @@ class FakeCluster:
             self.cache.on_podgroup(event)
         elif kind == "Service":
             self.cache.on_service(event)
+        elif kind == "NetworkPolicy":
+            self.cache.on_network_policy(event)
 
 
 def _merge(target: Obj, change: Obj) -> None:

@@ -10,7 +10,9 @@ from trainium_operator.api.spec import TrainingJobSpec
 from trainium_operator.api.workload_env import WorkloadEnv, read_workload_env
 from trainium_operator.builders import pods
 from trainium_operator.builders.job import Stage
-from unit.jobs import UID, job_ref
+from trainium_operator.builders.upload import UploadPodSettings, upload_pod
+from trainium_operator.controller.reconciler import parse_job
+from unit.jobs import UID, job_document, job_ref
 
 
 def env_of(pod: dict[str, Any]) -> dict[str, Any]:
@@ -519,3 +521,34 @@ def test_pod_template_overriding_what_the_operator_owns_is_refused_naming_the_fi
             {"image": "i", "command": {"script": "/s.py"}, "podTemplate": template}
         )
     assert expected in str(refused.value)
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return dict(selector["matchLabels"]).items() <= labels.items()
+
+
+def test_the_job_network_policy_admits_only_the_jobs_own_pods_of_every_stage() -> None:
+    job = job_ref()
+    policy = pods.network_policy(job)
+    assert policy["metadata"]["namespace"] == job.namespace
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert policy["spec"]["policyTypes"] == ["Ingress"], "egress stays open: S3, data, DNS"
+    (rule,) = policy["spec"]["ingress"]
+    (peer,) = rule["from"]
+    assert "ports" not in rule, "rendezvous and the collectives' bootstrap use any port"
+    upload = upload_pod(job, 0, "s3://b/p", UploadPodSettings(image="op@sha256:" + "0" * 64))
+    own = [
+        pods.pod(job, Stage.COMPILE, 0, 0, resume=False, restarts=0),
+        pods.pod(job, Stage.TRAIN, 3, 1, resume=True, restarts=3),
+        upload,
+    ]
+    for pod in own:
+        labels = pod["metadata"]["labels"]
+        assert _selects(policy["spec"]["podSelector"], labels), pod["metadata"]["name"]
+        assert _selects(peer["podSelector"], labels), pod["metadata"]["name"]
+    document = job_document()
+    document["metadata"]["name"] = "other"
+    other_job = parse_job(document)
+    assert not isinstance(other_job, list)
+    other = pods.pod(other_job, Stage.TRAIN, 0, 0, resume=False, restarts=0)
+    assert not _selects(peer["podSelector"], other["metadata"]["labels"])

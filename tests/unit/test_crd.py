@@ -74,6 +74,7 @@ def test_render_prints_every_stage_labelled_in_apply_order() -> None:
     assert result.exit_code == 0, result.output
     kinds = [(o["kind"], o["metadata"]["name"]) for o in yaml.safe_load_all(result.output)]
     assert kinds == [
+        ("NetworkPolicy", "bert-large-pretrain"),
         ("Service", "bert-large-pretrain"),
         ("PodGroup", "bert-large-pretrain-compile"),
         ("Pod", "bert-large-pretrain-compile-0-0"),
@@ -83,9 +84,9 @@ def test_render_prints_every_stage_labelled_in_apply_order() -> None:
         ("Pod", "bert-large-pretrain-train-0-1"),
     ]
     headers = [header for header, _, _ in _headed_documents(result.output)]
-    assert all(h.startswith("# stage 1/2: compile (") for h in headers[:4])
-    assert all(h.startswith("# stage 2/2: train (") for h in headers[4:])
-    train = list(yaml.safe_load_all(result.output))[5]["spec"]["containers"][0]["command"]
+    assert all(h.startswith("# stage 1/2: compile (") for h in headers[:5])
+    assert all(h.startswith("# stage 2/2: train (") for h in headers[5:])
+    train = list(yaml.safe_load_all(result.output))[6]["spec"]["containers"][0]["command"]
     assert train[0] == "torchrun"
     assert "--steps_this_run" not in train
 
@@ -108,7 +109,7 @@ def test_render_without_a_compile_stage_says_so(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["render", "-f", str(job)])
     assert result.exit_code == 0, result.output
     documents = _headed_documents(result.output)
-    assert [k for _, k, _ in documents] == ["Service", "PodGroup", "Pod", "Pod"]
+    assert [k for _, k, _ in documents] == ["NetworkPolicy", "Service", "PodGroup", "Pod", "Pod"]
     assert documents[0][0].startswith("# stage 1/1: train (")
     refused = CliRunner().invoke(main, ["render", "-f", str(job), "--stage", "compile"])
     assert refused.exit_code != 0

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from trainium_operator.builders.job import LABEL_JOB_NAME
 from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.controller.reconciler import (
     JobGoneError,
@@ -45,7 +46,7 @@ def open_queue(name: str) -> dict[str, Any]:
     return {"metadata": {"name": name}, "status": {"state": "Open"}}
 
 
-def new_world(**spec: Any) -> tuple[FakeCluster, Reconciler]:
+def new_world(*, isolate_jobs: bool = True, **spec: Any) -> tuple[FakeCluster, Reconciler]:
     cache = ClusterCache()
     cluster = FakeCluster(cache)
     for index in range(2):
@@ -58,6 +59,7 @@ def new_world(**spec: Any) -> tuple[FakeCluster, Reconciler]:
         synced=lambda: True,
         clock=lambda: NOW,
         upload_defaults=UploadDefaults(),
+        isolate_jobs=isolate_jobs,
     )
     return cluster, reconciler
 
@@ -121,13 +123,32 @@ def test_a_new_job_creates_service_and_podgroup_before_its_status_and_pods_after
     cluster, reconciler = new_world()
     reconciler.reconcile(*KEY)
     kinds = [(w.verb, w.kind) for w in cluster.writes]
-    assert kinds[:2] == [("create", "Service"), ("create", "PodGroup")]
+    assert kinds[:3] == [
+        ("create", "NetworkPolicy"),
+        ("create", "Service"),
+        ("create", "PodGroup"),
+    ], "the isolation first: no pod of the job ever runs without it"
     assert ("create", "Pod") not in kinds, "no pods before Volcano admits the gang"
-    assert kinds.index(("status", "TrainingJob")) > 1, "children first, then the status"
+    assert kinds.index(("status", "TrainingJob")) > 2, "children first, then the status"
     cluster.writes.clear()
     admit(cluster, "bert-train")
     reconciler.reconcile(*KEY)
     assert [w.name for w in cluster.of("create")] == ["bert-train-0-0", "bert-train-0-1"]
+
+
+def test_a_deleted_job_network_policy_is_created_again_and_none_when_isolation_is_off() -> None:
+    cluster, reconciler = new_world()
+    reconciler.reconcile(*KEY)
+    policy = cluster.objects[("NetworkPolicy", NAME)]
+    assert policy["spec"]["podSelector"] == {"matchLabels": {LABEL_JOB_NAME: NAME}}
+    cluster.vanish("NetworkPolicy", NAME)
+    cluster.writes.clear()
+    reconciler.reconcile(*KEY)
+    assert [(w.verb, w.kind) for w in cluster.of("create")] == [("create", "NetworkPolicy")]
+    cluster, reconciler = new_world(isolate_jobs=False)
+    reconciler.reconcile(*KEY)
+    assert ("NetworkPolicy", NAME) not in cluster.objects
+    assert [w.kind for w in cluster.of("create")] == ["Service", "PodGroup"]
 
 
 def test_the_stages_first_attempt_is_stored_before_its_pods_are_created() -> None:

@@ -23,8 +23,10 @@ what each account calls and fails on a verb granted here that nothing sends, or 
   apiGroups: ["trainium.dev"]
   resources: ["trainingjobs/status"]
   verbs: ["update"]
-# A job's children: worker pods, their headless Service, the Volcano PodGroup of each stage.
-# Watched into the cache, read when a name is taken, created and deleted; never changed.
+# A job's children: worker pods, their headless Service, the Volcano PodGroup of each stage and
+# the NetworkPolicy that admits only the job's own pods (networkPolicy.jobs; watched either way,
+# so turning it on needs no new grant). Watched into the cache, read when a name is taken,
+# created and deleted; never changed.
 - scope: namespaced
   apiGroups: [""]
   resources: ["pods"]
@@ -36,6 +38,10 @@ what each account calls and fails on a verb granted here that nothing sends, or 
 - scope: namespaced
   apiGroups: ["scheduling.volcano.sh"]
   resources: ["podgroups"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+- scope: namespaced
+  apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create", "delete"]
 # core/v1 Events on TrainingJobs (the operator's) and kopf's warnings: each is a new Event.
 - scope: namespaced

@@ -52,6 +52,10 @@ class JobRef:
     def service_name(self) -> str:
         return self.name
 
+    @property
+    def network_policy_name(self) -> str:
+        return self.name
+
     def podgroup_name(self, stage: Stage) -> str:
         return f"{self.name}-{stage.value}"
 

@@ -24,6 +24,7 @@ from trainium_operator.api.spec import (
 )
 from trainium_operator.builders.job import (
     LABEL_ATTEMPT,
+    LABEL_JOB_NAME,
     LABEL_NODE_RANK,
     VOLCANO_GROUP_ANNOTATION,
     JobRef,
@@ -133,6 +134,27 @@ def headless_service(job: JobRef) -> Obj:
                     "protocol": "TCP",
                 }
             ],
+        },
+    }
+
+
+def network_policy(job: JobRef) -> Obj:
+    """Isolates the job's pods (every stage's, and its upload pods) from other pods: they take
+    connections only from each other (rendezvous, the collectives' TCP bootstrap, torchrun's
+    store). Egress stays open: training reads S3 and other data sources, resolves DNS and
+    reaches the rendezvous; the Lustre client runs in the node's kernel and EFA traffic
+    bypasses the kernel network, so no NetworkPolicy applies to either."""
+    def own_pods() -> Obj:  # a fresh dict each: YAML dumps a shared one as an anchor
+        return {"matchLabels": {LABEL_JOB_NAME: job.name}}
+
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": job.metadata(job.network_policy_name),
+        "spec": {
+            "podSelector": own_pods(),
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": own_pods()}]}],
         },
     }
 

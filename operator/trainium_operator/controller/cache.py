@@ -1,8 +1,8 @@
 """The operator's view of the cluster, fed by watches, read by the reconciler.
 
-Jobs, their pods, PodGroups and Services, and nodes, kept as the watches deliver them, with
-the indexes the operator asks by: a job's children (by the job-name label), and the jobs with
-pods on a node (so a node change wakes only those).
+Jobs, their pods, PodGroups, Services and NetworkPolicies, and nodes, kept as the watches
+deliver them, with the indexes the operator asks by: a job's children (by the job-name label),
+and the jobs with pods on a node (so a node change wakes only those).
 
 A watch lags the API server, so the cache also remembers what the operator itself has just
 written and not yet seen come back (a status write's resourceVersion, pods created or deleted).
@@ -75,6 +75,7 @@ class ClusterCache:
         self._pods: dict[Key, dict[str, Obj]] = {}
         self._podgroups: dict[Key, dict[str, Obj]] = {}
         self._services: dict[Key, Obj] = {}  # by (namespace, service name)
+        self._network_policies: dict[Key, Obj] = {}  # by (namespace, policy name)
         self._nodes: dict[str, Obj] = {}
         self._queues: dict[str, Obj] = {}
         self._pods_on_node: dict[str, set[tuple[Key, str]]] = {}
@@ -134,12 +135,19 @@ class ClusterCache:
         return self._on_child(self._podgroups, event)
 
     def on_service(self, event: WatchEvent) -> Key | None:
+        return self._on_named(self._services, event)
+
+    def on_network_policy(self, event: WatchEvent) -> Key | None:
+        return self._on_named(self._network_policies, event)
+
+    def _on_named(self, store: dict[Key, Obj], event: WatchEvent) -> Key | None:
+        """A child kept by its own name (one per job): stores it; returns its job."""
         meta = event.obj["metadata"]
         with self._lock:
             if event.type == "DELETED":
-                self._services.pop((meta["namespace"], meta["name"]), None)
+                store.pop((meta["namespace"], meta["name"]), None)
             else:
-                self._services[(meta["namespace"], meta["name"])] = event.obj
+                store[(meta["namespace"], meta["name"])] = event.obj
         return _job_of(event.obj)
 
     def on_node(self, event: WatchEvent) -> list[Key]:
@@ -254,6 +262,10 @@ class ClusterCache:
         with self._lock:
             return self._services.get((namespace, name))
 
+    def network_policy(self, namespace: str, name: str) -> Obj | None:
+        with self._lock:
+            return self._network_policies.get((namespace, name))
+
     def queue(self, name: str) -> Obj | None:
         with self._lock:
             return self._queues.get(name)
@@ -269,6 +281,7 @@ class ClusterCache:
                 "pods": sum(len(p) for p in self._pods.values()),
                 "podgroups": sum(len(g) for g in self._podgroups.values()),
                 "services": len(self._services),
+                "networkpolicies": len(self._network_policies),
                 "nodes": len(self._nodes),
                 "queues": len(self._queues),
                 "expectations": len(self._expected),

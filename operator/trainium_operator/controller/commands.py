@@ -168,14 +168,22 @@ def render_stages(
 ) -> list[tuple[Stage, list[Obj]]]:
     """Every stage's objects in the order the operator creates them, each with its stage.
 
-    The same pure path the operator takes: its pass on a new job (Service, PodGroup), its pass
+    The same pure path the operator takes: its pass on a new job (NetworkPolicy, Service,
+    PodGroup; the operator's default isolates every job), its pass
     once Volcano admitted that PodGroup (the pods), and with a compile stage the same two once
     that gang succeeded, which start training.
     """
     job = _parse_for_render(document, health_url)
 
     def decide(status: Obj, pods: list[Obj], groups: list[Obj], service: bool) -> Decision:
-        seen = observe(pods=pods, podgroups=groups, service_exists=service, nodes=[], now=now)
+        seen = observe(
+            pods=pods,
+            podgroups=groups,
+            service_exists=service,
+            network_policy_missing=not service,
+            nodes=[],
+            now=now,
+        )
         return machine.decide(job, status, seen)
 
     stages = [Stage.COMPILE, Stage.TRAIN] if job.spec.compile.enabled else [Stage.TRAIN]

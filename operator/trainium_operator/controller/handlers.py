@@ -43,6 +43,7 @@ from trainium_operator.controller.reconciler import (
 from trainium_operator.controller.watch_scope import watch_scope
 from trainium_operator.controller.workqueue import Key, RetryableError, WorkQueue
 from trainium_operator.k8s.client import (
+    NETWORK_POLICIES,
     PODGROUPS,
     PRIORITY_CLASS_NOT_FOUND,
     QUEUES,
@@ -312,10 +313,11 @@ def _start_watches(runtime: Runtime, loop: asyncio.AbstractEventLoop) -> None:
         spec_model.PLURAL: on_job,
         "pods": child(cache.on_pod),
         "services": child(cache.on_service),
+        NETWORK_POLICIES: child(cache.on_network_policy),
         PODGROUPS: child(cache.on_podgroup),
     }
     # Only the operator's children, selected by the API server: nothing else is held.
-    selectors = {spec_model.PLURAL: None, "pods": LABEL_JOB_NAME, "services": LABEL_JOB_NAME}
+    selectors = {spec_model.PLURAL: None}
     scope = watch_scope(runtime.namespaces)
     for namespace in scope.sources:
         for resource, call in cluster.watch_sources(namespace).items():

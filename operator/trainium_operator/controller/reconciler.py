@@ -47,6 +47,8 @@ from trainium_operator.lifecycle.progress import RankSample, with_progress
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
 CREATE_CONCURRENCY = 8
+# "false" turns off the per-job NetworkPolicy (the chart's networkPolicy.jobs).
+ENV_JOB_NETWORK_POLICY = "TRAINIUM_JOB_NETWORK_POLICY"
 
 
 class _CreateError(Exception):
@@ -143,6 +145,7 @@ class Reconciler:
         health_url: str | None = None,
         progress: Callable[[tuple[str, str]], list[RankSample]] | None = None,
         progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
+        isolate_jobs: bool | None = None,
     ):
         self.cluster = cluster
         # Where training ranks send progress (controller.health_server); None: nowhere.
@@ -157,6 +160,13 @@ class Reconciler:
         self.synced = synced
         # S3 profile uploads (lifecycle.profile_upload): the chart-wide defaults.
         self.upload_defaults = upload_defaults or UploadDefaults.from_env(os.environ)
+        # Each job gets a NetworkPolicy admitting only its own pods (the chart's
+        # networkPolicy.jobs; on unless the Deployment's env turns it off).
+        self.isolate_jobs = (
+            isolate_jobs
+            if isolate_jobs is not None
+            else os.environ.get(ENV_JOB_NETWORK_POLICY, "true").strip().lower() != "false"
+        )
         self.events = EventPoster(cluster)
         self.clock = clock
         self.holds = AdmissionHolds()
@@ -338,10 +348,13 @@ class Reconciler:
             name = job.spec.scheduling.queue
             queue = queue_view(name, self.cache.queue(name))
         service = self.cache.service(job.namespace, job.service_name)
+        policy = self.cache.network_policy(job.namespace, job.network_policy_name)
         observed = observe(
             pods=pods,
             podgroups=podgroups,
             service_exists=service is not None and _owned_by(service, job.uid),
+            network_policy_missing=self.isolate_jobs
+            and not (policy is not None and _owned_by(policy, job.uid)),
             nodes=self.cache.nodes(),
             now=now,
             queue=queue,
@@ -404,6 +417,8 @@ class Reconciler:
             self.cluster.delete_podgroup(namespace, name)
         elif kind == "Service":
             self.cluster.delete_service(namespace, name)
+        elif kind == "NetworkPolicy":
+            self.cluster.delete_network_policy(namespace, name)
 
     def _create_side(self, body: Obj, obj: Obj) -> None:
         """Creates an object beside the job (a profile upload pod) after the job's own writes.

@@ -34,6 +34,14 @@ VOLCANO_GROUP = "scheduling.volcano.sh"
 VOLCANO_VERSION = "v1beta1"
 PODGROUPS = "podgroups"
 QUEUES = "queues"
+NETWORK_POLICIES = "networkpolicies"
+# The resource (plural) of each kind the operator creates, as its requests name it.
+CHILD_RESOURCES = {
+    "Pod": "pods",
+    "Service": "services",
+    "PodGroup": PODGROUPS,
+    "NetworkPolicy": NETWORK_POLICIES,
+}
 
 
 @dataclass
@@ -229,6 +237,7 @@ class Cluster:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
         self.counter = counter or RequestCounter()
 
     def _to_dict(self, obj: Any) -> Obj:
@@ -383,6 +392,7 @@ class Cluster:
                 ),
                 "pods": core.list_pod_for_all_namespaces,
                 "services": core.list_service_for_all_namespaces,
+                NETWORK_POLICIES: self.networking.list_network_policy_for_all_namespaces,
                 PODGROUPS: partial(custom.list_cluster_custom_object, *volcano, PODGROUPS),
             }
         return {
@@ -391,6 +401,7 @@ class Cluster:
             ),
             "pods": partial(core.list_namespaced_pod, namespace),
             "services": partial(core.list_namespaced_service, namespace),
+            NETWORK_POLICIES: partial(self.networking.list_namespaced_network_policy, namespace),
             PODGROUPS: partial(
                 custom.list_namespaced_custom_object, *volcano, namespace, PODGROUPS
             ),
@@ -410,12 +421,14 @@ class Cluster:
         """Create a child; False when it already exists (a repeated reconcile)."""
         kind = obj["kind"]
         namespace = obj["metadata"]["namespace"]
-        self.counter.add("create", kind.lower() + "s")
+        self.counter.add("create", CHILD_RESOURCES.get(kind, kind.lower() + "s"))
         try:
             if kind == "Pod":
                 self.core.create_namespaced_pod(namespace, obj)
             elif kind == "Service":
                 self.core.create_namespaced_service(namespace, obj)
+            elif kind == "NetworkPolicy":
+                self.networking.create_namespaced_network_policy(namespace, obj)
             elif kind == "PodGroup":
                 self.custom.create_namespaced_custom_object(
                     VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, obj
@@ -431,12 +444,14 @@ class Cluster:
     def read_child(self, kind: str, namespace: str, name: str) -> Obj | None:
         """An existing object of a kind the operator creates (to see who owns a name that is
         taken, and why it is still there), or None when it does not exist."""
-        self.counter.add("get", kind.lower() + "s")
+        self.counter.add("get", CHILD_RESOURCES.get(kind, kind.lower() + "s"))
         try:
             if kind == "Pod":
                 found: Any = self.core.read_namespaced_pod(name, namespace)
             elif kind == "Service":
                 found = self.core.read_namespaced_service(name, namespace)
+            elif kind == "NetworkPolicy":
+                found = self.networking.read_namespaced_network_policy(name, namespace)
             elif kind == "PodGroup":
                 return dict(
                     self.custom.get_namespaced_custom_object(
@@ -455,6 +470,14 @@ class Cluster:
         self.counter.add("delete", "services")
         try:
             self.core.delete_namespaced_service(name, namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def delete_network_policy(self, namespace: str, name: str) -> None:
+        self.counter.add("delete", NETWORK_POLICIES)
+        try:
+            self.networking.delete_namespaced_network_policy(name, namespace)
         except ApiException as error:
             if error.status != 404:
                 raise

@@ -33,7 +33,7 @@ GIVE_UP_BOUNDS = 3
 class Blocker:
     """The object whose name a child of the job needs."""
 
-    kind: str  # Pod | PodGroup | Service
+    kind: str  # Pod | PodGroup | Service | NetworkPolicy
     name: str
     namespace: str
     owners: tuple[str, ...]  # "<Kind> <uid>" of each owner reference

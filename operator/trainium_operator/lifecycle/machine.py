@@ -252,6 +252,8 @@ def _ensure_gang(
     status.data.setdefault("attempt", attempt)
     status.data.setdefault("restarts", {"total": 0, "application": 0, "infrastructure": 0})
     status.mark_stage(stage, "startTime")
+    if observed.network_policy_missing:
+        decision.create.append(pod_builders.network_policy(job))
     if not observed.service_exists:
         decision.create.append(pod_builders.headless_service(job))
     if job.podgroup_name(stage) not in observed.podgroups:

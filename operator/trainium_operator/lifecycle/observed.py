@@ -116,6 +116,9 @@ class Observed:
     # False until the node cache holds a full list: a node missing from it is then unknown,
     # not lost (right after an operator start, every node would look gone).
     nodes_known: bool = True
+    # True when the operator isolates jobs (its default) and this job's NetworkPolicy is not
+    # there: it is created before any other child, so no pod of the job runs unprotected.
+    network_policy_missing: bool = False
 
     def gang(self, stage: Stage, attempt: int) -> dict[int, PodView]:
         return {p.rank: p for p in self.pods if p.stage is stage and p.attempt == attempt}
@@ -233,6 +236,7 @@ def observe(
     now: datetime,
     queue: QueueView | None = None,
     nodes_known: bool = True,
+    network_policy_missing: bool = False,
 ) -> Observed:
     views = tuple(v for v in (pod_view(p) for p in pods) if v is not None)
     groups = (podgroup_view(o) for o in podgroups)
@@ -244,4 +248,5 @@ def observe(
         now=now,
         queue=queue,
         nodes_known=nodes_known,
+        network_policy_missing=network_policy_missing,
     )
