@@ -144,6 +144,7 @@ def network_policy(job: JobRef) -> Obj:
     store). Egress stays open: training reads S3 and other data sources, resolves DNS and
     reaches the rendezvous; the Lustre client runs in the node's kernel and EFA traffic
     bypasses the kernel network, so no NetworkPolicy applies to either."""
+
     def own_pods() -> Obj:  # a fresh dict each: YAML dumps a shared one as an anchor
         return {"matchLabels": {LABEL_JOB_NAME: job.name}}
 
