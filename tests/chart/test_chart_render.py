@@ -28,6 +28,7 @@ from chart.chart_harness import (
     values_file,
 )
 from trainium_operator.api.instance_types import INSTANCE_TYPES
+from trainium_operator.builders.job import LABEL_JOB_NAME
 from trainium_operator.controller.reconciler import ENV_JOB_NETWORK_POLICY
 
 # The operator and the tenancy admission policy that checks TrainingJob authors.
@@ -170,15 +171,35 @@ def test_operator_runs_the_contracted_command_line(tmp_path: Path) -> None:
         "run",
         "--liveness-endpoint=http://0.0.0.0:8080/healthz",
         "--metrics-port=8081",
+        "--health-port=8090",
+        "--health-url=http://trn-trainium-operator-health.trainium-system.svc:8090/v1/progress",
         "--log-format=json",
     ]
     assert container["image"] == "trainium-operator:0.1.0"
 
 
+def test_health_channel_is_served_behind_its_service_and_can_be_turned_off(
+    tmp_path: Path,
+) -> None:
+    manifests = render({}, tmp_path)
+    (service,) = [
+        m for m in manifests if m["kind"] == "Service" and m["metadata"]["name"].endswith("-health")
+    ]
+    assert service["spec"]["ports"] == [
+        {"name": "health-channel", "port": 8090, "targetPort": "health-channel", "protocol": "TCP"}
+    ]
+    ports = {p["name"]: p["containerPort"] for p in operator_container(manifests)["ports"]}
+    assert ports["health-channel"] == 8090
+    (tmp_path / "off").mkdir()
+    off = render({"health": {"enabled": False}}, tmp_path / "off")
+    assert not any(a.startswith("--health") for a in operator_container(off)["args"])
+    assert not [m for m in off if m["metadata"]["name"].endswith("-health")]
+
+
 def test_probes_use_kopfs_health_endpoint(tmp_path: Path) -> None:
     container = operator_container(render({}, tmp_path))
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"health": 8080, "metrics": 8081}
+    assert ports == {"health": 8080, "metrics": 8081, "health-channel": 8090}
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
 
@@ -611,9 +632,17 @@ def test_operator_and_ui_network_policies_admit_only_their_own_ports(tmp_path: P
     assert selector.items() <= _pod_labels(manifests, FULLNAME).items()
     assert operator["spec"]["policyTypes"] == ["Ingress"]
     ports = {p["name"] for p in operator_container(manifests)["ports"]}
-    (rule,) = operator["spec"]["ingress"]
-    assert {p["port"] for p in rule["ports"]} == ports, "every port the operator serves, no more"
+    rule, channel = operator["spec"]["ingress"]
+    assert {p["port"] for p in rule["ports"]} == {"health", "metrics"}
     assert rule["from"] == [metrics_peer]
+    assert [p["port"] for p in channel["ports"]] == ["health-channel"]
+    assert channel["from"] == [
+        {
+            "namespaceSelector": {},
+            "podSelector": {"matchExpressions": [{"key": LABEL_JOB_NAME, "operator": "Exists"}]},
+        }
+    ], "only TrainingJob pods reach the health channel"
+    assert ports == {"health", "metrics", "health-channel"}, "every port it serves, no more"
     ui_name = f"{FULLNAME}-profile-ui"
     ui = one(manifests, "NetworkPolicy", ui_name)
     assert ui["metadata"]["namespace"] == "jobs"

@@ -14,6 +14,14 @@ from typing import Any
 import pytest
 import yaml
 
+from integration.health_ranks import (
+    free_port,
+    outcome,
+    pod_token,
+    rank_env,
+    start_rank,
+    wait_account,
+)
 from integration.operator_harness import (
     ROOT,
     OperatorProcess,
@@ -120,6 +128,34 @@ def test_operator_with_only_the_charts_rbac_runs_the_job_to_success(
     finally:
         operator.stop()
     assert "Traceback" not in operator.log()
+    assert "forbidden" not in operator.log().lower()
+
+
+def test_the_charts_account_reviews_a_ranks_pod_bound_token_and_accepts_its_progress(
+    dev_cluster: Any, namespace: str, release: str, tmp_path: Path
+) -> None:
+    clients = dev_cluster.clients
+    operator = _operator_as_chart_account(dev_cluster, namespace, release, tmp_path)
+    port = free_port()
+    operator.extra_args = ("--health-port", str(port))
+    operator.start()
+    try:
+        create_job(
+            clients,
+            namespace,
+            job_manifest(
+                "beat", nodes=1, compile={"enabled": False}, health={"reportIntervalSeconds": 0.2}
+            ),
+        )
+        (pod,) = wait_gang_running(clients, namespace, "beat", "train", 0, nodes=1)
+        wait_account(clients, namespace)
+        token = tmp_path / "token"
+        token.write_text(pod_token(clients, pod))
+        result = outcome(start_rank(rank_env(pod, token, 0, 1), 10, 0.1))
+        operator.assert_alive()
+    finally:
+        operator.stop()
+    assert result["sent"] >= 2, result  # TokenReview allowed by the chart's ClusterRole
     assert "forbidden" not in operator.log().lower()
 
 

@@ -131,7 +131,17 @@ def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
     assert listing.returncode == 0, listing.stderr
     table = listing.stdout
     header, row = table.splitlines()[:2]
-    assert header.split()[:6] == ["NAME", "PHASE", "NODES", "WORKERS", "RESTARTS", "AGE"]
+    assert header.split()[:9] == [
+        "NAME",
+        "PHASE",
+        "NODES",
+        "WORKERS",
+        "RESTARTS",
+        "STEP",
+        "RATE",
+        "ETA",
+        "AGE",
+    ]
     assert row.split()[:5] == [name, "Succeeded", "2", "0/2", "0"]
     assert "TrainingSucceeded" in row
 

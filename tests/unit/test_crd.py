@@ -48,6 +48,11 @@ def test_crd_has_status_subresource_short_name_and_printer_columns() -> None:
     assert training_job_crd()["spec"]["names"]["shortNames"] == ["tj"]
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     assert {"Phase", "Nodes", "Workers", "Restarts", "Age", "Reason"} <= set(columns)
+    assert [c["jsonPath"] for name, c in columns.items() if name in {"Step", "Rate", "ETA"}] == [
+        ".status.progress.stepSummary",
+        ".status.progress.rateSummary",
+        ".status.progress.etaSummary",
+    ]
     assert columns["Reason"]["priority"] == 1
 
 

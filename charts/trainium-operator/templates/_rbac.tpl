@@ -79,6 +79,14 @@ what each account calls and fails on a verb granted here that nothing sends, or 
   apiGroups: ["scheduling.k8s.io"]
   resources: ["priorityclasses"]
   verbs: ["list", "watch"]
+{{- if .Values.health.enabled }}
+# The health channel: who sent a rank's progress message (TokenReview of its pod-bound,
+# audience-bound token); a review changes nothing in the cluster.
+- scope: cluster
+  apiGroups: ["authentication.k8s.io"]
+  resources: ["tokenreviews"]
+  verbs: ["create"]
+{{- end }}
 {{- if .Values.peering.enabled }}
 {{- if $clusterWide }}
 # kopf peering: keep-alives in the ClusterKopfPeering of a cluster-wide operator.

@@ -288,6 +288,17 @@ class ProfileSpec(ApiModel):
     it is a Warning event and the ProfileUploaded condition."""
 
 
+class HealthSpec(ApiModel):
+    enabled: bool = True
+    """Every training rank reports its progress to the operator through the profiler (a small
+    message every reportIntervalSeconds, authenticated by a projected ServiceAccount token
+    bound to its pod). False: no token is mounted and nothing is sent."""
+    report_interval_seconds: Annotated[float, Field(ge=0.2, le=300)] = 5.0
+    """Seconds between one rank's progress messages."""
+    total_steps: Annotated[int | None, Field(ge=1)] = None
+    """The steps the training runs in all, for status.progress.eta (the ETA column)."""
+
+
 def _cores_expression(shape: InstanceType) -> str:
     """CEL: the logical NeuronCores of one instance type at the job's spec.lnc."""
     if not shape.supports_lnc:
@@ -397,7 +408,11 @@ PROTECTED_CONTAINER_FIELDS: dict[str, str] = {
 }
 PROTECTED_LABEL_PREFIXES = ("trainium.dev/", "app.kubernetes.io/")
 PROTECTED_ANNOTATIONS = ("scheduling.k8s.io/group-name",)
-OPERATOR_VOLUMES = ("dshm", "shared-data")
+# The health channel's token volume is profiler/channel_contract.TOKEN_VOLUME (api imports no
+# profiler module; tests/unit/test_health_channel.py keeps the two equal).
+HEALTH_TOKEN_VOLUME = "trainium-health-token"
+HEALTH_TOKEN_DIR = "/var/run/secrets/trainium.dev/health"
+OPERATOR_VOLUMES = ("dshm", "shared-data", HEALTH_TOKEN_VOLUME)
 
 
 def _protected_pod_field_rules() -> list[dict[str, str]]:
@@ -453,7 +468,8 @@ class PodTemplatePodSpec(ApiModel):
         },
     )
     volumes: Annotated[list[KubeObject], _items_declare_names("volumes")] = []
-    """Volumes added to the pod's (the operator's are dshm and shared-data)."""
+    """Volumes added to the pod's (the operator's are dshm, shared-data and
+    trainium-health-token)."""
     init_containers: Annotated[list[KubeObject], _items_declare_names("initContainers")] = []
     """Init containers, run before the training container."""
     containers: Annotated[list[KubeObject], _items_declare_names("containers")] = []
@@ -550,10 +566,10 @@ class PodTemplate(ApiModel):
             ):
                 continue  # the names check above says what is wrong with its shape
             for mount in mounts or []:
-                if mount.get("mountPath") in ("/dev/shm", mount_path):
+                if mount.get("mountPath") in ("/dev/shm", mount_path, HEALTH_TOKEN_DIR):
                     found.append(
                         f"{where}.volumeMounts: {mount.get('mountPath')} is the operator's "
-                        "mount (shared memory or spec.storage.mountPath)"
+                        "mount (shared memory, spec.storage.mountPath or the health token)"
                     )
         for index, container in enumerate(self.spec.init_containers):
             if container.get("name") == TRAINING_CONTAINER:
@@ -656,6 +672,8 @@ class TrainingJobSpec(ApiModel):
     """Restarts, deadlines, cleanup, suspension."""
     profile: ProfileSpec = ProfileSpec()
     """Profiling of the training stage."""
+    health: HealthSpec = HealthSpec()
+    """Live health: the ranks' progress channel to the operator."""
     env: list[EnvVar] = []
     """Extra environment of the training and compile containers; a name the operator also
     sets (e.g. CCOM_SOCKET_IFNAME) replaces the operator's value."""

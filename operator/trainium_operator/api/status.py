@@ -159,6 +159,42 @@ class ProfileStatus(ApiModel):
     upload: ProfileUploadSummary | None = None
 
 
+class ProgressStatus(ApiModel):
+    """The training gang's live progress, from its ranks' health-channel messages
+    (spec.health); written at most once per the operator's progress interval (10 s)."""
+
+    attempt: Count | None = None
+    """The gang attempt these figures are of."""
+    step: Int64 | None = None
+    """The slowest rank's current step."""
+    max_step: Int64 | None = None
+    """The fastest rank's current step."""
+    slowest_rank: Int32 | None = None
+    fastest_rank: Int32 | None = None
+    ranks_reporting: Count | None = None
+    world_size: Count | None = None
+    total_steps: Int64 | None = None
+    """spec.health.totalSteps, when set."""
+    step_time_p50_ms: float | None = None
+    """Median step time over the ranks' recent steps (up to 16 each)."""
+    steps_per_second: float | None = None
+    samples_per_second: float | None = None
+    """Of the whole gang, where the script reports samples (profiler.report)."""
+    tokens_per_second: float | None = None
+    eta: Timestamp | None = None
+    """When the slowest rank reaches totalSteps at the current step time."""
+    last_progress_time: Timestamp | None = None
+    """When a rank last started a new step (as far as the operator heard)."""
+    update_time: Timestamp | None = None
+    """When the operator last wrote these figures."""
+    step_summary: str | None = None
+    """step/totalSteps (the STEP column)."""
+    rate_summary: str | None = None
+    """steps/s (the RATE column)."""
+    eta_summary: str | None = None
+    """Time left (the ETA column)."""
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state, written by the operator."""
 
@@ -183,6 +219,7 @@ class TrainingJobStatus(ApiModel):
     restarts: Restarts | None = None
     last_failure: LastFailure | None = None
     profile: ProfileStatus | None = None
+    progress: ProgressStatus | None = None
     profile_uploads: list[ProfileUpload] = Field(
         default_factory=list,
         description="The S3 upload of each ended training attempt's profile; written by the "

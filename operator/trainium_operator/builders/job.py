@@ -38,6 +38,14 @@ class JobRef:
     uid: str
     generation: int
     spec: TrainingJobSpec
+    # The operator's health-channel endpoint (`run --health-url`); None: the operator serves
+    # none, so no pod gets the channel's env or token.
+    health_url: str | None = None
+
+    @property
+    def health_channel(self) -> bool:
+        """Whether training pods report progress to the operator (profiler/channel_contract)."""
+        return self.health_url is not None and self.spec.health.enabled
 
     # -- names -------------------------------------------------------------------------
     @property

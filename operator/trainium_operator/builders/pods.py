@@ -30,6 +30,8 @@ from trainium_operator.builders.job import (
     JobRef,
     Stage,
 )
+from trainium_operator.profiler import channel_contract
+from trainium_operator.profiler.channel_contract import channel_env
 from trainium_operator.profiler.env_contract import profiling_env
 from trainium_operator.profiler.sources.neuron import neuron_inspect_env
 
@@ -291,6 +293,10 @@ def _operator_env(
         # XLA_DOWNCAST_BF16 is deprecated since torch-xla 2.4; the script casts the model
         # to bf16 (TRAINIUM_PRECISION) and the runtime rounds stochastically.
         env.append({"name": "NEURON_RT_STOCHASTIC_ROUNDING_EN", "value": "1"})
+    if stage is Stage.TRAIN and job.health_channel:
+        assert job.health_url is not None
+        channel = channel_env(job.health_url, spec.health.report_interval_seconds)
+        env += [{"name": name, "value": value} for name, value in channel.items()]
     if stage is Stage.TRAIN and spec.profile.enabled:
         profile_dir = job.profile_dir(attempt)
         profiling = profiling_env(profile_dir, spec.profile.start_step, spec.profile.end_step)
@@ -392,6 +398,8 @@ def pod(
             {"name": DATA_VOLUME, "persistentVolumeClaim": {"claimName": spec.storage.claim_name}},
         ],
     }
+    if stage is Stage.TRAIN and job.health_channel:
+        add_health_token(pod_spec)
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
     if spec.service_account_name:
@@ -400,6 +408,37 @@ def pod(
         pod_spec["affinity"] = spec.affinity
     built = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
     return merge_pod_template(built, spec.pod_template)
+
+
+def health_token_volume() -> Obj:
+    """The health channel's token: issued by the API server for the pod's ServiceAccount,
+    bound to this pod (invalid once it is deleted), for our audience only (useless as an API
+    credential) and rotated by the kubelet. The pod still mounts no API token."""
+    return {
+        "name": channel_contract.TOKEN_VOLUME,
+        "projected": {
+            "sources": [
+                {
+                    "serviceAccountToken": {
+                        "audience": channel_contract.AUDIENCE,
+                        "expirationSeconds": channel_contract.TOKEN_EXPIRATION_SECONDS,
+                        "path": channel_contract.TOKEN_NAME,
+                    }
+                }
+            ]
+        },
+    }
+
+
+def add_health_token(pod_spec: Obj) -> None:
+    pod_spec["volumes"].append(health_token_volume())
+    pod_spec["containers"][0]["volumeMounts"].append(
+        {
+            "name": channel_contract.TOKEN_VOLUME,
+            "mountPath": channel_contract.TOKEN_DIR,
+            "readOnly": True,
+        }
+    )
 
 
 def merge_security_context(default: Obj, override: Obj) -> Obj:

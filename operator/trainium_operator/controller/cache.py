@@ -246,6 +246,14 @@ class ClusterCache:
         with self._lock:
             return list(self._pods.get(key, {}).values())
 
+    def pod(self, namespace: str, name: str) -> Obj | None:
+        """A pod of any job by its name (the pods held are only the operator's children)."""
+        with self._lock:
+            for (pod_namespace, _job), pods in self._pods.items():
+                if pod_namespace == namespace and name in pods:
+                    return pods[name]
+        return None
+
     def podgroups(self, key: Key) -> list[Obj]:
         with self._lock:
             return list(self._podgroups.get(key, {}).values())

@@ -19,6 +19,7 @@ from trainium_operator.controller.reconciler import parse_job
 from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import observe
+from trainium_operator.profiler.channel_contract import PATH
 
 Obj = dict[str, Any]
 RENDER_UID = "00000000-0000-0000-0000-000000000000"
@@ -55,6 +56,26 @@ RENDER_UID = "00000000-0000-0000-0000-000000000000"
     help="kopf health endpoint, e.g. http://0.0.0.0:8080/healthz.",
 )
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
+@click.option(
+    "--health-port",
+    type=int,
+    default=None,
+    help="Serve the health channel (training ranks' progress) on this port; off by default.",
+)
+@click.option(
+    "--health-url",
+    default=None,
+    help="How training pods reach the health channel, e.g. "
+    "http://trainium-operator.trainium-system.svc:8090/v1/progress (the chart sets it). "
+    "Default with --health-port: http://127.0.0.1:<port>/v1/progress.",
+)
+@click.option(
+    "--progress-interval",
+    type=click.FloatRange(min=0.5),
+    default=10.0,
+    show_default=True,
+    help="Seconds between writes of a job's status.progress (the ranks' reports batched).",
+)
 @click.option("--workers", type=int, default=4, show_default=True, help="Concurrent reconciles.")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-format", type=click.Choice(["plain", "json"]), default="plain")
@@ -67,6 +88,9 @@ def run(
     peering_lifetime: int,
     liveness_endpoint: str | None,
     metrics_port: int | None,
+    health_port: int | None,
+    health_url: str | None,
+    progress_interval: float,
     workers: int,
     kubeconfig: str | None,
     log_format: str,
@@ -87,6 +111,9 @@ def run(
         kubeconfig=kubeconfig,
         workers=workers,
         metrics_port=metrics_port,
+        health_port=health_port,
+        progress_interval=progress_interval,
+        health_url=health_url or (f"http://127.0.0.1:{health_port}{PATH}" if health_port else None),
         peering=peering,
         priority=priority or 0,
         peering_lifetime=peering_lifetime,
@@ -103,7 +130,7 @@ def run(
     )
 
 
-def _parse_for_render(document: Obj) -> JobRef:
+def _parse_for_render(document: Obj, health_url: str | None = None) -> JobRef:
     if document.get("apiVersion") != spec_model.API_VERSION or document.get("kind") != (
         spec_model.KIND
     ):
@@ -117,7 +144,7 @@ def _parse_for_render(document: Obj) -> JobRef:
     meta.setdefault("generation", 1)
     if "name" not in meta:
         raise ValueError("metadata.name is required")
-    parsed = parse_job({**document, "metadata": meta})
+    parsed = parse_job({**document, "metadata": meta}, health_url)
     if isinstance(parsed, list):
         raise ValueError(f"{meta['name']}: invalid spec:\n  " + "\n  ".join(parsed))
     return parsed
@@ -136,7 +163,9 @@ def _admitted(podgroup: Obj) -> Obj:
     return {**podgroup, "status": {"phase": "Inqueue"}}
 
 
-def render_stages(document: Obj, now: datetime) -> list[tuple[Stage, list[Obj]]]:
+def render_stages(
+    document: Obj, now: datetime, health_url: str | None = None
+) -> list[tuple[Stage, list[Obj]]]:
     """Every stage's objects in the order the operator creates them, each with its stage.
 
     The same pure path the operator takes: its pass on a new job (NetworkPolicy, Service,
@@ -144,7 +173,7 @@ def render_stages(document: Obj, now: datetime) -> list[tuple[Stage, list[Obj]]]
     once Volcano admitted that PodGroup (the pods), and with a compile stage the same two once
     that gang succeeded, which start training.
     """
-    job = _parse_for_render(document)
+    job = _parse_for_render(document, health_url)
 
     def decide(status: Obj, pods: list[Obj], groups: list[Obj], service: bool) -> Decision:
         seen = observe(
@@ -205,8 +234,15 @@ def _rendered_text(stages: list[tuple[Stage, list[Obj]]], selected: Stage | None
     default=None,
     help="Print only this stage's objects (default: every stage, in apply order).",
 )
+@click.option(
+    "--health-url",
+    default=None,
+    help="Render as an operator serving the health channel there (the chart's default: "
+    "http://<release>-health.<namespace>.svc:8090/v1/progress): training pods then get its env "
+    "and their pod-bound token. Default: as an operator without one.",
+)
 @click.option("--crd", is_flag=True, help="Print the TrainingJob CustomResourceDefinition.")
-def render(filename: str | None, stage: str | None, crd: bool) -> None:
+def render(filename: str | None, stage: str | None, health_url: str | None, crd: bool) -> None:
     """Print exactly the objects the operator will create, every stage labelled, in the
     order it creates them, without a cluster."""
     if crd:
@@ -223,7 +259,7 @@ def render(filename: str | None, stage: str | None, crd: bool) -> None:
         if not document:
             continue
         try:
-            stages = render_stages(document, now)
+            stages = render_stages(document, now, health_url)
         except ValueError as error:
             errors.append(str(error))
             continue

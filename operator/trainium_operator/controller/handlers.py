@@ -26,7 +26,14 @@ from aiohttp import web
 
 from trainium_operator.api import spec as spec_model
 from trainium_operator.builders.job import LABEL_JOB_NAME
+from trainium_operator.controller import health_server
 from trainium_operator.controller.cache import ClusterCache
+from trainium_operator.controller.health_server import (
+    HealthChannel,
+    ProgressStore,
+    TokenCache,
+    reviewer,
+)
 from trainium_operator.controller.peering import PeeringGate
 from trainium_operator.controller.reconciler import (
     JobGoneError,
@@ -47,6 +54,10 @@ from trainium_operator.k8s.client import (
     load_api_client,
 )
 from trainium_operator.k8s.informer import Reflector, WatchEvent
+from trainium_operator.k8s.reviews import Reviews
+from trainium_operator.lifecycle.progress import (
+    DEFAULT_INTERVAL_SECONDS as DEFAULT_PROGRESS_INTERVAL,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -104,6 +115,10 @@ class Runtime:
     namespaces: tuple[str, ...] = ()  # names or glob patterns; empty: all
     gate: PeeringGate | None = None
     metrics_port: int | None = None
+    health_port: int | None = None  # the health channel's endpoint (controller.health_server)
+    health_url: str | None = None  # how training pods reach it
+    health: HealthChannel | None = None
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL  # seconds between progress writes
     queue: WorkQueue | None = None
     cluster: Cluster | None = None
     reconciler: Reconciler | None = None
@@ -154,10 +169,14 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.peering.lifetime = runtime.peering_lifetime
     runtime.queue = WorkQueue()
     runtime.cluster = Cluster(load_api_client(runtime.kubeconfig))
+    store = ProgressStore() if runtime.health_port else None
     runtime.reconciler = Reconciler(
         runtime.cluster,
         runtime.cache,
         synced=lambda: all(r.synced.is_set() for r in runtime.reflectors),
+        health_url=runtime.health_url if runtime.health_port else None,
+        progress=store.samples if store is not None else None,
+        progress_interval=runtime.progress_interval,
     )
     queue, reconciler = runtime.queue, runtime.reconciler
     if runtime.peering:
@@ -207,6 +226,20 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     _start_watches(runtime, asyncio.get_running_loop())
     if runtime.metrics_port:
         runtime.tasks.append(asyncio.create_task(_serve_metrics(runtime, runtime.metrics_port)))
+    if runtime.health_port and store is not None:
+        reviews = Reviews(runtime.cluster.api_client, runtime.cluster.counter)
+        runtime.health = HealthChannel(
+            runtime.cache,
+            TokenCache(reviewer(reviews)),
+            store=store,
+            synced=lambda: all(r.synced.is_set() for r in runtime.reflectors),
+        )
+        runtime.tasks.append(
+            asyncio.create_task(health_server.serve(runtime.health, "0.0.0.0", runtime.health_port))
+        )
+        runtime.tasks.append(
+            asyncio.create_task(_wake_on_progress(store, queue, runtime.progress_interval))
+        )
 
 
 @kopf.on.cleanup()
@@ -312,6 +345,8 @@ def _job_changed(runtime: Runtime, key: Key, event_type: str, revision: tuple[An
     assert queue is not None
     if event_type == "DELETED":
         queue.forget(key)
+        if runtime.health is not None:
+            runtime.health.store.forget(key)
         runtime.seen_generations.pop(key, None)
         if runtime.reconciler is not None:
             runtime.reconciler.holds.release(key)
@@ -323,6 +358,15 @@ def _job_changed(runtime: Runtime, key: Key, event_type: str, revision: tuple[An
         if runtime.reconciler is not None:
             runtime.reconciler.holds.release(key)  # a new spec may fix an admission refusal
         queue.add(key)
+
+
+async def _wake_on_progress(store: ProgressStore, queue: WorkQueue, interval: float) -> None:
+    # Progress reaches the status through the job's own pass (one writer of the status), once
+    # per interval for the jobs whose ranks reported: however many ranks, one pass each.
+    while True:
+        await asyncio.sleep(interval)
+        for key in store.take_changed():
+            queue.touch(key)
 
 
 async def _resync(queue: WorkQueue) -> None:
@@ -398,6 +442,13 @@ def metrics_text(runtime: Runtime) -> str:
         lines.append(
             f'trainium_operator_api_requests_total{{verb="{verb}",resource="{resource}"}} {value}'
         )
+    if runtime.health is not None:
+        lines += [
+            "# HELP trainium_operator_health_messages_total Health-channel messages by outcome.",
+            "# TYPE trainium_operator_health_messages_total counter",
+        ]
+        for outcome, value in sorted(runtime.health.counts.items()):
+            lines.append(f'trainium_operator_health_messages_total{{outcome="{outcome}"}} {value}')
     return "\n".join(lines) + "\n"
 
 

@@ -39,6 +39,10 @@ from trainium_operator.lifecycle import admission, blockers, cleanup, machine
 from trainium_operator.lifecycle.decision import Decision, EventRecord
 from trainium_operator.lifecycle.observed import node_view, observe, podgroup_view, queue_view
 from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload, upload_refused
+from trainium_operator.lifecycle.progress import (
+    DEFAULT_INTERVAL_SECONDS as DEFAULT_PROGRESS_INTERVAL,
+)
+from trainium_operator.lifecycle.progress import RankSample, with_progress
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -88,7 +92,7 @@ def validation_problems(error: ValidationError) -> list[str]:
     return problems
 
 
-def parse_job(body: Obj) -> JobRef | list[str]:
+def parse_job(body: Obj, health_url: str | None = None) -> JobRef | list[str]:
     """The job's identity and validated spec, or the list of problems with its spec."""
     meta = body["metadata"]
     try:
@@ -107,6 +111,7 @@ def parse_job(body: Obj) -> JobRef | list[str]:
         uid=meta["uid"],
         generation=int(meta.get("generation", 1)),
         spec=spec,
+        health_url=health_url,
     )
 
 
@@ -137,9 +142,18 @@ class Reconciler:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         upload_defaults: UploadDefaults | None = None,
         *,
+        health_url: str | None = None,
+        progress: Callable[[tuple[str, str]], list[RankSample]] | None = None,
+        progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
         isolate_jobs: bool | None = None,
     ):
         self.cluster = cluster
+        # Where training ranks send progress (controller.health_server); None: nowhere.
+        self.health_url = health_url
+        # The ranks' newest messages of a job (controller.health_server.ProgressStore.samples)
+        # and how often their figures may be written to its status (lifecycle.progress).
+        self.progress = progress
+        self.progress_interval = progress_interval
         self.cache = cache
         # True once every watch has delivered its first full LIST: until then a missing pod or
         # node is unknown, not gone.
@@ -312,7 +326,7 @@ class Reconciler:
     def _reconcile(self, body: Obj) -> float | None:
         now = self.clock()
         current_status: Obj = body.get("status") or {}
-        parsed = parse_job(body)
+        parsed = parse_job(body, self.health_url)
         if isinstance(parsed, list):
             decision = machine.invalid(
                 current_status, int(body["metadata"].get("generation", 1)), parsed, now
@@ -347,6 +361,10 @@ class Reconciler:
         )
         decision = machine.decide(job, current_status, observed)
         plan_upload(job, decision, uploads, self.upload_defaults, now)
+        if self.progress is not None and job.health_channel:
+            decision.status = with_progress(
+                job, decision.status, self.progress(key), now, self.progress_interval
+            )
         decision.status = validated_status(decision.status)
         return self._apply(body, current_status, decision)
 

@@ -35,6 +35,7 @@ class TokenReviewResult:
     authenticated: bool
     user: ReviewedUser | None
     error: str = ""  # why the API server did not authenticate the token, when it says
+    audiences: tuple[str, ...] = ()  # those of the reviewed audiences the token is for
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,7 +75,8 @@ def token_review_result(status: Obj) -> TokenReviewResult:
     )
     if not reviewed.name:  # an authenticator that names nobody cannot be authorized
         return TokenReviewResult(False, None, "the token review named no user")
-    return TokenReviewResult(True, reviewed)
+    audiences = tuple(str(a) for a in status.get("audiences") or ())
+    return TokenReviewResult(True, reviewed, audiences=audiences)
 
 
 def subject_access_review_body(user: ReviewedUser, question: ResourceQuestion) -> Obj:

@@ -7,6 +7,7 @@
         profiler.step(i)
         with profiler.annotate("forward"):
             loss = model(batch)
+        profiler.report(samples=len(batch))  # optional: throughput in the job's status
     profiler.stop_profiling()             # returns at once; a background thread writes the file
 
 Everything is a cheap no-op while profiling is off. This package imports nothing else from
@@ -28,6 +29,7 @@ from trainium_operator.profiler.capture import (
     stop_profiling,
     wait_for_flush,
 )
+from trainium_operator.profiler.channel import report
 from trainium_operator.profiler.config import ProfilerConfig, ProfilerConfigError, StepWindow
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "current_config",
     "is_capturing_detail",
     "is_enabled",
+    "report",
     "start_profiling",
     "step",
     "stop_profiling",

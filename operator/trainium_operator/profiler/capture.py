@@ -30,6 +30,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Final, ParamSpec, TypeVar
 
+from trainium_operator.profiler import channel
 from trainium_operator.profiler import sampler as sampler_mod
 from trainium_operator.profiler.clock import take_sync_point
 from trainium_operator.profiler.config import ProfilerConfig
@@ -497,6 +498,7 @@ def start_profiling(
     running is a no-op that returns True.
     """
     global _session  # noqa: PLW0603 - module globals are the hot path's one-read state
+    channel.start_from_env()  # the health channel runs whether or not profiling does
     cfg = ProfilerConfig.from_env() if config is None else config
     if not cfg.enabled:
         return False
@@ -521,6 +523,7 @@ def stop_profiling(*, wait: bool = False, timeout: float | None = None) -> bool:
     it completed. Returns True without waiting.
     """
     global _session, _detail, _last_stopped  # noqa: PLW0603 - module globals are the hot path's one-read state
+    channel.stop()
     with _lifecycle_lock:
         session = _session
         if session is None:
@@ -579,6 +582,7 @@ def step(number: int) -> None:
     session = _session
     if session is not None:
         session.on_step(number)
+    channel.on_step(number)
 
 
 class Annotation:

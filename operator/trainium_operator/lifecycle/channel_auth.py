@@ -1,0 +1,120 @@
+"""Who may report a job's progress: the pure check behind the health channel's endpoint.
+
+The endpoint (controller/health_server.py) has the message, what the API server's TokenReview
+said about its bearer token, the pod the token is bound to and the job, both from the watch
+cache. A message is accepted only when every one of these holds:
+
+- the API server authenticated the token for our audience (not any audience: a token meant
+  for another service is refused even if valid);
+- the token is a ServiceAccount token bound to a pod (the review's `extra` names the pod and its
+  uid); a plain ServiceAccount token, or a user's, is refused;
+- that pod exists now with that uid (a token of a deleted pod, or of a pod re-created under the
+  same name, is refused) in the token's namespace;
+- the pod is a training pod of the job the message names: the job label, an owner reference to
+  the job's uid, the attempt and node rank of the message;
+- the job exists with that uid and has the channel on.
+
+The message's own claims (job, rank, ...) are therefore only believed where the pod's labels,
+set by the operator, say the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from trainium_operator.builders.job import (
+    LABEL_ATTEMPT,
+    LABEL_JOB_NAME,
+    LABEL_NODE_RANK,
+    LABEL_STAGE,
+    Stage,
+)
+from trainium_operator.profiler import channel_contract as contract
+from trainium_operator.profiler.channel_contract import ProgressMessage
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenIdentity:
+    """What a TokenReview said about a token (the caller fills it from k8s.reviews)."""
+
+    authenticated: bool
+    username: str = ""
+    audiences: tuple[str, ...] = ()
+    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    error: str = ""
+
+    def claim(self, key: str) -> str | None:
+        for name, values in self.extra:
+            if name == key and len(values) == 1:
+                return values[0]
+        return None
+
+    @property
+    def service_account_namespace(self) -> str | None:
+        if not self.username.startswith(contract.SERVICE_ACCOUNT_PREFIX):
+            return None
+        namespace, _, account = self.username[len(contract.SERVICE_ACCOUNT_PREFIX) :].partition(":")
+        return namespace if namespace and account else None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    accepted: bool
+    reason: str = ""  # why not, for the reply and the operator's log
+
+
+def _refuse(reason: str) -> Verdict:
+    return Verdict(False, reason)
+
+
+def bound_pod(identity: TokenIdentity) -> tuple[str, str, str] | Verdict:
+    """(namespace, pod name, pod uid) the token is bound to, or why it is not usable."""
+    if not identity.authenticated:
+        return _refuse(f"the token is not valid: {identity.error or 'not authenticated'}")
+    if identity.audiences and contract.AUDIENCE not in identity.audiences:
+        return _refuse(f"the token is not for the audience {contract.AUDIENCE}")
+    namespace = identity.service_account_namespace
+    if namespace is None:
+        return _refuse("the token is not a ServiceAccount token")
+    pod_name = identity.claim(contract.CLAIM_POD_NAME)
+    pod_uid = identity.claim(contract.CLAIM_POD_UID)
+    if not pod_name or not pod_uid:
+        return _refuse("the token is not bound to a pod")
+    return namespace, pod_name, pod_uid
+
+
+def authorize(
+    message: ProgressMessage, identity: TokenIdentity, pod: Obj | None, job: Obj | None
+) -> Verdict:
+    """Whether `message` may be believed, given the token's identity, the pod the token is
+    bound to (None: not in the cache) and the job the message names (None: not in the cache)."""
+    bound = bound_pod(identity)
+    if isinstance(bound, Verdict):
+        return bound
+    namespace, pod_name, pod_uid = bound
+    if namespace != message.namespace:
+        return _refuse(f"the token is of namespace {namespace}, the message of {message.namespace}")
+    if pod is None:
+        return _refuse(f"pod {namespace}/{pod_name} does not exist")
+    meta = pod.get("metadata") or {}
+    if meta.get("uid") != pod_uid or meta.get("namespace") != namespace:
+        return _refuse(f"pod {namespace}/{pod_name} is not the pod the token was issued to")
+    labels = meta.get("labels") or {}
+    if labels.get(LABEL_JOB_NAME) != message.job or labels.get(LABEL_STAGE) != Stage.TRAIN.value:
+        return _refuse(f"pod {pod_name} is not a training pod of job {message.job}")
+    owners = {ref.get("uid") for ref in meta.get("ownerReferences") or []}
+    if message.uid not in owners:
+        return _refuse(f"pod {pod_name} is not owned by job uid {message.uid}")
+    if labels.get(LABEL_ATTEMPT) != str(message.attempt):
+        return _refuse(f"pod {pod_name} is of attempt {labels.get(LABEL_ATTEMPT)}")
+    if labels.get(LABEL_NODE_RANK) != str(message.node_rank):
+        return _refuse(f"pod {pod_name} is node rank {labels.get(LABEL_NODE_RANK)}")
+    if job is None or (job.get("metadata") or {}).get("uid") != message.uid:
+        return _refuse(f"job {message.namespace}/{message.job} with uid {message.uid} is gone")
+    health = (job.get("spec") or {}).get("health") or {}
+    if health.get("enabled") is False:
+        return _refuse(f"job {message.job} has spec.health.enabled false")
+    return Verdict(True)

@@ -1,0 +1,249 @@
+"""The rank side of the health channel: a daemon thread that tells the operator, every few
+seconds, which step this rank is in and how long its recent steps took.
+
+The training loop's cost is `on_step`: a clock read, a subtraction and a deque append under
+no lock the sender holds for long. Sending happens on the reporter's own thread, with a short
+timeout: when the operator is away (restarting, partitioned, not installed) the thread backs
+off and keeps only the newest state, so nothing queues and training never waits. The token is
+read again before every send, since the kubelet rotates it.
+
+Started by `profiler.start_profiling()` when `TRAINIUM_HEALTH_URL` is set (the operator sets it
+on jobs whose `spec.health.enabled` is true), whether or not detailed profiling is on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainium_operator.profiler import channel_contract as contract
+from trainium_operator.profiler import env_contract
+
+SEND_TIMEOUT_S = 2.0
+MAX_BACKOFF_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelConfig:
+    url: str
+    token_file: str
+    interval_s: float
+    job: str
+    namespace: str
+    uid: str
+    attempt: int
+    rank: int
+    node_rank: int
+    world_size: int
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ChannelConfig | None:
+        """The channel's settings, or None when the operator did not turn it on (or the pod's
+        identity is incomplete: a channel that cannot say who it is stays off)."""
+        env = os.environ if environ is None else environ
+        url = env.get(contract.URL)
+        if not url:
+            return None
+        try:
+            interval = float(env.get(contract.INTERVAL_S) or contract.DEFAULT_INTERVAL_S)
+            return cls(
+                url=url,
+                token_file=env.get(contract.TOKEN_FILE) or contract.TOKEN_PATH,
+                interval_s=min(max(interval, 0.05), 300.0),
+                job=env[env_contract.JOB_NAME],
+                namespace=env[env_contract.JOB_NAMESPACE],
+                uid=env[env_contract.JOB_UID],
+                attempt=int(env.get(env_contract.ATTEMPT) or 0),
+                rank=int(env.get("RANK") or 0),
+                node_rank=int(env.get("GROUP_RANK") or 0),
+                world_size=int(env.get("WORLD_SIZE") or 1),
+            )
+        except (KeyError, ValueError):
+            return None
+
+
+Sender = Callable[[str, bytes, str], dict[str, Any]]
+
+
+def http_send(url: str, body: bytes, token: str) -> dict[str, Any]:
+    """POST one message; the operator's reply. Raises OSError/ValueError on any failure."""
+    request = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=SEND_TIMEOUT_S) as response:
+            reply = json.loads(response.read(contract.MAX_BODY_BYTES))
+    except urllib.error.HTTPError as error:  # a refusal still carries the operator's reason
+        with error:
+            text = error.read(contract.MAX_BODY_BYTES)
+        try:
+            reply = json.loads(text)
+        except ValueError:
+            raise ValueError(f"HTTP {error.code} from the operator") from error
+        if not isinstance(reply, dict):
+            raise ValueError(f"HTTP {error.code} from the operator") from error
+        reply = {**reply, "accepted": False, "status": error.code}
+    if not isinstance(reply, dict):
+        raise ValueError("the operator's reply is not a JSON object")
+    return reply
+
+
+class Reporter:
+    """The newest progress of this rank, and the thread that sends it."""
+
+    def __init__(self, config: ChannelConfig, send: Sender = http_send) -> None:
+        self.config = config
+        self._send = send
+        self._lock = threading.Lock()
+        self._step = -1
+        self._step_start_ns = 0
+        self._times_ms: deque[float] = deque(maxlen=contract.MAX_STEP_TIMES)
+        self._samples: int | None = None
+        self._tokens: int | None = None
+        self._changed = False
+        self._stop = threading.Event()
+        self._final = True
+        self.sequence = 0
+        self.sent = 0
+        self.failures = 0
+        self.last_reply: dict[str, Any] = {}
+        self.last_error = ""
+        self.thread = threading.Thread(target=self._loop, name="trainium-health", daemon=True)
+
+    # -- the training loop's side ----------------------------------------------------------
+    def on_step(self, number: int) -> None:
+        now = time.monotonic_ns()
+        with self._lock:
+            if self._step >= 0:
+                self._times_ms.append((now - self._step_start_ns) / 1e6)
+            self._step = number
+            self._step_start_ns = now
+            self._changed = True
+
+    def report(self, *, samples: int | None = None, tokens: int | None = None) -> None:
+        """Add to the cumulative samples/tokens this rank has processed."""
+        with self._lock:
+            if samples is not None:
+                self._samples = (self._samples or 0) + max(samples, 0)
+            if tokens is not None:
+                self._tokens = (self._tokens or 0) + max(tokens, 0)
+            self._changed = True
+
+    # -- the reporter thread ---------------------------------------------------------------
+    def message(self) -> contract.ProgressMessage:
+        cfg = self.config
+        with self._lock:
+            times = tuple(self._times_ms)
+            step, samples, tokens = self._step, self._samples, self._tokens
+            self._changed = False
+        self.sequence += 1
+        return contract.ProgressMessage(
+            job=cfg.job,
+            namespace=cfg.namespace,
+            uid=cfg.uid,
+            attempt=cfg.attempt,
+            rank=cfg.rank,
+            node_rank=cfg.node_rank,
+            world_size=cfg.world_size,
+            step=step,
+            step_times_ms=times,
+            samples=samples,
+            tokens=tokens,
+            sequence=self.sequence,
+        )
+
+    def send_once(self) -> bool:
+        """One message now; whether the operator accepted it. Never raises."""
+        try:
+            token = Path(self.config.token_file).read_text().strip()
+            reply = self._send(self.config.url, self.message().to_json(), token)
+        except (OSError, ValueError, urllib.error.URLError) as error:
+            self.failures += 1
+            self.last_error = repr(error)
+            return False
+        self.last_reply = reply
+        accepted = bool(reply.get("accepted"))
+        if accepted:
+            self.sent += 1
+        else:
+            self.failures += 1
+            self.last_error = str(reply.get("reason") or "refused")
+        return accepted
+
+    def _loop(self) -> None:
+        backoff = self.config.interval_s
+        while not self._stop.wait(backoff):
+            if self.send_once():
+                backoff = self.config.interval_s
+            else:
+                backoff = min(backoff * 2, self.max_backoff_s)
+        if self._final:
+            self.send_once()
+
+    @property
+    def max_backoff_s(self) -> float:
+        """Failed sends back off to at most this: a few intervals, never more than a minute,
+        so a returning operator hears from every rank soon."""
+        return min(MAX_BACKOFF_S, max(4 * self.config.interval_s, 1.0))
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self, *, final: bool = True) -> None:
+        """Ends the thread without waiting for it; `final`: it sends the last state once."""
+        self._final = final
+        self._stop.set()
+
+
+_reporter: Reporter | None = None
+_lock = threading.Lock()
+
+
+def start_from_env(environ: Mapping[str, str] | None = None) -> Reporter | None:
+    """Starts this process's reporter when the operator turned the channel on."""
+    global _reporter  # noqa: PLW0603 - one reporter per process, read on the hot path
+    config = ChannelConfig.from_env(environ)
+    if config is None:
+        return None
+    with _lock:
+        if _reporter is None:
+            _reporter = Reporter(config)
+            _reporter.start()
+        return _reporter
+
+
+def stop() -> None:
+    global _reporter
+    with _lock:
+        reporter, _reporter = _reporter, None
+    if reporter is not None:
+        reporter.stop()
+
+
+def on_step(number: int) -> None:
+    reporter = _reporter
+    if reporter is not None:
+        reporter.on_step(number)
+
+
+def report(*, samples: int | None = None, tokens: int | None = None) -> None:
+    """Public API (`profiler.report`): the samples and tokens of the step just done."""
+    reporter = _reporter
+    if reporter is not None:
+        reporter.report(samples=samples, tokens=tokens)
+
+
+def current() -> Reporter | None:
+    return _reporter

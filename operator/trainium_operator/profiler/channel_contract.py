@@ -1,0 +1,162 @@
+"""The health channel's contract: what a rank sends the operator, where, and how it proves who
+it is. One module both sides import (as `env_contract.py` is for the profiler's environment):
+the pod builder writes the env and the token volume, the profiler's reporter
+(`profiler/channel.py`) reads them and sends messages, the operator's endpoint
+(`controller/health_server.py`) parses them with `parse_message`.
+
+Security model (README, "Live health"): each training pod gets a projected ServiceAccount token
+with the audience `AUDIENCE`, bound to the pod (the kubelet requests it with the pod as its
+bound object, and the API server invalidates it when the pod is deleted) and rotated by the
+kubelet. A rank sends it as a bearer token; the operator asks the API server (TokenReview, with
+the audience) who it belongs to, reads the pod name and uid the API server put in the review's
+`extra`, and accepts the message only if that pod exists, is a training pod of the job the
+message names (label, owner uid, attempt, node rank) and lives in the token's namespace. A
+message claims nothing the operator believes without that check.
+
+Standard library only: the training image imports this module without our dependencies.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# -- set by the operator (builders/pods.py) on training pods of jobs with the channel on -------
+URL = "TRAINIUM_HEALTH_URL"  # the operator's endpoint, http://<service>.<namespace>.svc:<port>/...
+TOKEN_FILE = "TRAINIUM_HEALTH_TOKEN_FILE"  # the projected, audience-bound, pod-bound token
+INTERVAL_S = "TRAINIUM_HEALTH_INTERVAL_S"  # seconds between a rank's messages
+OPERATOR_SET = (URL, TOKEN_FILE, INTERVAL_S)
+
+PATH = "/v1/progress"  # the endpoint's path on the operator
+PORT = 8090  # the operator's default health-channel port (chart: health.port)
+AUDIENCE = "trainium.dev/health"  # the token's audience: useless against the API server itself
+TOKEN_DIR = "/var/run/secrets/trainium.dev/health"
+TOKEN_NAME = "token"
+TOKEN_PATH = f"{TOKEN_DIR}/{TOKEN_NAME}"
+TOKEN_VOLUME = "trainium-health-token"
+TOKEN_EXPIRATION_SECONDS = 3600  # the kubelet rotates it at 80 % of this
+DEFAULT_INTERVAL_S = 5.0
+
+# -- what TokenReview says about a pod-bound token (status.user.extra) ----------------------
+CLAIM_POD_NAME = "authentication.kubernetes.io/pod-name"
+CLAIM_POD_UID = "authentication.kubernetes.io/pod-uid"
+CLAIM_NODE_NAME = "authentication.kubernetes.io/node-name"
+SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
+
+# -- the message ------------------------------------------------------------------------------
+MAX_BODY_BYTES = 8192
+MAX_STEP_TIMES = 64  # recent step durations a message carries (the newest last)
+MAX_NAME = 253
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressMessage:
+    """One rank's progress: the newest step it started and its recent step times."""
+
+    job: str
+    namespace: str
+    uid: str
+    attempt: int
+    rank: int  # torchrun's RANK (global)
+    node_rank: int  # torchrun's GROUP_RANK: the pod's trainium.dev/node-rank
+    world_size: int
+    step: int  # the step the rank is in now (-1: none started yet)
+    step_times_ms: tuple[float, ...]  # durations of the latest finished steps
+    samples: int | None = None  # cumulative, when the script reports them (profiler.report)
+    tokens: int | None = None
+    sequence: int = 0  # the rank's message counter since its start
+
+    def to_json(self) -> bytes:
+        body: dict[str, Any] = {
+            "job": self.job,
+            "namespace": self.namespace,
+            "uid": self.uid,
+            "attempt": self.attempt,
+            "rank": self.rank,
+            "nodeRank": self.node_rank,
+            "worldSize": self.world_size,
+            "step": self.step,
+            "stepTimesMs": [round(t, 3) for t in self.step_times_ms[-MAX_STEP_TIMES:]],
+            "sequence": self.sequence,
+        }
+        if self.samples is not None:
+            body["samples"] = self.samples
+        if self.tokens is not None:
+            body["tokens"] = self.tokens
+        return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _int(body: dict[str, Any], key: str, low: int) -> int:
+    value = body.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < 2**62:
+        raise ValueError(f"{key}: an integer >= {low} is required")
+    return value
+
+
+def _optional_int(body: dict[str, Any], key: str) -> int | None:
+    return None if body.get(key) is None else _int(body, key, 0)
+
+
+def _name(body: dict[str, Any], key: str) -> str:
+    value = body.get(key)
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME:
+        raise ValueError(f"{key}: a name of 1..{MAX_NAME} characters is required")
+    return value
+
+
+def parse_message(raw: bytes) -> ProgressMessage:
+    """A message from its JSON body; ValueError names the first bad field. Nothing in it is
+    trusted beyond its shape: the sender's identity comes from its token, not from here."""
+    if len(raw) > MAX_BODY_BYTES:
+        raise ValueError(f"the message is larger than {MAX_BODY_BYTES} bytes")
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"the message is not JSON ({error})") from error
+    if not isinstance(body, dict):
+        raise ValueError("the message is not a JSON object")
+    times = body.get("stepTimesMs", [])
+    if not isinstance(times, list) or len(times) > MAX_STEP_TIMES:
+        raise ValueError(f"stepTimesMs: a list of at most {MAX_STEP_TIMES} numbers is required")
+    step_times: list[float] = []
+    for value in times:
+        if (
+            not isinstance(value, int | float)
+            or isinstance(value, bool)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise ValueError("stepTimesMs: finite, non-negative numbers are required")
+        step_times.append(float(value))
+    return ProgressMessage(
+        job=_name(body, "job"),
+        namespace=_name(body, "namespace"),
+        uid=_name(body, "uid"),
+        attempt=_int(body, "attempt", 0),
+        rank=_int(body, "rank", 0),
+        node_rank=_int(body, "nodeRank", 0),
+        world_size=_int(body, "worldSize", 1),
+        step=_int(body, "step", -1),
+        step_times_ms=tuple(step_times),
+        samples=_optional_int(body, "samples"),
+        tokens=_optional_int(body, "tokens"),
+        sequence=_int(body, "sequence", 0),
+    )
+
+
+def reply_json(
+    *, accepted: bool, reason: str = "", requests: dict[str, Any] | None = None
+) -> bytes:
+    """The operator's answer. `requests` carries what the operator asks of the rank (later:
+    capture the next N steps, dump stacks); an unknown request is ignored by the rank."""
+    return json.dumps(
+        {"accepted": accepted, "reason": reason, "requests": requests or {}},
+        separators=(",", ":"),
+    ).encode()
+
+
+def channel_env(url: str, interval_s: float) -> dict[str, str]:
+    """What a training pod of a job with the channel on gets, in this order."""
+    return {URL: url, TOKEN_FILE: TOKEN_PATH, INTERVAL_S: f"{interval_s:g}"}

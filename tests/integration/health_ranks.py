@@ -1,0 +1,104 @@
+"""Ranks of the health-channel tests: local processes using the public profiler API with their
+pod's env, authenticated by pod-bound tokens from the API server's TokenRequest."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from integration.operator_harness import ROOT
+from trainium_operator.profiler import channel_contract as contract
+
+# A rank: the public profiler API only (no profiling window: the channel runs regardless).
+RANK_SCRIPT = """
+import json, sys, time
+from trainium_operator import profiler
+from trainium_operator.profiler import channel
+
+steps, step_s = int(sys.argv[1]), float(sys.argv[2])
+profiler.start_profiling()
+for i in range(steps):
+    profiler.step(i)
+    time.sleep(step_s)
+    profiler.report(samples=8)
+reporter = channel.current()
+print(json.dumps({"sent": reporter.sent, "failures": reporter.failures,
+                  "error": reporter.last_error, "reply": reporter.last_reply}))
+profiler.stop_profiling()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pod_token(clients: Any, pod: Any, audience: str = contract.AUDIENCE) -> str:
+    """A token for the pod's ServiceAccount bound to the pod: what the kubelet projects."""
+    request = client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(
+            audiences=[audience],
+            expiration_seconds=600,
+            bound_object_ref=client.V1BoundObjectReference(
+                api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid
+            ),
+        )
+    )
+    account = pod.spec.service_account_name or "default"
+    answer = clients.core.create_namespaced_service_account_token(
+        account, pod.metadata.namespace, request
+    )
+    return str(answer.status.token)
+
+
+def wait_account(clients: Any, namespace: str, name: str = "default") -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            clients.core.read_namespaced_service_account(name, namespace)
+            return
+        except client.ApiException:
+            time.sleep(0.2)
+    raise AssertionError(f"ServiceAccount {namespace}/{name} never appeared")
+
+
+def rank_env(pod: Any, token_file: Path, rank: int, world: int) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINIUM_")}
+    for var in pod.spec.containers[0].env or []:
+        if var.value is not None:
+            env[var.name] = var.value
+    env.pop("TRAINIUM_PROFILE", None)
+    env[contract.TOKEN_FILE] = str(token_file)
+    env.update(
+        RANK=str(rank),
+        GROUP_RANK=pod.metadata.labels["trainium.dev/node-rank"],
+        WORLD_SIZE=str(world),
+        PYTHONPATH=str(ROOT / "operator"),
+    )
+    return env
+
+
+def start_rank(env: dict[str, str], steps: int, step_s: float) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", RANK_SCRIPT, str(steps), str(step_s)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def outcome(process: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]:
+    out, err = process.communicate(timeout=timeout)
+    assert process.returncode == 0, err
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
