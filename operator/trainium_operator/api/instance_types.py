@@ -7,8 +7,7 @@ so adding a type is one line.
 Sources:
 - trn1: AWS Neuron docs, "Amazon EC2 Trn1/Trn1n Architecture" (trn1-arch.rst) and "Trainium
   Architecture" (2 NeuronCore-v2 per chip); 8 EFA devices on trn1.32xlarge, 16 on
-  trn1n.32xlarge ("How to prepare trn1.32xlarge for multi-node execution"); see also
-  shared/reference/trainium-eks.md section 5.
+  trn1n.32xlarge ("How to prepare trn1.32xlarge for multi-node execution").
 - trn2.48xlarge / trn2u.48xlarge: AWS Neuron docs, "Amazon EC2 Trn2 Architecture"
   (trn2-arch.html: 16 Trainium2 chips, 192 vCPUs, 2,048 GiB host memory, the same figures for
   trn2u; a Trn2 UltraServer is four trn2u.48xlarge joined by NeuronLink-v3), "Trainium2
@@ -58,10 +57,6 @@ class InstanceType:
     def neuron_cores(self) -> int:
         """Logical NeuronCores at the default LNC (what aws.amazon.com/neuroncore counts)."""
         return self.logical_cores()
-
-    @property
-    def default_processes_per_node(self) -> int:
-        return self.neuron_cores  # one torchrun worker per (logical) NeuronCore
 
 
 INSTANCE_TYPES: dict[str, InstanceType] = {

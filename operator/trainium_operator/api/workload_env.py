@@ -6,7 +6,7 @@ is, how many gang restarts came before, whether it should resume from its last c
 and where its data and outputs go. The builder (`builders.pods`) writes them and
 `read_workload_env` reads them back, and a test round-trips one through the other.
 
-Attempts never share a write path (shared/design.md): each gang writes only under its own
+Attempts never share a write path: each gang writes only under its own
 attempt's directory of the job's output root (`attempt_output_dir`), and a resuming gang reads
 the earlier attempts' directories (`training_attempt_dirs`) without writing there. A gang of an
 earlier attempt that still runs (its node was only partitioned) can then never change what a

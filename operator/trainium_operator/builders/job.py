@@ -1,7 +1,7 @@
 """The job as builders see it: identity, parsed spec, and every derived name and path.
 
 Names are deterministic from job name, stage, attempt and rank, so a repeated reconcile
-finds what exists instead of creating twins (shared/design.md, "Shared names").
+finds what exists instead of creating twins (`api.object_names`, the shared names).
 """
 
 from __future__ import annotations

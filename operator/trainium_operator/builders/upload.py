@@ -67,7 +67,7 @@ def upload_pod_name(job: JobRef, attempt: int) -> str:
 
 
 def destination_uri(s3_uri: str, job: JobRef, attempt: int) -> str:
-    """`<s3Uri>/<namespace>/<job>/<attempt>` (the layout of shared/design.md)."""
+    """`<s3Uri>/<namespace>/<job>/<attempt>` (the profile layout, docs/s3.md)."""
     return f"{s3_uri.rstrip('/')}/{job.namespace}/{job.name}/{attempt}"
 
 

@@ -238,10 +238,6 @@ class ClusterCache:
         with self._lock:
             return self._jobs.get(key)
 
-    def job_keys(self) -> list[Key]:
-        with self._lock:
-            return list(self._jobs)
-
     def pods(self, key: Key) -> list[Obj]:
         with self._lock:
             return list(self._pods.get(key, {}).values())

@@ -34,7 +34,7 @@ from trainium_operator.profiler import channel
 from trainium_operator.profiler import sampler as sampler_mod
 from trainium_operator.profiler.clock import take_sync_point
 from trainium_operator.profiler.config import ProfilerConfig
-from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind, Precision
+from trainium_operator.profiler.events import HOST_DEVICE, EventKind
 from trainium_operator.profiler.format import (
     ProfileFormatError,
     RankFileReader,
@@ -62,7 +62,6 @@ _monotonic_ns: Final = time.monotonic_ns
 _get_ident: Final = threading.get_ident
 _ANNOTATION: Final = int(EventKind.ANNOTATION)
 _STEP: Final = int(EventKind.STEP)
-_KINDS: Final = {int(k): k for k in EventKind}
 
 STEP_EVENT_NAME: Final = "step"
 OVERHEAD_COUNTER: Final = "profiler.background_cpu_ns"
@@ -444,17 +443,6 @@ def records_to_rows(records: list[Record], thread_id: int) -> list[Row]:
             r[4],
         )
         for r in records
-    ]
-
-
-def records_to_events(records: list[Record], thread_id: int) -> list[Event]:
-    """Ring records as Events (for tests and tools; the flusher writes rows directly)."""
-    kinds = _KINDS
-    return [
-        Event(kinds[kind], name, start, duration, tid, device, flow, value, Precision(prec), depth)
-        for kind, name, start, duration, tid, device, flow, value, prec, depth in records_to_rows(
-            records, thread_id
-        )
     ]
 
 

@@ -76,9 +76,6 @@ class StepWindow:
                 f"step window {self.first}:{self.last} must satisfy 0 <= first <= last"
             )
 
-    def contains(self, step: int) -> bool:
-        return self.first <= step <= self.last
-
     @classmethod
     def parse(cls, text: str) -> StepWindow:
         """`"<first>:<last>"`, or a single step `"<n>"`."""

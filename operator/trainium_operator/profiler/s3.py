@@ -95,11 +95,6 @@ def parse_s3_uri(uri: str) -> S3Location:
     return S3Location(bucket, cleaned)
 
 
-def attempt_location(base: S3Location, namespace: str, job: str, attempt: int) -> S3Location:
-    """Where one attempt's profile goes: `<base>/<namespace>/<job>/<attempt>/`."""
-    return base.child(namespace, job, str(attempt))
-
-
 def s3_client(max_attempts: int = MAX_RETRY_ATTEMPTS) -> Any:
     """An S3 client from the default session: default credential chain, standard config
     (AWS_ENDPOINT_URL, AWS_REGION, ...), retries with exponential backoff."""

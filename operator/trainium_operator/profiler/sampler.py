@@ -28,14 +28,6 @@ _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 RecordSample = Callable[[EventKind, str, int, int], None]
 
 
-def read_rss_bytes(statm: Path = Path("/proc/self/statm")) -> int | None:
-    try:
-        fields = statm.read_text().split()
-        return int(fields[1]) * _PAGE_SIZE
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def read_node_cpu_ticks(stat: Path = Path("/proc/stat")) -> tuple[int, int] | None:
     """(busy ticks, total ticks) summed over all cores since boot."""
     try:
