@@ -46,8 +46,9 @@ def test_the_wheels_runtime_requirements_hold_no_dev_or_test_package(
         if line.startswith("Requires-Dist: ") and "extra ==" not in line
     ]
     runtime = {r.split("==")[0].strip().lower() for r in requires}
-    # boto3: the profile UI in the operator image reads profiles from S3.
+    # boto3: the profile UI in the operator image reads profiles from S3; click: the CLI.
     assert runtime == {
+        "click",
         "kopf",
         "kubernetes",
         "urllib3",
