@@ -287,31 +287,47 @@ def _start_watches(runtime: Runtime, loop: asyncio.AbstractEventLoop) -> None:
         for key in keys:
             queue.touch(key)
 
+    def wake_held(keys: list[Key]) -> None:
+        # A job held after an admission refusal still owes a pass to its own pods and to a
+        # node going (a rank failed, a node lost): the refusal must never stand between a
+        # running gang and its restart. Its refused create is retried once in that pass.
+        reconciler = runtime.reconciler
+        for key in keys:
+            if reconciler is not None:
+                reconciler.holds.release(key)
+            queue.touch(key)
+
     def on_job(event: WatchEvent) -> None:
         key = cache.on_job(event)
         meta = event.obj["metadata"]
         revision = (meta.get("uid"), meta.get("generation"), meta.get("deletionTimestamp"))
         loop.call_soon_threadsafe(_job_changed, runtime, key, event.type, revision)
 
-    def child(update: Callable[[WatchEvent], Key | None]) -> Callable[[WatchEvent], None]:
+    def child(
+        update: Callable[[WatchEvent], Key | None],
+        *,
+        release: Callable[[WatchEvent], bool] = lambda _: False,
+    ) -> Callable[[WatchEvent], None]:
         def on_event(event: WatchEvent) -> None:
             key = update(event)
             if key is not None:
-                loop.call_soon_threadsafe(wake, [key])
+                loop.call_soon_threadsafe(wake_held if release(event) else wake, [key])
 
         return on_event
 
-    def several(update: Callable[[WatchEvent], list[Key]]) -> Callable[[WatchEvent], None]:
+    def several(
+        update: Callable[[WatchEvent], list[Key]], *, release: bool = False
+    ) -> Callable[[WatchEvent], None]:
         def on_event(event: WatchEvent) -> None:
             keys = update(event)
             if keys:
-                loop.call_soon_threadsafe(wake, keys)
+                loop.call_soon_threadsafe(wake_held if release else wake, keys)
 
         return on_event
 
     handlers: dict[str, Callable[[WatchEvent], None]] = {
         spec_model.PLURAL: on_job,
-        "pods": child(cache.on_pod),
+        "pods": child(cache.on_pod, release=_pod_ended),
         "services": child(cache.on_service),
         NETWORK_POLICIES: child(cache.on_network_policy),
         PODGROUPS: child(cache.on_podgroup),
@@ -333,11 +349,21 @@ def _start_watches(runtime: Runtime, loop: asyncio.AbstractEventLoop) -> None:
             )
     counter = cluster.counter
     runtime.reflectors += [
-        Reflector("nodes", cluster.node_source(), several(cache.on_node), counter=counter),
+        # A node's readiness changed: the jobs with pods on it (a lost node restarts them).
+        Reflector(
+            "nodes", cluster.node_source(), several(cache.on_node, release=True), counter=counter
+        ),
         Reflector(QUEUES, cluster.queue_source(), several(cache.on_queue), counter=counter),
     ]
     for reflector in runtime.reflectors:
         reflector.start()
+
+
+def _pod_ended(event: WatchEvent) -> bool:
+    """A pod gone, going or finished: its job may owe a restart even while it is held."""
+    if event.type == "DELETED" or event.obj["metadata"].get("deletionTimestamp"):
+        return True
+    return (event.obj.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
 def _job_changed(runtime: Runtime, key: Key, event_type: str, revision: tuple[Any, ...]) -> None:
