@@ -14,7 +14,7 @@ from typing import Any
 
 from kubernetes import client
 
-from integration.operator_harness import ROOT
+from integration.operator_harness import ROOT, create_job, job_manifest, wait_gang_running
 from trainium_operator.profiler import channel_contract as contract
 
 # A rank: the public profiler API only (no profiling window: the channel runs regardless).
@@ -102,3 +102,19 @@ def outcome(process: subprocess.Popen[str], timeout: float = 60) -> dict[str, An
     assert process.returncode == 0, err
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
+
+
+def one_rank_reporting_job(
+    clients: Any, namespace: str, name: str, tmp_path: Path
+) -> tuple[Any, Path]:
+    """A one-node job that reports every 0.2 s, its training pod running, and that pod's
+    pod-bound token written to a file (as the kubelet projects it)."""
+    health = {"reportIntervalSeconds": 0.2}
+    create_job(
+        clients, namespace, job_manifest(name, nodes=1, compile={"enabled": False}, health=health)
+    )
+    (pod,) = wait_gang_running(clients, namespace, name, "train", 0, nodes=1)
+    wait_account(clients, namespace)
+    token = tmp_path / "token"
+    token.write_text(pod_token(clients, pod))
+    return pod, token

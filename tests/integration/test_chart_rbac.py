@@ -16,11 +16,10 @@ import yaml
 
 from integration.health_ranks import (
     free_port,
+    one_rank_reporting_job,
     outcome,
-    pod_token,
     rank_env,
     start_rank,
-    wait_account,
 )
 from integration.operator_harness import (
     ROOT,
@@ -140,17 +139,7 @@ def test_the_charts_account_reviews_a_ranks_pod_bound_token_and_accepts_its_prog
     operator.extra_args = ("--health-port", str(port))
     operator.start()
     try:
-        create_job(
-            clients,
-            namespace,
-            job_manifest(
-                "beat", nodes=1, compile={"enabled": False}, health={"reportIntervalSeconds": 0.2}
-            ),
-        )
-        (pod,) = wait_gang_running(clients, namespace, "beat", "train", 0, nodes=1)
-        wait_account(clients, namespace)
-        token = tmp_path / "token"
-        token.write_text(pod_token(clients, pod))
+        pod, token = one_rank_reporting_job(clients, namespace, "beat", tmp_path)
         result = outcome(start_rank(rank_env(pod, token, 0, 1), 10, 0.1))
         operator.assert_alive()
     finally:

@@ -18,6 +18,7 @@ import pytest
 
 from integration.health_ranks import (
     free_port,
+    one_rank_reporting_job,
     outcome,
     pod_token,
     rank_env,
@@ -103,17 +104,7 @@ def test_ranks_keep_training_and_resume_reporting_across_an_operator_restart(
     with running_operator(
         dev_cluster, namespace, tmp_path, extra_args=("--health-port", str(port))
     ) as operator:
-        create_job(
-            clients,
-            namespace,
-            job_manifest(
-                "gamma", nodes=1, compile={"enabled": False}, health={"reportIntervalSeconds": 0.2}
-            ),
-        )
-        (pod,) = wait_gang_running(clients, namespace, "gamma", "train", 0, nodes=1)
-        wait_account(clients, namespace)
-        token = tmp_path / "token"
-        token.write_text(pod_token(clients, pod))
+        pod, token = one_rank_reporting_job(clients, namespace, "gamma", tmp_path)
         steps, step_s = 120, 0.05  # 6 s of training
         started = time.monotonic()
         rank = start_rank(rank_env(pod, token, 0, 1), steps, step_s)
