@@ -41,6 +41,11 @@ COMPILE_STEPS = "TRAINIUM_COMPILE_STEPS"  # compile stage only: spec.compile.ste
 NODE_NAME = "TRAINIUM_NODE_NAME"  # the Kubernetes node (downward API)
 NODE_RANK = "TRAINIUM_NODE_RANK"  # the pod's node rank, 0..nodes-1 (torchrun's GROUP_RANK)
 PRECISION = "TRAINIUM_PRECISION"  # bf16 | fp32
+# Which Neuron PyTorch stack the container runs: "xla" (torch-neuronx with PyTorch/XLA, trn1)
+# or "native" (TorchNeuron, device "neuron", trn2/trn3). The training image's device layer
+# picks its code path from it; absent means "xla", what images built before it was set ran.
+NEURON_STACK = "TRAINIUM_NEURON_STACK"
+NEURON_STACKS = ("xla", "native")
 
 WORKLOAD_ENV_NAMES = (
     JOB_NAME,
@@ -78,6 +83,7 @@ class WorkloadEnv:
     compile_steps: int | None
     node_name: str | None
     precision: str | None
+    neuron_stack: str = "xla"
 
 
 def read_workload_env(environ: Mapping[str, str] | None = None) -> WorkloadEnv:
@@ -100,6 +106,7 @@ def read_workload_env(environ: Mapping[str, str] | None = None) -> WorkloadEnv:
         compile_steps=int(steps) if steps else None,
         node_name=env.get(NODE_NAME),
         precision=env.get(PRECISION),
+        neuron_stack=env.get(NEURON_STACK) or "xla",
     )
 
 
