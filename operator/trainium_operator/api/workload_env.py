@@ -46,6 +46,7 @@ PRECISION = "TRAINIUM_PRECISION"  # bf16 | fp32
 # picks its code path from it; absent means "xla", what images built before it was set ran.
 NEURON_STACK = "TRAINIUM_NEURON_STACK"
 NEURON_STACKS = ("xla", "native")
+DEFAULT_NEURON_STACK = "xla"
 
 WORKLOAD_ENV_NAMES = (
     JOB_NAME,
@@ -83,7 +84,7 @@ class WorkloadEnv:
     compile_steps: int | None
     node_name: str | None
     precision: str | None
-    neuron_stack: str = "xla"
+    neuron_stack: str = DEFAULT_NEURON_STACK
 
 
 def read_workload_env(environ: Mapping[str, str] | None = None) -> WorkloadEnv:
@@ -106,7 +107,7 @@ def read_workload_env(environ: Mapping[str, str] | None = None) -> WorkloadEnv:
         compile_steps=int(steps) if steps else None,
         node_name=env.get(NODE_NAME),
         precision=env.get(PRECISION),
-        neuron_stack=env.get(NEURON_STACK) or "xla",
+        neuron_stack=env.get(NEURON_STACK) or DEFAULT_NEURON_STACK,
     )
 
 
