@@ -194,6 +194,15 @@ def test_worker_failure_restarts_the_whole_gang_with_resume_then_succeeds(
     assert list(old) == ["wf-train-0-0"]
     finish_pods(clients, namespace, second)
     wait_phase(clients, namespace, "wf", "Succeeded")
+    # kubectl lists events by time; microseconds keep GangRunning before TrainingSucceeded
+    # even when both fall in one second.
+    events = clients.core.list_namespaced_event(
+        namespace, field_selector="involvedObject.name=wf,involvedObject.kind=TrainingJob"
+    ).items
+    in_time_order = sorted(events, key=lambda e: e.event_time)
+    assert all(e.event_time.microsecond or e.last_timestamp is None for e in events)
+    assert [e.reason for e in in_time_order][-1] == "TrainingSucceeded"
+    assert [e.metadata.name for e in in_time_order] == sorted(e.metadata.name for e in events)
 
 
 def test_node_loss_force_deletes_its_pods_and_restarts_the_gang_elsewhere(

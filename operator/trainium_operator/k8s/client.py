@@ -504,15 +504,14 @@ class Cluster:
 
 
 def event_name(involved: Obj) -> str:
-    """`<object>.<nanoseconds, hex>` as client-go's recorder names events, plus a random tail:
-    `kubectl describe` sorts events by lastTimestamp, which has whole seconds, and leaves ties in
-    the API server's order, which is by name; time-ordered names keep two events of one second
-    (GangRunning, then TrainingSucceeded) in the order they happened."""
+    """`<object>.<nanoseconds, hex>` as client-go's recorder names events, plus a random tail, so
+    the API server (which lists by name) returns a job's events in the order they happened."""
     return f"{involved['metadata']['name']}.{time.time_ns():016x}{secrets.token_hex(2)}"
 
 
-def event_timestamp(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def event_micro_time(moment: datetime) -> str:
+    """A MicroTime as the API server stores it (RFC 3339, microseconds, UTC)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class EventPoster:
@@ -546,9 +545,12 @@ class EventPoster:
             "source": {"component": self.component},
             "reportingComponent": self.component,
             "reportingInstance": self.component,
-            "firstTimestamp": event_timestamp(now),
-            "lastTimestamp": event_timestamp(now),
-            "count": 1,
+            # eventTime alone (microseconds), not first/lastTimestamp (whole seconds): kubectl
+            # sorts by lastTimestamp when it is set and its sort is not stable, so two events of
+            # one second (GangRunning, then TrainingSucceeded) could show the older state last.
+            # An eventTime on a core/v1 Event requires an action.
+            "eventTime": event_micro_time(now),
+            "action": reason,
         }
         try:
             self.cluster.core.create_namespaced_event(meta["namespace"], body)
