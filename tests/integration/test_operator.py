@@ -250,8 +250,13 @@ def test_backoff_limit_exhaustion_fails_the_job(
     assert job["status"]["reason"] == "BackoffLimitExceeded"
     assert job["status"]["restarts"]["application"] == 1
     assert "backoffLimit (1) exhausted" in job["status"]["message"]
-    warnings = [r for t, r, _ in job_events(clients, namespace, "bo") if t == "Warning"]
-    assert "BackoffLimitExceeded" in warnings
+    # The event is posted after the status write that failed the job: wait for it, bounded.
+    wait_for(
+        lambda: [r for t, r, _ in job_events(clients, namespace, "bo") if t == "Warning"],
+        until=lambda warnings: "BackoffLimitExceeded" in warnings,
+        timeout=30,
+        description="a BackoffLimitExceeded Warning event",
+    )
 
 
 def test_active_deadline_fails_the_job_and_stops_its_pods(

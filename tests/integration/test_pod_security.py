@@ -32,9 +32,25 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 ENFORCE = "pod-security.kubernetes.io/enforce"
 
 
+PRIVILEGED_POD = {
+    "metadata": {"name": "privileged"},
+    "spec": {
+        "containers": [{"name": "c", "image": "busybox", "securityContext": {"privileged": True}}]
+    },
+}
+
+
 def enforce(clients: Any, namespace: str, level: str) -> None:
+    """Labels `namespace` to enforce `level` and returns once admission refuses a privileged pod
+    there: Pod Security reads namespace labels from an informer, so a label takes effect a moment
+    after the patch (CI once created a pod in that moment)."""
     labels = {ENFORCE: level, f"{ENFORCE}-version": "latest"}
     clients.core.patch_namespace(namespace, {"metadata": {"labels": labels}})
+    eventually(
+        lambda: refusal(clients, namespace, PRIVILEGED_POD),
+        timeout=30,
+        description=f"Pod Security to enforce {level} in {namespace}",
+    )
 
 
 def refusal(clients: Any, namespace: str, pod: dict[str, Any]) -> str | None:
@@ -72,16 +88,7 @@ def test_training_pods_pass_baseline_and_the_upload_pod_passes_restricted(
 ) -> None:
     clients = dev_cluster.clients
     api = clients.core.api_client
-    enforce(clients, namespace, "baseline")
-    privileged = {
-        "metadata": {"name": "privileged"},
-        "spec": {
-            "containers": [
-                {"name": "c", "image": "busybox", "securityContext": {"privileged": True}}
-            ]
-        },
-    }
-    assert refusal(clients, namespace, privileged) is not None, "baseline is enforced"
+    enforce(clients, namespace, "baseline")  # returns once a privileged pod is refused
 
     name = "bert-psa"
     profile = {"enabled": True, "startStep": 1, "endStep": 4, "s3Uri": "s3://bucket/profiles"}
