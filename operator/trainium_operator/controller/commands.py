@@ -14,6 +14,7 @@ import yaml
 
 from trainium_operator.api import spec as spec_model
 from trainium_operator.api.crd import training_job_crd
+from trainium_operator.api.reference import api_reference
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.controller.reconciler import parse_job
 from trainium_operator.lifecycle import machine
@@ -242,14 +243,24 @@ def _rendered_text(stages: list[tuple[Stage, list[Obj]]], selected: Stage | None
     "and their pod-bound token. Default: as an operator without one.",
 )
 @click.option("--crd", is_flag=True, help="Print the TrainingJob CustomResourceDefinition.")
-def render(filename: str | None, stage: str | None, health_url: str | None, crd: bool) -> None:
+@click.option(
+    "--api-doc",
+    is_flag=True,
+    help="Print the TrainingJob API reference (docs/api.md), generated from the CRD's schema.",
+)
+def render(
+    filename: str | None, stage: str | None, health_url: str | None, crd: bool, api_doc: bool
+) -> None:
     """Print exactly the objects the operator will create, every stage labelled, in the
     order it creates them, without a cluster."""
     if crd:
         click.echo(yaml.safe_dump(training_job_crd(), sort_keys=False, width=100), nl=False)
         return
+    if api_doc:
+        click.echo(api_reference(), nl=False)
+        return
     if not filename:
-        raise click.UsageError("give -f FILE (or --crd)")
+        raise click.UsageError("give -f FILE (or --crd, --api-doc)")
     text = sys.stdin.read() if filename == "-" else Path(filename).read_text()
     now = datetime.now(UTC)
     selected = Stage(stage) if stage else None
