@@ -27,9 +27,9 @@ from typing import Any
 
 import yaml
 
-from trainium_operator.devcluster import build, cluster, paths, sim
-from trainium_operator.devcluster.access import service_account_kubeconfig
-from trainium_operator.devcluster.clients import Clients, clients_for
+from trainium_devcluster import build, cluster, paths, sim
+from trainium_devcluster.access import service_account_kubeconfig
+from trainium_devcluster.clients import Clients, clients_for
 
 Echo = Callable[[str], None]
 REPO = Path(__file__).resolve().parents[3]
