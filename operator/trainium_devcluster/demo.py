@@ -32,7 +32,7 @@ from trainium_devcluster.access import service_account_kubeconfig
 from trainium_devcluster.clients import Clients, clients_for
 
 Echo = Callable[[str], None]
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "bert-large-pretrain.yaml"
 CHART = REPO / "charts" / "trainium-operator"
 OPERATOR_NAMESPACE = "trainium-system"
