@@ -14,8 +14,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from trainium_operator.devcluster import testing
-from trainium_operator.devcluster.testing import DevCluster
+from trainium_devcluster import testing
+from trainium_devcluster.testing import DevCluster
 
 # The local S3 API server (moto in server mode) and its per-test bucket; the test tiers.
 pytest_plugins = ["s3_server", "tiers"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from trainium_operator.builders.upload import UploadPodSettings, upload_pod
-from trainium_operator.controller.reconciler import parse_job
+from trainium_operator.lifecycle.parse import parse_job
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "trainium-operator"

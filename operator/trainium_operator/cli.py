@@ -15,8 +15,17 @@ import click
 _SUBCOMMANDS: dict[str, str] = {
     "run": "trainium_operator.controller.commands:run",
     "render": "trainium_operator.controller.commands:render",
-    "dev": "trainium_operator.devcluster.commands:dev",
-    "profile": "trainium_operator.ui.commands:profile",
+    "dev": "trainium_devcluster.commands:dev",
+    "profile": "trainium_operator.analysis.commands:profile",
+}
+
+# Commands another area adds to a group: the profile UI's `serve` and `ls` read through the UI's
+# profile store, so they live in `ui`, above the analysis layer the group belongs to.
+_ADDED: dict[str, tuple[str, ...]] = {
+    "profile": (
+        "trainium_operator.ui.commands:serve",
+        "trainium_operator.ui.commands:list_profiles",
+    ),
 }
 
 
@@ -43,17 +52,26 @@ class _LazyGroup(click.Group):
         target = _SUBCOMMANDS.get(cmd_name)
         if target is None:
             return None
-        module_name, _, attribute = target.partition(":")
+        module_name = target.partition(":")[0]
         if cmd_name in _DEV_ONLY and not _available(module_name):
             raise click.UsageError(
                 f"`trainium-operator {cmd_name}` is the local development cluster; it runs from a "
                 "source checkout (pip install -e '.[dev]'), not from an installed wheel or the "
                 "operator image"
             )
-        command = getattr(importlib.import_module(module_name), attribute)
-        if not isinstance(command, click.Command):
-            raise TypeError(f"{target} is not a click command")
+        command = _load(target)
+        if isinstance(command, click.Group):
+            for added in _ADDED.get(cmd_name, ()):
+                command.add_command(_load(added))
         return command
+
+
+def _load(target: str) -> click.Command:
+    module_name, _, attribute = target.partition(":")
+    command = getattr(importlib.import_module(module_name), attribute)
+    if not isinstance(command, click.Command):
+        raise TypeError(f"{target} is not a click command")
+    return command
 
 
 @click.group(cls=_LazyGroup)

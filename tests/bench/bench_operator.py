@@ -81,11 +81,10 @@ from typing import Any
 
 from kubernetes.watch.watch import iter_resp_lines
 
+from trainium_devcluster import build, cluster, sim
+from trainium_devcluster.clients import Clients, clients_for, is_status
 from trainium_operator.api import spec as spec_model
 from trainium_operator.builders.job import VOLCANO_GROUP_ANNOTATION
-from trainium_operator.controller.commands import render_job
-from trainium_operator.devcluster import build, cluster, sim
-from trainium_operator.devcluster.clients import Clients, clients_for, is_status
 from trainium_operator.k8s.client import (
     PODGROUPS,
     VOLCANO_GROUP,
@@ -93,6 +92,7 @@ from trainium_operator.k8s.client import (
     Cluster,
     load_api_client,
 )
+from trainium_operator.lifecycle.render import render_job
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))

@@ -44,8 +44,8 @@ from typing import Any
 
 import yaml
 
-from trainium_operator.devcluster import build, sim
-from trainium_operator.devcluster.clients import Clients, is_status
+from trainium_devcluster import build, sim
+from trainium_devcluster.clients import Clients, is_status
 
 Obj = dict[str, Any]
 

@@ -79,8 +79,8 @@ from integration.operator_harness import (
     job_manifest,
     publish_report,
 )
-from trainium_operator.devcluster import cluster, stages, testing
-from trainium_operator.devcluster.sim import (
+from trainium_devcluster import cluster, stages, testing
+from trainium_devcluster.sim import (
     WaitTimeoutError,
     node_is_ready,
     restore_node,

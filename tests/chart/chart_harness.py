@@ -48,7 +48,7 @@ def _helm_binary() -> Path | None:
     on_path = shutil.which("helm")
     if on_path:
         return Path(on_path)
-    from trainium_operator.devcluster import build
+    from trainium_devcluster import build
 
     cached = build.helm_dir() / "helm"
     return cached if os.access(cached, os.X_OK) else None
@@ -173,7 +173,7 @@ def _crd_documents() -> Iterable[Manifest]:
 @cache
 def volcano_crds() -> tuple[Manifest, ...]:
     """Volcano's own CRDs, as the dev cluster installs them from the volcano.sh/volcano module."""
-    from trainium_operator.devcluster import build
+    from trainium_devcluster import build
 
     directory = build.volcano_crd_dir()
     return tuple(

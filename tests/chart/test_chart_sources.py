@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from chart.chart_harness import CHART_DIR, ROOT, chartctl
-from trainium_operator.devcluster import versions
+from trainium_devcluster import versions
 
 SCHEMA = json.loads((CHART_DIR / "values.schema.json").read_text())
 

@@ -228,6 +228,7 @@ def test_the_training_image_layout_imports_the_profiler_and_the_uploader(tmp_pat
     post-processing and the workload contract import from it alone, with the standard library,
     and nothing else of ours is there."""
     image_layout(tmp_path)
+    assert not (tmp_path / "trainium_devcluster").exists()
     code = (
         "import sys, trainium_operator\n"
         f"assert trainium_operator.__file__.startswith({str(tmp_path)!r})\n"
@@ -237,8 +238,7 @@ def test_the_training_image_layout_imports_the_profiler_and_the_uploader(tmp_pat
         "import trainium_operator.api.training_flags, trainium_operator.api.workload_env\n"
         "from trainium_operator.profiler.s3 import main\n"
         "assert main([]) == 2\n"
-        "for name in ('api.spec', 'api.crd', 'controller', 'ui', 'k8s', 'analysis', "
-        "'devcluster', 'builders'):\n"
+        "for name in ('api.spec', 'api.crd', 'controller', 'ui', 'k8s', 'analysis', 'builders'):\n"
         "    try:\n"
         "        __import__('trainium_operator.' + name)\n"
         "    except ImportError:\n"

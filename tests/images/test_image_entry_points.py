@@ -141,8 +141,9 @@ def test_the_operator_images_entry_point_runs_from_the_installed_wheel(
     assert result.returncode == 0, result.stderr
     for command in ("run", "profile", "render"):
         assert command in result.stdout
-    devcluster = operator_image / "trainium_operator" / "devcluster"
-    assert not devcluster.exists(), "the dev cluster is no part of the image"
+    assert not (operator_image / "trainium_devcluster").exists(), (
+        "the dev cluster is no part of the image"
+    )
 
 
 def test_the_upload_pods_command_uploads_a_profile_from_the_operator_image(

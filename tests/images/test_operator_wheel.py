@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from images.dockerfile_model import build_operator_wheel
+from images.dockerfile_model import ROOT, build_operator_wheel
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +32,16 @@ def test_the_wheel_has_the_operator_ui_and_profiler(wheel: zipfile.ZipFile) -> N
 
 def test_the_wheel_carries_no_dev_cluster_go_modules_or_scheduler(wheel: zipfile.ZipFile) -> None:
     files = names(wheel)
-    assert not [f for f in files if "/devcluster/" in f]
+    assert not [f for f in files if "devcluster" in f]
     assert not [f for f in files if f.endswith(("go.mod", "go.sum"))]
     assert not [f for f in files if "gang" in Path(f).name or "volcano-scheduler" in f]
+
+
+def test_the_wheel_needs_no_exclusion_rule_to_leave_the_dev_cluster_out() -> None:
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert "exclude-package-data" not in setuptools
+    assert "exclude" not in setuptools["packages"]["find"]
+    assert (ROOT / "operator" / "trainium_devcluster" / "__init__.py").exists()
 
 
 def test_the_wheels_runtime_requirements_hold_no_dev_or_test_package(

@@ -26,7 +26,7 @@ from integration.operator_harness import (
     running_operator,
     supervised,
 )
-from trainium_operator.devcluster import testing
+from trainium_devcluster import testing
 
 SHARED_FIXTURE = "operator"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from trainium_operator.devcluster.sim import simulate_pod_outcome, wait_for
+from trainium_devcluster.sim import simulate_pod_outcome, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingjobs"
@@ -335,7 +335,7 @@ def sleep(seconds: float) -> None:
 def ensure_shared_claim(clients: Any, namespace: str) -> None:
     """An `fsx-claim` in the test namespace, bound to a static FSx-shaped volume of its own
     (a claim is namespaced and a static PV binds one claim, as on EKS)."""
-    from trainium_operator.devcluster import objects
+    from trainium_devcluster import objects
 
     volume = objects.fsx_persistent_volume()
     volume["metadata"]["name"] = f"fsx-pv-{namespace}"

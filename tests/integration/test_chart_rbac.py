@@ -34,8 +34,8 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
-from trainium_operator.devcluster.access import service_account_kubeconfig
-from trainium_operator.devcluster.sim import wait_for
+from trainium_devcluster.access import service_account_kubeconfig
+from trainium_devcluster.sim import wait_for
 
 pytestmark = pytest.mark.integration
 CHART = ROOT / "charts" / "trainium-operator"

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from kubernetes import watch
 
+from trainium_devcluster import cluster, objects, paths, sim, testing, volcano
+from trainium_devcluster.testing import DevCluster
 from trainium_operator.api import instance_types
 from trainium_operator.builders.job import VOLCANO_GROUP_ANNOTATION
-from trainium_operator.devcluster import cluster, objects, paths, sim, testing, volcano
-from trainium_operator.devcluster.testing import DevCluster
 
 pytestmark = pytest.mark.integration
 

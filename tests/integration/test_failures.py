@@ -26,7 +26,7 @@ from integration.operator_harness import (
     wait_phase,
     wait_reason,
 )
-from trainium_operator.devcluster.sim import simulate_pod_outcome, wait_for
+from trainium_devcluster.sim import simulate_pod_outcome, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 
@@ -367,7 +367,7 @@ def test_foreground_deletion_with_a_lost_node_does_not_hang(
     dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     """The lost node's kubelet never confirms the delete: the operator force-deletes."""
-    from trainium_operator.devcluster.sim import node_is_ready, restore_node, simulate_node_loss
+    from trainium_devcluster.sim import node_is_ready, restore_node, simulate_node_loss
 
     clients = dev_cluster.clients
     manifest = job_manifest(

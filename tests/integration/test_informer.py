@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from trainium_operator.devcluster.sim import wait_for
-from trainium_operator.devcluster.testing import DevCluster
+from trainium_devcluster.sim import wait_for
+from trainium_devcluster.testing import DevCluster
 from trainium_operator.k8s.informer import Reflector, WatchEvent
 
 pytestmark = pytest.mark.integration

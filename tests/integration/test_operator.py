@@ -27,7 +27,7 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
-from trainium_operator.devcluster.sim import restore_node, simulate_node_loss, wait_for
+from trainium_devcluster.sim import restore_node, simulate_node_loss, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 

@@ -25,7 +25,7 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
-from trainium_operator.devcluster import testing
+from trainium_devcluster import testing
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 

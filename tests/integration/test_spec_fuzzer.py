@@ -59,10 +59,10 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
+from trainium_devcluster.sim import wait_for
 from trainium_operator.api.crd import spec_schema
 from trainium_operator.api.instance_types import EFA_RESOURCE, NEURON_RESOURCE
 from trainium_operator.api.spec import TRAINING_CONTAINER, TrainingJobSpec
-from trainium_operator.devcluster.sim import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 

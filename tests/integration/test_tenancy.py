@@ -25,8 +25,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from integration.operator_harness import GROUP, PLURAL, VERSION, install_crds, job_manifest
-from trainium_operator.devcluster import testing
-from trainium_operator.devcluster.sim import wait_for
+from trainium_devcluster import testing
+from trainium_devcluster.sim import wait_for
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

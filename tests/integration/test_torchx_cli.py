@@ -26,7 +26,7 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
-from trainium_operator.devcluster.sim import WaitTimeoutError, simulate_pod_logs, wait_for
+from trainium_devcluster.sim import WaitTimeoutError, simulate_pod_logs, wait_for
 
 pytest.importorskip("torchx")
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]

@@ -22,9 +22,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from kubernetes import client
 
 from integration.operator_harness import ROOT, create_job, install_crds, job_manifest
+from trainium_devcluster import testing
+from trainium_devcluster.access import service_account_kubeconfig
 from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
-from trainium_operator.devcluster import testing
-from trainium_operator.devcluster.access import service_account_kubeconfig
 from trainium_operator.ui.app import create_app
 from trainium_operator.ui.auth import kubernetes_access
 from trainium_operator.ui.guards import CSRF_HEADER

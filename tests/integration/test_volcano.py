@@ -25,8 +25,8 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
-from trainium_operator.devcluster import objects
-from trainium_operator.devcluster.sim import wait_for
+from trainium_devcluster import objects
+from trainium_devcluster.sim import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 

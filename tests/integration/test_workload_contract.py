@@ -26,9 +26,9 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
+from trainium_devcluster import cluster, objects
+from trainium_devcluster.sim import simulate_pod_outcome
 from trainium_operator.api import workload_env
-from trainium_operator.devcluster import cluster, objects
-from trainium_operator.devcluster.sim import simulate_pod_outcome
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 

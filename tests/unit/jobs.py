@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainium_operator.builders.job import JobRef
-from trainium_operator.controller.reconciler import parse_job
+from trainium_operator.lifecycle.parse import parse_job
 
 UID = "1f0e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 

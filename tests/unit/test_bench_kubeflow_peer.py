@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from trainium_operator.controller.commands import render_job
-from trainium_operator.devcluster import build, versions
+from trainium_devcluster import build, versions
+from trainium_operator.lifecycle.render import render_job
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "bench"))

@@ -11,7 +11,7 @@ from trainium_operator.api.workload_env import WorkloadEnv, read_workload_env
 from trainium_operator.builders import pods
 from trainium_operator.builders.job import Stage
 from trainium_operator.builders.upload import UploadPodSettings, upload_pod
-from trainium_operator.controller.reconciler import parse_job
+from trainium_operator.lifecycle.parse import parse_job
 from unit.jobs import UID, job_document, job_ref
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trainium_devcluster import build, objects, paths, sim, stages, versions, volcano
 from trainium_operator.api import instance_types
-from trainium_operator.devcluster import build, objects, paths, sim, stages, versions, volcano
 
 
 @pytest.mark.parametrize(

@@ -391,7 +391,7 @@ def test_the_spec_refuses_a_pod_template_volume_or_mount_that_takes_the_tokens_p
 
     assert spec_model.HEALTH_TOKEN_VOLUME == contract.TOKEN_VOLUME
     assert spec_model.HEALTH_TOKEN_DIR == contract.TOKEN_DIR
-    from trainium_operator.controller.reconciler import parse_job
+    from trainium_operator.lifecycle.parse import parse_job
 
     taken = {"spec": {"volumes": [{"name": contract.TOKEN_VOLUME, "emptyDir": {}}]}}
     problems = parse_job(job_document(podTemplate=taken))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from trainium_operator.builders.job import JobRef
-from trainium_operator.controller.reconciler import parse_job
+from trainium_operator.lifecycle.parse import parse_job
 from unit.jobs import job_document
 
 

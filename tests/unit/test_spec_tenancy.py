@@ -8,7 +8,7 @@ import pytest
 
 from trainium_operator.api.spec import RESERVED_SERVICE_ACCOUNTS_ENV, reserved_service_accounts
 from trainium_operator.builders.job import JobRef
-from trainium_operator.controller.reconciler import parse_job
+from trainium_operator.lifecycle.parse import parse_job
 from unit.jobs import job_document
 
 CHART_ACCOUNTS = "trn-trainium-operator,trn-trainium-operator-profile-ui,s3-upload"

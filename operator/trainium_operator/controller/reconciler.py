@@ -18,9 +18,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import ValidationError
-
-from trainium_operator.api.spec import TrainingJobSpec
 from trainium_operator.api.status import validated_status
 from trainium_operator.builders.job import JobRef
 from trainium_operator.builders.upload import LABEL_PROFILE_ATTEMPT, is_upload_pod
@@ -38,6 +35,7 @@ from trainium_operator.k8s.client import (
 from trainium_operator.lifecycle import admission, blockers, cleanup, machine
 from trainium_operator.lifecycle.decision import Decision, EventRecord
 from trainium_operator.lifecycle.observed import node_view, observe, podgroup_view, queue_view
+from trainium_operator.lifecycle.parse import parse_job
 from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload, upload_refused
 from trainium_operator.lifecycle.progress import (
     DEFAULT_INTERVAL_SECONDS as DEFAULT_PROGRESS_INTERVAL,
@@ -80,39 +78,6 @@ class JobGoneError(LookupError):
 
 class PermissionDeniedError(RuntimeError):
     """The operator's ServiceAccount lacks an RBAC rule; retrying soon will not help."""
-
-
-def validation_problems(error: ValidationError) -> list[str]:
-    """Pydantic errors as `spec.<camelCase path>: <message>` lines."""
-    problems = []
-    for item in error.errors():
-        path = ".".join(str(part) for part in ("spec", *item["loc"]))
-        message = item["msg"].removeprefix("Value error, ")
-        problems.append(f"{path}: {message}" if item["loc"] else message)
-    return problems
-
-
-def parse_job(body: Obj, health_url: str | None = None) -> JobRef | list[str]:
-    """The job's identity and validated spec, or the list of problems with its spec."""
-    meta = body["metadata"]
-    try:
-        spec = TrainingJobSpec.model_validate(body.get("spec") or {})
-    except ValidationError as error:
-        return validation_problems(error)
-    except (TypeError, AttributeError, KeyError) as error:
-        # Pass-through content (spec.podTemplate) of a shape no check foresaw: the job fails
-        # with a status instead of the operator retrying a traceback forever.
-        return [
-            f"spec.podTemplate: content of an unexpected type ({type(error).__name__}: {error})"
-        ]
-    return JobRef(
-        name=meta["name"],
-        namespace=meta["namespace"],
-        uid=meta["uid"],
-        generation=int(meta.get("generation", 1)),
-        spec=spec,
-        health_url=health_url,
-    )
 
 
 def _upload_refused(

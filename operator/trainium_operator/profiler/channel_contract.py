@@ -4,8 +4,8 @@ the pod builder writes the env and the token volume, the profiler's reporter
 (`profiler/channel.py`) reads them and sends messages, the operator's endpoint
 (`controller/health_server.py`) parses them with `parse_message`.
 
-Security model (README, "Live health"): each training pod gets a projected ServiceAccount token
-with the audience `AUDIENCE`, bound to the pod (the kubelet requests it with the pod as its
+Security model (docs/health.md): each training pod gets a projected ServiceAccount token with
+the audience `AUDIENCE`, bound to the pod (the kubelet requests it with the pod as its
 bound object, and the API server invalidates it when the pod is deleted) and rotated by the
 kubelet. A rank sends it as a bearer token; the operator asks the API server (TokenReview, with
 the audience) who it belongs to, reads the pod name and uid the API server put in the review's

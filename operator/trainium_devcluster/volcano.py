@@ -18,7 +18,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainium_operator.devcluster import build, paths
+from trainium_devcluster import build, paths
 
 SCHEDULER_NAME = "volcano"  # pods with this schedulerName are Volcano's
 SCHEDULER_CONF = Path(__file__).parent / "volcano-scheduler.yaml"

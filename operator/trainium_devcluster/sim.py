@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trainium_operator.devcluster import stages
+from trainium_devcluster import stages
 
 T = TypeVar("T")
 

@@ -9,8 +9,8 @@ import time
 
 import click
 
+from trainium_devcluster import build, cluster, paths, volcano
 from trainium_operator.api import instance_types
-from trainium_operator.devcluster import build, cluster, paths, volcano
 
 
 def _echo(message: str) -> None:
@@ -162,7 +162,7 @@ def env(name: str) -> None:
 @click.argument("node")
 def lose_node(name: str, node: str) -> None:
     """Stop NODE's heartbeat, as if its kubelet died (NotReady after ~16 s)."""
-    from trainium_operator.devcluster import clients, sim
+    from trainium_devcluster import clients, sim
 
     sim.simulate_node_loss(clients.clients_for(paths.ClusterPaths(name).kubeconfig).core, node)
 
@@ -172,7 +172,7 @@ def lose_node(name: str, node: str) -> None:
 @click.argument("node")
 def restore_node(name: str, node: str) -> None:
     """Give NODE its heartbeat back."""
-    from trainium_operator.devcluster import clients, sim
+    from trainium_devcluster import clients, sim
 
     sim.restore_node(clients.clients_for(paths.ClusterPaths(name).kubeconfig).core, node)
 
@@ -188,7 +188,7 @@ def restore_node(name: str, node: str) -> None:
 )
 def demo(name: str, tear_down: bool) -> None:
     """The tutorial's job end to end on a local simulated Trainium cluster."""
-    from trainium_operator.devcluster.demo import DemoError, run_demo
+    from trainium_devcluster.demo import DemoError, run_demo
 
     try:
         code = run_demo(name, _echo, tear_down=tear_down)

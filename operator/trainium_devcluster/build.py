@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainium_operator.devcluster import paths, versions
+from trainium_devcluster import paths, versions
 
 GOMOD_DIR = Path(__file__).parent / "gomod"
 

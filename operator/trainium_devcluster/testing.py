@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainium_operator.devcluster import build, cluster, objects, paths, sim, volcano
-from trainium_operator.devcluster.clients import Clients, clients_for, is_status
+from trainium_devcluster import build, cluster, objects, paths, sim, volcano
+from trainium_devcluster.clients import Clients, clients_for, is_status
 
 REUSE_ENV = "TRAINIUM_DEV_CLUSTER"
 NODES = 2

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from trainium_operator.devcluster.clients import Clients
+from trainium_devcluster.clients import Clients
 
 
 def service_account_kubeconfig(

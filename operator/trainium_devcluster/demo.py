@@ -27,12 +27,12 @@ from typing import Any
 
 import yaml
 
-from trainium_operator.devcluster import build, cluster, paths, sim
-from trainium_operator.devcluster.access import service_account_kubeconfig
-from trainium_operator.devcluster.clients import Clients, clients_for
+from trainium_devcluster import build, cluster, paths, sim
+from trainium_devcluster.access import service_account_kubeconfig
+from trainium_devcluster.clients import Clients, clients_for
 
 Echo = Callable[[str], None]
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "bert-large-pretrain.yaml"
 CHART = REPO / "charts" / "trainium-operator"
 OPERATOR_NAMESPACE = "trainium-system"

@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from trainium_operator.devcluster import build, objects, paths, sim, stages, versions, volcano
-from trainium_operator.devcluster.clients import Clients, clients_for, is_status
+from trainium_devcluster import build, objects, paths, sim, stages, versions, volcano
+from trainium_devcluster.clients import Clients, clients_for, is_status
 
 Echo = Callable[[str], None]
 CREATE_TIMEOUT = "120s"

@@ -1,1 +1,0 @@
-"""devcluster layer."""
