@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -10,13 +12,17 @@ import yaml
 from click.testing import CliRunner
 from pydantic import ValidationError
 
+from trainium_operator.api import neff_cache
 from trainium_operator.api.crd import training_job_crd
 from trainium_operator.api.instance_types import (
     INSTANCE_TYPES,
     UNCONFIRMED_SHAPES,
 )
 from trainium_operator.api.spec import NeuronStack, TrainingJobSpec
+from trainium_operator.builders import pods
+from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.cli import main
+from unit.jobs import job_ref
 
 GOLDEN = Path(__file__).parent / "golden"
 HEALTH_URL = "https://trainium-operator.trainium-system.svc:8443"
@@ -123,3 +129,162 @@ def test_a_trn1_job_renders_byte_identically_to_main_before_the_native_stack() -
     assert result.output == (GOLDEN / "render-trn1-xla-main.yaml").read_text()
     pods = [o for o in yaml.safe_load_all(result.output) if o["kind"] == "Pod"]
     assert pods[0]["spec"]["containers"][0]["command"][0] == "neuron_parallel_compile"
+
+
+# -- pods per stack -------------------------------------------------------------------------
+
+
+def _env(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0]["env"]}
+
+
+def _trn2(**spec: Any) -> JobRef:
+    return job_ref(instanceType="trn2.48xlarge", compile={"cacheSet": "llama"}, **spec)
+
+
+def test_a_native_compile_pod_runs_the_training_command_itself_and_reports_its_cache() -> None:
+    job = _trn2()
+    compile_pod = pods.pod(job, Stage.COMPILE, 0, 1)
+    command = compile_pod["spec"]["containers"][0]["command"]
+    assert command[:4] == ["/bin/sh", "-c", neff_cache.SUMMARY_SCRIPT, "sh"]
+    assert command[4] == "torchrun"
+    assert "--nproc_per_node=64" in command
+    assert pods.NEURON_PARALLEL_COMPILE not in command
+    train_command = pods.pod(job, Stage.TRAIN, 0, 1)["spec"]["containers"][0]["command"]
+    assert train_command[0] == "torchrun"
+    script = job.spec.command.script
+    # The same script and arguments (no train-only ones here); only the rendezvous differs.
+    assert command[command.index(script) :] == train_command[train_command.index(script) :]
+
+
+def test_native_pods_get_the_stack_the_neff_cache_and_lnc_as_runtime_and_compiler_setting() -> None:
+    job = _trn2()
+    compile_env = _env(pods.pod(job, Stage.COMPILE, 0, 1))
+    train_env = _env(pods.pod(job, Stage.TRAIN, 0, 1))
+    key = neff_cache.image_cache_key(job.spec.image)
+    cache = f"/data/neuron_cache/native/llama_1/{key}/lnc-2/neff"
+    for env in (compile_env, train_env):
+        assert env["TRAINIUM_NEURON_STACK"] == "native"
+        assert env["TORCH_NEURONX_NEFF_CACHE_DIR"] == cache
+        assert env["NEURON_LOGICAL_NC_CONFIG"] == "2"
+        assert env["NEURON_CC_FLAGS"] == "--logical-nc-config=2"
+        assert (env["FI_PROVIDER"], env["FI_EFA_USE_DEVICE_RDMA"]) == ("efa", "1")
+        assert "XLA_TRANSFER_SEED_ASYNC" not in env
+        assert neff_cache.COMPILE_ONLY_ENV not in env
+        assert neff_cache.HLO_CACHE_DIR_ENV not in env
+    assert compile_env["TRAINIUM_COMPILE_STEPS"] == "10"
+    other_rank = _env(pods.pod(job, Stage.TRAIN, 0, 0))["TORCH_NEURONX_NEFF_CACHE_DIR"]
+    assert other_rank == f"/data/neuron_cache/native/llama_0/{key}/lnc-2/neff"
+    resources = pods.pod(job, Stage.TRAIN, 0, 0)["spec"]["containers"][0]["resources"]
+    assert resources["limits"] == {"aws.amazon.com/neuron": "16", "vpc.amazonaws.com/efa": "16"}
+
+
+def test_the_native_cache_is_keyed_by_compiler_and_lnc_so_they_never_collide() -> None:
+    def cache(**spec: Any) -> str:
+        return _env(pods.pod(_trn2(**spec), Stage.TRAIN, 0, 0))["TORCH_NEURONX_NEFF_CACHE_DIR"]
+
+    lnc1 = _trn2(lnc=1)
+    assert _env(pods.pod(lnc1, Stage.TRAIN, 0, 0))["NEURON_CC_FLAGS"] == "--logical-nc-config=1"
+    assert (
+        "--nproc_per_node=128"
+        in pods.pod(lnc1, Stage.TRAIN, 0, 0)["spec"]["containers"][0]["command"]
+    )
+    pinned = cache(neuron={"compilerVersion": "2.28.7631.0"})
+    assert pinned == "/data/neuron_cache/native/llama_0/2.28.7631.0/lnc-2/neff"
+    caches = {
+        cache(),
+        cache(lnc=1),
+        pinned,
+        cache(neuron={"compilerVersion": "2.29.0.0"}),
+        cache(image="example.com/train:2"),
+    }
+    assert len(caches) == 5
+
+
+def test_native_compile_only_and_hlo_cache_are_settings_that_default_off() -> None:
+    job = _trn2(neuron={"compileOnly": True, "hloCache": True})
+    compile_env = _env(pods.pod(job, Stage.COMPILE, 0, 0))
+    train_env = _env(pods.pod(job, Stage.TRAIN, 0, 0))
+    assert compile_env[neff_cache.COMPILE_ONLY_ENV] == "1"
+    assert neff_cache.COMPILE_ONLY_ENV not in train_env, "training executes"
+    for env in (compile_env, train_env):
+        assert env[neff_cache.HLO_CACHE_DIR_ENV] == env[neff_cache.NEFF_CACHE_DIR_ENV].replace(
+            "/neff", "/hlo"
+        )
+        assert env[neff_cache.HLO_COMPILE_CACHE_ENV] == "1"
+
+
+def test_profiled_native_pods_capture_with_neuron_explorer_session_device_profiles() -> None:
+    job = _trn2(profile={"enabled": True, "neuronDeviceProfile": True})
+    env = _env(pods.pod(job, Stage.TRAIN, 0, 0))
+    assert env["NEURON_RT_INSPECT_ENABLE"] == "1"
+    assert env["NEURON_RT_INSPECT_DEVICE_PROFILE"] == "session"
+    assert env["NEURON_RT_INSPECT_SYSTEM_PROFILE"] == "1"
+    assert env["NEURON_RT_INSPECT_CPU_UTIL"] == env["NEURON_RT_INSPECT_HOST_MEMORY"] == "1"
+    assert env["NEURON_RT_INSPECT_OUTPUT_DIR"].startswith(job.profile_dir(0))
+    xla = job_ref(
+        instanceType="trn2.48xlarge",
+        neuron={"stack": "xla"},
+        profile={"enabled": True, "neuronDeviceProfile": True},
+    )
+    assert _env(pods.pod(xla, Stage.TRAIN, 0, 0))["NEURON_RT_INSPECT_DEVICE_PROFILE"] == "1"
+
+
+def test_an_xla_job_on_trn2_keeps_neuron_parallel_compile_and_adds_the_lnc_compiler_flag() -> None:
+    job = _trn2(neuron={"stack": "xla"})
+    compile_pod = pods.pod(job, Stage.COMPILE, 0, 0)
+    assert compile_pod["spec"]["containers"][0]["command"][0] == pods.NEURON_PARALLEL_COMPILE
+    env = _env(compile_pod)
+    assert env["NEURON_CC_FLAGS"] == "--cache_dir=/data/neuron_cache/llama_0 --logical-nc-config=2"
+    assert "TRAINIUM_NEURON_STACK" not in env, "absent reads as xla"
+    assert neff_cache.NEFF_CACHE_DIR_ENV not in env
+
+
+# -- the compile pod's cache summary ------------------------------------------------------------
+
+
+def _run_summary(tmp_path: Path, cache: Path, *command: str) -> tuple[int, str | None]:
+    message = tmp_path / "termination-log"
+    script = neff_cache.SUMMARY_SCRIPT.replace(neff_cache.TERMINATION_MESSAGE_PATH, str(message))
+    done = subprocess.run(
+        ["/bin/sh", "-c", script, "sh", *command],
+        env={**os.environ, neff_cache.NEFF_CACHE_DIR_ENV: str(cache)},
+        check=False,
+    )
+    return done.returncode, message.read_text() if message.exists() else None
+
+
+def test_the_summary_script_counts_the_neff_files_and_their_bytes_after_a_success(
+    tmp_path: Path,
+) -> None:
+    cache = tmp_path / "neff"
+    (cache / "ab" / "cd").mkdir(parents=True)
+    (cache / "ab" / "cd" / "k1.neff").write_bytes(b"x" * 1000)
+    (cache / "ab" / "k2.neff").write_bytes(b"y" * 24)
+    (cache / "ab" / "k2.lock").write_text("not a program")
+    rc, message = _run_summary(tmp_path, cache, "true")
+    assert rc == 0
+    assert neff_cache.parse_summary(message) == neff_cache.CacheSummary(True, 2, 1024, str(cache))
+
+
+def test_the_summary_says_unreadable_for_a_missing_cache_and_nothing_after_a_failure(
+    tmp_path: Path,
+) -> None:
+    rc, message = _run_summary(tmp_path, tmp_path / "missing", "true")
+    assert rc == 0
+    summary = neff_cache.parse_summary(message)
+    assert summary == neff_cache.CacheSummary(False, None, None, str(tmp_path / "missing"))
+    failed = tmp_path / "failed"
+    failed.mkdir()
+    rc, message = _run_summary(failed, tmp_path / "missing", "sh", "-c", "exit 3")
+    assert (rc, message) == (3, None)
+
+
+def test_parse_summary_ignores_other_termination_messages() -> None:
+    assert neff_cache.parse_summary(None) is None
+    assert neff_cache.parse_summary("Traceback ... RuntimeError: boom") is None
+    assert neff_cache.parse_summary('{"kind": "other", "programs": 3}') is None
+    bad = neff_cache.parse_summary(
+        '{"kind": "trainium.dev/neff-cache-summary", "readable": true, "programs": -1}'
+    )
+    assert bad == neff_cache.CacheSummary(False, None, None, None)
