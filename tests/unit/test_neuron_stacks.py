@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -19,10 +20,14 @@ from trainium_operator.api.instance_types import (
     UNCONFIRMED_SHAPES,
 )
 from trainium_operator.api.spec import NeuronStack, TrainingJobSpec
+from trainium_operator.api.status import TrainingJobStatus
 from trainium_operator.builders import pods
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.cli import main
+from trainium_operator.lifecycle import machine
+from trainium_operator.lifecycle.observed import pod_view
 from unit.jobs import job_ref
+from unit.test_lifecycle import observed, pod
 
 GOLDEN = Path(__file__).parent / "golden"
 HEALTH_URL = "https://trainium-operator.trainium-system.svc:8443"
@@ -288,3 +293,87 @@ def test_parse_summary_ignores_other_termination_messages() -> None:
         '{"kind": "trainium.dev/neff-cache-summary", "readable": true, "programs": -1}'
     )
     assert bad == neff_cache.CacheSummary(False, None, None, None)
+
+
+# -- status.compile.cache -------------------------------------------------------------------
+
+
+def _summary(programs: int, size: int) -> str:
+    return json.dumps(
+        {"kind": neff_cache.SUMMARY_KIND, "readable": True, "programs": programs, "bytes": size}
+    )
+
+
+def _compiled(job: JobRef, *messages: str | None) -> dict[str, Any]:
+    """The status of the pass that sees the compile gang succeed with these messages."""
+    gang = [
+        pod(job, Stage.COMPILE, 0, rank, "Succeeded", termination_message=message)
+        for rank, message in enumerate(messages)
+    ]
+    running = machine.decide(job, {}, observed(*gang[:0]))
+    done = machine.decide(job, running.status, observed(*gang))
+    assert done.status["compile"]["completionTime"]
+    return done.status
+
+
+def test_the_native_compile_stage_reports_its_cached_programs_and_size_in_the_status() -> None:
+    job = _trn2()
+    status = _compiled(job, _summary(40, 3 * 2**30), _summary(41, 2**30))
+    cache = status["compile"]["cache"]
+    key = neff_cache.image_cache_key(job.spec.image)
+    assert cache == {
+        "path": f"/data/neuron_cache/native/llama_<rank>/{key}/lnc-2/neff",
+        "nodesReported": 2,
+        "nodes": 2,
+        "programs": 81,
+        "bytes": 4 * 2**30,
+        "summary": "81 programs, 4.0 GiB",
+    }
+    (compiled,) = [c for c in status["conditions"] if c["type"] == "Compiled"]
+    assert compiled["message"].endswith("NEFF cache: 81 programs, 4.0 GiB")
+    TrainingJobStatus.model_validate(status)
+
+
+def test_a_compile_pod_without_a_summary_leaves_the_figures_partial_and_says_why() -> None:
+    job = _trn2()
+    unreadable = json.dumps({"kind": neff_cache.SUMMARY_KIND, "readable": False})
+    status = _compiled(job, _summary(7, 512 * 2**20), None)
+    cache = status["compile"]["cache"]
+    assert (cache["programs"], cache["nodesReported"]) == (7, 1)
+    assert cache["summary"] == "7 programs, 512.0 MiB (1 of 2 nodes)"
+    assert cache["message"] == (
+        "1 of 2 compile pods did not report their NEFF cache: 1 left no cache summary in "
+        "their termination message"
+    )
+    nothing = _compiled(job, unreadable, "OOMKilled")["compile"]["cache"]
+    assert not {"programs", "bytes", "summary"} & set(nothing), "unknown, never zero"
+    assert nothing["nodesReported"] == 0
+    assert "1 could not list their cache directory" in nothing["message"]
+
+
+def test_an_xla_compile_stage_writes_no_cache_figures() -> None:
+    status = _compiled(job_ref(), None, None)
+    assert "cache" not in status["compile"]
+
+
+def test_the_trainer_containers_termination_message_is_observed() -> None:
+    raw = {
+        "metadata": {
+            "name": "bert-compile-0-0",
+            "labels": {
+                "trainium.dev/stage": "compile",
+                "trainium.dev/attempt": "0",
+                "trainium.dev/node-rank": "0",
+            },
+        },
+        "status": {
+            "phase": "Succeeded",
+            "containerStatuses": [
+                {"name": "sidecar", "state": {"terminated": {"message": "other"}}},
+                {"name": "trainer", "state": {"terminated": {"exitCode": 0, "message": "m"}}},
+            ],
+        },
+    }
+    view = pod_view(raw)
+    assert view is not None
+    assert view.termination_message == "m"

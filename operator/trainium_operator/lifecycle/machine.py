@@ -28,6 +28,7 @@ from trainium_operator.lifecycle.cleanup import (
     is_overdue,
     stuck_bound,
 )
+from trainium_operator.lifecycle.compile_cache import compile_cache_view
 from trainium_operator.lifecycle.deadlines import finished, past_deadline
 from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj
 from trainium_operator.lifecycle.failures import (
@@ -231,12 +232,12 @@ def _stage_succeeded(p: _Pass, stage: Stage, attempt: int) -> Stage | None:
         )
         cleanup_on_finish(job, p.decision, p.observed)
         return None
-    status.condition(
-        ConditionType.COMPILED,
-        True,
-        "CompileSucceeded",
-        COMPILED_MESSAGES[job.spec.effective_neuron_stack],
-    )
+    message = COMPILED_MESSAGES[job.spec.effective_neuron_stack]
+    if job.spec.effective_neuron_stack is NeuronStack.NATIVE:
+        cache = compile_cache_view(job, gang)
+        status.data.setdefault("compile", {})["cache"] = cache
+        message += f": {cache.get('summary') or cache.get('message')}"
+    status.condition(ConditionType.COMPILED, True, "CompileSucceeded", message)
     p.decision.events.append(
         EventRecord("Normal", "CompileSucceeded", "compile stage finished; starting training")
     )
