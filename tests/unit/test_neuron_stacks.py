@@ -377,3 +377,52 @@ def test_the_trainer_containers_termination_message_is_observed() -> None:
     view = pod_view(raw)
     assert view is not None
     assert view.termination_message == "m"
+
+
+# -- render shows both stacks -----------------------------------------------------------------
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def test_render_shows_a_trn2_native_job_and_a_trn1_xla_job_side_by_side(tmp_path: Path) -> None:
+    both = tmp_path / "both.yaml"
+    both.write_text(
+        (EXAMPLES / "trn2-native-pretrain.yaml").read_text()
+        + "---\n"
+        + (EXAMPLES / "bert-large-pretrain.yaml").read_text()
+    )
+    result = CliRunner().invoke(main, ["render", "-f", str(both)])
+    assert result.exit_code == 0, result.output
+    chunks = result.output.split("---\n")
+    headers = {c.splitlines()[0] for c in chunks}
+    assert any(
+        h.startswith("# stage 1/2: compile (native stack: the same command") for h in headers
+    )
+    assert any(h.startswith("# stage 1/2: compile (neuron_parallel_compile") for h in headers)
+    found = {
+        (o["metadata"]["name"], o["metadata"]["labels"]["trainium.dev/stage"]): o
+        for o in (yaml.safe_load(c) for c in chunks)
+        if o["kind"] == "Pod"
+    }
+    native = found["bert-large-trn2-compile-0-1", "compile"]["spec"]["containers"][0]
+    xla = found["bert-large-pretrain-compile-0-1", "compile"]["spec"]["containers"][0]
+    assert native["command"][:3] == ["/bin/sh", "-c", neff_cache.SUMMARY_SCRIPT]
+    assert "--nproc_per_node=64" in native["command"]
+    assert xla["command"][0] == pods.NEURON_PARALLEL_COMPILE
+    assert "--nproc_per_node=32" in xla["command"]
+    native_env = {e["name"]: e.get("value") for e in native["env"]}
+    assert native_env["TORCH_NEURONX_NEFF_CACHE_DIR"] == (
+        "/data/neuron_cache/native/bert-large-trn2_1/2.28.7631.0/lnc-2/neff"
+    )
+    train = found["bert-large-trn2-train-0-1", "train"]["spec"]["containers"][0]
+    train_env = {e["name"]: e.get("value") for e in train["env"]}
+    assert train_env["TORCH_NEURONX_NEFF_CACHE_DIR"] == native_env["TORCH_NEURONX_NEFF_CACHE_DIR"]
+    assert train_env["NEURON_RT_INSPECT_DEVICE_PROFILE"] == "session"
+    assert native["resources"]["limits"] == {
+        "aws.amazon.com/neuron": "16",
+        "vpc.amazonaws.com/efa": "16",
+    }
+    assert xla["resources"]["limits"] == {
+        "aws.amazon.com/neuron": "16",
+        "vpc.amazonaws.com/efa": "8",
+    }
