@@ -138,7 +138,7 @@ def test_example_job_runs_a_script_the_training_image_contains() -> None:
     assert source.is_file(), f"{script} is copied from {source.relative_to(ROOT)}, which is missing"
 
 
-# The profiler, and the two standard-library-only contract modules the training package imports
+# The profiler, and the standard-library-only contract modules the training package imports
 # (its flags and the workload environment, with the attempt layout of the output root).
 OURS_IN_THE_TRAINING_IMAGE = [
     ["operator/trainium_operator/__init__.py", "/opt/trainium/trainium_operator/__init__.py"],
@@ -153,6 +153,10 @@ OURS_IN_THE_TRAINING_IMAGE = [
     [
         "operator/trainium_operator/api/workload_env.py",
         "/opt/trainium/trainium_operator/api/workload_env.py",
+    ],
+    [
+        "operator/trainium_operator/api/neff_cache.py",
+        "/opt/trainium/trainium_operator/api/neff_cache.py",
     ],
     ["operator/trainium_operator/profiler/", "/opt/trainium/trainium_operator/profiler/"],
 ]
@@ -236,6 +240,7 @@ def test_the_training_image_layout_imports_the_profiler_and_the_uploader(tmp_pat
         "import trainium_operator.profiler.sources.neuron\n"
         "import trainium_operator.profiler.env_contract\n"
         "import trainium_operator.api.training_flags, trainium_operator.api.workload_env\n"
+        "import trainium_operator.api.neff_cache\n"
         "from trainium_operator.profiler.s3 import main\n"
         "assert main([]) == 2\n"
         "for name in ('api.spec', 'api.crd', 'controller', 'ui', 'k8s', 'analysis', 'builders'):\n"

@@ -3,6 +3,7 @@ the real Volcano scheduler): the tutorial job end to end and every failure path.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,9 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
+from trainium_devcluster import testing
 from trainium_devcluster.sim import restore_node, simulate_node_loss, wait_for
+from trainium_operator.api import neff_cache
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 
@@ -408,6 +411,16 @@ INVALID_SPECS = [
         "spec.env[0].valueFrom.secretKeyRef.key",
         id="env-secret-key",
     ),
+    pytest.param(
+        {"instanceType": "trn1.32xlarge", "neuron": {"stack": "native"}},
+        "spec.neuron.stack is not supported on spec.instanceType",
+        id="native-stack-on-trn1",
+    ),
+    pytest.param(
+        {"instanceType": "trn1.32xlarge", "neuron": {"compileOnly": True}},
+        "spec.neuron.compileOnly and spec.neuron.hloCache are native-stack controls",
+        id="native-compile-only-on-trn1",
+    ),
 ]
 
 
@@ -589,3 +602,92 @@ def test_sigterm_stops_the_operator_within_3_s_and_the_next_one_continues_the_jo
     assert len(job_pods(clients, namespace, "fresh")) == 1, "no pod created twice"
     finish_pods(clients, namespace, fresh)
     wait_phase(clients, namespace, "fresh", "Succeeded")
+
+
+# -- the native Neuron stack (trn2.48xlarge) -------------------------------------------------
+
+TRN2 = "trn2.48xlarge"
+
+
+def _summary(programs: int, size: int, directory: str) -> str:
+    """What the compile pod's SUMMARY_SCRIPT writes to its termination message (KWOK has no
+    kubelet to read /dev/termination-log, so the simulated outcome carries it)."""
+    return json.dumps(
+        {
+            "kind": neff_cache.SUMMARY_KIND,
+            "readable": True,
+            "programs": programs,
+            "bytes": size,
+            "dir": directory,
+        }
+    )
+
+
+def test_a_trn2_native_job_compiles_into_the_neff_cache_then_trains_from_it(
+    dev_cluster: Any, namespace: str, operator: OperatorView
+) -> None:
+    clients = dev_cluster.clients
+    with testing.extra_nodes(dev_cluster, 2, instance_type=TRN2) as trn2_nodes:
+        manifest = job_manifest(
+            "native",
+            instanceType=TRN2,
+            compile={"steps": 5, "stepsArg": "--steps_this_run", "cacheSet": "llama"},
+            neuron={"compilerVersion": "2.28.7631.0"},
+        )
+        create_job(clients, namespace, manifest)
+        compile_pods = wait_gang_running(clients, namespace, "native", "compile", 0)
+        assert {p.spec.node_name for p in compile_pods} == set(trn2_nodes)
+        caches = []
+        for rank, pod in enumerate(compile_pods):
+            container = pod.spec.containers[0]
+            assert container.command[:3] == ["/bin/sh", "-c", neff_cache.SUMMARY_SCRIPT]
+            assert "neuron_parallel_compile" not in container.command
+            assert "--nproc_per_node=64" in container.command
+            assert container.command[-2:] == ["--steps_this_run", "5"]
+            assert container.resources.limits == {
+                "aws.amazon.com/neuron": "16",
+                "vpc.amazonaws.com/efa": "16",
+            }
+            env = _env(container)
+            assert env["TRAINIUM_NEURON_STACK"] == "native"
+            assert (env["NEURON_LOGICAL_NC_CONFIG"], env["NEURON_CC_FLAGS"]) == (
+                "2",
+                "--logical-nc-config=2",
+            )
+            cache = env[neff_cache.NEFF_CACHE_DIR_ENV]
+            assert cache == f"/data/neuron_cache/native/llama_{rank}/2.28.7631.0/lnc-2/neff"
+            caches.append(cache)
+
+        for rank, pod in enumerate(compile_pods):
+            message = _summary(30 + rank, 2**30, caches[rank])
+            finish_pods(clients, namespace, [pod], message=message)
+        train_pods = wait_gang_running(clients, namespace, "native", "train", 0)
+        job = wait_phase(clients, namespace, "native", "Training")
+        assert job["status"]["compile"]["cache"] == {
+            "path": "/data/neuron_cache/native/llama_<rank>/2.28.7631.0/lnc-2/neff",
+            "programs": 61,
+            "bytes": 2 * 2**30,
+            "nodesReported": 2,
+            "nodes": 2,
+            "summary": "61 programs, 2.0 GiB",
+        }
+        for rank, pod in enumerate(train_pods):
+            container = pod.spec.containers[0]
+            assert container.command[0] == "torchrun"
+            assert "--nproc_per_node=64" in container.command
+            assert _env(container)[neff_cache.NEFF_CACHE_DIR_ENV] == caches[rank]
+        finish_pods(clients, namespace, train_pods)
+        wait_phase(clients, namespace, "native", "Succeeded")
+
+        # LNC 1: 128 ranks per node, and a cache of its own.
+        create_job(
+            clients,
+            namespace,
+            job_manifest("native-lnc1", instanceType=TRN2, lnc=1, compile={"enabled": False}),
+        )
+        (first, *_) = wait_gang_running(clients, namespace, "native-lnc1", "train", 0)
+        container = first.spec.containers[0]
+        assert "--nproc_per_node=128" in container.command
+        env = _env(container)
+        assert env["NEURON_LOGICAL_NC_CONFIG"] == "1"
+        assert env[neff_cache.NEFF_CACHE_DIR_ENV].endswith("/lnc-1/neff")

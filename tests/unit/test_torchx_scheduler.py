@@ -90,6 +90,34 @@ def test_dist_ddp_2x32_dry_run_matches_the_golden_file() -> None:
     )
 
 
+def test_trn2_native_dry_run_matches_the_golden_file_and_compiles_without_npc() -> None:
+    app = _ddp(script="/app/train.py", j="2x64", image="example.com/t:1")
+    app.roles[0].entrypoint = "neuron_parallel_compile"  # "warm the cache first"
+    app.roles[0].args = ["torchrun", "--nnodes=2", "--nproc_per_node=64", "/app/train.py"]
+    cfg = {"namespace": "ml", "queue": "test", "instance_type": "trn2.48xlarge"}
+    text = _dryrun(app, {**cfg, "neuron_stack": "native"})
+    _assert_golden("torchx-trn2-native.yaml", text)
+    job, *objects = _documents(text)
+    assert job["spec"]["neuron"] == {"stack": "native"}
+    assert job["spec"]["compile"]["enabled"] is True
+    pods = [o for o in objects if o["kind"] == "Pod"]
+    compile_command = pods[0]["spec"]["containers"][0]["command"]
+    assert compile_command[:2] == ["/bin/sh", "-c"]
+    assert "neuron_parallel_compile" not in compile_command
+    env = {e["name"]: e.get("value") for e in pods[0]["spec"]["containers"][0]["env"]}
+    assert env["TRAINIUM_NEURON_STACK"] == "native"
+    assert "--nproc_per_node=64" in compile_command
+    lnc1 = _documents(_dryrun(app, {**cfg, "lnc": 1}))[0]
+    assert lnc1["spec"]["lnc"] == 1
+    assert "neuron" not in lnc1["spec"], "the instance type's default stack"
+    with pytest.raises(AppDefError, match="neuron_stack 'jax' is not a Neuron stack"):
+        _dryrun(app, {**cfg, "neuron_stack": "jax"})
+    trn1 = {**cfg, "instance_type": "trn1.32xlarge", "neuron_stack": "native"}
+    app.roles[0].args = ["torchrun", "--nnodes=2", "--nproc_per_node=32", "/app/train.py"]
+    with pytest.raises(AppDefError, match=r"spec\.neuron\.stack is not supported"):
+        _dryrun(app, trn1)
+
+
 def test_tutorial_generate_app_def_precompile_dry_run_matches_the_golden_file() -> None:
     app = _tutorial_component()(
         f"{TUTORIAL_ARGS} --steps_this_run 10",

@@ -16,13 +16,24 @@ Sources:
   agree) and "Best practices for training on AWS Neuron" (default LNC=2: 4 logical cores per
   chip, 64 ranks per instance). EFA: 16 network cards with EFA (3.2 Tbps EFAv3), from the
   EC2 Trn2 instance page and the EC2 accelerated-computing network specifications.
-- Trn3 (Trainium3, 8 NeuronCore-v4 per chip) is announced but not in this table yet: it runs
-  only the native PyTorch backend (TorchNeuron), not the XLA stack our training image pins.
+  The DRA page's trn2.48xlarge pod requests `vpc.amazonaws.com/efa: "16"` next to
+  `aws.amazon.com/neuron: "16"` (Neuron docs, deploy/eks/dra.html).
+- Neuron stacks: TorchNeuron, the native backend, is "supported on Trainium 2 (trn2) and
+  Trainium 3 (trn3)", with no Trn1 support (Neuron docs, torch/about-pytorch-neuron.rst and
+  release-notes/components/torchneuron.rst); PyTorch/XLA training (torch-neuronx 2.9, the last
+  in Neuron 2.31) is what trn1 keeps, and it also ran on Trn2.
+- Trn3 (Trainium3, 8 NeuronCore-v4 per chip, 144 GiB per chip; a Gen1 server has 16 chips, a
+  Gen2 server 4: Neuron docs, trn3-arch.html and trainium3.html) is in `UNCONFIRMED_SHAPES`,
+  not in `INSTANCE_TYPES`: no source gave its EC2 size names (the EKS docs say only "Trn3pds
+  instance type"), its EFA interface count, vCPUs or host memory, so a job cannot ask for it
+  until those are known. Its per-node ranks below are derived, not documented.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from trainium_operator.api.workload_env import NEURON_STACKS
 
 NEURON_RESOURCE = "aws.amazon.com/neuron"
 NEURON_DEVICE_RESOURCE = "aws.amazon.com/neurondevice"
@@ -31,6 +42,13 @@ EFA_RESOURCE = "vpc.amazonaws.com/efa"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 # The Neuron runtime's logical NeuronCore setting (Trainium2 and later).
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+# The compiler's spelling of the same setting; it "must" equal the runtime's (Neuron docs,
+# "Logical NeuronCore configuration").
+LNC_COMPILER_FLAG = "--logical-nc-config"
+
+XLA_STACK, NATIVE_STACK = NEURON_STACKS
+TRN1_STACKS = (XLA_STACK,)  # TorchNeuron does not support Trn1
+TRN2_STACKS = (NATIVE_STACK, XLA_STACK)  # native is the default; XLA is frozen at Neuron 2.31
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +61,14 @@ class InstanceType:
     memory_gib: int
     lnc_options: tuple[int, ...] = (1,)  # logical NeuronCore configs the runtime accepts
     default_lnc: int = 1
+    # The Neuron PyTorch stacks that run on it (api/workload_env.NEURON_STACKS), default first.
+    neuron_stacks: tuple[str, ...] = TRN1_STACKS
+    # Facts of this row no source confirmed (field names), shown by the docs and `unconfirmed`.
+    unconfirmed: tuple[str, ...] = field(default=())
+
+    @property
+    def default_stack(self) -> str:
+        return self.neuron_stacks[0]
 
     @property
     def supports_lnc(self) -> bool:
@@ -59,14 +85,55 @@ class InstanceType:
         return self.logical_cores()
 
 
+def _trn2(name: str) -> InstanceType:
+    return InstanceType(
+        name, 16, 8, 16, 192, 2048, lnc_options=(1, 2), default_lnc=2, neuron_stacks=TRN2_STACKS
+    )
+
+
 INSTANCE_TYPES: dict[str, InstanceType] = {
     t.name: t
     for t in (
         InstanceType("trn1.2xlarge", 1, 2, 0, 8, 32),
         InstanceType("trn1.32xlarge", 16, 2, 8, 128, 512),
         InstanceType("trn1n.32xlarge", 16, 2, 16, 128, 512),
-        InstanceType("trn2.48xlarge", 16, 8, 16, 192, 2048, lnc_options=(1, 2), default_lnc=2),
-        InstanceType("trn2u.48xlarge", 16, 8, 16, 192, 2048, lnc_options=(1, 2), default_lnc=2),
+        _trn2("trn2.48xlarge"),
+        _trn2("trn2u.48xlarge"),
+    )
+}
+
+# Trainium3 servers as far as the sources go: chips and cores are documented, everything a pod
+# spec needs to be right is not (0 = unknown). Native stack only: TorchNeuron is the training
+# path since Neuron 2.33, after the XLA stack's last release. The default LNC is not stated
+# either; 2 here mirrors Trn2 and is marked.
+_TRN3_UNKNOWN = ("name", "efa_interfaces", "cpu", "memory_gib", "default_lnc")
+UNCONFIRMED_SHAPES: dict[str, InstanceType] = {
+    t.name: t
+    for t in (
+        InstanceType(
+            "trn3-gen1-server",
+            16,
+            8,
+            0,
+            0,
+            0,
+            lnc_options=(1, 2),
+            default_lnc=2,
+            neuron_stacks=(NATIVE_STACK,),
+            unconfirmed=_TRN3_UNKNOWN,
+        ),
+        InstanceType(
+            "trn3-gen2-server",
+            4,
+            8,
+            0,
+            0,
+            0,
+            lnc_options=(1, 2),
+            default_lnc=2,
+            neuron_stacks=(NATIVE_STACK,),
+            unconfirmed=_TRN3_UNKNOWN,
+        ),
     )
 }
 

@@ -19,11 +19,14 @@ from trainium_operator.api import object_names
 from trainium_operator.api.instance_types import (
     DEFAULT_INSTANCE_TYPE,
     INSTANCE_TYPES,
+    NATIVE_STACK,
     NEURON_DEVICE_RESOURCE,
     NEURON_RESOURCE,
+    XLA_STACK,
     InstanceType,
 )
 from trainium_operator.api.model_base import ApiModel
+from trainium_operator.api.workload_env import NEURON_STACKS
 
 GROUP = "trainium.dev"
 VERSION = "v1alpha1"
@@ -86,6 +89,7 @@ IMMUTABLE_SPEC_FIELDS = (
     "dataDir",
     "outputDir",
     "lnc",
+    "neuron",
 )
 
 
@@ -103,6 +107,14 @@ assert {t.value for t in InstanceTypeName} == set(INSTANCE_TYPES), "enum follows
 class NeuronResourceName(enum.StrEnum):
     NEURON = NEURON_RESOURCE
     NEURON_DEVICE = NEURON_DEVICE_RESOURCE
+
+
+class NeuronStack(enum.StrEnum):
+    XLA = XLA_STACK
+    NATIVE = NATIVE_STACK
+
+
+assert tuple(s.value for s in NeuronStack) == NEURON_STACKS, "enum follows the contract"
 
 
 class RendezvousBackend(enum.StrEnum):
@@ -182,11 +194,15 @@ class StorageSpec(ApiModel):
 
 class CompileSpec(ApiModel):
     enabled: bool = True
-    """Run neuron_parallel_compile with the same torchrun command before training, so
-    training starts with a warm Neuron compile cache instead of compiling just in time."""
+    """Run a compile stage with the same torchrun command before training, so training
+    starts with a warm Neuron compile cache instead of compiling just in time. XLA stack:
+    neuron_parallel_compile wraps the command (graph extraction, then parallel compiles).
+    Native stack: the same gang runs the command itself for `steps` steps, filling the
+    persistent NEFF cache (TORCH_NEURONX_NEFF_CACHE_DIR) that training then reads."""
     steps: Annotated[int, Field(ge=1, le=1000)] = 10
-    """Training steps to run in graph-extraction mode: TRAINIUM_COMPILE_STEPS in the
-    compile containers, and the value of stepsArg when that is set."""
+    """Training steps the compile stage runs (XLA: in graph-extraction mode):
+    TRAINIUM_COMPILE_STEPS in the compile containers, and the value of stepsArg when that is
+    set."""
     steps_arg: Flag | None = None
     """Option the script limits its steps with (e.g. --steps_this_run): the compile stage
     then adds it with spec.compile.steps. Unset: nothing is added."""
@@ -196,9 +212,40 @@ class CompileSpec(ApiModel):
     """Root of the Neuron compile cache on the shared volume; defaults to
     <mountPath>/neuron_cache."""
     cache_set: Annotated[str | None, Field(pattern=CACHE_SET_PATTERN)] = None
-    """Cache name prefix; each node rank uses <cacheDir>/<cacheSet>_<rank> because the
-    Neuron cache must not be shared by concurrent writers. Defaults to the job name.
-    Never reuse a cache set in two jobs that run at the same time."""
+    """Cache name prefix; each node rank uses its own cache because the Neuron cache must not
+    be shared by concurrent writers: <cacheDir>/<cacheSet>_<rank> (XLA) or
+    <cacheDir>/native/<cacheSet>_<rank>/<compiler key>-lnc<N> (native, so two compiler
+    versions or logical-core configs never share entries). Defaults to the job name. Never
+    reuse a cache set in two jobs that run at the same time."""
+
+
+# A compiler version or cache key: one path segment.
+CACHE_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class NeuronSpec(ApiModel):
+    stack: NeuronStack | None = None
+    """The Neuron PyTorch stack of the job's containers (TRAINIUM_NEURON_STACK). xla:
+    torch-neuronx with PyTorch/XLA (frozen at Neuron 2.31, PyTorch 2.9), the compile stage is
+    neuron_parallel_compile, the cache is NEURON_CC_FLAGS --cache_dir; trn1 runs only this.
+    native: TorchNeuron (Neuron 2.33+, device "neuron", torch.compile backend "neuron",
+    process-group backend "neuron"), the compile stage runs the command itself for
+    spec.compile.steps steps into the persistent NEFF cache on the shared volume; Trainium2
+    and later only. Defaults by instance type: xla on trn1/trn1n, native on trn2/trn2u. A
+    stack the instance type does not run is refused."""
+    compiler_version: Annotated[str | None, Field(pattern=CACHE_KEY_PATTERN, max_length=63)] = None
+    """Native stack: the neuronx-cc version of the image (e.g. 2.28.7631.0), the key of its
+    NEFF cache directory so programs of two compilers never mix. Unset: a digest of
+    spec.image stands in (a new image gets a new, cold cache)."""
+    compile_only: bool = False
+    """Native stack, compile stage only: TORCH_NEURONX_COMPILE_ONLY=1, asking TorchNeuron to
+    compile graphs without executing them. Off by default: the mechanism is named in the
+    TorchNeuron docs but not documented (only third-party code sets this variable), so the
+    compile stage runs the steps for real unless you turn it on."""
+    hlo_cache: bool = False
+    """Native stack: also keep TorchNeuron's HLO cache on the shared volume, next to the NEFF
+    cache (TORCH_NEURONX_HLO_CACHE_DIR, TORCH_NEURONX_HLO_COMPILE_CACHE=1). Off by default:
+    the docs name the HLO cache but not its variables (only third-party code sets them)."""
 
 
 class RendezvousSpec(ApiModel):
@@ -325,6 +372,24 @@ def _cores_summary() -> str:
 
 _LNC_TYPES = [t for t in INSTANCE_TYPES.values() if t.supports_lnc]
 
+
+def _types_running(stack: NeuronStack) -> list[str]:
+    return [t.name for t in INSTANCE_TYPES.values() if stack.value in t.neuron_stacks]
+
+
+def _effective_stack_expression() -> str:
+    """CEL: spec.neuron.stack, or the instance type's default stack when it is unset."""
+    by_default = [t.name for t in INSTANCE_TYPES.values() if t.default_stack == XLA_STACK]
+    return (
+        "(has(self.neuron) && has(self.neuron.stack) ? self.neuron.stack : "
+        f"(self.instanceType in {by_default} ? '{XLA_STACK}' : '{NATIVE_STACK}'))"
+    )
+
+
+def _stack_support_summary() -> str:
+    return "; ".join(f"{s.value}: {', '.join(_types_running(s))}" for s in NeuronStack)
+
+
 _CROSS_FIELD_RULES: list[dict[str, str]] = [
     {
         "rule": "self.rendezvous.backend != 'etcd' || has(self.rendezvous.endpoint)",
@@ -368,6 +433,26 @@ _CROSS_FIELD_RULES: list[dict[str, str]] = [
         "message": "spec.lnc (the logical NeuronCore config) applies only to Trainium2 instance "
         "types (" + ", ".join(t.name for t in _LNC_TYPES) + ", values 1 or 2); remove it for trn1",
         "fieldPath": ".lnc",
+    },
+    {
+        "rule": "!has(self.neuron) || !has(self.neuron.stack) || "
+        + " || ".join(
+            f"(self.neuron.stack == '{s.value}' && self.instanceType in {_types_running(s)})"
+            for s in NeuronStack
+        ),
+        "message": "spec.neuron.stack is not supported on spec.instanceType ("
+        + _stack_support_summary()
+        + "; TorchNeuron, the native stack, does not run on Trn1): remove spec.neuron.stack "
+        "for the instance type's default or pick a type that runs the stack",
+        "fieldPath": ".neuron.stack",
+    },
+    {
+        "rule": "!has(self.neuron) || !((has(self.neuron.compileOnly) && self.neuron.compileOnly)"
+        " || (has(self.neuron.hloCache) && self.neuron.hloCache)) || "
+        f"{_effective_stack_expression()} == '{NATIVE_STACK}'",
+        "message": "spec.neuron.compileOnly and spec.neuron.hloCache are native-stack controls: "
+        "remove them, or set spec.neuron.stack to native on an instance type that runs it",
+        "fieldPath": ".neuron",
     },
 ]
 
@@ -662,6 +747,8 @@ class TrainingJobSpec(ApiModel):
     """Training precision; bf16 enables stochastic rounding on Neuron."""
     storage: StorageSpec = StorageSpec()
     """The shared volume."""
+    neuron: NeuronSpec = NeuronSpec()
+    """The Neuron PyTorch stack (xla or native) and the native stack's compile controls."""
     compile: CompileSpec = CompileSpec()
     """The compile stage."""
     rendezvous: RendezvousSpec = RendezvousSpec()
@@ -710,6 +797,11 @@ class TrainingJobSpec(ApiModel):
         cores = shape.logical_cores(self.lnc if shape.supports_lnc else None)
         if self.processes_per_node is not None and self.processes_per_node > cores:
             problems.append(_CROSS_FIELD_RULES[2]["message"])
+        if self.neuron.stack is not None and self.neuron.stack.value not in shape.neuron_stacks:
+            problems.append(f"{_CROSS_FIELD_RULES[5]['message']} (got {self.neuron.stack.value})")
+        native_controls = self.neuron.compile_only or self.neuron.hlo_cache
+        if native_controls and self.effective_neuron_stack is not NeuronStack.NATIVE:
+            problems.append(_CROSS_FIELD_RULES[6]["message"])
         reserved = [
             e.name
             for e in self.env
@@ -743,6 +835,13 @@ class TrainingJobSpec(ApiModel):
         """The logical NeuronCore config of the pods; None where the runtime has none (trn1)."""
         shape = INSTANCE_TYPES[self.instance_type.value]
         return (self.lnc or shape.default_lnc) if shape.supports_lnc else None
+
+    @property
+    def effective_neuron_stack(self) -> NeuronStack:
+        """spec.neuron.stack, else the instance type's default (xla on trn1, native on trn2)."""
+        if self.neuron.stack is not None:
+            return self.neuron.stack
+        return NeuronStack(INSTANCE_TYPES[self.instance_type.value].default_stack)
 
     @property
     def logical_cores(self) -> int:

@@ -90,6 +90,34 @@ class StageStatus(ApiModel):
     whole gang instead of being re-created alone."""
 
 
+class CompileCacheStatus(ApiModel):
+    """What the native stack's compile stage left in the persistent NEFF cache, as each compile
+    pod reported it in its termination message after its steps (api/neff_cache.py). The
+    operator does not read the volume: figures of pods that did not report are missing, never
+    guessed, and nodesReported says how many did."""
+
+    path: str | None = None
+    """The cache directory of each node rank (<rank> stands for the node rank)."""
+    programs: Count | None = None
+    """Compiled programs (NEFF files) in the reporting nodes' caches."""
+    bytes: Int64 | None = None
+    """Their total size in bytes."""
+    nodes_reported: Count = 0
+    """Compile pods that could list their cache."""
+    nodes: Count = 0
+    """Compile pods of the gang."""
+    summary: str | None = None
+    """programs and size, e.g. "124 programs, 3.1 GiB" (with "k of n nodes" when partial)."""
+    message: str | None = None
+    """Why figures are missing, when they are."""
+
+
+class CompileStageStatus(StageStatus):
+    """The compile stage, with what it left in the cache where that can be read."""
+
+    cache: CompileCacheStatus | None = None
+
+
 class Workers(ApiModel):
     """Pods of the current stage."""
 
@@ -213,7 +241,7 @@ class TrainingJobStatus(ApiModel):
     """Gang attempt of the current stage, 0 for the first; only grows."""
     start_time: Timestamp | None = None
     completion_time: Timestamp | None = None
-    compile: StageStatus | None = None
+    compile: CompileStageStatus | None = None
     training: StageStatus | None = None
     workers: Workers | None = None
     restarts: Restarts | None = None

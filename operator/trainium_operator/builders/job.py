@@ -10,8 +10,8 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from trainium_operator.api import neff_cache, workload_env
 from trainium_operator.api import spec as spec_model
-from trainium_operator.api import workload_env
 from trainium_operator.api.spec import TrainingJobSpec
 
 APP_NAME = "trainium-operator"
@@ -103,6 +103,19 @@ class JobRef:
         # One cache per node rank: the Neuron cache breaks with concurrent writers on
         # Lustre/NFS, and compile pod r warms exactly what training pod r reads.
         return f"{self.cache_root.rstrip('/')}/{self.cache_set}_{rank}"
+
+    @property
+    def compiler_key(self) -> str:
+        """What keys the native NEFF cache by compiler: spec.neuron.compilerVersion, else the
+        image (api/neff_cache.image_cache_key)."""
+        return self.spec.neuron.compiler_version or neff_cache.image_cache_key(self.spec.image)
+
+    def native_cache_dir(self, rank: int) -> str:
+        """The native stack's cache of node rank `rank` (api/neff_cache.native_cache_dir)."""
+        lnc = self.spec.effective_lnc or 1  # the native stack runs only where LNC exists
+        return neff_cache.native_cache_dir(
+            self.cache_root, self.cache_set, rank, self.compiler_key, lnc
+        )
 
     def transformers_cache_dir(self, rank: int) -> str:
         return self._under_mount("transformers_cache", f"{self.cache_set}_{rank}")

@@ -7,17 +7,19 @@ import re
 from decimal import Decimal
 from typing import Any
 
-from trainium_operator.api import workload_env
+from trainium_operator.api import neff_cache, workload_env
 from trainium_operator.api.instance_types import (
     EFA_RESOURCE,
     INSTANCE_TYPE_LABEL,
     INSTANCE_TYPES,
+    LNC_COMPILER_FLAG,
     LNC_ENV,
     NEURON_RESOURCE,
 )
 from trainium_operator.api.spec import (
     QUANTITY_PATTERN,
     TRAINING_CONTAINER,
+    NeuronStack,
     PodTemplate,
     Precision,
     RendezvousBackend,
@@ -203,7 +205,9 @@ def should_resume(stage: Stage, attempt: int, resume: bool | None) -> bool:
 def torchrun_command(
     job: JobRef, stage: Stage, attempt: int, *, resume: bool | None = None
 ) -> list[str]:
-    """The torchrun argv; the compile stage wraps the same command in neuron_parallel_compile."""
+    """The torchrun argv. The XLA stack's compile stage wraps the same command in
+    neuron_parallel_compile; the native stack's runs it as it is (for spec.compile.steps
+    steps, through stepsArg or TRAINIUM_COMPILE_STEPS), compiling into the NEFF cache."""
     spec = job.spec
     argv = [
         "torchrun",
@@ -219,7 +223,7 @@ def torchrun_command(
         spec.command.script,
         *script_args(job, stage, attempt, resume=should_resume(stage, attempt, resume)),
     ]
-    if stage is Stage.COMPILE:
+    if stage is Stage.COMPILE and job.spec.effective_neuron_stack is NeuronStack.XLA:
         return [NEURON_PARALLEL_COMPILE, *argv]
     return argv
 
@@ -246,7 +250,47 @@ def container_command(
     command = torchrun_command(job, stage, attempt, resume=resume)
     if stage is Stage.TRAIN and job.spec.profile.enabled and job.spec.profile.neuron_device_profile:
         return ["/bin/sh", "-c", NEURON_PROFILE_MERGE_SCRIPT, "sh", *command]
+    if stage is Stage.COMPILE and job.spec.effective_neuron_stack is NeuronStack.NATIVE:
+        # The pod's termination message then says what the cache holds (status.compile.cache).
+        return ["/bin/sh", "-c", neff_cache.SUMMARY_SCRIPT, "sh", *command]
     return command
+
+
+def _cache_env(job: JobRef, stage: Stage, rank: int) -> list[Obj]:
+    """Where the stack's compiler caches, and the compiler's logical-core flag."""
+    spec = job.spec
+    lnc_flag = [f"{LNC_COMPILER_FLAG}={spec.effective_lnc}"] if spec.effective_lnc else []
+    if spec.effective_neuron_stack is NeuronStack.XLA:
+        flags = [f"--cache_dir={job.neuron_cache_dir(rank)}", *lnc_flag]
+        return [
+            {"name": "XLA_TRANSFER_SEED_ASYNC", "value": "1"},
+            {"name": "NEURON_CC_FLAGS", "value": " ".join(flags)},
+        ]
+    cache_dir = job.native_cache_dir(rank)
+    env: list[Obj] = [
+        {"name": neff_cache.NEFF_CACHE_DIR_ENV, "value": neff_cache.neff_dir(cache_dir)},
+    ]
+    if lnc_flag:
+        env.append({"name": "NEURON_CC_FLAGS", "value": " ".join(lnc_flag)})
+    if spec.neuron.hlo_cache:
+        env += [
+            {"name": neff_cache.HLO_CACHE_DIR_ENV, "value": neff_cache.hlo_dir(cache_dir)},
+            {"name": neff_cache.HLO_COMPILE_CACHE_ENV, "value": "1"},
+        ]
+    if stage is Stage.COMPILE and spec.neuron.compile_only:
+        env.append({"name": neff_cache.COMPILE_ONLY_ENV, "value": "1"})
+    return env
+
+
+def native_inspect_env(profile_dir: str) -> dict[str, str]:
+    """Neuron Explorer's capture for a native-stack (PJRT) process: device profiles need
+    `session` there, and the system profile adds CPU and host-memory samples (Neuron docs,
+    Neuron Explorer "How to profile a workload" and "Environment variables")."""
+    env = neuron_inspect_env(profile_dir, device_profile=True)
+    env["NEURON_RT_INSPECT_DEVICE_PROFILE"] = "session"
+    env["NEURON_RT_INSPECT_CPU_UTIL"] = "1"
+    env["NEURON_RT_INSPECT_HOST_MEMORY"] = "1"
+    return env
 
 
 def _operator_env(
@@ -261,8 +305,7 @@ def _operator_env(
         {"name": "FI_EFA_FORK_SAFE", "value": "1"},
         {"name": "CCOM_SOCKET_IFNAME", "value": "eth0"},
         {"name": "NEURON_RT_RESET_CORES", "value": "1"},
-        {"name": "XLA_TRANSFER_SEED_ASYNC", "value": "1"},
-        {"name": "NEURON_CC_FLAGS", "value": f"--cache_dir={job.neuron_cache_dir(rank)}"},
+        *_cache_env(job, stage, rank),
         {"name": "HF_HOME", "value": job.transformers_cache_dir(rank)},
         # The workload contract (api/workload_env.py): what the script may read.
         {"name": workload_env.JOB_NAME, "value": job.name},
@@ -278,6 +321,12 @@ def _operator_env(
         {"name": workload_env.OUTPUT_ROOT, "value": job.output_root},
         {"name": workload_env.DATA_DIR, "value": job.data_dir},
         {"name": workload_env.PRECISION, "value": spec.precision.value},
+        # Absent reads as xla (workload_env), so XLA-stack pods stay as they were before it.
+        *(
+            [{"name": workload_env.NEURON_STACK, "value": NeuronStack.NATIVE.value}]
+            if spec.effective_neuron_stack is NeuronStack.NATIVE
+            else []
+        ),
         {
             "name": workload_env.NODE_NAME,
             "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}},
@@ -302,7 +351,11 @@ def _operator_env(
         profiling = profiling_env(profile_dir, spec.profile.start_step, spec.profile.end_step)
         env += [{"name": name, "value": value} for name, value in profiling.items()]
         if spec.profile.neuron_device_profile:
-            inspect = neuron_inspect_env(profile_dir, device_profile=True)
+            inspect = (
+                native_inspect_env(profile_dir)
+                if spec.effective_neuron_stack is NeuronStack.NATIVE
+                else neuron_inspect_env(profile_dir, device_profile=True)
+            )
             env += [{"name": name, "value": value} for name, value in inspect.items()]
     return env
 

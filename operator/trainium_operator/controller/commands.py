@@ -15,7 +15,7 @@ import yaml
 from trainium_operator.api.crd import training_job_crd
 from trainium_operator.api.reference import api_reference
 from trainium_operator.builders.job import Stage
-from trainium_operator.lifecycle.render import render_stages, rendered_text
+from trainium_operator.lifecycle.render import parse_manifest, render_stages, rendered_text
 from trainium_operator.profiler.channel_contract import PATH
 
 Obj = dict[str, Any]
@@ -184,7 +184,8 @@ def render(
                 "(spec.compile.enabled is false)"
             )
             continue
-        outputs.append(rendered_text(stages, selected))
+        stack = parse_manifest(document, health_url).spec.effective_neuron_stack
+        outputs.append(rendered_text(stages, selected, stack))
     if errors:
         raise click.ClickException("\n".join(errors))
     click.echo("---\n".join(outputs), nl=False)

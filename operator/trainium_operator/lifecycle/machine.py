@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from trainium_operator.api.spec import NeuronStack
 from trainium_operator.api.status import ConditionType, FailureClass, Phase
 from trainium_operator.builders import pods as pod_builders
 from trainium_operator.builders.job import JobRef, Stage
@@ -27,6 +28,7 @@ from trainium_operator.lifecycle.cleanup import (
     is_overdue,
     stuck_bound,
 )
+from trainium_operator.lifecycle.compile_cache import compile_cache_view
 from trainium_operator.lifecycle.deadlines import finished, past_deadline
 from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj
 from trainium_operator.lifecycle.failures import (
@@ -42,6 +44,10 @@ from trainium_operator.lifecycle.restarts import handle_failures
 from trainium_operator.lifecycle.status_edit import StatusEdit, timestamp, workers_view
 
 STAGE_PHASE = {Stage.COMPILE: Phase.COMPILING, Stage.TRAIN: Phase.TRAINING}
+COMPILED_MESSAGES = {
+    NeuronStack.XLA: "neuron_parallel_compile filled the compile cache",
+    NeuronStack.NATIVE: "the compile steps filled the persistent NEFF cache",
+}
 # An old pod that survives its force deletion (a finalizer holds it) fails the job this many
 # stuck bounds after its deletion was due, instead of holding the next attempt forever.
 OLD_GANG_GIVE_UP_BOUNDS = 3
@@ -226,12 +232,12 @@ def _stage_succeeded(p: _Pass, stage: Stage, attempt: int) -> Stage | None:
         )
         cleanup_on_finish(job, p.decision, p.observed)
         return None
-    status.condition(
-        ConditionType.COMPILED,
-        True,
-        "CompileSucceeded",
-        "neuron_parallel_compile filled the compile cache",
-    )
+    message = COMPILED_MESSAGES[job.spec.effective_neuron_stack]
+    if job.spec.effective_neuron_stack is NeuronStack.NATIVE:
+        cache = compile_cache_view(job, gang)
+        status.data.setdefault("compile", {})["cache"] = cache
+        message += f": {cache.get('summary') or cache.get('message')}"
+    status.condition(ConditionType.COMPILED, True, "CompileSucceeded", message)
     p.decision.events.append(
         EventRecord("Normal", "CompileSucceeded", "compile stage finished; starting training")
     )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from trainium_operator.api.spec import TRAINING_CONTAINER
 from trainium_operator.builders.job import LABEL_ATTEMPT, LABEL_NODE_RANK, LABEL_STAGE, Stage
 
 Obj = dict[str, Any]
@@ -60,6 +61,9 @@ class PodView:
     # metadata.deletionTimestamp: when the kubelet should have stopped the pod (its grace
     # period included); a pod still there well after it has a kubelet that does not confirm.
     deletion_due: datetime | None = None
+    # The training container's termination message, once it ended (the native compile stage's
+    # NEFF cache summary, api/neff_cache.py).
+    termination_message: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -143,6 +147,16 @@ def _terminated_state(pod: Obj) -> Obj:
     return {}
 
 
+def _trainer_termination_message(pod: Obj) -> str | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") != TRAINING_CONTAINER:
+            continue
+        terminated = (status.get("state") or {}).get("terminated") or {}
+        message = terminated.get("message")
+        return message if isinstance(message, str) else None
+    return None
+
+
 def pod_view(pod: Obj) -> PodView | None:
     """Reduce a pod to what the lifecycle needs; None for pods without our labels."""
     meta = pod.get("metadata", {})
@@ -184,6 +198,7 @@ def pod_view(pod: Obj) -> PodView | None:
             if scheduled.get("status") == "True"
             else None
         ),
+        termination_message=_trainer_termination_message(pod),
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from trainium_operator.api import spec as spec_model
+from trainium_operator.api.spec import NeuronStack
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.decision import Decision
@@ -96,7 +97,12 @@ def render_stages(
     return rendered
 
 
-def _stage_note(stage: Stage, has_compile: bool) -> str:
+def _stage_note(stage: Stage, has_compile: bool, stack: NeuronStack) -> str:
+    if stage is Stage.COMPILE and stack is NeuronStack.NATIVE:
+        return (
+            "native stack: the same command for spec.compile.steps steps fills the persistent "
+            "NEFF cache; created first"
+        )
     if stage is Stage.COMPILE:
         return "neuron_parallel_compile fills the Neuron compile cache; created first"
     if has_compile:
@@ -104,13 +110,16 @@ def _stage_note(stage: Stage, has_compile: bool) -> str:
     return "torchrun; created first (spec.compile.enabled is false)"
 
 
-def rendered_text(stages: list[tuple[Stage, list[Obj]]], selected: Stage | None) -> str:
+def rendered_text(
+    stages: list[tuple[Stage, list[Obj]]], selected: Stage | None, stack: NeuronStack
+) -> str:
     """YAML documents, each headed by a comment naming its stage (n/total) and when it runs."""
     has_compile = any(stage is Stage.COMPILE for stage, _ in stages)
     parts: list[str] = []
     for index, (stage, objects) in enumerate(stages, start=1):
         if selected is not None and stage is not selected:
             continue
-        header = f"# stage {index}/{len(stages)}: {stage.value} ({_stage_note(stage, has_compile)})"
+        note = _stage_note(stage, has_compile, stack)
+        header = f"# stage {index}/{len(stages)}: {stage.value} ({note})"
         parts += [f"{header}\n{yaml.safe_dump(obj, sort_keys=False, width=100)}" for obj in objects]
     return "---\n".join(parts)

@@ -51,6 +51,8 @@ class RunConfig:
     service_account: str | None = None
     instance_type: str | None = None
     etcd_endpoint: str | None = None
+    neuron_stack: str | None = None  # spec.neuron.stack; None: the instance type's default
+    lnc: int | None = None
 
 
 @dataclass
@@ -285,6 +287,15 @@ def app_to_training_job(app: Any, cfg: RunConfig, *, name: str) -> Obj:
     }
     if command.nproc_per_node is not None:
         spec["processesPerNode"] = command.nproc_per_node
+    if cfg.neuron_stack is not None:
+        if cfg.neuron_stack not in workload_env.NEURON_STACKS:
+            raise AppDefError(
+                f"neuron_stack {cfg.neuron_stack!r} is not a Neuron stack; choose one of "
+                + ", ".join(workload_env.NEURON_STACKS)
+            )
+        spec["neuron"] = {"stack": cfg.neuron_stack}
+    if cfg.lnc is not None:
+        spec["lnc"] = cfg.lnc
     compile_spec: Obj = {"enabled": command.compile_stage}
     args = spec["command"]["args"]
     if command.compile_stage and STEPS_THIS_RUN in args[:-1]:

@@ -25,6 +25,7 @@ import yaml
 from torchx import specs
 from torchx.schedulers.api import DescribeAppResponse, ListAppResponse, Scheduler, Stream
 
+from trainium_operator.api import workload_env
 from trainium_operator.api.spec import TRAINING_CONTAINER
 from trainium_operator.builders.job import LABEL_ATTEMPT, LABEL_JOB_NAME, LABEL_NODE_RANK, Stage
 from trainium_operator.k8s.client import Cluster, load_api_client
@@ -140,6 +141,18 @@ class TrainiumScheduler(Scheduler):  # type: ignore[misc]  # torchx ships no typ
             help="Trainium instance type when the role's resource names none",
         )
         opts.add(
+            "neuron_stack",
+            type_=str,
+            help="Neuron PyTorch stack (spec.neuron.stack): "
+            + " or ".join(workload_env.NEURON_STACKS)
+            + "; default: the instance type's (xla on trn1, native on trn2)",
+        )
+        opts.add(
+            "lnc",
+            type_=int,
+            help="logical NeuronCore config on Trainium2 (spec.lnc): 1 or 2 (default 2)",
+        )
+        opts.add(
             "etcd_endpoint",
             type_=str,
             help="host:port of an etcd rendezvous server (default: c10d on rank 0)",
@@ -156,6 +169,8 @@ class TrainiumScheduler(Scheduler):  # type: ignore[misc]  # torchx ships no typ
             service_account=cfg.get("service_account"),
             instance_type=cfg.get("instance_type"),
             etcd_endpoint=cfg.get("etcd_endpoint"),
+            neuron_stack=cfg.get("neuron_stack"),
+            lnc=cfg.get("lnc"),
         )
 
     # -- submit ------------------------------------------------------------------------------
