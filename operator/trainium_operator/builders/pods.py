@@ -33,7 +33,7 @@ from trainium_operator.builders.job import (
 from trainium_operator.profiler import channel_contract
 from trainium_operator.profiler.channel_contract import channel_env
 from trainium_operator.profiler.env_contract import profiling_env
-from trainium_operator.profiler.sources.neuron import neuron_inspect_env
+from trainium_operator.profiler.neuron_env_contract import neuron_inspect_env
 
 Obj = dict[str, Any]
 
