@@ -282,8 +282,8 @@ class Trainer:
                     loss = self.step_model(**inputs).loss / accum
                 with profiler.annotate(ANNOTATE_BACKWARD):
                     loss.backward()
-            loss_sum += loss.detach().float()
-            backend.mark_step()
+                    loss_sum += loss.detach().float()
+                    backend.mark_step()
             position = batch.position
         with profiler.annotate(ANNOTATE_OPTIMIZER):
             backend.reduce_gradients(self.optimizer)
