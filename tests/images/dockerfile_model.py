@@ -19,6 +19,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR_DOCKERFILE = ROOT / "images" / "operator" / "Dockerfile"
 TRAINING_DOCKERFILE = ROOT / "images" / "training" / "Dockerfile"
+# The native Neuron stack's training image (TorchNeuron): the same package on another base.
+TRAINING_NATIVE_DOCKERFILE = ROOT / "images" / "training" / "Dockerfile.native"
+TRAINING_DOCKERFILES = {
+    "training": TRAINING_DOCKERFILE,
+    "training-native": TRAINING_NATIVE_DOCKERFILE,
+}
 
 
 @dataclass(frozen=True, slots=True)

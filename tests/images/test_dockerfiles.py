@@ -15,13 +15,17 @@ from images.dockerfile_model import (
     OPERATOR_DOCKERFILE,
     ROOT,
     TRAINING_DOCKERFILE,
+    TRAINING_DOCKERFILES,
+    TRAINING_NATIVE_DOCKERFILE,
     Dockerfile,
     DockerIgnore,
     assemble_copies,
     parse_instructions,
 )
 
-DOCKERFILES = {"operator": OPERATOR_DOCKERFILE, "training": TRAINING_DOCKERFILE}
+DOCKERFILES = {"operator": OPERATOR_DOCKERFILE, **TRAINING_DOCKERFILES}
+# Each training image's test runs on both: the XLA stack's and the native stack's.
+each_training_image = pytest.mark.parametrize("training_dockerfile", sorted(TRAINING_DOCKERFILES))
 CHART_VALUES = yaml.safe_load((ROOT / "charts" / "trainium-operator" / "values.yaml").read_text())
 
 
@@ -119,12 +123,36 @@ def test_training_image_builds_on_the_last_torch_neuronx_training_dlc() -> None:
     assert "-sdk2.31." in tag
 
 
-def test_training_image_copies_the_training_package_to_its_contract_path() -> None:
-    copies = [i.flags_and_operands()[1] for i in Dockerfile(TRAINING_DOCKERFILE).final("COPY")]
+def test_the_native_training_image_builds_on_a_torchneuron_dlc_of_sdk_2_33() -> None:
+    base = Dockerfile(TRAINING_NATIVE_DOCKERFILE).stages()[-1][0]
+    tag = base.rpartition(":")[2]
+    assert tag.startswith("2.14."), "TorchNeuron 2.33 pairs torch-neuronx 2.14 with PyTorch 2.14"
+    assert "-py314-sdk2.33." in tag
+    assert tag.endswith("-ubuntu26.04"), "Neuron 2.33 DLCs are published on Ubuntu 26.04 only"
+    text = TRAINING_NATIVE_DOCKERFILE.read_text()
+    assert "NOT CONFIRMED" in text, "the unconfirmed repository and tag are said to be so"
+
+
+def test_each_training_image_names_the_neuron_stack_it_runs() -> None:
+    from trainium_operator.api import workload_env
+
+    native = Dockerfile(TRAINING_NATIVE_DOCKERFILE).final_env()
+    assert native[workload_env.NEURON_STACK] == "native"
+    assert not [name for name in native if name.startswith(("XLA_", "PJRT_"))]
+    # The XLA image predates the variable: absent reads as xla.
+    assert workload_env.NEURON_STACK not in Dockerfile(TRAINING_DOCKERFILE).final_env()
+
+
+@each_training_image
+def test_training_image_copies_the_training_package_to_its_contract_path(
+    training_dockerfile: str,
+) -> None:
+    dockerfile = Dockerfile(TRAINING_DOCKERFILES[training_dockerfile])
+    copies = [i.flags_and_operands()[1] for i in dockerfile.final("COPY")]
     assert ["images/training/trainium_training/", "/opt/trainium/trainium_training/"] in copies
     source = ROOT / "images" / "training" / "trainium_training"
     assert source.is_dir()
-    env = Dockerfile(TRAINING_DOCKERFILE).final_env()
+    env = dockerfile.final_env()
     assert env["PYTHONPATH"] == "/opt/trainium"
 
 
@@ -162,8 +190,11 @@ OURS_IN_THE_TRAINING_IMAGE = [
 ]
 
 
-def test_training_image_carries_only_the_profiler_and_the_contract_of_our_package() -> None:
-    dockerfile = Dockerfile(TRAINING_DOCKERFILE)
+@each_training_image
+def test_training_image_carries_only_the_profiler_and_the_contract_of_our_package(
+    training_dockerfile: str,
+) -> None:
+    dockerfile = Dockerfile(TRAINING_DOCKERFILES[training_dockerfile])
     copies = [i.flags_and_operands()[1] for i in dockerfile.final("COPY")]
     ours = [c for c in copies if c[0].startswith("operator/")]
     assert ours == OURS_IN_THE_TRAINING_IMAGE, "no controller, UI, API models or dev cluster"
@@ -175,11 +206,11 @@ def test_training_image_carries_only_the_profiler_and_the_contract_of_our_packag
     assert dockerfile.final_env()["PYTHONPATH"] == "/opt/trainium"
 
 
-def image_layout(folder: Path) -> Path:
-    """The training Dockerfile's COPY lines of our package reproduced in `folder` (its
+def image_layout(folder: Path, dockerfile: Path = TRAINING_DOCKERFILE) -> Path:
+    """A training Dockerfile's COPY lines of our package reproduced in `folder` (its
     /opt/trainium)."""
     return assemble_copies(
-        Dockerfile(TRAINING_DOCKERFILE), folder, under="/opt/trainium/", sources=("operator/",)
+        Dockerfile(dockerfile), folder, under="/opt/trainium/", sources=("operator/",)
     )
 
 
@@ -197,10 +228,11 @@ def our_imports_of_the_training_package() -> set[str]:
     return found
 
 
+@each_training_image
 def test_the_training_image_layout_holds_every_module_of_ours_the_training_package_imports(
-    tmp_path: Path,
+    training_dockerfile: str, tmp_path: Path
 ) -> None:
-    layout = image_layout(tmp_path)
+    layout = image_layout(tmp_path, TRAINING_DOCKERFILES[training_dockerfile])
     imported = our_imports_of_the_training_package()
     assert "trainium_operator.api.workload_env" in imported
 
@@ -217,21 +249,25 @@ def test_the_training_image_layout_holds_every_module_of_ours_the_training_packa
     assert not missing, f"the training image lacks {missing}"
 
 
-def test_training_image_pins_boto3_as_pyproject_does() -> None:
+@each_training_image
+def test_training_image_pins_boto3_as_pyproject_does(training_dockerfile: str) -> None:
     import tomllib
 
     pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     (boto3,) = [p for p in pins if p.startswith("boto3==")]
-    runs = [i.arguments for i in Dockerfile(TRAINING_DOCKERFILE).final("RUN")]
+    runs = [i.arguments for i in Dockerfile(TRAINING_DOCKERFILES[training_dockerfile]).final("RUN")]
     (install,) = [r for r in runs if "transformers==" in r]
     assert f'"{boto3}"' in install
 
 
-def test_the_training_image_layout_imports_the_profiler_and_the_uploader(tmp_path: Path) -> None:
+@each_training_image
+def test_the_training_image_layout_imports_the_profiler_and_the_uploader(
+    training_dockerfile: str, tmp_path: Path
+) -> None:
     """Our COPY lines reproduced in a folder: the profiler, its S3 uploader, the Neuron
     post-processing and the workload contract import from it alone, with the standard library,
     and nothing else of ours is there."""
-    image_layout(tmp_path)
+    image_layout(tmp_path, TRAINING_DOCKERFILES[training_dockerfile])
     assert not (tmp_path / "trainium_devcluster").exists()
     code = (
         "import sys, trainium_operator\n"
@@ -261,15 +297,17 @@ def test_the_training_image_layout_imports_the_profiler_and_the_uploader(tmp_pat
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_training_image_keeps_the_base_neuron_torch_build() -> None:
-    runs = [i.arguments for i in Dockerfile(TRAINING_DOCKERFILE).final("RUN")]
+@each_training_image
+def test_training_image_keeps_the_base_neuron_torch_build(training_dockerfile: str) -> None:
+    runs = [i.arguments for i in Dockerfile(TRAINING_DOCKERFILES[training_dockerfile]).final("RUN")]
     (install,) = [r for r in runs if "transformers==" in r]
     assert "--constraint" in install
     assert "torch-neuronx" in install
 
 
-def test_training_image_sets_the_neuron_and_efa_environment() -> None:
-    env = Dockerfile(TRAINING_DOCKERFILE).final_env()
+@each_training_image
+def test_training_image_sets_the_neuron_and_efa_environment(training_dockerfile: str) -> None:
+    env = Dockerfile(TRAINING_DOCKERFILES[training_dockerfile]).final_env()
     assert "/opt/aws/neuron/bin" in env["PATH"].split(":")
     library_path = env["LD_LIBRARY_PATH"].split(":")
     for directory in ("/opt/aws/neuron/lib", "/opt/amazon/efa/lib", "/opt/amazon/efa/lib64"):
@@ -302,7 +340,9 @@ def repository_files() -> list[str]:
 @pytest.mark.parametrize("image", sorted(DOCKERFILES))
 def test_build_context_holds_every_copied_source_and_nothing_else(image: str) -> None:
     dockerfile = Dockerfile(DOCKERFILES[image])
-    ignore = DockerIgnore.read(DOCKERFILES[image].with_name("Dockerfile.dockerignore"))
+    ignore = DockerIgnore.read(
+        DOCKERFILES[image].with_name(DOCKERFILES[image].name + ".dockerignore")
+    )
     context = [path for path in repository_files() if ignore.includes(path)]
     for instruction in dockerfile.instructions:
         if instruction.keyword != "COPY":

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from images.dockerfile_model import (
-    TRAINING_DOCKERFILE,
+    TRAINING_DOCKERFILES,
     Dockerfile,
     assemble_copies,
     build_operator_wheel,
@@ -65,20 +65,29 @@ def run(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.Completed
     )
 
 
-@pytest.fixture(scope="module")
-def training_image(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
-    dockerfile = Dockerfile(TRAINING_DOCKERFILE)
-    root = assemble_copies(dockerfile, tmp_path_factory.mktemp("training-image"))
-    return root, image_env(dockerfile, root)
+# The Neuron stack each training image's layout runs (its ENV's TRAINIUM_NEURON_STACK).
+STACK_OF_TRAINING_IMAGE = {"training": "xla", "training-native": "native"}
+
+
+@pytest.fixture(scope="module", params=sorted(TRAINING_DOCKERFILES))
+def training_image(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, str], str]:
+    """(layout root, image env, image name) of each training image: the XLA stack's and the
+    native stack's."""
+    name: str = request.param
+    dockerfile = Dockerfile(TRAINING_DOCKERFILES[name])
+    root = assemble_copies(dockerfile, tmp_path_factory.mktemp(f"{name}-image"))
+    return root, image_env(dockerfile, root), name
 
 
 def test_the_training_images_cmd_runs_in_its_layout(
-    training_image: tuple[Path, dict[str, str]],
+    training_image: tuple[Path, dict[str, str], str],
 ) -> None:
     """The image's own CMD (`pretrain.py --help`): it failed with ModuleNotFoundError while the
     Dockerfile copied only the profiler of our package."""
-    root, env = training_image
-    (cmd,) = Dockerfile(TRAINING_DOCKERFILE).final("CMD")
+    root, env, name = training_image
+    (cmd,) = Dockerfile(TRAINING_DOCKERFILES[name]).final("CMD")
     result = run(image_command(cmd.exec_form(), root), env, root)
     assert result.returncode == 0, result.stderr
     assert "--output_dir" in result.stdout
@@ -86,9 +95,10 @@ def test_the_training_images_cmd_runs_in_its_layout(
 
 
 def test_a_two_step_cpu_training_run_works_from_the_training_image_layout(
-    training_image: tuple[Path, dict[str, str]], tmp_path: Path
+    training_image: tuple[Path, dict[str, str], str], tmp_path: Path
 ) -> None:
-    root, env = training_image
+    """Without a Neuron device each image trains on the CPU, on its own stack's code path."""
+    root, env, name = training_image
     package = root / "opt" / "trainium" / "trainium_training"
     shards = run(
         [sys.executable, str(package / "make_shards.py"), "--output_dir", str(tmp_path / "data"),
@@ -106,6 +116,8 @@ def test_a_two_step_cpu_training_run_works_from_the_training_image_layout(
     )  # fmt: skip
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "training steps 1..2" in trained.stderr
+    stack = STACK_OF_TRAINING_IMAGE[name]
+    assert f"Neuron stack {stack}: torch device cpu" in trained.stderr
     assert list((tmp_path / "out").rglob("*.pt")), "the run wrote its final checkpoint"
 
 

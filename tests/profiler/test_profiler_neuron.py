@@ -14,6 +14,7 @@ import pytest
 from trainium_operator.profiler.clock import ClockSyncPoint, WallToMonotonic
 from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind
 from trainium_operator.profiler.format import RankHeader, read_rank_file, write_rank_file
+from trainium_operator.profiler.neuron_env_contract import neuron_inspect_env
 from trainium_operator.profiler.sources.neuron import (
     FLOW_ID_BASE,
     NeuronProfileError,
@@ -21,7 +22,6 @@ from trainium_operator.profiler.sources.neuron import (
     convert_system_profile,
     load_system_profile,
     merge_profile_dir,
-    neuron_inspect_env,
 )
 
 FIXTURE = Path(__file__).parent / "fixtures" / "neuron" / "system_profile.json"

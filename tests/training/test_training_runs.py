@@ -397,3 +397,51 @@ def test_the_xla_backend_refuses_ranks_it_cannot_connect(
     assert result.returncode != 0
     assert "torchrun started WORLD_SIZE=2 ranks but the XLA process group holds 1" in result.stderr
     assert not (tmp_path / "out").exists()
+
+
+NATIVE_STACK_LOG = "Neuron stack native: torch device cpu, process group gloo, torch.compile off"
+
+
+def test_the_native_stack_on_two_cpu_ranks_trains_and_resumes_as_the_xla_stacks_cpu_path(
+    distinct_data: Path, tmp_path: Path
+) -> None:
+    """The native code path (DDP over gloo, no_sync across micro-batches, eager) gives the
+    losses and gradient norms the XLA stack's CPU path (hand-written all-reduce) gives, and
+    its checkpoints hold the plain model (no DDP prefix), so either stack resumes them."""
+    args = [
+        *TINY,
+        "--grad_accum_usteps",
+        "2",
+        "--max_steps",
+        "3",
+        DATA_DIR_FLAG,
+        str(distinct_data),
+    ]
+    native_env = child_env(TRAINIUM_NEURON_STACK="native")
+    native, xla = tmp_path / "native", tmp_path / "xla"
+
+    first = run(
+        torchrun_argv(2, [*args, OUTPUT_DIR_FLAG, str(native), STEPS_THIS_RUN_FLAG, "2"]),
+        native_env,
+    )
+    assert_succeeded(first)
+    assert NATIVE_STACK_LOG in first.stderr
+    assert "device native, world size 2, dtype torch.float32" in first.stderr
+    resumed = run(torchrun_argv(2, [*args, OUTPUT_DIR_FLAG, str(native), RESUME_FLAG]), native_env)
+    assert_succeeded(resumed)
+    assert "resuming from step 2 " in resumed.stderr
+    reference = run(torchrun_argv(2, [*args, OUTPUT_DIR_FLAG, str(xla)]), child_env())
+    assert_succeeded(reference)
+    assert "Neuron stack xla: torch device cpu, process group gloo" in reference.stderr
+
+    by_native, by_xla = read_metrics(native), read_metrics(xla)
+    assert [r["step"] for r in by_native] == [r["step"] for r in by_xla] == [1, 2, 3]
+    for ours, theirs in zip(by_native, by_xla, strict=True):
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-5)
+        assert ours["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=1e-4)
+        assert ours["global_batch"] == theirs["global_batch"] == 16
+    saved, expected = final_checkpoint(native), final_checkpoint(xla)
+    assert saved["step"] == 3
+    assert set(saved["model"]) == set(expected["model"])
+    name = "bert.embeddings.word_embeddings.weight"
+    assert torch.allclose(saved["model"][name], expected["model"][name], atol=1e-5)

@@ -21,7 +21,7 @@ from trainium_operator.api.training_flags import (
     RESUME_FLAG,
     STEPS_THIS_RUN_FLAG,
 )
-from trainium_training.devices import DEVICE_CHOICES
+from trainium_training.devices import COMPILE_BACKEND_CHOICES, DEVICE_CHOICES
 from trainium_training.model_configs import DEFAULT_MODEL_CONFIG, MODEL_CONFIGS
 from trainium_training.optimizers import OPTIMIZERS
 
@@ -54,6 +54,7 @@ class TrainingArguments:
     resume: bool
     device: str
     precision: str
+    compile_backend: str = "auto"
 
     def as_record(self) -> dict[str, Any]:
         """Plain values, for checkpoints and logs."""
@@ -136,7 +137,20 @@ def build_parser(environ: Mapping[str, str] | None = None) -> argparse.ArgumentP
 
     runtime = parser.add_argument_group("runtime")
     runtime.add_argument("--log_every_steps", type=int, default=1)
-    runtime.add_argument("--device", choices=DEVICE_CHOICES, default="auto")
+    runtime.add_argument(
+        "--device",
+        choices=DEVICE_CHOICES,
+        default="auto",
+        help="auto = the Neuron device of the stack $TRAINIUM_NEURON_STACK names (xla or neuron) "
+        "when present, else cpu",
+    )
+    runtime.add_argument(
+        "--compile_backend",
+        choices=COMPILE_BACKEND_CHOICES,
+        default="auto",
+        help="native stack: the torch.compile backend; auto = neuron on the Neuron device, off "
+        "(eager) on the CPU",
+    )
     runtime.add_argument(
         "--precision",
         choices=PRECISION_CHOICES,

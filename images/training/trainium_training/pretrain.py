@@ -70,7 +70,7 @@ def step_seed(seed: int, rank: int, step: int) -> int:
 
 def resolve_precision(requested: str, device_kind: str) -> str:
     if requested == "auto":
-        return "bf16" if device_kind == "xla" else "fp32"
+        return "bf16" if device_kind in ("xla", devices.NEURON_DEVICE) else "fp32"
     return requested
 
 
@@ -256,6 +256,9 @@ class Trainer:
         self.args = args
         self.backend = backend
         self.model = learner.model
+        # What the step calls (DDP and torch.compile on the native stack); checkpoints keep
+        # saving `model`, whose parameters it shares.
+        self.step_model = backend.prepare_model(learner.model)
         self.optimizer = learner.optimizer
         self.scheduler = learner.scheduler
         self.stream = stream
@@ -270,16 +273,17 @@ class Trainer:
         backend.seed(step_seed(self.args.seed, backend.rank, step))
         loss_sum = torch.zeros((), device=backend.device, dtype=torch.float32)
         position = self.stream.position
-        for _ in range(accum):
+        for micro_batch in range(accum):
             with profiler.annotate(ANNOTATE_DATA):
                 batch = next(self.stream)
                 inputs = {k: backend.to_device(v) for k, v in batch.arrays().items()}
-            with profiler.annotate(ANNOTATE_FORWARD):
-                loss = self.model(**inputs).loss / accum
-            with profiler.annotate(ANNOTATE_BACKWARD):
-                loss.backward()
-                loss_sum += loss.detach().float()
-                backend.mark_step()
+            with backend.accumulating(self.step_model, last=micro_batch == accum - 1):
+                with profiler.annotate(ANNOTATE_FORWARD):
+                    loss = self.step_model(**inputs).loss / accum
+                with profiler.annotate(ANNOTATE_BACKWARD):
+                    loss.backward()
+                    loss_sum += loss.detach().float()
+                    backend.mark_step()
             position = batch.position
         with profiler.annotate(ANNOTATE_OPTIMIZER):
             backend.reduce_gradients(self.optimizer)
@@ -350,9 +354,16 @@ def run(args: TrainingArguments, environ: MutableMapping[str, str]) -> int:
     bf16 = resolve_precision(args.precision, kind) == "bf16"
     if kind == "xla":
         devices.prepare_neuron_environment(environ, bf16)
+    elif kind == devices.NEURON_DEVICE:
+        devices.prepare_native_environment(environ, bf16)
     try:
-        backend = devices.create_backend(kind, environ, torch.bfloat16 if bf16 else torch.float32)
-    except RuntimeError as exc:
+        backend = devices.create_backend(
+            kind,
+            environ,
+            torch.bfloat16 if bf16 else torch.float32,
+            compile_backend=args.compile_backend,
+        )
+    except (RuntimeError, ValueError) as exc:
         raise RunError(str(exc)) from exc
     configure_logging(backend.rank)
     try:
@@ -483,6 +494,13 @@ def _train(
         args.model_config,
         args.optimizer,
     )
+    log.info(
+        "Neuron stack %s: torch device %s, process group %s, torch.compile %s",
+        backend.stack,
+        backend.device,
+        backend.process_group_backend or "none (one process)",
+        backend.compile_backend or "off",
+    )
     shape = MODEL_CONFIGS[args.model_config]
     expect = shards.ShardExpectations(
         vocab_size=shape.vocab_size,
@@ -589,7 +607,7 @@ def _train(
             if extraction and rank0:
                 print(f"graph extraction: step {step} traced", flush=True)
             if writes and (step % args.checkpoint_every_steps == 0 or step == last):
-                write_checkpoint(args, learner, state, plan=plan, position=stream.position)
+                write_checkpoint(args, backend, learner, state, plan=plan, position=stream.position)
                 saved_step = step
         log.info(
             "finished at step %d (last checkpoint: step %d)",
@@ -601,6 +619,7 @@ def _train(
 
 def write_checkpoint(
     args: TrainingArguments,
+    backend: devices.Backend,
     learner: Learner,
     state: TrainingState,
     *,
@@ -610,7 +629,7 @@ def write_checkpoint(
     started = time.monotonic()
     payload = checkpoint_payload(args, learner, state, plan=plan, position=position)
     directory = checkpoints.checkpoint_dir(args.output_dir)
-    path = checkpoints.save_atomic(payload, directory, state.step)
+    path = backend.save_checkpoint(payload, directory, state.step)
     pruned = checkpoints.prune(directory, args.num_ckpts_to_keep)
     log.info(
         "checkpoint %s written in %.2fs%s",

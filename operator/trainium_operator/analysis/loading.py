@@ -52,6 +52,7 @@ class RankInfo:
     damage: str | None
     track_names: dict[tuple[int, int], str] = field(default_factory=dict)
     sources: tuple[str, ...] = ()  # the capture sources that ran ("host", "torch", "neuron")
+    extra: dict[str, str] = field(default_factory=dict)  # the header's notes (Neuron capture)
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,7 @@ def load_profile(directory: str | os.PathLike[str], workers: int | None = None) 
             damage=load.damage,
             track_names=load.track_names,
             sources=tuple(load.header.sources),
+            extra=dict(load.header.extra),
         )
         for load, aligned in zip(aligned_loads, aligned_flags, strict=True)
     )

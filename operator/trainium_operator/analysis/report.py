@@ -100,6 +100,52 @@ def _why_no_accelerator(sources: set[str]) -> str:
     )
 
 
+def neuron_capture_summary(profile: LoadedProfile) -> dict[str, Any]:
+    """What the Neuron runtime's capture contributed, from the notes the post-run merge left
+    in each rank file: system profile always, device profile only where one was converted."""
+    merged = [rank for rank in profile.ranks if "neuron_capture_dir" in rank.extra]
+    with_device = [
+        rank for rank in merged if int(rank.extra.get("neuron_device_profile_events", "0") or 0)
+    ]
+    raw_only = [
+        rank
+        for rank in merged
+        if rank not in with_device and int(rank.extra.get("neuron_device_profiles", "0") or 0)
+    ]
+    bases = sorted(
+        {
+            base
+            for rank in with_device
+            for base in rank.extra.get("neuron_device_time_base", "").split(",")
+            if base and base != "none"
+        }
+    )
+    note = None
+    if merged and not with_device:
+        note = (
+            f"the Neuron system profile was merged for {len(merged)} rank(s) but no device "
+            "profile: the native stack needs NEURON_RT_INSPECT_DEVICE_PROFILE=session, and the "
+            ".ntff files are read only through neuron-explorer's Perfetto export "
+            "(device_profile_model_<id>.pftrace)"
+            + (
+                f"; {len(raw_only)} rank(s) have .ntff files that were not exported"
+                if raw_only
+                else ""
+            )
+        )
+    elif "anchored" in bases:
+        note = (
+            "device-profile timestamps were device-relative: they were placed at each rank's "
+            "first NeuronCore execution, so their offset from host events is approximate"
+        )
+    return {
+        "system_profile_ranks": len(merged),
+        "device_profile_ranks": len(with_device),
+        "device_time_bases": bases,
+        "note": note,
+    }
+
+
 def accelerator_summary(profile: LoadedProfile) -> dict[str, Any]:
     """Whether any accelerator activity was recorded, and if not, why, so the dashboard and
     the report say so instead of showing zeros."""
@@ -119,6 +165,7 @@ def accelerator_summary(profile: LoadedProfile) -> dict[str, Any]:
         "reason": None if recorded else _why_no_accelerator(sources),
         "window": list(window) if window else None,
         "host_ops_shown": not recorded,
+        "neuron": neuron_capture_summary(profile),
     }
 
 
@@ -361,6 +408,9 @@ def text_report(data: dict[str, Any], top: int = 15) -> str:
 
     accelerator = data.get("accelerator") or {"recorded": True}
     device = bool(accelerator["recorded"])
+    neuron_note = (accelerator.get("neuron") or {}).get("note")
+    if neuron_note:
+        lines += ["", f"Neuron capture: {neuron_note}"]
     if device:
         device_time = data["device_time"]
         lines += [

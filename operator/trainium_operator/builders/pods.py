@@ -35,7 +35,7 @@ from trainium_operator.builders.job import (
 from trainium_operator.profiler import channel_contract
 from trainium_operator.profiler.channel_contract import channel_env
 from trainium_operator.profiler.env_contract import profiling_env
-from trainium_operator.profiler.sources.neuron import neuron_inspect_env
+from trainium_operator.profiler.neuron_env_contract import neuron_inspect_env
 
 Obj = dict[str, Any]
 
@@ -282,17 +282,6 @@ def _cache_env(job: JobRef, stage: Stage, rank: int) -> list[Obj]:
     return env
 
 
-def native_inspect_env(profile_dir: str) -> dict[str, str]:
-    """Neuron Explorer's capture for a native-stack (PJRT) process: device profiles need
-    `session` there, and the system profile adds CPU and host-memory samples (Neuron docs,
-    Neuron Explorer "How to profile a workload" and "Environment variables")."""
-    env = neuron_inspect_env(profile_dir, device_profile=True)
-    env["NEURON_RT_INSPECT_DEVICE_PROFILE"] = "session"
-    env["NEURON_RT_INSPECT_CPU_UTIL"] = "1"
-    env["NEURON_RT_INSPECT_HOST_MEMORY"] = "1"
-    return env
-
-
 def _operator_env(
     job: JobRef, stage: Stage, rank: int, attempt: int, *, resume: bool, restarts: int
 ) -> list[Obj]:
@@ -351,10 +340,8 @@ def _operator_env(
         profiling = profiling_env(profile_dir, spec.profile.start_step, spec.profile.end_step)
         env += [{"name": name, "value": value} for name, value in profiling.items()]
         if spec.profile.neuron_device_profile:
-            inspect = (
-                native_inspect_env(profile_dir)
-                if spec.effective_neuron_stack is NeuronStack.NATIVE
-                else neuron_inspect_env(profile_dir, device_profile=True)
+            inspect = neuron_inspect_env(
+                profile_dir, stack=spec.effective_neuron_stack.value, device_profile=True
             )
             env += [{"name": name, "value": value} for name, value in inspect.items()]
     return env

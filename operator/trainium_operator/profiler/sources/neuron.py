@@ -46,6 +46,21 @@ Launch-to-run links: an event's `flow_id` list (newer runtimes; the Explorer sch
 it) when present, else a shared `exec_id`, else the latest unlinked `nrt_execute` on the same
 NeuronCore that started before the execution (a heuristic).
 
+Device profiles (the native stack). With `NEURON_RT_INSPECT_DEVICE_PROFILE=session` (what
+`neuron_env_contract.neuron_inspect_env(..., stack="native", device_profile=True)` sets; the
+docs require `session` on PJRT runtimes such as TorchNeuron) the capture directory also holds
+`.ntff` files. Their raw format is not documented; Neuron Explorer's Perfetto export is
+(`neuron-explorer view -d <dir> --output-format perfetto` writes
+`device_profile_model_<id>.pftrace`), and Perfetto's TrackEvent protobuf is, so those files
+are read with `perfetto_reader` when present (or produced by that command when the tool is in
+the image). Every slice becomes a KERNEL event on the rank's NeuronCore (the logical core its
+`nc_exec_running` events ran on), one stream per Perfetto track from stream 16 on, named
+`NeuronCore <n> device: <track name>`. Which Neuron activity each track holds is Neuron's
+choice and is passed through by name. Timestamps that read as Unix nanoseconds are mapped like
+the system profile's; smaller ones (device-relative) are placed so the first slice starts with
+the rank's first `nc_exec_running` (a heuristic, recorded in the rank file's extras as
+`neuron_device_time_base=anchored`); with neither, the file is counted and left out.
+
 Because the runtime may write its files only when the process exits, conversion normally runs
 after training: `python -m trainium_operator.profiler.sources.neuron <profile dir>` merges each
 process's events into its rank file (matched by pid). The in-process source does the same at
@@ -66,6 +81,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from trainium_operator.profiler import neuron_env_contract
 from trainium_operator.profiler.clock import ClockSyncPoint, WallToMonotonic
 from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind
 from trainium_operator.profiler.format import (
@@ -75,18 +91,23 @@ from trainium_operator.profiler.format import (
     read_rank_file,
 )
 from trainium_operator.profiler.manifest import discover_rank_files
+from trainium_operator.profiler.sources import perfetto_reader
 from trainium_operator.profiler.sources.base import ActivitySource, SourceBatch, SourceContext
 
 log = logging.getLogger("trainium_operator.profiler")
 
 SOURCE_NAME = "neuron"
-NEURON_SUBDIR = "neuron"
+NEURON_SUBDIR = neuron_env_contract.NEURON_SUBDIR
 SYSTEM_PROFILE_JSON = "system_profile.json"
 FRAMEWORK_EVENT_TYPE = 99999
 FLOW_ID_BASE = 1 << 31  # keeps these flows apart from the torch source's (which count from 1)
 
 EXEC_STREAM = 0
 CC_STREAM = 1
+DEVICE_PROFILE_STREAM_BASE = 16  # a device profile's Perfetto tracks: streams 16, 17, ...
+DEVICE_PROFILE_TRACES = "device_profile_model_*.pftrace"  # neuron-explorer's Perfetto export
+# 2001-09-09 in Unix ns: device-profile timestamps below it are not wall-clock times.
+PLAUSIBLE_UNIX_NS = 10**18
 
 HARDWARE_EVENTS = frozenset(
     {
@@ -101,29 +122,6 @@ HARDWARE_EVENTS = frozenset(
     }
 )
 _MEMCPY_EVENTS = frozenset({"nrt_tensor_write", "nrt_tensor_read", "nrt_tensor_copy"})
-
-
-def neuron_inspect_env(
-    profile_dir: str,
-    node: str = "$(TRAINIUM_NODE_NAME)",
-    *,
-    device_profile: bool = False,
-    max_events_per_nc: int | None = None,
-) -> dict[str, str]:
-    """The runtime variables that capture into `<profile_dir>/<node>/neuron`.
-
-    The default `node` is a Kubernetes dependent-variable reference, for pod specs that
-    define TRAINIUM_NODE_NAME first. Must be in the environment before the runtime starts.
-    """
-    env = {
-        "NEURON_RT_INSPECT_ENABLE": "1",
-        "NEURON_RT_INSPECT_OUTPUT_DIR": f"{profile_dir.rstrip('/')}/{node}/{NEURON_SUBDIR}",
-        "NEURON_RT_INSPECT_SYSTEM_PROFILE": "1",
-        "NEURON_RT_INSPECT_DEVICE_PROFILE": "1" if device_profile else "0",
-    }
-    if max_events_per_nc is not None:
-        env["NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC"] = str(max_events_per_nc)
-    return env
 
 
 class NeuronProfileError(ValueError):
@@ -418,6 +416,125 @@ def system_profile_json(
     return existing if existing.exists() else None
 
 
+def device_profile_traces(
+    capture_dir: Path, cli: str | None, timeout_s: float = 600.0
+) -> list[Path]:
+    """The Perfetto exports of a capture's device profiles, running `neuron-explorer view
+    --output-format perfetto` when there are .ntff files but no export yet."""
+    found = sorted(capture_dir.rglob(DEVICE_PROFILE_TRACES))
+    if found or cli is None or not device_profiles(capture_dir):
+        return found
+    cmd = [cli, "view", "-d", str(capture_dir), "--output-format", "perfetto"]
+    try:
+        subprocess.run(cmd, cwd=capture_dir, check=True, capture_output=True, timeout=timeout_s)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("%s view (perfetto) failed for %s: %s", Path(cli).name, capture_dir, exc)
+        return []
+    return sorted(capture_dir.rglob(DEVICE_PROFILE_TRACES))
+
+
+def rank_neuron_core(events: Iterable[Event]) -> int | None:
+    """The logical NeuronCore a rank's programs ran on (most `nc_exec_running` events)."""
+    counts: dict[int, int] = {}
+    for event in events:
+        if event.name == "nc_exec_running" and event.device != HOST_DEVICE:
+            counts[event.device] = counts.get(event.device, 0) + 1
+    return max(counts, key=lambda nc: counts[nc]) if counts else None
+
+
+def first_execution_ns(events: Iterable[Event]) -> int | None:
+    starts = [e.start_ns for e in events if e.name == "nc_exec_running"]
+    return min(starts) if starts else None
+
+
+@dataclass
+class DeviceConversion:
+    """Events of one device-profile export, on the rank's monotonic clock."""
+
+    events: list[Event] = field(default_factory=list)
+    track_names: dict[tuple[int, int], str] = field(default_factory=dict)
+    time_base: str = "none"  # unix | anchored | none (then no events)
+    unmatched: int = 0
+
+
+def convert_device_profile(
+    trace: perfetto_reader.PerfettoTrace,
+    nc: int,
+    to_monotonic: WallToMonotonic,
+    anchor_ns: int | None,
+) -> DeviceConversion:
+    """A device profile's slices as KERNEL events on NeuronCore `nc` (pure)."""
+    result = DeviceConversion(unmatched=trace.unmatched)
+    if not trace.slices:
+        return result
+    first = min(s.start_ns for s in trace.slices)
+    if first >= PLAUSIBLE_UNIX_NS:
+        result.time_base = "unix"
+
+        def place(ts: int) -> int:
+            return to_monotonic(ts)
+    elif anchor_ns is not None:
+        result.time_base = "anchored"
+        offset = anchor_ns - first
+
+        def place(ts: int) -> int:
+            return ts + offset
+    else:
+        return result
+    used = {s.track_uuid for s in trace.slices} | {c.track_uuid for c in trace.counters}
+    streams = {uuid: DEVICE_PROFILE_STREAM_BASE + index for index, uuid in enumerate(sorted(used))}
+    for uuid, stream in streams.items():
+        label = trace.track_names.get(uuid) or f"track {uuid}"
+        result.track_names[(stream, nc)] = f"NeuronCore {nc} device: {label}"
+    for item in trace.slices:
+        result.events.append(
+            Event(
+                kind=EventKind.KERNEL,
+                name=item.name,
+                start_ns=place(item.start_ns),
+                duration_ns=item.duration_ns,
+                thread_id=streams[item.track_uuid],
+                device=nc,
+            )
+        )
+    for sample in trace.counters:
+        result.events.append(
+            Event(
+                kind=EventKind.COUNTER,
+                name=trace.track_names.get(sample.track_uuid) or "device counter",
+                start_ns=place(sample.timestamp_ns),
+                thread_id=streams[sample.track_uuid],
+                device=nc,
+                value=round(sample.value),
+            )
+        )
+    return result
+
+
+def convert_device_profiles(
+    traces: Sequence[Path], system: NeuronConversion, to_monotonic: WallToMonotonic
+) -> tuple[DeviceConversion, list[tuple[Path, str]]]:
+    """Every export of a capture merged into one conversion, and the files that failed."""
+    merged = DeviceConversion()
+    damaged: list[tuple[Path, str]] = []
+    nc = rank_neuron_core(system.events)
+    anchor = first_execution_ns(system.events)
+    bases: set[str] = set()
+    for path in traces:
+        try:
+            trace = perfetto_reader.read_trace(path.read_bytes())
+        except (OSError, perfetto_reader.PerfettoFormatError) as exc:
+            damaged.append((path, f"unreadable device profile export: {exc}"))
+            continue
+        converted = convert_device_profile(trace, 0 if nc is None else nc, to_monotonic, anchor)
+        merged.events += converted.events
+        merged.track_names.update(converted.track_names)
+        merged.unmatched += converted.unmatched
+        bases.add(converted.time_base)
+    merged.time_base = ",".join(sorted(bases)) or "none"
+    return merged, damaged
+
+
 def convert_capture(
     capture_dir: Path, pid: int, sync: Sequence[ClockSyncPoint], cli: str | None
 ) -> NeuronConversion | None:
@@ -496,11 +613,25 @@ def merge_profile_dir(
         if converted is None or used is None:
             report.missing.append(ref.path)
             continue
+        traces = device_profile_traces(used, cli)
+        device, broken = convert_device_profiles(
+            traces, converted, WallToMonotonic(header.clock_sync)
+        )
+        report.damaged += broken
         extra = {
             "neuron_capture_dir": used.relative_to(profile_dir).as_posix(),
             "neuron_device_profiles": str(len(device_profiles(used))),
+            "neuron_device_profile_exports": str(len(traces) - len(broken)),
+            "neuron_device_profile_events": str(len(device.events)),
+            "neuron_device_time_base": device.time_base,
         }
-        merge_into_rank_file(ref.path, converted.events, converted.track_names, SOURCE_NAME, extra)
+        neff_cache = os.environ.get(neuron_env_contract.NEFF_CACHE_DIR)
+        if neff_cache:
+            # The NEFFs a device profile needs to be opened in Neuron Explorer.
+            extra["neuron_neff_cache_dir"] = neff_cache
+        events = [*converted.events, *device.events]
+        names = {**converted.track_names, **device.track_names}
+        merge_into_rank_file(ref.path, events, names, SOURCE_NAME, extra)
         report.merged.append(ref.path)
     return report
 
@@ -552,9 +683,11 @@ class NeuronRuntimeSource:
 
 def create(context: SourceContext) -> ActivitySource | None:
     """The Neuron source when the runtime is capturing into this rank's node directory."""
-    if os.environ.get("NEURON_RT_INSPECT_ENABLE", "0") != "1":
+    if os.environ.get(neuron_env_contract.INSPECT_ENABLE, "0") != "1":
         return None
-    out = os.environ.get("NEURON_RT_INSPECT_OUTPUT_DIR", "./output")
+    out = os.environ.get(
+        neuron_env_contract.INSPECT_OUTPUT_DIR, neuron_env_contract.DEFAULT_OUTPUT_DIR
+    )
     return NeuronRuntimeSource(context, Path(out))
 
 
