@@ -346,6 +346,14 @@ def test_on_stall_restart_restarts_the_gang_counted_as_a_stall_restart_recorded_
     assert condition is not None
     assert condition["reason"] == "GangRestarted"
 
+    # The new attempt trains: the old stall's record stays, its condition keeps its reason.
+    restarted = {**new, "phase": "Training", "reason": "GangRunning"}
+    seen = observed(j, now, 1)
+    later = machine.decide(j, restarted, seen)
+    apply_stall_policy(j, later, seen, [])
+    assert stalled_condition(later.status)["reason"] == "GangRestarted"  # type: ignore[index]
+    assert later.status["stall"]["attempt"] == 0
+
     # The budget spent, the next stall fails the job.
     spent = {**status, "restarts": new["restarts"]}
     final = run(j, spent, ranks, now)
@@ -359,6 +367,6 @@ def test_on_stall_fail_ends_the_job_failed_with_a_reason_naming_the_stall() -> N
     j = job(onStall="Fail")
     status, ranks, now = answered(j)
     decision = run(j, status, ranks, now)
-    assert (decision.status["phase"], decision.status["reason"]) == ("Failed", "Stalled")
+    assert (decision.status["phase"], decision.status["reason"]) == ("Failed", "StallTimeout")
     assert "stopped first: rank 0 on n0" in decision.status["message"]
     assert "spec.health.onStall is Fail" in decision.status["message"]

@@ -312,7 +312,7 @@ class HealthSpec(ApiModel):
     """What a stall leads to, once every rank's Python stacks are written (or their bound
     passed): Report (the Stalled condition and a Warning event, cleared when progress resumes),
     Restart (the gang restarts, counted in status.restarts.stall) or Fail (the job fails with
-    reason Stalled)."""
+    reason StallTimeout)."""
     max_stall_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
     """Stall restarts allowed (onStall: Restart); one more stall then fails the job."""
 

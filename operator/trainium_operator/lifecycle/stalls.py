@@ -164,7 +164,10 @@ def _policy(
     attempt, now = status.attempt, observed.now
     record: Obj | None = status.data.get("stall")
     if record is not None and record.get("attempt") != attempt:
-        status.clear(ConditionType.STALLED, "NewAttempt", f"attempt {attempt} running")
+        # An earlier attempt's stall (the gang restarted for it or for another reason).
+        stalled = status.find_condition(ConditionType.STALLED)
+        if stalled is not None and stalled.get("status") == "True":
+            status.condition(ConditionType.STALLED, False, "NewAttempt", f"attempt {attempt} runs")
         record = None
     gang = watch(job.spec.health, ranks, attempt)
     if record is not None and not record.get("resolvedTime"):
@@ -327,7 +330,7 @@ def _act(
     condition = status.find_condition(ConditionType.STALLED) or {}
     message = str(condition.get("message") or "the gang stalled")
     if action is StallAction.FAIL:
-        status.finish(Phase.FAILED, "Stalled", f"{message}; spec.health.onStall is Fail")
+        status.finish(Phase.FAILED, "StallTimeout", f"{message}; spec.health.onStall is Fail")
         cleanup_on_finish(job, decision, observed)
         return
     restarts = dict(
