@@ -54,6 +54,7 @@ LEAD_FRACTION = 0.1
 STACK_WAIT_INTERVALS = 2.0
 STACK_WAIT_MARGIN_SECONDS = 3.0
 NAMED_RANKS = 8
+REQUEUE_MINIMUM_SECONDS = 0.1
 LISTED_MISSING = 16
 
 
@@ -178,8 +179,9 @@ def _policy(
     stalled_for = (now - gang.last_progress).total_seconds()
     due = gang.bound - decision_lead(gang.bound)
     if stalled_for < due:
-        # A gang whose ranks all went silent wakes no pass: this one does, at the bound.
-        decision.requeue(due - stalled_for)
+        # A gang whose ranks all went silent wakes no pass: this one does, when it is due (to
+        # the tenth of a second: the lead is all the slack the bound has).
+        decision.requeue(due - stalled_for, minimum=REQUEUE_MINIMUM_SECONDS)
         return
     _detect(job, status, decision, gang=gang, attempt=attempt, stalled_for=stalled_for, now=now)
 
