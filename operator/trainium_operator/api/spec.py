@@ -315,6 +315,10 @@ class HealthSpec(ApiModel):
     reason StallTimeout)."""
     max_stall_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
     """Stall restarts allowed (onStall: Restart); one more stall then fails the job."""
+    straggler_threshold: Annotated[float | None, Field(ge=0.05, le=10)] = 0.2
+    """A rank whose median step time over its latest 16 steps exceeds the median of the other
+    ranks' by more than this fraction (0.2: 20 %) is a straggler: named in status.stragglers
+    and a Warning event. Null: not checked."""
 
 
 def _cores_expression(shape: InstanceType) -> str:

@@ -256,6 +256,26 @@ class StallStatus(ApiModel):
     """When a rank advanced again (onStall: Report)."""
 
 
+class StragglerRank(ApiModel):
+    rank: Int32
+    node: str | None = None
+    step_time_ms: float | None = None
+    """The rank's median over its latest 16 steps."""
+    ratio: float | None = None
+    """That over the median of the other ranks' medians."""
+
+
+class StragglersStatus(ApiModel):
+    """Ranks persistently slower than the rest of the gang (lifecycle/stragglers.py)."""
+
+    attempt: Count | None = None
+    gang_step_time_ms: float | None = None
+    """The median of every rank's median step time."""
+    ranks: list[StragglerRank] = Field(default_factory=list)
+    """The stragglers now (up to 16), slowest first; empty once none is."""
+    update_time: Timestamp | None = None
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state, written by the operator."""
 
@@ -282,6 +302,7 @@ class TrainingJobStatus(ApiModel):
     profile: ProfileStatus | None = None
     progress: ProgressStatus | None = None
     stall: StallStatus | None = None
+    stragglers: StragglersStatus | None = None
     profile_uploads: list[ProfileUpload] = Field(
         default_factory=list,
         description="The S3 upload of each ended training attempt's profile; written by the "

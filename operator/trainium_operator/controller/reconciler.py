@@ -44,6 +44,7 @@ from trainium_operator.lifecycle.progress import (
 )
 from trainium_operator.lifecycle.progress import RankSample, with_progress
 from trainium_operator.lifecycle.stalls import apply_stall_policy
+from trainium_operator.lifecycle.stragglers import apply_straggler_policy
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -365,6 +366,7 @@ class Reconciler:
         if ranks is not None:
             # Before the upload plan: a stall may end the attempt in this pass.
             apply_stall_policy(job, decision, observed, ranks)
+            apply_straggler_policy(job, decision, observed, ranks)
         plan_upload(job, decision, uploads, self.upload_defaults, now)
         if ranks is not None:
             decision.status = with_progress(
