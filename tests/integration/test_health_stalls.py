@@ -21,9 +21,11 @@ from integration.conftest import shared_prefix
 from integration.health_ranks import (
     free_port,
     local_stacks,
+    outcome,
     pod_token,
     rank_env,
     start_freezing_rank,
+    start_rank,
     wait_account,
 )
 from integration.operator_harness import (
@@ -179,3 +181,38 @@ def _each_action(clients: Any, namespace: str, tmp_path: Path) -> None:
     assert (restarts["stall"], restarts["total"]) == (1, 1), restarts
     assert restarted["status"]["lastFailure"]["class"] == "Stall"
     assert condition(restarted, "Stalled")["reason"] == "GangRestarted"
+
+
+def test_a_rank_30_percent_slower_is_named_a_straggler_in_the_status_and_an_event(
+    dev_cluster: Any, namespace: str, operator: Any, tmp_path: Path
+) -> None:
+    clients = dev_cluster.clients
+    health = {"reportIntervalSeconds": INTERVAL_S}
+    create_job(
+        clients, namespace, job_manifest("slow", nodes=1, compile={"enabled": False}, health=health)
+    )
+    (pod,) = wait_gang_running(clients, namespace, "slow", "train", 0, nodes=1)
+    wait_phase(clients, namespace, "slow", "Training")
+    wait_account(clients, namespace)
+    token = tmp_path / "token"
+    token.write_text(pod_token(clients, pod))
+    ranks = [
+        start_rank(rank_env(pod, token, rank, 3), 160, 0.065 if rank == 2 else 0.05)
+        for rank in range(3)
+    ]
+    try:
+        named = wait_for(
+            lambda: (get_job(clients, namespace, "slow").get("status") or {}).get("stragglers"),
+            until=lambda found: bool(found and found.get("ranks")),
+            timeout=30,
+            description="slow: a straggler named",
+        )
+    finally:
+        for process in ranks:
+            outcome(process)
+    assert [r["rank"] for r in named["ranks"]] == [2], named
+    assert named["ranks"][0]["node"] == pod.spec.node_name
+    assert named["ranks"][0]["ratio"] >= 1.2
+    warnings = [e for e in job_events(clients, namespace, "slow") if e[1] == "Straggler"]
+    assert len(warnings) == 1, warnings
+    assert f"rank 2 on {pod.spec.node_name}" in warnings[0][2]
