@@ -36,6 +36,33 @@ profiler.stop_profiling()
 """
 
 
+# A rank that freezes at one step until a file appears (rank 0: stuck; the others: waiting for
+# it in the step's collective), the public profiler API only.
+FREEZING_RANK_SCRIPT = """
+import json, os, sys, time
+from trainium_operator import profiler
+from trainium_operator.profiler import channel
+
+steps, step_s, freeze_at = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+release = sys.argv[4]
+
+def wait_in_collective():
+    while not os.path.exists(release):
+        time.sleep(0.02)
+
+profiler.start_profiling()
+for i in range(steps):
+    profiler.step(i)
+    if i == freeze_at:
+        wait_in_collective()
+    time.sleep(step_s)
+reporter = channel.current()
+print(json.dumps({"sent": reporter.sent, "error": reporter.last_error,
+                  "stacks": reporter.stacks_written}))
+profiler.stop_profiling()
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -95,6 +122,30 @@ def start_rank(env: dict[str, str], steps: int, step_s: float) -> subprocess.Pop
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def start_freezing_rank(
+    env: dict[str, str], steps: int, step_s: float, freeze_at: int, release: Path
+) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            FREEZING_RANK_SCRIPT,
+            *map(str, (steps, step_s, freeze_at, release)),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def local_stacks(env: dict[str, str], root: Path) -> dict[str, str]:
+    """`env` with the pod's stacks directory (on the shared volume) moved under `root`, the
+    same path below it: a local rank writes where the pod would."""
+    pod_path = env[contract.STACKS_DIR]
+    return {**env, contract.STACKS_DIR: str(root / pod_path.lstrip("/"))}
 
 
 def outcome(process: subprocess.Popen[str], timeout: float = 60) -> dict[str, Any]:

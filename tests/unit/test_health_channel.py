@@ -82,6 +82,32 @@ def test_a_message_round_trips_through_its_json() -> None:
     assert parse_message(sent.to_json()) == sent
 
 
+def test_a_message_with_a_step_age_a_stack_answer_and_final_round_trips() -> None:
+    sent = message(step_age_ms=1234.5, stacks_dumped="a0-20261203T080000Z", final=True)
+    assert parse_message(sent.to_json()) == sent
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"stepAgeMs": -1}, "stepAgeMs"),
+        ({"stacksDumped": "../../etc"}, "stacksDumped"),
+        ({"final": "yes"}, "final"),
+    ],
+)
+def test_a_bad_step_age_stack_answer_or_final_flag_is_refused(
+    extra: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ValueError, match=field):
+        parse_message(json.dumps({**json.loads(message().to_json()), **extra}).encode())
+
+
+def test_a_stack_request_id_is_a_path_component_only() -> None:
+    assert contract.stacks_file("/d/stacks", "a0-1", 3) == "/d/stacks/a0-1/rank-3.txt"
+    with pytest.raises(ValueError, match="not a stack request id"):
+        contract.stacks_file("/d/stacks", "../x", 3)
+
+
 def test_a_rank_that_has_not_started_a_step_reports_step_minus_one() -> None:
     assert parse_message(message(step=-1, step_times_ms=()).to_json()).step == -1
 
@@ -208,6 +234,23 @@ def test_the_endpoint_refuses_without_a_token_a_bad_body_and_a_forged_job() -> N
     assert channel.counts == {"refused": 2, "malformed": 1}
 
 
+def test_the_endpoint_asks_a_stalled_attempts_ranks_for_their_stacks_until_they_answered() -> None:
+    job = job_document()
+    request = "a0-20261203T080000Z"
+    job["status"] = {
+        "stall": {"attempt": 0, "stacks": {"requestId": request, "state": "Requested"}}
+    }
+    channel = HealthChannel(
+        _cache_with(("job", job), ("pod", training_pod())), TokenCache(lambda _t: pod_identity())
+    )
+    status, reply = channel.answer("t", message().to_json())
+    assert status == 200
+    assert json.loads(reply)["requests"] == {contract.REQUEST_DUMP_STACKS: request}
+    _, reply = channel.answer("t", message(stacks_dumped=request).to_json())
+    assert json.loads(reply)["requests"] == {}
+    assert channel.store.take_urgent() == [("team-a", "bert")]  # the answer wakes the job
+
+
 def test_the_endpoint_answers_unavailable_when_the_token_cannot_be_reviewed() -> None:
     def review(_token: str) -> TokenIdentity:
         raise ConnectionError("API server away")
@@ -237,6 +280,7 @@ def test_a_training_pod_gets_the_channel_env_and_a_pod_bound_audience_token() ->
     assert env[contract.URL] == URL
     assert env[contract.TOKEN_FILE] == contract.TOKEN_PATH
     assert env[contract.INTERVAL_S] == "2"
+    assert env[contract.STACKS_DIR] == "/data/profiles/team-a/bert/0/stacks"
     (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == contract.TOKEN_VOLUME]
     assert volume["projected"]["sources"] == [
         {
@@ -276,7 +320,7 @@ def test_no_channel_for_a_job_that_disables_it_an_operator_without_one_or_compil
 # -- the rank's reporter ----------------------------------------------------------------------
 def channel_environ(url: str, token_file: Path) -> dict[str, str]:
     return {
-        **contract.channel_env(url, 0.05),
+        **contract.channel_env(url, 0.05, str(token_file.parent / "stacks")),
         contract.TOKEN_FILE: str(token_file),
         "TRAINIUM_JOB_NAME": "bert",
         "TRAINIUM_JOB_NAMESPACE": "team-a",
@@ -367,6 +411,52 @@ def test_the_reporter_never_blocks_the_training_loop_when_the_operator_is_away(
     assert reporter.sent == 0
     assert per_step_us < 50, per_step_us  # a lock and a deque append, never a network call
     assert reporter.message().step == 19_999
+
+
+def test_asked_for_its_stacks_a_rank_writes_every_threads_stack_once_and_says_so_at_once(
+    tmp_path: Path,
+) -> None:
+    token = tmp_path / "token"
+    token.write_text("t")
+    config = ChannelConfig.from_env(channel_environ("http://unused/", token))
+    assert config is not None
+    sent: list[dict[str, Any]] = []
+    request = "a0-20261203T080000Z"
+
+    def send(_url: str, body: bytes, _token: str) -> dict[str, Any]:
+        sent.append(json.loads(body))
+        return {"accepted": True, "requests": {contract.REQUEST_DUMP_STACKS: request}}
+
+    reporter = Reporter(config, send=send)
+    reporter.on_step(7)
+    assert reporter.send_once()
+    path = tmp_path / "stacks" / request / "rank-3.txt"
+    text = path.read_text()
+    assert "Thread MainThread" in text
+    assert "test_asked_for_its_stacks" in text  # this very frame, as the training loop's would
+    assert reporter.send_once()  # asked again (the operator has not heard the answer yet)
+    assert reporter.stacks_written == [str(path)]  # written once per request
+    assert "stacksDumped" not in sent[0]
+    assert sent[1]["stacksDumped"] == request
+    assert sent[0]["stepAgeMs"] >= 0
+
+
+def test_a_rank_stopping_sends_a_final_message(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("t")
+    config = ChannelConfig.from_env(channel_environ("http://unused/", token))
+    assert config is not None
+    sent: list[dict[str, Any]] = []
+
+    def send(_url: str, body: bytes, _token: str) -> dict[str, Any]:
+        sent.append(json.loads(body))
+        return {"accepted": True}
+
+    reporter = Reporter(config, send=send)
+    reporter.start()
+    reporter.stop()
+    reporter.thread.join(5)
+    assert sent[-1]["final"] is True
 
 
 def test_no_reporter_without_the_operators_env_or_a_complete_identity(tmp_path: Path) -> None:

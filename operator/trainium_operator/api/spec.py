@@ -335,6 +335,12 @@ class ProfileSpec(ApiModel):
     it is a Warning event and the ProfileUploaded condition."""
 
 
+class StallAction(enum.StrEnum):
+    REPORT = "Report"
+    RESTART = "Restart"
+    FAIL = "Fail"
+
+
 class HealthSpec(ApiModel):
     enabled: bool = True
     """Every training rank reports its progress to the operator through the profiler (a small
@@ -344,6 +350,22 @@ class HealthSpec(ApiModel):
     """Seconds between one rank's progress messages."""
     total_steps: Annotated[int | None, Field(ge=1)] = None
     """The steps the training runs in all, for status.progress.eta (the ETA column)."""
+    stall_timeout_seconds: Annotated[float | None, Field(ge=1, le=604800)] = None
+    """A gang none of whose ranks entered a new step for this long is Stalled. Default: max(3 x
+    the recent median step time, 60 s). Never below 3 x reportIntervalSeconds (the operator
+    hears of a step only that often). Raise it above the longest pause between two steps
+    (a checkpoint save, an evaluation) where that exceeds the default."""
+    on_stall: StallAction = StallAction.REPORT
+    """What a stall leads to, once every rank's Python stacks are written (or their bound
+    passed): Report (the Stalled condition and a Warning event, cleared when progress resumes),
+    Restart (the gang restarts, counted in status.restarts.stall) or Fail (the job fails with
+    reason StallTimeout)."""
+    max_stall_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
+    """Stall restarts allowed (onStall: Restart); one more stall then fails the job."""
+    straggler_threshold: Annotated[float | None, Field(ge=0.05, le=10)] = 0.2
+    """A rank whose median step time over its latest 16 steps exceeds the median of the other
+    ranks' by more than this fraction (0.2: 20 %) is a straggler: named in status.stragglers
+    and a Warning event. Null: not checked."""
 
 
 def _cores_expression(shape: InstanceType) -> str:

@@ -44,6 +44,8 @@ class ConditionType(enum.StrEnum):
     # Something outside the job is in its way (a taken child name, an old pod that does not
     # go); lastTransitionTime is when the wait began, which bounds it.
     BLOCKED = "Blocked"
+    # No rank of the training gang advanced for longer than the stall bound (status.stall).
+    STALLED = "Stalled"
 
 
 class FailureClass(enum.StrEnum):
@@ -51,6 +53,7 @@ class FailureClass(enum.StrEnum):
 
     APPLICATION = "Application"
     INFRASTRUCTURE = "Infrastructure"
+    STALL = "Stall"  # no rank advanced (spec.health.onStall: Restart); its own budget
 
 
 Int32 = Annotated[int, Field(json_schema_extra={"format": "int32"})]
@@ -65,9 +68,9 @@ class Condition(ApiModel):
     """A Kubernetes-style condition; one per type."""
 
     type: str
-    """Condition type: Admitted, Compiled, Running, Restarting, Suspended, Succeeded, Failed or
+    """Condition type: Admitted, Compiled, Running, Restarting, Suspended, Succeeded, Failed,
     Blocked (something outside the job is in its way; lastTransitionTime is when the wait
-    began)."""
+    began) or Stalled (no training rank advanced for longer than the stall bound)."""
     status: Literal["True", "False", "Unknown"]
     reason: str | None = None
     """CamelCase reason."""
@@ -130,11 +133,14 @@ class Workers(ApiModel):
 
 
 class Restarts(ApiModel):
-    """Gang restarts by cause; total = application + infrastructure."""
+    """Gang restarts by cause; total = application + infrastructure + stall."""
 
     total: Count = 0
     application: Count = 0
     infrastructure: Count = 0
+    stall: Count = 0
+    """Restarts of a stalled gang (spec.health.onStall: Restart; budget
+    spec.health.maxStallRestarts)."""
 
 
 class LastFailure(ApiModel):
@@ -223,6 +229,81 @@ class ProgressStatus(ApiModel):
     """Time left (the ETA column)."""
 
 
+StackState = Literal["Requested", "Captured", "Partial", "Missing"]
+
+
+class StallStacks(ApiModel):
+    """The Python stacks the ranks of a stalled gang were asked to write before any action."""
+
+    request_id: str
+    requested_time: Timestamp | None = None
+    path: str | None = None
+    """Directory of the files, one per rank: <path>/rank-<RANK>.txt (on the job's claim)."""
+    state: StackState | None = None
+    """Requested (waiting for the ranks), Captured (every reporting rank wrote its file),
+    Partial (some did before the bound), Missing (none did)."""
+    ranks_expected: Count | None = None
+    ranks_captured: Count | None = None
+    missing_ranks: list[Int32] = Field(default_factory=list)
+    """Reporting ranks that did not answer (the first 16)."""
+    complete_time: Timestamp | None = None
+
+
+class StoppedRank(ApiModel):
+    """A rank that stopped first: the lowest step, the oldest start of it."""
+
+    rank: Int32
+    node: str | None = None
+    step: Int64 | None = None
+    step_start_time: Timestamp | None = None
+
+
+class StallStatus(ApiModel):
+    """The latest stall of the training gang (lifecycle/stalls.py)."""
+
+    attempt: Count | None = None
+    step: Int64 | None = None
+    """The slowest rank's step when the stall was detected."""
+    max_step: Int64 | None = None
+    """The fastest rank's step then; a higher one later means progress resumed."""
+    last_progress_time: Timestamp | None = None
+    """When a rank last entered a new step before the stall."""
+    detected_time: Timestamp | None = None
+    bound_seconds: float | None = None
+    """The bound that was exceeded: spec.health.stallTimeoutSeconds, or max(3 x the recent p50
+    step time, 60 s); never below 3 report intervals."""
+    stopped_ranks: list[StoppedRank] = Field(default_factory=list)
+    """The ranks that stopped first (up to 8)."""
+    more_stopped_ranks: Count | None = None
+    """How many more ranks were at that lowest step."""
+    stacks: StallStacks | None = None
+    action: Literal["Report", "Restart", "Fail"] | None = None
+    """spec.health.onStall, once taken (after the stacks were captured or their bound passed)."""
+    action_time: Timestamp | None = None
+    resolved_time: Timestamp | None = None
+    """When a rank advanced again (onStall: Report)."""
+
+
+class StragglerRank(ApiModel):
+    rank: Int32
+    node: str | None = None
+    step_time_ms: float | None = None
+    """The rank's median over its latest 16 steps."""
+    ratio: float | None = None
+    """That over the median of the other ranks' medians."""
+
+
+class StragglersStatus(ApiModel):
+    """Ranks persistently slower than the rest of the gang (lifecycle/stragglers.py)."""
+
+    attempt: Count | None = None
+    gang_step_time_ms: float | None = None
+    """The median of every rank's median step time."""
+    ranks: list[StragglerRank] = Field(default_factory=list)
+    """The stragglers now (up to 16), slowest first; empty once none is."""
+    update_time: Timestamp | None = None
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state, written by the operator."""
 
@@ -248,6 +329,8 @@ class TrainingJobStatus(ApiModel):
     last_failure: LastFailure | None = None
     profile: ProfileStatus | None = None
     progress: ProgressStatus | None = None
+    stall: StallStatus | None = None
+    stragglers: StragglersStatus | None = None
     profile_uploads: list[ProfileUpload] = Field(
         default_factory=list,
         description="The S3 upload of each ended training attempt's profile; written by the "

@@ -33,7 +33,7 @@ from trainium_operator.builders.job import (
     Stage,
 )
 from trainium_operator.profiler import channel_contract
-from trainium_operator.profiler.channel_contract import channel_env
+from trainium_operator.profiler.channel_contract import channel_env, stacks_dir
 from trainium_operator.profiler.env_contract import profiling_env
 from trainium_operator.profiler.neuron_env_contract import neuron_inspect_env
 
@@ -333,7 +333,11 @@ def _operator_env(
         env.append({"name": "NEURON_RT_STOCHASTIC_ROUNDING_EN", "value": "1"})
     if stage is Stage.TRAIN and job.health_channel:
         assert job.health_url is not None
-        channel = channel_env(job.health_url, spec.health.report_interval_seconds)
+        channel = channel_env(
+            job.health_url,
+            spec.health.report_interval_seconds,
+            stacks_dir(job.profile_dir(attempt)),
+        )
         env += [{"name": name, "value": value} for name, value in channel.items()]
     if stage is Stage.TRAIN and spec.profile.enabled:
         profile_dir = job.profile_dir(attempt)

@@ -62,6 +62,7 @@ from trainium_operator.lifecycle.progress import (
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RESYNC_SECONDS = 120.0
+URGENT_TICK_SECONDS = 0.25  # how soon a rank's answer to a request wakes its job
 # On SIGTERM, passes already running get this long to finish their writes; then they are
 # abandoned (every pass is idempotent and records a restart before its side effects, so the
 # next replica repeats what one left half done, as after a crash). Kubernetes waits 30 s
@@ -388,11 +389,19 @@ def _job_changed(runtime: Runtime, key: Key, event_type: str, revision: tuple[An
 
 async def _wake_on_progress(store: ProgressStore, queue: WorkQueue, interval: float) -> None:
     # Progress reaches the status through the job's own pass (one writer of the status), once
-    # per interval for the jobs whose ranks reported: however many ranks, one pass each.
+    # per interval for the jobs whose ranks reported: however many ranks, one pass each. A
+    # rank's answer to a request (a stalled gang's stacks) wakes its job within a tick.
+    tick = min(interval, URGENT_TICK_SECONDS)
+    waited = 0.0
     while True:
-        await asyncio.sleep(interval)
-        for key in store.take_changed():
+        await asyncio.sleep(tick)
+        waited += tick
+        for key in store.take_urgent():
             queue.touch(key)
+        if waited + 1e-9 >= interval:
+            waited = 0.0
+            for key in store.take_changed():
+                queue.touch(key)
 
 
 async def _resync(queue: WorkQueue) -> None:

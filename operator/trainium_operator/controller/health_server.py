@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from aiohttp import web
 
@@ -28,6 +28,7 @@ from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.k8s.reviews import Reviews
 from trainium_operator.lifecycle.channel_auth import TokenIdentity, Verdict, authorize
 from trainium_operator.lifecycle.progress import RankSample
+from trainium_operator.lifecycle.stalls import requests_for
 from trainium_operator.profiler import channel_contract as contract
 from trainium_operator.profiler.channel_contract import ProgressMessage, parse_message
 
@@ -44,6 +45,7 @@ class RankReport:
     pod: str
     node: str
     received: datetime
+    step_started: datetime | None = None
 
     def sample(self) -> RankSample:
         m = self.message
@@ -57,7 +59,27 @@ class RankReport:
             node=self.node,
             samples=m.samples,
             tokens=m.tokens,
+            step_started=self.step_started,
+            stacks_dumped=m.stacks_dumped,
+            final=m.final,
         )
+
+
+def step_started(
+    message: ProgressMessage, received: datetime, previous: RankReport | None
+) -> datetime:
+    """When the rank entered its current step: from the age its message gives (the rank's own
+    monotonic clock, so it holds across an operator restart), else the first time the operator
+    heard of this step (after a restart: the first message it gets)."""
+    if message.step_age_ms is not None:
+        return received - timedelta(milliseconds=message.step_age_ms)
+    if (
+        previous is not None
+        and previous.step_started is not None
+        and (previous.message.attempt, previous.message.step) == (message.attempt, message.step)
+    ):
+        return previous.step_started
+    return received
 
 
 class ProgressStore:
@@ -68,10 +90,11 @@ class ProgressStore:
         self._lock = threading.Lock()
         self._jobs: dict[Key, dict[int, RankReport]] = {}
         self._changed: set[Key] = set()
+        self._urgent: set[Key] = set()
 
     def put(self, message: ProgressMessage, pod: str, node: str) -> None:
         key = (message.namespace, message.job)
-        report = RankReport(message, pod, node, self._clock())
+        received = self._clock()
         with self._lock:
             ranks = self._jobs.setdefault(key, {})
             attempt = max((r.message.attempt for r in ranks.values()), default=message.attempt)
@@ -80,8 +103,15 @@ class ProgressStore:
                 return
             if message.attempt > attempt:
                 ranks.clear()
-            ranks[message.rank] = report
+            previous = ranks.get(message.rank)
+            started = step_started(message, received, previous)
+            ranks[message.rank] = RankReport(message, pod, node, received, started)
             self._changed.add(key)
+            if message.stacks_dumped and (
+                previous is None or previous.message.stacks_dumped != message.stacks_dumped
+            ):
+                # A rank answered a stack request: the job's pass waiting for it runs soon.
+                self._urgent.add(key)
 
     def ranks(self, key: Key) -> dict[int, RankReport]:
         with self._lock:
@@ -96,10 +126,17 @@ class ProgressStore:
             changed, self._changed = sorted(self._changed), set()
         return changed
 
+    def take_urgent(self) -> list[Key]:
+        """The jobs a rank answered a request of since the last call."""
+        with self._lock:
+            urgent, self._urgent = sorted(self._urgent), set()
+        return urgent
+
     def forget(self, key: Key) -> None:
         with self._lock:
             self._jobs.pop(key, None)
             self._changed.discard(key)
+            self._urgent.discard(key)
 
     def jobs(self) -> list[Key]:
         with self._lock:
@@ -175,14 +212,31 @@ class HealthChannel:
 
     def receive(self, token: str, body: bytes) -> tuple[int, Verdict]:
         """(HTTP status, verdict) for one message (blocking: may run a TokenReview)."""
+        status, verdict, _ = self._receive(token, body)
+        return status, verdict
+
+    def answer(self, token: str, body: bytes) -> tuple[int, bytes]:
+        """(HTTP status, reply body) for one message: the verdict, and for an accepted one what
+        the operator asks of the rank (its job's status says: a stalled gang's stack request)."""
+        status, verdict, message = self._receive(token, body)
+        requests: dict[str, str] = {}
+        if message is not None:
+            job = self.cache.job((message.namespace, message.job))
+            requests = requests_for(job, message.attempt, message.stacks_dumped)
+        return status, contract.reply_json(
+            accepted=verdict.accepted, reason=verdict.reason, requests=requests
+        )
+
+    def _receive(self, token: str, body: bytes) -> tuple[int, Verdict, ProgressMessage | None]:
+        """receive(), and the message when it was accepted."""
         try:
             message = parse_message(body)
         except ValueError as error:
             self.counts["malformed"] += 1
-            return 400, Verdict(False, str(error))
+            return 400, Verdict(False, str(error)), None
         if not token:
             self.counts["refused"] += 1
-            return 401, Verdict(False, "no bearer token")
+            return 401, Verdict(False, "no bearer token"), None
         try:
             identity = self.tokens.identity(token)
         except Exception as error:  # the API server is unavailable: the rank retries later
@@ -194,7 +248,7 @@ class HealthChannel:
                 )
             else:
                 log.info("health channel: token review failed: %r", error)
-            return 503, Verdict(False, "the token could not be reviewed now")
+            return 503, Verdict(False, "the token could not be reviewed now"), None
         pod_name = identity.claim(contract.CLAIM_POD_NAME) or ""
         namespace = identity.service_account_namespace or ""
         pod = self.cache.pod(namespace, pod_name) if pod_name and namespace else None
@@ -202,7 +256,7 @@ class HealthChannel:
         verdict = authorize(message, identity, pod, job)
         if not verdict.accepted and identity.authenticated and not self.synced():
             self.counts["unavailable"] += 1
-            return 503, Verdict(False, "the operator is starting; retry")
+            return 503, Verdict(False, "the operator is starting; retry"), None
         if not verdict.accepted:
             self.counts["refused"] += 1
             log.info(
@@ -211,12 +265,12 @@ class HealthChannel:
                 message.job,
                 verdict.reason,
             )
-            return (401 if not identity.authenticated else 403), verdict
+            return (401 if not identity.authenticated else 403), verdict, None
         assert pod is not None
         node = str((pod.get("spec") or {}).get("nodeName") or "")
         self.store.put(message, pod_name, node)
         self.counts["accepted"] += 1
-        return 200, verdict
+        return 200, verdict, message
 
 
 def bearer(header: str | None) -> str:
@@ -232,14 +286,10 @@ def application(channel: HealthChannel) -> web.Application:
         if token and channel.tokens.cached(token):
             # The common case (a token seen in the last minute): microseconds of CPU, no I/O,
             # so no thread hop.
-            status, verdict = channel.receive(token, body)
+            status, reply = channel.answer(token, body)
         else:
-            status, verdict = await asyncio.to_thread(channel.receive, token, body)
-        return web.Response(
-            status=status,
-            body=contract.reply_json(accepted=verdict.accepted, reason=verdict.reason),
-            content_type="application/json",
-        )
+            status, reply = await asyncio.to_thread(channel.answer, token, body)
+        return web.Response(status=status, body=reply, content_type="application/json")
 
     app = web.Application(client_max_size=contract.MAX_BODY_BYTES)
     app.router.add_post(contract.PATH, progress)

@@ -41,6 +41,8 @@ from trainium_operator.lifecycle.progress import (
     DEFAULT_INTERVAL_SECONDS as DEFAULT_PROGRESS_INTERVAL,
 )
 from trainium_operator.lifecycle.progress import RankSample, with_progress
+from trainium_operator.lifecycle.stalls import apply_stall_policy
+from trainium_operator.lifecycle.stragglers import apply_straggler_policy
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -325,10 +327,15 @@ class Reconciler:
             queue=queue,
         )
         decision = machine.decide(job, current_status, observed)
+        ranks = self.progress(key) if self.progress is not None and job.health_channel else None
+        if ranks is not None:
+            # Before the upload plan: a stall may end the attempt in this pass.
+            apply_stall_policy(job, decision, observed, ranks)
+            apply_straggler_policy(job, decision, observed, ranks)
         plan_upload(job, decision, uploads, self.upload_defaults, now)
-        if self.progress is not None and job.health_channel:
+        if ranks is not None:
             decision.status = with_progress(
-                job, decision.status, self.progress(key), now, self.progress_interval
+                job, decision.status, ranks, now, self.progress_interval
             )
         decision.status = validated_status(decision.status)
         return self._apply(body, current_status, decision)

@@ -45,8 +45,10 @@ class Decision:
     # the count nor lets a later pass re-create the old attempt or forget to resume.
     status_first: bool = False
 
-    def requeue(self, seconds: float) -> None:
-        seconds = max(seconds, 1.0)
+    def requeue(self, seconds: float, *, minimum: float = 1.0) -> None:
+        """Another pass within `seconds`; `minimum` keeps a policy from spinning (a deadline that
+        must be met to the tenth of a second, as a stall's, asks for less)."""
+        seconds = max(seconds, minimum)
         self.requeue_after = (
             seconds if self.requeue_after is None else min(self.requeue_after, seconds)
         )

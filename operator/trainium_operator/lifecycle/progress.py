@@ -44,6 +44,22 @@ class RankSample:
     node: str = ""
     samples: int | None = None
     tokens: int | None = None
+    # When the rank entered `step`, on the operator's clock: the message's age of the step
+    # subtracted from its arrival, or (a rank that sends no age) when the operator first heard
+    # of this step. None: unknown (read as `received`).
+    step_started: datetime | None = None
+    stacks_dumped: str = ""  # the newest stack request the rank answered
+    final: bool = False  # its last message: the rank ended
+
+    @property
+    def started(self) -> datetime:
+        return self.step_started or self.received
+
+
+def recent_p50_ms(ranks: list[RankSample]) -> float | None:
+    """The median of the ranks' latest (up to RECENT_STEPS) step times; None before any."""
+    times = [t for r in ranks for t in r.step_times_ms[-RECENT_STEPS:]]
+    return statistics.median(times) if times else None
 
 
 def duration_text(seconds: float) -> str:
@@ -76,8 +92,7 @@ def progress(
         return None
     slowest = min(current, key=lambda r: (r.step, r.rank))
     fastest = max(current, key=lambda r: (r.step, -r.rank))
-    times = [t for r in current for t in r.step_times_ms[-RECENT_STEPS:]]
-    p50 = statistics.median(times) if times else None
+    p50 = recent_p50_ms(current)
     steps_per_second = 1000.0 / p50 if p50 else None
     samples = [r.samples / max(r.step, 1) for r in current if r.samples is not None]
     tokens = [r.tokens / max(r.step, 1) for r in current if r.tokens is not None]

@@ -70,6 +70,35 @@ def handle_failures(
 
     key = "application" if first.klass is FailureClass.APPLICATION else "infrastructure"
     restarts[key] = used + 1
+    status.data["restarts"] = restarts
+    restart_gang(
+        job,
+        status=status,
+        decision=decision,
+        observed=observed,
+        stage=stage,
+        attempt=attempt,
+        reason=first.reason,
+        message=first.message,
+    )
+
+
+def restart_gang(
+    job: JobRef,
+    *,
+    status: StatusEdit,
+    decision: Decision,
+    observed: Observed,
+    stage: Stage,
+    attempt: int,
+    reason: str,
+    message: str,
+) -> None:
+    """Stops the whole gang and records the next attempt, before any of it happens. The
+    caller has counted the restart by its kind in status.restarts; this adds it to the total."""
+    restarts = dict(
+        status.data.get("restarts") or {"total": 0, "application": 0, "infrastructure": 0}
+    )
     restarts["total"] = restarts.get("total", 0) + 1
     status.data["restarts"] = restarts
     new_attempt = attempt + 1
@@ -86,10 +115,10 @@ def handle_failures(
         Phase.RESTARTING,
         "GangRestart",
         f"restarting all {job.spec.nodes} {stage.value} pods as attempt {new_attempt} after "
-        f"{first.reason}: {first.message}",
+        f"{reason}: {message}",
         warning=True,
     )
-    status.condition(ConditionType.RESTARTING, True, first.reason, first.message)
+    status.condition(ConditionType.RESTARTING, True, reason, message)
     status.condition(ConditionType.RUNNING, False, "GangRestart", f"attempt {new_attempt} starting")
     # The new gang is created by a later pass, once this status is stored and the old pods
     # are gone (their deletion events wake the job).

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
+import traceback
 import urllib.error
 import urllib.request
 from collections import deque
@@ -44,6 +46,7 @@ class ChannelConfig:
     rank: int
     node_rank: int
     world_size: int
+    stacks_dir: str = ""  # where stack dumps go (empty: the operator gave none; none written)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ChannelConfig | None:
@@ -66,12 +69,35 @@ class ChannelConfig:
                 rank=int(env.get("RANK") or 0),
                 node_rank=int(env.get("GROUP_RANK") or 0),
                 world_size=int(env.get("WORLD_SIZE") or 1),
+                stacks_dir=env.get(contract.STACKS_DIR) or "",
             )
         except (KeyError, ValueError):
             return None
 
 
 Sender = Callable[[str, bytes, str], dict[str, Any]]
+
+
+def format_stacks(rank: int, request_id: str) -> str:
+    """The Python stacks of every thread of this process, innermost call last, as
+    `faulthandler` would print them but with thread names (the training loop is MainThread)."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    lines = [f"# rank {rank}, pid {os.getpid()}, stack request {request_id}, {time.ctime()}"]
+    for ident, frame in sorted(sys._current_frames().items()):
+        lines.append(f"\nThread {names.get(ident, '?')} ({ident}), most recent call last:")
+        lines.extend(line.rstrip("\n") for line in traceback.format_stack(frame))
+    return "\n".join(lines) + "\n"
+
+
+def write_stacks(directory: str, request_id: str, rank: int) -> str:
+    """Writes this process's stacks for the request (atomically: a reader never sees half a
+    file); the path written."""
+    path = Path(contract.stacks_file(directory, request_id, rank))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    partial.write_text(format_stacks(rank, request_id))
+    partial.replace(path)
+    return str(path)
 
 
 def http_send(url: str, body: bytes, token: str) -> dict[str, Any]:
@@ -120,6 +146,10 @@ class Reporter:
         self.failures = 0
         self.last_reply: dict[str, Any] = {}
         self.last_error = ""
+        self.stacks_dumped = ""  # the newest stack request answered (sent in every message)
+        self.stacks_written: list[str] = []
+        self._stacks_tried = ""
+        self._answer_now = False  # a request was answered: say so without waiting an interval
         self.thread = threading.Thread(target=self._loop, name="trainium-health", daemon=True)
 
     # -- the training loop's side ----------------------------------------------------------
@@ -142,12 +172,14 @@ class Reporter:
             self._changed = True
 
     # -- the reporter thread ---------------------------------------------------------------
-    def message(self) -> contract.ProgressMessage:
+    def message(self, *, final: bool = False) -> contract.ProgressMessage:
         cfg = self.config
         with self._lock:
             times = tuple(self._times_ms)
             step, samples, tokens = self._step, self._samples, self._tokens
+            started = self._step_start_ns
             self._changed = False
+        age_ms = (time.monotonic_ns() - started) / 1e6 if step >= 0 else None
         self.sequence += 1
         return contract.ProgressMessage(
             job=cfg.job,
@@ -162,13 +194,16 @@ class Reporter:
             samples=samples,
             tokens=tokens,
             sequence=self.sequence,
+            step_age_ms=age_ms,
+            stacks_dumped=self.stacks_dumped,
+            final=final,
         )
 
-    def send_once(self) -> bool:
+    def send_once(self, *, final: bool = False) -> bool:
         """One message now; whether the operator accepted it. Never raises."""
         try:
             token = Path(self.config.token_file).read_text().strip()
-            reply = self._send(self.config.url, self.message().to_json(), token)
+            reply = self._send(self.config.url, self.message(final=final).to_json(), token)
         except (OSError, ValueError, urllib.error.URLError) as error:
             self.failures += 1
             self.last_error = repr(error)
@@ -177,10 +212,31 @@ class Reporter:
         accepted = bool(reply.get("accepted"))
         if accepted:
             self.sent += 1
+            self._answer(reply.get("requests"))
         else:
             self.failures += 1
             self.last_error = str(reply.get("reason") or "refused")
         return accepted
+
+    def _answer(self, requests: object) -> None:
+        """Does what the operator asked (an unknown or malformed request is ignored)."""
+        if not isinstance(requests, dict):
+            return
+        request_id = requests.get(contract.REQUEST_DUMP_STACKS)
+        if not contract.valid_request_id(request_id) or request_id == self._stacks_tried:
+            return
+        assert isinstance(request_id, str)
+        self._stacks_tried = request_id  # once per request, whatever happens
+        if not self.config.stacks_dir:
+            return
+        try:
+            path = write_stacks(self.config.stacks_dir, request_id, self.config.rank)
+        except OSError as error:  # a full or read-only volume: no answer, the operator says so
+            self.last_error = f"stacks not written: {error!r}"
+            return
+        self.stacks_written.append(path)
+        self.stacks_dumped = request_id
+        self._answer_now = True
 
     def _loop(self) -> None:
         backoff = self.config.interval_s
@@ -189,8 +245,11 @@ class Reporter:
                 backoff = self.config.interval_s
             else:
                 backoff = min(backoff * 2, self.max_backoff_s)
+            if self._answer_now:
+                self._answer_now = False
+                backoff = 0.0
         if self._final:
-            self.send_once()
+            self.send_once(final=True)
 
     @property
     def max_backoff_s(self) -> float:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,11 @@ from typing import Any
 URL = "TRAINIUM_HEALTH_URL"  # the operator's endpoint, http://<service>.<namespace>.svc:<port>/...
 TOKEN_FILE = "TRAINIUM_HEALTH_TOKEN_FILE"  # the projected, audience-bound, pod-bound token
 INTERVAL_S = "TRAINIUM_HEALTH_INTERVAL_S"  # seconds between a rank's messages
-OPERATOR_SET = (URL, TOKEN_FILE, INTERVAL_S)
+# Where a rank writes its Python stacks when the operator asks (a stalled job): the attempt's
+# profile directory's `stacks/`, on the shared volume; each request writes
+# `<dir>/<request id>/rank-<RANK>.txt` (`stacks_file`).
+STACKS_DIR = "TRAINIUM_HEALTH_STACKS_DIR"
+OPERATOR_SET = (URL, TOKEN_FILE, INTERVAL_S, STACKS_DIR)
 
 PATH = "/v1/progress"  # the endpoint's path on the operator
 PORT = 8090  # the operator's default health-channel port (chart: health.port)
@@ -50,6 +55,29 @@ MAX_BODY_BYTES = 8192
 MAX_STEP_TIMES = 64  # recent step durations a message carries (the newest last)
 MAX_NAME = 253
 
+# -- what the operator may ask in its reply (`requests`) ---------------------------------------
+# Write the Python stacks of all the rank's threads for request <id>, then say so in every later
+# message (`stacksDumped`). An id is a path component: letters, digits and dashes only.
+REQUEST_DUMP_STACKS = "dumpStacks"
+STACKS_SUBDIR = "stacks"
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
+
+
+def valid_request_id(value: object) -> bool:
+    return isinstance(value, str) and _REQUEST_ID.match(value) is not None
+
+
+def stacks_dir(profile_dir: str) -> str:
+    """The attempt's stacks directory under its profile directory."""
+    return f"{profile_dir.rstrip('/')}/{STACKS_SUBDIR}"
+
+
+def stacks_file(directory: str, request_id: str, rank: int) -> str:
+    """Where rank `rank` writes its stacks for request `request_id`."""
+    if not valid_request_id(request_id):
+        raise ValueError(f"not a stack request id: {request_id!r}")
+    return f"{directory.rstrip('/')}/{request_id}/rank-{rank}.txt"
+
 
 @dataclass(frozen=True, slots=True)
 class ProgressMessage:
@@ -67,6 +95,12 @@ class ProgressMessage:
     samples: int | None = None  # cumulative, when the script reports them (profiler.report)
     tokens: int | None = None
     sequence: int = 0  # the rank's message counter since its start
+    # How long the rank had been in `step` when it sent this, by its own monotonic clock: the
+    # operator dates the step from it (received - age), so the date survives an operator
+    # restart and does not depend on the two clocks agreeing. None: an older profiler.
+    step_age_ms: float | None = None
+    stacks_dumped: str = ""  # the id of the newest stack request this rank answered
+    final: bool = False  # the rank's last message (the profiler stopped): it ended, not stalled
 
     def to_json(self) -> bytes:
         body: dict[str, Any] = {
@@ -85,6 +119,12 @@ class ProgressMessage:
             body["samples"] = self.samples
         if self.tokens is not None:
             body["tokens"] = self.tokens
+        if self.step_age_ms is not None:
+            body["stepAgeMs"] = round(self.step_age_ms, 1)
+        if self.stacks_dumped:
+            body["stacksDumped"] = self.stacks_dumped
+        if self.final:
+            body["final"] = True
         return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -130,6 +170,20 @@ def parse_message(raw: bytes) -> ProgressMessage:
         ):
             raise ValueError("stepTimesMs: finite, non-negative numbers are required")
         step_times.append(float(value))
+    age = body.get("stepAgeMs")
+    if age is not None and (
+        not isinstance(age, int | float)
+        or isinstance(age, bool)
+        or not math.isfinite(age)
+        or not 0 <= age < 1e12
+    ):
+        raise ValueError("stepAgeMs: a finite, non-negative number is required")
+    dumped = body.get("stacksDumped", "")
+    if dumped != "" and not valid_request_id(dumped):
+        raise ValueError("stacksDumped: a stack request id is required")
+    final = body.get("final", False)
+    if not isinstance(final, bool):
+        raise ValueError("final: a boolean is required")
     return ProgressMessage(
         job=_name(body, "job"),
         namespace=_name(body, "namespace"),
@@ -143,20 +197,28 @@ def parse_message(raw: bytes) -> ProgressMessage:
         samples=_optional_int(body, "samples"),
         tokens=_optional_int(body, "tokens"),
         sequence=_int(body, "sequence", 0),
+        step_age_ms=None if age is None else float(age),
+        stacks_dumped=str(dumped),
+        final=final,
     )
 
 
 def reply_json(
     *, accepted: bool, reason: str = "", requests: dict[str, Any] | None = None
 ) -> bytes:
-    """The operator's answer. `requests` carries what the operator asks of the rank (later:
-    capture the next N steps, dump stacks); an unknown request is ignored by the rank."""
+    """The operator's answer. `requests` carries what the operator asks of the rank
+    (`REQUEST_DUMP_STACKS`: write your stacks); an unknown request is ignored by the rank."""
     return json.dumps(
         {"accepted": accepted, "reason": reason, "requests": requests or {}},
         separators=(",", ":"),
     ).encode()
 
 
-def channel_env(url: str, interval_s: float) -> dict[str, str]:
+def channel_env(url: str, interval_s: float, stacks_directory: str) -> dict[str, str]:
     """What a training pod of a job with the channel on gets, in this order."""
-    return {URL: url, TOKEN_FILE: TOKEN_PATH, INTERVAL_S: f"{interval_s:g}"}
+    return {
+        URL: url,
+        TOKEN_FILE: TOKEN_PATH,
+        INTERVAL_S: f"{interval_s:g}",
+        STACKS_DIR: stacks_directory,
+    }

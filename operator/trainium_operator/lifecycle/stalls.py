@@ -1,0 +1,377 @@
+"""Hang detection: a training gang none of whose ranks advances is Stalled. One pure policy,
+fed the ranks' newest health-channel messages by the job's reconcile pass (as `progress` is),
+writing through `status_edit`'s one condition setter.
+
+What is decided here:
+- **Watched**: a job in phase Training with the channel on. Of its current attempt, the ranks
+  that have entered a step (step >= 0) and have not ended (their last message, `final`). Until
+  one of them has finished a step there is no step time, and nothing is watched: the first step
+  of an attempt compiles or loads its graphs and may take many minutes. A compile stage never
+  reports, so it is never Stalled by this rule (its own bound is runPolicy.activeDeadline).
+- **When a rank advanced** comes from its messages: each says how long the rank has been in its
+  step (by the rank's monotonic clock), so the operator dates the step on its own clock
+  (`RankSample.started`). An operator restarted mid-run (its store empty) therefore knows at
+  the first message how long a rank has been stuck, and a healthy rank's first message shows a
+  young step: no false stall. A rank whose profiler sends no age is dated by the operator's
+  first sight of its step (after a restart, the bound starts then).
+- **The bound**: spec.health.stallTimeoutSeconds, else max(3 x the gang's recent p50 step time,
+  60 s); never below 3 report intervals (the operator hears of a step only that often). The
+  gang is Stalled when its newest step start is older than the bound, decided `lead` (1 s, at
+  most 10 % of the bound) before it so that the condition is written within the bound.
+- **Stopped first**: the ranks at the lowest step, the oldest start of it first (the one that
+  froze while the others wait for it in a collective).
+- **Then**: the Stalled condition and one Warning event naming those ranks and their nodes; the
+  operator's replies ask every rank of the attempt for its Python stacks (`stack_request`);
+  it waits until every rank of the gang answered or `stack_wait_seconds` passed, records what
+  came (status.stall.stacks and an event), and only then takes spec.health.onStall once:
+  Report (nothing more; the condition clears when a rank advances past the stall), Restart
+  (the gang, counted in status.restarts.stall, within spec.health.maxStallRestarts) or Fail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from trainium_operator.api.spec import HealthSpec, StallAction
+from trainium_operator.api.status import ConditionType, FailureClass, Phase
+from trainium_operator.builders.job import JobRef, Stage
+from trainium_operator.lifecycle.cleanup import cleanup_on_finish
+from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj
+from trainium_operator.lifecycle.observed import Observed, parse_time
+from trainium_operator.lifecycle.progress import RankSample, recent_p50_ms
+from trainium_operator.lifecycle.restarts import restart_gang
+from trainium_operator.lifecycle.status_edit import StatusEdit, timestamp
+from trainium_operator.profiler import channel_contract as contract
+
+FLOOR_SECONDS = 60.0
+P50_FACTOR = 3.0
+MIN_REPORT_INTERVALS = 3.0
+LEAD_SECONDS = 1.0
+LEAD_FRACTION = 0.1
+# The ranks answer a stack request in their next message (one interval) and say so at once;
+# two intervals plus a margin for the write and the pass that reads the answers.
+STACK_WAIT_INTERVALS = 2.0
+STACK_WAIT_MARGIN_SECONDS = 3.0
+NAMED_RANKS = 8
+REQUEUE_MINIMUM_SECONDS = 0.1
+LISTED_MISSING = 16
+
+
+def stall_bound(health: HealthSpec, p50_ms: float) -> float:
+    """Seconds without a new step after which the gang is Stalled."""
+    if health.stall_timeout_seconds is not None:
+        bound = float(health.stall_timeout_seconds)
+    else:
+        bound = max(P50_FACTOR * p50_ms / 1000.0, FLOOR_SECONDS)
+    return max(bound, MIN_REPORT_INTERVALS * health.report_interval_seconds)
+
+
+def decision_lead(bound: float) -> float:
+    """How long before the bound the stall is decided, so its condition lands within it."""
+    return min(LEAD_SECONDS, LEAD_FRACTION * bound)
+
+
+def stack_wait_seconds(health: HealthSpec) -> float:
+    return STACK_WAIT_INTERVALS * health.report_interval_seconds + STACK_WAIT_MARGIN_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """The current attempt's gang as the stall rule sees it."""
+
+    ranks: list[RankSample]  # entered a step, not ended
+    world: set[int]  # every rank of the gang that has not ended (asked for stacks)
+    p50_ms: float
+    bound: float
+    last_progress: datetime  # the newest step start of any watched rank
+
+    @property
+    def step(self) -> int:
+        return min(r.step for r in self.ranks)
+
+    @property
+    def max_step(self) -> int:
+        return max(r.step for r in self.ranks)
+
+
+def watch(health: HealthSpec, ranks: list[RankSample], attempt: int) -> Watch | None:
+    """None while nothing is watched (no rank has finished a step, or all ended)."""
+    current = [r for r in ranks if r.attempt == attempt]
+    live = [r for r in current if r.step >= 0 and not r.final]
+    p50 = recent_p50_ms(live)
+    if not live or p50 is None:
+        return None
+    ended = {r.rank for r in current if r.final}
+    world = set(range(max(r.world_size for r in current))) - ended
+    return Watch(
+        ranks=live,
+        world=world | {r.rank for r in live},
+        p50_ms=p50,
+        bound=stall_bound(health, p50),
+        last_progress=max(r.started for r in live),
+    )
+
+
+def stopped_first(ranks: list[RankSample]) -> tuple[list[RankSample], int]:
+    """The ranks at the lowest step, oldest start first (the first NAMED_RANKS), and how many
+    more are there."""
+    lowest = min(r.step for r in ranks)
+    behind = sorted((r for r in ranks if r.step == lowest), key=lambda r: (r.started, r.rank))
+    return behind[:NAMED_RANKS], max(len(behind) - NAMED_RANKS, 0)
+
+
+def stack_request_id(attempt: int, now: datetime) -> str:
+    return f"a{attempt}-{now:%Y%m%dT%H%M%SZ}"
+
+
+def stack_request(status: Obj, attempt: int) -> str | None:
+    """The stack request the operator's replies carry to this attempt's ranks, if any: the
+    health channel's endpoint reads it from the job's status (its one source of truth)."""
+    record = status.get("stall") or {}
+    stacks = record.get("stacks") or {}
+    if record.get("attempt") == attempt and stacks.get("state") == "Requested":
+        request_id = stacks.get("requestId")
+        return request_id if contract.valid_request_id(request_id) else None
+    return None
+
+
+def requests_for(job: Obj | None, attempt: int, answered: str) -> dict[str, str]:
+    """What the reply to a rank of `attempt` asks of it (`answered`: its last stack answer)."""
+    request_id = stack_request((job or {}).get("status") or {}, attempt)
+    if request_id is None or request_id == answered:
+        return {}
+    return {contract.REQUEST_DUMP_STACKS: request_id}
+
+
+def apply_stall_policy(
+    job: JobRef, decision: Decision, observed: Observed, ranks: list[RankSample]
+) -> None:
+    """Brings `decision` (the machine's, for this pass) up to date with the stall rule."""
+    status = StatusEdit(decision.status, job.generation, observed.now, decision)
+    _policy(job, status, decision, observed, ranks)
+    decision.status = status.validated()
+
+
+def _policy(
+    job: JobRef,
+    status: StatusEdit,
+    decision: Decision,
+    observed: Observed,
+    ranks: list[RankSample],
+) -> None:
+    if status.phase is not Phase.TRAINING:
+        return
+    attempt, now = status.attempt, observed.now
+    record: Obj | None = status.data.get("stall")
+    if record is not None and record.get("attempt") != attempt:
+        # An earlier attempt's stall (the gang restarted for it or for another reason).
+        stalled = status.find_condition(ConditionType.STALLED)
+        if stalled is not None and stalled.get("status") == "True":
+            status.condition(ConditionType.STALLED, False, "NewAttempt", f"attempt {attempt} runs")
+        record = None
+    gang = watch(job.spec.health, ranks, attempt)
+    if record is not None and not record.get("resolvedTime"):
+        _follow(job, status, decision, observed=observed, record=record, gang=gang)
+        return
+    if gang is None:
+        return
+    stalled_for = (now - gang.last_progress).total_seconds()
+    due = gang.bound - decision_lead(gang.bound)
+    if stalled_for < due:
+        # A gang whose ranks all went silent wakes no pass: this one does, when it is due (to
+        # the tenth of a second: the lead is all the slack the bound has).
+        decision.requeue(due - stalled_for, minimum=REQUEUE_MINIMUM_SECONDS)
+        return
+    _detect(job, status, decision, gang=gang, attempt=attempt, stalled_for=stalled_for, now=now)
+
+
+def _rank_text(rank: RankSample) -> str:
+    return (
+        f"rank {rank.rank} on {rank.node or 'an unknown node'} "
+        f"(step {rank.step} since {timestamp(rank.started)})"
+    )
+
+
+def _detect(
+    job: JobRef,
+    status: StatusEdit,
+    decision: Decision,
+    *,
+    gang: Watch,
+    attempt: int,
+    stalled_for: float,
+    now: datetime,
+) -> None:
+    named, more = stopped_first(gang.ranks)
+    request_id = stack_request_id(attempt, now)
+    path = f"{contract.stacks_dir(job.profile_dir(attempt))}/{request_id}"
+    source = (
+        "spec.health.stallTimeoutSeconds"
+        if job.spec.health.stall_timeout_seconds is not None
+        else f"max(3 x p50 {gang.p50_ms:.0f} ms, {FLOOR_SECONDS:.0f} s)"
+    )
+    stopped = ", ".join(_rank_text(r) for r in named) + (f" and {more} more" if more else "")
+    message = (
+        f"no rank of attempt {attempt} entered a new step for {stalled_for:.0f}s (bound "
+        f"{gang.bound:g}s, {source}); slowest step {gang.step}; stopped first: {stopped}"
+    )
+    status.data["stall"] = {
+        "attempt": attempt,
+        "step": gang.step,
+        "maxStep": gang.max_step,
+        "lastProgressTime": timestamp(gang.last_progress),
+        "detectedTime": timestamp(now),
+        "boundSeconds": round(gang.bound, 3),
+        "stoppedRanks": [
+            {
+                "rank": r.rank,
+                **({"node": r.node} if r.node else {}),
+                "step": r.step,
+                "stepStartTime": timestamp(r.started),
+            }
+            for r in named
+        ],
+        "moreStoppedRanks": more,
+        "stacks": {
+            "requestId": request_id,
+            "requestedTime": timestamp(now),
+            "path": path,
+            "state": "Requested",
+            "ranksExpected": len(gang.world),
+        },
+    }
+    status.condition(ConditionType.STALLED, True, "NoProgress", message)
+    decision.events.append(
+        EventRecord("Warning", "Stalled", f"{message}; asking every rank for its stacks ({path})")
+    )
+    decision.requeue(stack_wait_seconds(job.spec.health))
+
+
+def _resumed(record: Obj, gang: Watch | None) -> bool:
+    if gang is None:
+        return False
+    return gang.max_step > int(record.get("maxStep", 0)) or gang.step > int(record.get("step", 0))
+
+
+def _follow(
+    job: JobRef,
+    status: StatusEdit,
+    decision: Decision,
+    *,
+    observed: Observed,
+    record: Obj,
+    gang: Watch | None,
+) -> None:
+    """A detected stall: resumed, still waiting for stacks, or acted on."""
+    now = observed.now
+    stacks: Obj = record.get("stacks") or {}
+    if _resumed(record, gang):
+        assert gang is not None
+        if stacks.get("state") == "Requested":
+            _stacks_done(status, decision, stacks, gang, now)
+        record["resolvedTime"] = timestamp(now)
+        message = (
+            f"a rank entered step {gang.max_step} after the stall at step {record.get('step')}"
+        )
+        status.condition(ConditionType.STALLED, False, "ProgressResumed", message)
+        decision.events.append(EventRecord("Normal", "ProgressResumed", message))
+        return
+    if stacks.get("state") == "Requested":
+        requested = parse_time(stacks.get("requestedTime")) or now
+        until = requested + timedelta(seconds=stack_wait_seconds(job.spec.health))
+        answered = _answered(gang, stacks)
+        expected = gang.world if gang is not None else set()
+        if (not expected or not expected <= answered) and now < until:
+            decision.requeue((until - now).total_seconds())
+            return
+        _stacks_done(status, decision, stacks, gang, now)
+    if record.get("action") is None:
+        _act(job, status, decision, observed, record)
+
+
+def _answered(gang: Watch | None, stacks: Obj) -> set[int]:
+    if gang is None:
+        return set()
+    return {r.rank for r in gang.ranks if r.stacks_dumped == stacks.get("requestId")}
+
+
+def _stacks_done(
+    status: StatusEdit, decision: Decision, stacks: Obj, gang: Watch | None, now: datetime
+) -> None:
+    expected = gang.world if gang is not None else set()
+    answered = _answered(gang, stacks) & expected
+    missing = sorted(expected - answered)
+    state = "Captured" if not missing and answered else "Partial" if answered else "Missing"
+    stacks.update(
+        state=state,
+        ranksExpected=len(expected),
+        ranksCaptured=len(answered),
+        missingRanks=missing[:LISTED_MISSING],
+        completeTime=timestamp(now),
+    )
+    message = f"{len(answered)}/{len(expected)} ranks wrote their Python stacks to {stacks['path']}"
+    if missing:
+        listed = ", ".join(map(str, missing[:LISTED_MISSING]))
+        more = f" and {len(missing) - LISTED_MISSING} more" if len(missing) > LISTED_MISSING else ""
+        message += f"; no answer from rank {listed}{more}"
+    decision.events.append(
+        EventRecord("Normal" if state == "Captured" else "Warning", "StacksCaptured", message)
+    )
+
+
+def _act(
+    job: JobRef, status: StatusEdit, decision: Decision, observed: Observed, record: Obj
+) -> None:
+    """spec.health.onStall, once."""
+    action = job.spec.health.on_stall
+    record["action"] = action.value
+    record["actionTime"] = timestamp(observed.now)
+    if action is StallAction.REPORT:
+        return
+    condition = status.find_condition(ConditionType.STALLED) or {}
+    message = str(condition.get("message") or "the gang stalled")
+    if action is StallAction.FAIL:
+        status.finish(Phase.FAILED, "StallTimeout", f"{message}; spec.health.onStall is Fail")
+        cleanup_on_finish(job, decision, observed)
+        return
+    restarts = dict(
+        status.data.get("restarts") or {"total": 0, "application": 0, "infrastructure": 0}
+    )
+    used, limit = int(restarts.get("stall", 0)), job.spec.health.max_stall_restarts
+    if used >= limit:
+        status.finish(
+            Phase.FAILED,
+            "StallRestartLimitExceeded",
+            f"{message}; spec.health.maxStallRestarts ({limit}) exhausted",
+        )
+        cleanup_on_finish(job, decision, observed)
+        return
+    attempt = int(record.get("attempt", status.attempt))
+    restarts["stall"] = used + 1
+    status.data["restarts"] = restarts
+    first = (record.get("stoppedRanks") or [{}])[0]
+    status.data["lastFailure"] = {
+        "class": FailureClass.STALL.value,
+        "stage": Stage.TRAIN.value,
+        **({"node": first["node"]} if first.get("node") else {}),
+        "reason": "Stalled",
+        "message": message,
+        "time": timestamp(observed.now),
+    }
+    restart_gang(
+        job,
+        status=status,
+        decision=decision,
+        observed=observed,
+        stage=Stage.TRAIN,
+        attempt=attempt,
+        reason="Stalled",
+        message=message,
+    )
+    status.condition(
+        ConditionType.STALLED,
+        False,
+        "GangRestarted",
+        f"attempt {attempt} stalled; restarting the gang as attempt {attempt + 1}",
+    )
