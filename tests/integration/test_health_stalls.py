@@ -38,8 +38,8 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
-from trainium_operator.devcluster import testing
-from trainium_operator.devcluster.sim import wait_for
+from trainium_devcluster import testing
+from trainium_devcluster.sim import wait_for
 from trainium_operator.lifecycle.observed import parse_time
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
