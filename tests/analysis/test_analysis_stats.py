@@ -366,3 +366,38 @@ def test_cpu_activity_integrates_each_sample_over_the_interval_it_covers() -> No
     process_cores, host_cores = activity.mean_cores()
     assert process_cores[0] == pytest.approx(500 / 150)
     assert host_cores[0] == pytest.approx(10.0)
+
+
+def cpu_range(name: str, start: int, end: int, per_mille: int) -> Event:
+    """A sample as the sampler records it: the mean over the interval it measured."""
+    return Event(EventKind.CPU_UTIL, name, start, end - start, value=per_mille)
+
+
+def test_a_cpu_sample_fills_every_bucket_its_interval_overlaps_weighted_by_the_overlap() -> None:
+    # The whole host: 2 cores over 0..60, then 4 cores over 60..100 (buckets of 25 ns).
+    rank0 = [cpu_range(CPU_NODE, 0, 60, 2000), cpu_range(CPU_NODE, 60, 100, 4000)]
+
+    series = utilisation_over_time(columns(rank0), 1, 0, 100, buckets=4)
+
+    # 50..75 holds 10 ns of 2 cores and 15 ns of 4 cores
+    assert series.node_cpu_cores[0].tolist() == pytest.approx([2.0, 2.0, 3.2, 4.0])
+
+
+def test_cpu_activity_counts_first_intervals_and_averages_host_and_processes_on_own_spans() -> None:
+    # Rank 0 (local rank 0) samples itself and the host from 0; rank 1 starts later, at 40.
+    rank0 = [
+        cpu_range(CPU_PROCESS, 0, 100, 1000),
+        cpu_range(CPU_NODE, 0, 60, 3000),
+        cpu_range(CPU_NODE, 60, 100, 2000),
+    ]
+    rank1 = [cpu_range(CPU_PROCESS, 40, 140, 1000)]
+
+    activity = cpu_activity(columns(rank0, rank1), 1)
+
+    assert activity.process_active_ns.tolist() == [200]
+    assert activity.node_active_ns.tolist() == [180 + 80]
+    assert activity.sampled_ns.tolist() == [140]
+    assert activity.host_sampled_ns.tolist() == [100]
+    process_cores, host_cores = activity.mean_cores()
+    assert process_cores[0] == pytest.approx(200 / 140)
+    assert host_cores[0] == pytest.approx(2.6)

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from profiler.profiler_helpers import of_kind, start, stop_and_read
+from trainium_operator.profiler.config import StepWindow
 from trainium_operator.profiler.events import EventKind
 from trainium_operator.profiler.sampler import (
     CPU_NODE,
@@ -32,19 +33,37 @@ def test_busy_process_shows_cpu_use_and_resident_memory(tmp_path: Path) -> None:
     )
     rss = [e for e in of_kind(events, EventKind.MEMORY) if e.name == MEMORY_RSS]
     assert len(cpu) >= 5
-    # Each sample is the per-mille CPU use since the previous one: integrated over time they
-    # account for the CPU this process used (the first interval and the start/stop around
-    # the samples are not covered, hence the loose lower bound).
-    integrated_ns = sum(
-        later.value * (later.start_ns - earlier.start_ns) // 1000
-        for earlier, later in itertools.pairwise(cpu)
-    )
-    assert 0.5 * cpu_used_ns <= integrated_ns <= 1.1 * cpu_used_ns
+    # Each sample spans the interval it measured, back to back from the sampler's start:
+    # integrated they account for the CPU this process used (the start and stop around the
+    # sampler are not covered, hence the lower bound).
+    assert all(e.duration_ns > 0 for e in cpu)
+    assert all(a.end_ns == b.start_ns for a, b in itertools.pairwise(cpu))
+    integrated_ns = sum(e.value * e.duration_ns // 1000 for e in cpu)
+    assert 0.7 * cpu_used_ns <= integrated_ns <= 1.1 * cpu_used_ns
     assert all(e.value >= 10 * 2**20 for e in rss)  # a Python process is above 10 MiB
     # Local rank 0 also samples the node.
     assert any(e.name == CPU_NODE for e in events)
     assert any(e.name == MEMORY_NODE_USED for e in events)
     assert {e.thread_id for e in cpu + rss} == {0}
+
+
+def test_node_cpu_is_sampled_at_its_interval_while_process_sampling_idles(
+    tmp_path: Path,
+) -> None:
+    # Outside the step window the process samples every 2 s; the node's counters keep their
+    # 1 s interval and the first node sample covers the time from the sampler's start.
+    rank_file = start(tmp_path, sample_interval_s=0.2, steps=StepWindow(10_000, 10_001))
+    started = time.monotonic_ns()
+    time.sleep(2.3)
+    events = stop_and_read(rank_file).events
+    node = sorted(
+        (e for e in of_kind(events, EventKind.CPU_UTIL) if e.name == CPU_NODE),
+        key=lambda e: e.start_ns,
+    )
+    assert len(node) >= 3, [(e.start_ns - started, e.duration_ns) for e in node]
+    assert node[0].start_ns - started < 100_000_000, "the first interval opens at the start"
+    assert all(a.end_ns == b.start_ns for a, b in itertools.pairwise(node))
+    assert all(e.duration_ns <= 1_200_000_000 for e in node)
 
 
 def test_other_local_ranks_leave_node_counters_to_local_rank_zero(tmp_path: Path) -> None:

@@ -212,6 +212,7 @@ def dashboard(profile: LoadedProfile, buckets: int = 240, top: int = 50) -> dict
                 "process_active_ns": int(cpu.process_active_ns[i]),
                 "host_active_ns": int(cpu.node_active_ns[i]),
                 "sampled_ns": int(cpu.sampled_ns[i]),
+                "host_sampled_ns": int(cpu.host_sampled_ns[i]),
                 "process_mean_cores": round(float(process_cores[i]), 3),
                 "host_mean_cores": round(float(host_cores[i]), 3),
             }

@@ -508,37 +508,109 @@ def _bucket_means(cell: I64, values: I64, size: int) -> F64:
     return means
 
 
+def _time_weighted_means(
+    row: I64, starts: I64, ends: I64, values: I64, *, edges: I64, rows: int
+) -> F64:
+    """Per row and bucket, the mean of the samples' values weighted by how long each sample's
+    range [start, end) overlaps the bucket; NaN where no range covers it. Shape (rows, buckets).
+
+    A sample spanning many buckets (a long sampling interval in a short profile) fills them
+    all: full buckets go through a difference array, the partial first and last directly."""
+    buckets = int(edges.size) - 1
+    width = int(edges[1] - edges[0])
+    low, high = int(edges[0]), int(edges[-1])
+    start = np.clip(starts, low, high)
+    end = np.clip(ends, low, high)
+    keep = end > start
+    row, start, end = row[keep].astype(np.int64), start[keep], end[keep]
+    value = values[keep].astype(np.float64)
+    first = (start - low) // width
+    last = (end - 1 - low) // width
+    stride = buckets + 1
+    weighted_diff = np.zeros(rows * stride, dtype=np.float64)
+    weight_diff = np.zeros(rows * stride, dtype=np.float64)
+    inner = last > first + 1
+    opens = row[inner] * stride + first[inner] + 1
+    closes = row[inner] * stride + last[inner]
+    np.add.at(weighted_diff, opens, value[inner] * width)
+    np.add.at(weighted_diff, closes, -value[inner] * width)
+    np.add.at(weight_diff, opens, float(width))
+    np.add.at(weight_diff, closes, -float(width))
+    weighted = np.cumsum(weighted_diff.reshape(rows, stride), axis=1)[:, :buckets]
+    weight = np.cumsum(weight_diff.reshape(rows, stride), axis=1)[:, :buckets]
+    head = np.minimum(end, low + (first + 1) * width) - start
+    np.add.at(weighted, (row, first), value * head)
+    np.add.at(weight, (row, first), head.astype(np.float64))
+    tail = last > first
+    tail_overlap = end[tail] - (low + last[tail] * width)
+    np.add.at(weighted, (row[tail], last[tail]), value[tail] * tail_overlap)
+    np.add.at(weight, (row[tail], last[tail]), tail_overlap.astype(np.float64))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means: F64 = np.where(weight > 0, weighted / np.maximum(weight, 1e-300), np.nan)
+    return means
+
+
+def _sample_means(
+    row: I64, starts: I64, durations: I64, values: I64, *, edges: I64, rows: int
+) -> F64:
+    """Per row and bucket, the mean CPU utilisation of the samples: time-weighted over the
+    ranges samples span; an older profile's instant samples average in the bucket they fall
+    in (where no range covers it)."""
+    buckets = int(edges.size) - 1
+    width = int(edges[1] - edges[0])
+    ranged = durations > 0
+    over_ranges = _time_weighted_means(
+        row[ranged],
+        starts[ranged],
+        starts[ranged] + durations[ranged],
+        values[ranged],
+        edges=edges,
+        rows=rows,
+    )
+    instant = ~ranged
+    bucket = (starts[instant] - int(edges[0])) // width
+    inside = (bucket >= 0) & (bucket < buckets)
+    at_instants = _bucket_means(
+        row[instant][inside].astype(np.int64) * buckets + bucket[inside],
+        values[instant][inside],
+        rows * buckets,
+    ).reshape(rows, buckets)
+    means: F64 = np.where(np.isnan(over_ranges), at_instants, over_ranges)
+    return means
+
+
 def node_cpu_over_time(columns: EventColumns, node_count: int, edges: I64) -> F64:
     """Busy CPU cores per node and time bucket, shape (nodes, buckets), NaN without samples.
 
     A node's own samples (`cpu.node`, taken by its local rank 0) count when present: they
     include everything on the host. Otherwise the training processes' samples are averaged
-    per rank and bucket and summed over the node's ranks.
+    per rank and bucket and summed over the node's ranks. A sample counts in every bucket its
+    measured interval overlaps, weighted by the overlap.
     """
     buckets = int(edges.size) - 1
-    width = int(edges[1] - edges[0])
-    samples = columns.of_kind(EventKind.CPU_UTIL)
-    bucket = (columns.start_ns[samples] - int(edges[0])) // width
-    inside = (bucket >= 0) & (bucket < buckets)
-    bucket = bucket[inside]
-    values = columns.value[samples][inside]
-    nodes = columns.node[samples][inside].astype(np.int64)
-    ranks = columns.rank[samples][inside].astype(np.int64)
-    is_node_sample = columns.name[samples][inside] == columns.name_id(CPU_NODE)
+    samples = np.flatnonzero(columns.of_kind(EventKind.CPU_UTIL))
+    starts = columns.start_ns[samples]
+    durations = columns.duration_ns[samples]
+    values = columns.value[samples]
+    nodes = columns.node[samples].astype(np.int64)
+    ranks = columns.rank[samples].astype(np.int64)
+    is_node_sample = columns.name[samples] == columns.name_id(CPU_NODE)
 
-    node_level = _bucket_means(
-        nodes[is_node_sample] * buckets + bucket[is_node_sample],
-        values[is_node_sample],
-        node_count * buckets,
-    ).reshape(node_count, buckets)
+    node = is_node_sample
+    node_level = _sample_means(
+        nodes[node], starts[node], durations[node], values[node], edges=edges, rows=node_count
+    )
 
     process = ~is_node_sample
     rank_ids, rank_index = np.unique(ranks[process], return_inverse=True)
-    per_rank = _bucket_means(
-        rank_index.astype(np.int64) * buckets + bucket[process],
+    per_rank = _sample_means(
+        rank_index.astype(np.int64),
+        starts[process],
+        durations[process],
         values[process],
-        int(rank_ids.size) * buckets,
-    ).reshape(int(rank_ids.size), buckets)
+        edges=edges,
+        rows=int(rank_ids.size),
+    )
     rank_node = np.zeros(int(rank_ids.size), dtype=np.int64)
     rank_node[rank_index] = nodes[process]
     summed = np.zeros((node_count, buckets), dtype=np.float64)
@@ -558,17 +630,30 @@ class CpuActivity:
 
     process_active_ns: I64  # the training processes, summed over the node's ranks
     node_active_ns: I64  # the whole host, from `cpu.node` samples (0 where none)
-    sampled_ns: I64  # the time span the node's samples cover
+    sampled_ns: I64  # the time span the node's training-process samples cover
+    host_sampled_ns: I64  # the time span the node's `cpu.node` samples cover (0 where none)
 
     def mean_cores(self) -> tuple[F64, F64]:
-        """(training processes, whole host) average busy cores per node."""
-        span = np.maximum(self.sampled_ns, 1).astype(np.float64)
-        return self.process_active_ns / span, self.node_active_ns / span
+        """(training processes, whole host) average busy cores per node, each over the span
+        its own samples cover."""
+        process_span = np.maximum(self.sampled_ns, 1).astype(np.float64)
+        host_span = np.maximum(self.host_sampled_ns, 1).astype(np.float64)
+        return self.process_active_ns / process_span, self.node_active_ns / host_span
+
+
+def _span_per_node(nodes: I64, starts: I64, ends: I64, node_count: int) -> I64:
+    first = np.full(node_count, np.iinfo(np.int64).max, dtype=np.int64)
+    last = np.full(node_count, np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(first, nodes, starts)
+    np.maximum.at(last, nodes, ends)
+    span: I64 = np.where(last > first, last - first, 0)
+    return span
 
 
 def cpu_activity(columns: EventColumns, node_count: int) -> CpuActivity:
-    """Each sample is the utilisation since the previous sample of the same series, so the
-    active time is the sum of value x interval (the first sample of a series only opens it)."""
+    """The active time is the sum of value x the interval each sample measured: its own range
+    (the sampler records it), or, in older profiles of instant samples, the time since the
+    previous sample of the same series (whose first sample then only opens it)."""
     mask = columns.of_kind(EventKind.CPU_UTIL)
     index = np.flatnonzero(mask)
     is_node_sample = columns.name[index] == columns.name_id(CPU_NODE)
@@ -577,24 +662,21 @@ def cpu_activity(columns: EventColumns, node_count: int) -> CpuActivity:
     is_node_sample = is_node_sample[order]
     series = columns.rank[index].astype(np.int64) * 2 + is_node_sample
     times = columns.start_ns[index]
+    durations = columns.duration_ns[index]
     continues = np.r_[False, series[1:] == series[:-1]]
-    interval = np.where(continues, times - np.r_[times[:1], times[:-1]], 0)
-    core_ns = columns.value[index] * interval // 1000
+    previous = np.r_[times[:1], times[:-1]]
+    starts = np.where(durations > 0, times, np.where(continues, previous, times))
+    ends = np.where(durations > 0, times + durations, times)
+    core_ns = columns.value[index] * (ends - starts) // 1000
     nodes = columns.node[index].astype(np.int64)
-    process_active = np.bincount(
-        nodes[~is_node_sample], weights=core_ns[~is_node_sample], minlength=node_count
-    )
-    node_active = np.bincount(
-        nodes[is_node_sample], weights=core_ns[is_node_sample], minlength=node_count
-    )
-    first = np.full(node_count, np.iinfo(np.int64).max, dtype=np.int64)
-    last = np.full(node_count, np.iinfo(np.int64).min, dtype=np.int64)
-    np.minimum.at(first, nodes, times)
-    np.maximum.at(last, nodes, times)
+    process, host = ~is_node_sample, is_node_sample
+    process_active = np.bincount(nodes[process], weights=core_ns[process], minlength=node_count)
+    node_active = np.bincount(nodes[host], weights=core_ns[host], minlength=node_count)
     return CpuActivity(
         process_active_ns=process_active.astype(np.int64),
         node_active_ns=node_active.astype(np.int64),
-        sampled_ns=np.where(last > first, last - first, 0),
+        sampled_ns=_span_per_node(nodes[process], starts[process], ends[process], node_count),
+        host_sampled_ns=_span_per_node(nodes[host], starts[host], ends[host], node_count),
     )
 
 

@@ -233,8 +233,10 @@ class _Session:
 
     # -- sampler thread --------------------------------------------------------------------
 
-    def _record_sample(self, kind: EventKind, name: str, at_ns: int, value: int) -> None:
-        self.ring().push((int(kind), name, at_ns, at_ns, 0, value, COUNTER_THREAD))
+    def _record_sample(
+        self, kind: EventKind, name: str, start_ns: int, end_ns: int, value: int
+    ) -> None:
+        self.ring().push((int(kind), name, start_ns, end_ns, 0, value, COUNTER_THREAD))
 
     # -- flusher thread --------------------------------------------------------------------
 

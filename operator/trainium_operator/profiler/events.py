@@ -23,7 +23,9 @@ class EventKind(enum.IntEnum):
     MEMCPY = 6  # device memory copy / DMA; value = bytes
     COLLECTIVE = 7  # collective communication (all-reduce...); value = bytes
     SYNC = 8  # host waits for device (synchronize, mark_step barrier)
-    CPU_UTIL = 9  # sample: value = CPU utilisation in per-mille of one core summed over cores
+    # sample: value = CPU utilisation in per-mille of one core summed over cores, averaged over
+    # the sample's range (the interval it measured; older files have instants, duration 0)
+    CPU_UTIL = 9
     MEMORY = 10  # sample: value = process resident memory in bytes
     COUNTER = 11  # generic counter sample: name = counter name
 
@@ -46,7 +48,8 @@ HOST_DEVICE = -1
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One profiler record. Instant samples have duration_ns == 0."""
+    """One profiler record. Instant samples have duration_ns == 0; a CPU_UTIL sample spans
+    the interval its value is the mean over."""
 
     kind: EventKind
     name: str

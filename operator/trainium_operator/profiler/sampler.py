@@ -3,7 +3,10 @@
 Process CPU comes from `time.process_time_ns()` (user + system time of all threads), resident
 memory from `/proc/self/statm`. One rank per node (local rank 0) also samples the node:
 `/proc/stat` CPU and `/proc/meminfo` used memory, so 32 ranks do not read the same counters.
-Utilisation values are per-mille of one core summed over cores (1000 = one busy core).
+Utilisation values are per-mille of one core summed over cores (1000 = one busy core); each
+utilisation sample spans the interval it measured (from the previous reading to this one), so
+the first interval of a series counts like every other and the analysis needs no neighbour to
+know what a sample covers. Memory samples are instants.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ NODE_SAMPLE_INTERVAL_S = 1.0
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
-RecordSample = Callable[[EventKind, str, int, int], None]
+RecordSample = Callable[[EventKind, str, int, int, int], None]
+"""record(kind, name, start_ns, end_ns, value): a sample over [start_ns, end_ns]."""
 
 
 def read_node_cpu_ticks(stat: Path = Path("/proc/stat")) -> tuple[int, int] | None:
@@ -127,24 +131,26 @@ class Sampler:
         record = self._record
         prev_cpu = time.process_time_ns()
         prev_at = time.monotonic_ns()
-        node_at = prev_at
+        node_at = prev_at  # when prev_node was read
         prev_node = read_node_cpu_ticks() if self._node_wide else None
         self._sample_memory(statm, prev_at, node=self._node_wide)
         while True:
-            stopped = self._wait_for_next_sample(prev_at)
+            stopped = self._wait_for_next_sample(prev_at, node_at)
             now = time.monotonic_ns()
             cpu = time.process_time_ns()
             elapsed = now - prev_at
             if elapsed > 0:
-                record(EventKind.CPU_UTIL, CPU_PROCESS, now, (cpu - prev_cpu) * 1000 // elapsed)
+                busy = (cpu - prev_cpu) * 1000 // elapsed
+                record(EventKind.CPU_UTIL, CPU_PROCESS, prev_at, now, busy)
             node_due = self._node_wide and (stopped or now - node_at >= self._node_interval_ns)
             if node_due:
                 node = read_node_cpu_ticks()
                 if node is not None and prev_node is not None and node[1] > prev_node[1]:
-                    busy = node[0] - prev_node[0]
+                    busy_ticks = node[0] - prev_node[0]
                     total = node[1] - prev_node[1]
                     cores = os.cpu_count() or 1
-                    record(EventKind.CPU_UTIL, CPU_NODE, now, busy * 1000 * cores // total)
+                    value = busy_ticks * 1000 * cores // total
+                    record(EventKind.CPU_UTIL, CPU_NODE, node_at, now, value)
                 prev_node = node
                 node_at = now
             self._sample_memory(statm, now, node=node_due)
@@ -153,14 +159,19 @@ class Sampler:
             if stopped:
                 return
 
-    def _wait_for_next_sample(self, last_ns: int) -> bool:
+    def _wait_for_next_sample(self, last_ns: int, node_ns: int) -> bool:
         """Sleep until the next sample is due; True when stopped meanwhile.
 
         The detailed window can open while we sleep the long idle interval, so the wait is
-        sliced at the fast interval and the due time re-evaluated."""
+        sliced at the fast interval and the due time re-evaluated. Node counters keep their
+        own interval even while process sampling idles, so the host is sampled through a
+        short run, not only at its end."""
         while True:
             interval = self._interval_s if self._detail() else self._idle_interval_s
-            remaining = last_ns / 1e9 + interval - time.monotonic_ns() / 1e9
+            due = last_ns / 1e9 + interval
+            if self._node_wide:
+                due = min(due, (node_ns + self._node_interval_ns) / 1e9)
+            remaining = due - time.monotonic_ns() / 1e9
             if remaining <= 0:
                 return False
             if self._stop.wait(min(remaining, self._interval_s)):
@@ -169,8 +180,8 @@ class Sampler:
     def _sample_memory(self, statm: _StatmReader, at_ns: int, node: bool) -> None:
         rss = statm.rss_bytes()
         if rss is not None:
-            self._record(EventKind.MEMORY, MEMORY_RSS, at_ns, rss)
+            self._record(EventKind.MEMORY, MEMORY_RSS, at_ns, at_ns, rss)
         if node:
             used = read_node_used_memory()
             if used is not None:
-                self._record(EventKind.MEMORY, MEMORY_NODE_USED, at_ns, used)
+                self._record(EventKind.MEMORY, MEMORY_NODE_USED, at_ns, at_ns, used)

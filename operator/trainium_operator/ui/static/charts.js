@@ -9,6 +9,7 @@ function make(el, opts, data) {
   el.innerHTML = "";
   const chart = new uPlot({ width: el.clientWidth || 600, height: 240, ...opts }, data, el);
   live.add(chart);
+  el.uplot = chart; // the axis-label layout tests measure the drawn chart through it
   return chart;
 }
 
@@ -27,16 +28,59 @@ export function lineChart(el, { x, series, yLabel, y2Label, xLabel }) {
   return make(el, opts, [x, ...series.map((s) => s.data)]);
 }
 
+// Duration axes (ns values) name their unit once, in the axis title, chosen by the largest
+// value, and each tick shows only the decimals the tick step needs: "0.2 … 1.2" under
+// "step time (s)" rather than "200.000 ms … 1.200 s", which collided. Ticks are at least one
+// label width apart, so labels cannot overlap however narrow the chart is.
+const DURATION_UNITS = [[1e9, "s"], [1e6, "ms"], [1e3, "µs"], [1, "ns"]];
+// 1-2-5 steps only: a larger step then never needs more decimals than a smaller one (2.5
+// would), which is what lets durationSpace size labels before uPlot picks the step.
+const DURATION_INCRS = [];
+for (let exponent = -3; exponent <= 13; exponent++) for (const m of [1, 2, 5]) DURATION_INCRS.push(m * 10 ** exponent);
+// Labels this short may sit closer than uPlot's default 50 px, so a narrow chart keeps a few.
+const MIN_TICK_SPACE = 30;
+const LABEL_GAP = 16;
+
+function durationUnit(maxNs) {
+  return DURATION_UNITS.find(([scale]) => maxNs >= scale) || DURATION_UNITS[DURATION_UNITS.length - 1];
+}
+function decimalsOf(step) {
+  for (let d = 0; d < 3; d++) if (Math.abs(step * 10 ** d - Math.round(step * 10 ** d)) < 1e-6) return d;
+  return 3;
+}
+function durationTicks(values, step, scale) {
+  const decimals = decimalsOf(step / scale);
+  return values.map((v) => (v == null ? null : (v / scale).toFixed(decimals)));
+}
+const measure = document.createElement("canvas").getContext("2d");
+function durationSpace(scale) {
+  return (u, axisIdx, min, max, plotDim) => {
+    if (!(max > min) || !(plotDim > 0)) return MIN_TICK_SPACE;
+    // The smallest step uPlot could pick; the one it picks is no smaller, so its labels have
+    // no more decimals than these.
+    const smallest = DURATION_INCRS.find((step) => (step * plotDim) / (max - min) >= MIN_TICK_SPACE) || DURATION_INCRS[DURATION_INCRS.length - 1];
+    const [font, devicePx, cssPx] = u.axes[axisIdx].font;
+    measure.font = font;
+    // The widest label has the most integer digits, the maximum's; "0" is the widest digit in most fonts.
+    const widest = durationTicks([max], smallest, scale)[0].replace(/\d/g, "0");
+    return Math.max(MIN_TICK_SPACE, (measure.measureText(widest).width * cssPx) / devicePx + LABEL_GAP);
+  };
+}
+
 export function histogramChart(el, { edges, counts, colour, xLabel }) {
   if (!counts.length) { el.innerHTML = `<div class="empty">No data</div>`; return null; }
   const mids = counts.map((_, i) => (edges[i] + edges[i + 1]) / 2);
   const width = edges.length > 1 ? edges[1] - edges[0] : 1;
   const bars = uPlot.paths.bars({ size: [0.92, Infinity], align: 0 });
+  const [scale, unit] = durationUnit(edges[edges.length - 1]);
   const opts = {
     height: 220,
     scales: { x: { time: false, range: () => [edges[0], edges[edges.length - 1]] }, y: { range: (u, min, max) => [0, Math.max(1, max * 1.1)] } },
     axes: [
-      { label: xLabel, stroke: "#667085", grid: { stroke: "#eef2f6" }, values: (u, v) => v.map((s) => fmtNs(s)) },
+      {
+        label: `${xLabel} (${unit})`, stroke: "#667085", grid: { stroke: "#eef2f6" },
+        space: durationSpace(scale), incrs: DURATION_INCRS, values: (u, v, axisIdx, space, step) => durationTicks(v, step, scale),
+      },
       { label: "count", stroke: "#667085", grid: { stroke: "#eef2f6" } },
     ],
     series: [
