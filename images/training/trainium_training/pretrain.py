@@ -588,6 +588,10 @@ def _train(
             except profiler.ProfilerConfigError as exc:
                 raise RunError(f"{exc}; fix the TRAINIUM_PROFILE* variables") from exc
             stack.callback(stop_profiler)
+            if writes and state.step > 0:
+                # Resumed from the checkpoint of this step: a restart now loses what follows it.
+                # Only the rank that writes checkpoints says so (the operator takes the lowest).
+                profiler.checkpoint_saved(state.step)
 
         trainer = Trainer(args, backend, learner, stream=stream, sink=sink)
         log.info(
@@ -609,6 +613,7 @@ def _train(
             if writes and (step % args.checkpoint_every_steps == 0 or step == last):
                 write_checkpoint(args, backend, learner, state, plan=plan, position=stream.position)
                 saved_step = step
+                profiler.checkpoint_saved(step)  # status.goodput: a restart loses what follows
         log.info(
             "finished at step %d (last checkpoint: step %d)",
             state.step,

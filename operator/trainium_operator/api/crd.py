@@ -128,6 +128,7 @@ def _printer_columns() -> list[JsonSchema]:
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
         {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
         {"name": "Instance", "type": "string", "jsonPath": ".spec.instanceType", "priority": 1},
+        {"name": "Goodput", "type": "string", "jsonPath": ".status.goodput.summary", "priority": 1},
     ]
 
 

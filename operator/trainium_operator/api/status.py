@@ -211,6 +211,9 @@ class ProgressStatus(ApiModel):
     """spec.health.totalSteps, when set."""
     step_time_p50_ms: float | None = None
     """Median step time over the ranks' recent steps (up to 16 each)."""
+    last_checkpoint_step: Int64 | None = None
+    """The newest checkpoint step every reporting rank that says one has completed
+    (profiler.checkpoint_saved); a restart loses the steps after it (status.goodput)."""
     steps_per_second: float | None = None
     samples_per_second: float | None = None
     """Of the whole gang, where the script reports samples (profiler.report)."""
@@ -304,6 +307,49 @@ class StragglersStatus(ApiModel):
     update_time: Timestamp | None = None
 
 
+class GoodputStatus(ApiModel):
+    """Where the job's wall time went (lifecycle/goodput.py): every second since startTime is
+    in exactly one of queued, compiling, training, restarting, suspended or lost, so they sum
+    to wallSeconds. Accumulated from the stored status at each status write (at least once a
+    minute while the operator reconciles the job), so an operator restart neither loses nor
+    counts twice any time; asOf says how current the figures are."""
+
+    percent: float | None = None
+    """Goodput: trainingSeconds over wall time less suspendedSeconds, in percent. An upper
+    bound while lostUnknown > 0."""
+    summary: str | None = None
+    """percent as text, e.g. "87.5%", or "<=87.5%" while lostUnknown > 0 (the GOODPUT
+    column)."""
+    wall_seconds: float = 0
+    """asOf - startTime."""
+    queued_seconds: float = 0
+    """In Pending: waiting for capacity, scheduling and pod start, before each gang runs."""
+    compiling_seconds: float = 0
+    """In Compiling: the compile stage's gang running (spec.compile)."""
+    training_seconds: float = 0
+    """Training that was kept: in Training, less the work restarts lost."""
+    restarting_seconds: float = 0
+    """In Restarting: stopping a failed gang before the next one is created."""
+    suspended_seconds: float = 0
+    """In Suspended (spec.runPolicy.suspend); not counted against goodput."""
+    lost_seconds: float = 0
+    """Training work that restarts lost: at each restart of a training gang, its steps after
+    the last complete checkpoint (status.progress.lastCheckpointStep) times the recent p50
+    step time. Only restarts where both are known count here."""
+    lost_unknown: Count = 0
+    """Training gangs that restarted without a known checkpoint step or step time: their lost
+    work stays in trainingSeconds (never guessed)."""
+    attempt: Count | None = None
+    """The gang attempt attemptTrainingSeconds is of."""
+    attempt_training_seconds: float = 0
+    """Training time of that attempt: the most its restart can lose."""
+    start_time: Timestamp | None = None
+    """Where the accounting begins: the job's creation (or, for a job an operator without
+    goodput started, the first pass of one with it)."""
+    as_of: Timestamp | None = None
+    """The figures include the time up to here."""
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state, written by the operator."""
 
@@ -331,6 +377,7 @@ class TrainingJobStatus(ApiModel):
     progress: ProgressStatus | None = None
     stall: StallStatus | None = None
     stragglers: StragglersStatus | None = None
+    goodput: GoodputStatus | None = None
     profile_uploads: list[ProfileUpload] = Field(
         default_factory=list,
         description="The S3 upload of each ended training attempt's profile; written by the "

@@ -62,6 +62,7 @@ class RankReport:
             step_started=self.step_started,
             stacks_dumped=m.stacks_dumped,
             final=m.final,
+            last_checkpoint_step=m.last_checkpoint_step,
         )
 
 

@@ -34,7 +34,14 @@ from trainium_operator.k8s.client import (
 )
 from trainium_operator.lifecycle import admission, blockers, cleanup, machine
 from trainium_operator.lifecycle.decision import Decision, EventRecord
-from trainium_operator.lifecycle.observed import node_view, observe, podgroup_view, queue_view
+from trainium_operator.lifecycle.goodput import with_goodput
+from trainium_operator.lifecycle.observed import (
+    node_view,
+    observe,
+    parse_time,
+    podgroup_view,
+    queue_view,
+)
 from trainium_operator.lifecycle.parse import parse_job
 from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload, upload_refused
 from trainium_operator.lifecycle.progress import (
@@ -349,6 +356,15 @@ class Reconciler:
         meta = body["metadata"]
         namespace = meta["namespace"]
         key = (namespace, meta["name"])
+        # Every status write carries the wall-time ledger up to now (lifecycle.goodput).
+        decision.status = validated_status(
+            with_goodput(
+                current_status,
+                decision.status,
+                self.clock(),
+                parse_time(meta.get("creationTimestamp")),
+            )
+        )
         status_written = False
         if decision.status_first and decision.status != current_status:
             # A restart is recorded before its side effects; a stale view fails here with 409.

@@ -11,7 +11,9 @@ a minute per job (7.5 at the default 10 s; the operator's timer wakes the job ev
 - stepsPerSecond: 1000 / p50 (a gang steps together);
 - samples/tokens per second: each rank's cumulative count per step it has done, times
   stepsPerSecond, summed over the ranks (an approximation: it assumes steady batch sizes);
-- eta: now + (totalSteps - step) x p50, when spec.health.totalSteps is set.
+- eta: now + (totalSteps - step) x p50, when spec.health.totalSteps is set;
+- lastCheckpointStep: the lowest newest-checkpoint step of the ranks that report one
+  (profiler.checkpoint_saved), which status.goodput charges a restart's lost work from.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ class RankSample:
     step_started: datetime | None = None
     stacks_dumped: str = ""  # the newest stack request the rank answered
     final: bool = False  # its last message: the rank ended
+    last_checkpoint_step: int | None = None  # its newest complete checkpoint, where it says
 
     @property
     def started(self) -> datetime:
@@ -123,6 +126,10 @@ def progress(
             left = max(total - slowest.step, 0) * p50 / 1000.0
             out["eta"] = format_time(now + timedelta(seconds=left))
             out["etaSummary"] = duration_text(left)
+    checkpoints = [r.last_checkpoint_step for r in current if r.last_checkpoint_step is not None]
+    if checkpoints:
+        # The gang resumes from a checkpoint every reporting rank has completed.
+        out["lastCheckpointStep"] = min(checkpoints)
     for key, value in (
         ("samplesPerSecond", _rate(samples, steps_per_second)),
         ("tokensPerSecond", _rate(tokens, steps_per_second)),

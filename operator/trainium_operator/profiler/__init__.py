@@ -8,6 +8,9 @@
         with profiler.annotate("forward"):
             loss = model(batch)
         profiler.report(samples=len(batch))  # optional: throughput in the job's status
+        if i % 500 == 0:
+            save(model)
+            profiler.checkpoint_saved(i)  # optional: the work a restart loses (status.goodput)
     profiler.stop_profiling()             # returns at once; a background thread writes the file
 
 Everything is a cheap no-op while profiling is off. This package imports nothing else from
@@ -29,7 +32,7 @@ from trainium_operator.profiler.capture import (
     stop_profiling,
     wait_for_flush,
 )
-from trainium_operator.profiler.channel import report
+from trainium_operator.profiler.channel import checkpoint_saved, report
 from trainium_operator.profiler.config import ProfilerConfig, ProfilerConfigError, StepWindow
 
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "annotation_begin",
     "annotation_end",
     "background_cpu_ns",
+    "checkpoint_saved",
     "current_config",
     "is_capturing_detail",
     "is_enabled",

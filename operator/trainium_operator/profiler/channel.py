@@ -138,6 +138,7 @@ class Reporter:
         self._times_ms: deque[float] = deque(maxlen=contract.MAX_STEP_TIMES)
         self._samples: int | None = None
         self._tokens: int | None = None
+        self._checkpoint_step: int | None = None
         self._changed = False
         self._stop = threading.Event()
         self._final = True
@@ -171,12 +172,19 @@ class Reporter:
                 self._tokens = (self._tokens or 0) + max(tokens, 0)
             self._changed = True
 
+    def checkpoint_saved(self, step: int) -> None:
+        """The checkpoint of `step` is complete: a restart resumes from it."""
+        with self._lock:
+            self._checkpoint_step = max(step, 0)
+            self._changed = True
+
     # -- the reporter thread ---------------------------------------------------------------
     def message(self, *, final: bool = False) -> contract.ProgressMessage:
         cfg = self.config
         with self._lock:
             times = tuple(self._times_ms)
             step, samples, tokens = self._step, self._samples, self._tokens
+            checkpoint_step = self._checkpoint_step
             started = self._step_start_ns
             self._changed = False
         age_ms = (time.monotonic_ns() - started) / 1e6 if step >= 0 else None
@@ -197,6 +205,7 @@ class Reporter:
             step_age_ms=age_ms,
             stacks_dumped=self.stacks_dumped,
             final=final,
+            last_checkpoint_step=checkpoint_step,
         )
 
     def send_once(self, *, final: bool = False) -> bool:
@@ -302,6 +311,14 @@ def report(*, samples: int | None = None, tokens: int | None = None) -> None:
     reporter = _reporter
     if reporter is not None:
         reporter.report(samples=samples, tokens=tokens)
+
+
+def checkpoint_saved(step: int) -> None:
+    """Public API (`profiler.checkpoint_saved`): the checkpoint of `step` is complete (written
+    and durable), so the operator can tell how much work a restart loses (status.goodput)."""
+    reporter = _reporter
+    if reporter is not None:
+        reporter.checkpoint_saved(step)
 
 
 def current() -> Reporter | None:

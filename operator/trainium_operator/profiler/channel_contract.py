@@ -101,6 +101,9 @@ class ProgressMessage:
     step_age_ms: float | None = None
     stacks_dumped: str = ""  # the id of the newest stack request this rank answered
     final: bool = False  # the rank's last message (the profiler stopped): it ended, not stalled
+    # The step of the newest checkpoint this rank knows is complete (profiler.checkpoint_saved):
+    # a restart loses the steps after it. None: the script does not say (lost work unknown).
+    last_checkpoint_step: int | None = None
 
     def to_json(self) -> bytes:
         body: dict[str, Any] = {
@@ -125,6 +128,8 @@ class ProgressMessage:
             body["stacksDumped"] = self.stacks_dumped
         if self.final:
             body["final"] = True
+        if self.last_checkpoint_step is not None:
+            body["lastCheckpointStep"] = self.last_checkpoint_step
         return json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -200,6 +205,7 @@ def parse_message(raw: bytes) -> ProgressMessage:
         step_age_ms=None if age is None else float(age),
         stacks_dumped=str(dumped),
         final=final,
+        last_checkpoint_step=_optional_int(body, "lastCheckpointStep"),
     )
 
 
