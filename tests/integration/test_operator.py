@@ -31,6 +31,8 @@ from integration.operator_harness import (
 from trainium_devcluster import testing
 from trainium_devcluster.sim import restore_node, simulate_node_loss, wait_for
 from trainium_operator.api import neff_cache
+from trainium_operator.lifecycle.goodput import PARTS as GOODPUT_PARTS
+from trainium_operator.lifecycle.observed import parse_time
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 
@@ -116,6 +118,19 @@ def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
     assert job["status"]["compile"]["completionTime"]
     assert job["status"]["training"]["completionTime"]
     assert job["status"]["profile"]["path"] == f"/data/profiles/{namespace}/{name}/0"
+    # status.goodput: every second from creation to completion in exactly one part.
+    goodput = job["status"]["goodput"]
+    parts = [goodput[k] for k in GOODPUT_PARTS]
+    assert abs(sum(parts) - goodput["wallSeconds"]) <= 0.5, goodput
+    completed = parse_time(job["status"]["completionTime"])
+    created = parse_time(job["metadata"]["creationTimestamp"])
+    assert completed is not None
+    assert created is not None
+    assert abs(goodput["wallSeconds"] - (completed - created).total_seconds()) <= 2, goodput
+    assert goodput["compilingSeconds"] > 0, goodput
+    assert goodput["trainingSeconds"] > 0, goodput
+    assert (goodput["lostSeconds"], goodput["lostUnknown"]) == (0, 0), goodput
+    assert goodput["summary"] == f"{goodput['percent']:.1f}%", goodput
     reasons = [reason for _, reason, _ in job_events(clients, namespace, name)]
     assert "CompileSucceeded" in reasons
     assert "TrainingSucceeded" in reasons
@@ -147,6 +162,7 @@ def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
     ]
     assert row.split()[:5] == [name, "Succeeded", "2", "0/2", "0"]
     assert "TrainingSucceeded" in row
+    assert row.split()[-1] == goodput["summary"], "the GOODPUT column (wide) ends the row"
 
 
 def test_compile_failure_fails_the_job_with_the_exit_code(

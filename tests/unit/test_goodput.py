@@ -11,6 +11,8 @@ from trainium_operator.lifecycle.goodput import PARTS, with_goodput
 from trainium_operator.lifecycle.progress import RankSample, progress
 from trainium_operator.profiler.channel_contract import ProgressMessage, parse_message
 from unit.jobs import job_ref
+from unit.test_reconciler_writes import KEY, NAME, running_gang
+from unit.test_reconciler_writes import NOW as RECONCILER_NOW
 
 Obj = dict[str, Any]
 CREATED = datetime(2026, 12, 3, 9, 0, 0, tzinfo=UTC)
@@ -215,3 +217,21 @@ def test_the_checkpoint_step_travels_in_the_message_and_progress_takes_the_lowes
 
 def _fields(message: ProgressMessage) -> dict[str, Any]:
     return {name: getattr(message, name) for name in message.__slots__}
+
+
+def test_the_reconciler_adds_no_write_within_a_minute_and_one_after_it() -> None:
+    cluster, reconciler = running_gang()
+    stored = cluster.job(NAME)["status"]["goodput"]
+    assert stored["asOf"] == "2026-12-01T12:00:00Z"
+    reconciler.clock = lambda: RECONCILER_NOW + timedelta(seconds=30)
+    reconciler.reconcile(*KEY)
+    assert cluster.writes == [], "nothing changed and the figures are 30 s old"
+    reconciler.clock = lambda: RECONCILER_NOW + timedelta(seconds=61)
+    reconciler.reconcile(*KEY)
+    assert [(w.verb, w.kind) for w in cluster.writes] == [("status", "TrainingJob")]
+    goodput = cluster.job(NAME)["status"]["goodput"]
+    assert (goodput["trainingSeconds"], goodput["wallSeconds"], goodput["percent"]) == (
+        61.0,
+        61.0,
+        100.0,
+    )
