@@ -9,6 +9,7 @@ from typing import Any
 from trainium_operator.api.status import validated_status
 from trainium_operator.lifecycle.goodput import PARTS, with_goodput
 from trainium_operator.lifecycle.progress import RankSample, progress
+from trainium_operator.profiler.channel import ChannelConfig, Reporter
 from trainium_operator.profiler.channel_contract import ProgressMessage, parse_message
 from unit.jobs import job_ref
 from unit.test_reconciler_writes import KEY, NAME, running_gang
@@ -235,3 +236,24 @@ def test_the_reconciler_adds_no_write_within_a_minute_and_one_after_it() -> None
         61.0,
         100.0,
     )
+
+
+def test_the_reporter_sends_the_newest_checkpoint_step_the_script_saved() -> None:
+    config = ChannelConfig(
+        url="http://operator/v1/progress",
+        token_file="/dev/null",
+        interval_s=5.0,
+        job="j",
+        namespace="n",
+        uid="u",
+        attempt=0,
+        rank=0,
+        node_rank=0,
+        world_size=1,
+    )
+    reporter = Reporter(config)
+    reporter.on_step(1)
+    assert reporter.message().last_checkpoint_step is None
+    reporter.checkpoint_saved(100)
+    reporter.checkpoint_saved(200)
+    assert reporter.message().last_checkpoint_step == 200
