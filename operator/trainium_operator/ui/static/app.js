@@ -110,7 +110,7 @@ function jobsCard(data) {
   if (data.jobs_error) return `<div class="warnings" data-testid="jobs-error">TrainingJobs could not be listed: ${esc(data.jobs_error)}</div>`;
   return `<div class="card" style="margin-bottom:16px">
     <div class="card-head"><h2>TrainingJobs</h2><span class="hint" data-testid="jobs-updated">${data.jobs.length} jobs · live, every ${JOBS_POLL_MS / 1000} s · updated ${new Date().toLocaleTimeString("en-GB")}</span></div>
-    ${data.jobs.length ? `<div class="scroll" style="max-height:none"><table data-testid="jobs-table"><thead><tr><th>Job</th><th class="l">Namespace</th><th class="l">Status</th><th class="l">Health</th><th>Step</th><th>Step p50</th><th>Rate</th><th>ETA</th><th>Last progress</th><th>Restarts</th><th class="l">Created</th><th></th></tr></thead><tbody>
+    ${data.jobs.length ? `<div class="scroll" style="max-height:none"><table data-testid="jobs-table"><thead><tr><th>Job</th><th class="l">Namespace</th><th class="l">Status</th><th class="l">Health</th><th>Step</th><th>Step p50</th><th>Rate</th><th>ETA</th><th>Last progress</th><th>Restarts</th><th></th></tr></thead><tbody>
     ${data.jobs.map(jobRow).join("")}
     </tbody></table></div>` : `<div class="empty">No TrainingJob here.</div>`}</div>`;
 }
@@ -149,7 +149,7 @@ function jobRow(j) {
   const health = HEALTH_LABELS[j.health] ? j.health : "inactive";
   const profile = j.profile_id ? `<button class="btn small primary" data-action="load" data-id="${esc(j.profile_id)}">Load profile</button>`
     : `<span class="hint">${j.profiling === false ? "profiling off" : "no profile yet"}</span>`;
-  return `<tr data-job="${esc(j.namespace)}/${esc(j.name)}" data-health="${esc(health)}"><td>${esc(j.name)}</td><td class="l">${esc(j.namespace)}</td>
+  return `<tr data-job="${esc(j.namespace)}/${esc(j.name)}" data-health="${esc(health)}"><td title="created ${esc(j.created)}">${esc(j.name)}</td><td class="l">${esc(j.namespace)}</td>
     <td class="l"><span class="pill status-${esc(String(j.status).toLowerCase())}">${esc(j.status)}</span></td>
     <td class="l health-cell"><span class="health ${esc(health)}" data-testid="job-health">${esc(HEALTH_LABELS[health])}</span>${j.health_reason ? `<div class="hint reason" data-testid="job-health-reason">${esc(j.health_reason)}</div>` : ""}</td>
     <td data-testid="job-step">${fmtStep(j)}</td>
@@ -158,7 +158,6 @@ function jobRow(j) {
     <td data-testid="job-eta">${j.eta_summary ? esc(j.eta_summary) : "–"}${j.eta ? `<div class="hint">${esc(j.eta)}</div>` : ""}</td>
     <td data-testid="job-last-progress">${fmtAgo(j.last_progress_time)}</td>
     <td data-testid="job-restarts">${fmtRestarts(j.restarts)}</td>
-    <td class="l">${esc(j.created)}</td>
     <td>${profile}</td></tr>`;
 }
 
