@@ -186,11 +186,12 @@ def test_a_removed_rbac_rule_is_reported_precisely_and_nothing_is_created(
     assert "Traceback" not in log
 
 
-def test_profile_ui_account_lists_profiled_jobs_of_its_namespace_and_cannot_write(
+def test_profile_ui_account_lists_every_job_of_its_namespace_and_cannot_write(
     dev_cluster: Any, namespace: str, tmp_path: Path
 ) -> None:
     """The chart's profile UI, authenticated as its own ServiceAccount, lists the namespace's
-    TrainingJobs with profiling on; it may not list other namespaces nor change anything."""
+    TrainingJobs (all of them, profiled or not); it may not list other namespaces nor change
+    anything."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
@@ -227,9 +228,12 @@ def test_profile_ui_account_lists_profiled_jobs_of_its_namespace_and_cannot_writ
 
         jobs = asyncio.run(cluster_job_lister(str(kubeconfig), [namespace])())
 
-        assert [(job.name, job.namespace) for job in jobs] == [("profiled", namespace)]
-        assert jobs[0].created.endswith("Z")
-        assert jobs[0].status in {"Pending", "Compiling"}
+        listed = {job.name: job for job in jobs}
+        assert sorted(listed) == ["profiled", "unprofiled"]
+        assert {job.namespace for job in jobs} == {namespace}
+        assert (listed["profiled"].profiling, listed["unprofiled"].profiling) == (True, False)
+        assert listed["profiled"].created.endswith("Z")
+        assert listed["profiled"].status in {"Pending", "Compiling"}
         with pytest.raises(ApiException) as cluster_wide:
             asyncio.run(cluster_job_lister(str(kubeconfig))())
         assert cluster_wide.value.status == 403

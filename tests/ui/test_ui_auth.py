@@ -354,6 +354,21 @@ def test_a_user_sees_only_jobs_and_profiles_of_namespaces_they_may_read(
     assert reviews.tokens_reviewed == ["alice-token"]
 
 
+def test_the_polled_job_list_shows_only_jobs_of_namespaces_the_user_may_read(
+    two_namespaces: Path,
+) -> None:
+    anonymous, alice = call(
+        kubernetes_app(two_namespaces, FakeReviews()),
+        [("GET", "/api/jobs", {}), ("GET", "/api/jobs", ALICE_AUTH)],
+    )
+
+    assert anonymous.status == 401
+    assert alice.status == 200
+    assert [(job["name"], job["namespace"]) for job in alice.json()["jobs"]] == [
+        ("job-a", "team-a")
+    ]
+
+
 def test_a_profile_of_another_namespace_is_403_on_every_route(two_namespaces: Path) -> None:
     post = {**ALICE_AUTH, **CSRF}
     answers = call(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -168,14 +169,9 @@ async def list_profiles(request: web.Request) -> web.Response:
     except S3ProfileError as exc:  # a missing bucket or a denied listing: say so, keep serving
         profiles = []
         body["profiles_error"] = str(exc)
-    jobs: list[JobInfo] | None = None
-    lister = request.app[JOBS_KEY].lister
-    if lister is not None:
-        try:
-            jobs = await lister()
-        except Exception as exc:  # the profile list is still useful without the cluster
-            log.warning("listing TrainingJobs failed: %s", exc)
-            body["jobs_error"] = f"{type(exc).__name__}: {exc}"
+    jobs, jobs_error = await _listed_jobs(request)
+    if jobs_error is not None:
+        body["jobs_error"] = jobs_error
     readable = await _readable(
         request,
         {profile_namespace(row["id"]) for row in profiles} | {job.namespace for job in jobs or []},
@@ -190,24 +186,55 @@ async def list_profiles(request: web.Request) -> web.Response:
     body["statuses"] = sorted({row["status"] for row in profiles})
     body["total"] = len(profiles)
     body["profiles"] = [row for row in profiles if matches(row, query, status)]
-    body["jobs"] = None
-    if jobs is not None:
-        rows = [_job_row(store, job) for job in jobs]
-        body["jobs"] = [
-            row
-            for row in rows
-            if matches(
-                {
-                    "namespace": row["namespace"],
-                    "job_name": row["name"],
-                    "id": "",
-                    "status": row["status"],
-                },
-                query,
-                status,
-            )
-        ]
+    body["jobs"] = None if jobs is None else _job_rows(store, jobs, query, status)
     return web.json_response(body)
+
+
+async def list_jobs(request: web.Request) -> web.Response:
+    """The TrainingJobs alone, with their live progress and health, for the list's polling
+    (`?q=` and `?status=` as for /api/profiles): no profile listing, so it stays cheap."""
+    body: dict[str, Any] = {"jobs": None}
+    jobs, jobs_error = await _listed_jobs(request)
+    if jobs_error is not None:
+        body["jobs_error"] = jobs_error
+    if jobs is not None:
+        readable = await _readable(request, {job.namespace for job in jobs})
+        query, status = request.query.get("q", ""), request.query.get("status", "")
+        visible = [job for job in jobs if readable[job.namespace]]
+        body["jobs"] = _job_rows(_store(request), visible, query, status)
+    return web.json_response(body)
+
+
+async def _listed_jobs(request: web.Request) -> tuple[list[JobInfo] | None, str | None]:
+    """The lister's jobs (None without a lister), or why they could not be listed."""
+    lister = request.app[JOBS_KEY].lister
+    if lister is None:
+        return None, None
+    try:
+        return await lister(), None
+    except Exception as exc:  # the profile list is still useful without the cluster
+        log.warning("listing TrainingJobs failed: %s", exc)
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def _job_rows(
+    store: ProfileStore, jobs: list[JobInfo], query: str, status: str
+) -> list[dict[str, Any]]:
+    rows = [_job_row(store, job) for job in jobs]
+    return [
+        row
+        for row in rows
+        if matches(
+            {
+                "namespace": row["namespace"],
+                "job_name": row["name"],
+                "id": "",
+                "status": row["status"],
+            },
+            query,
+            status,
+        )
+    ]
 
 
 def _job_row(store: ProfileStore, job: JobInfo) -> dict[str, Any]:
@@ -216,7 +243,9 @@ def _job_row(store: ProfileStore, job: JobInfo) -> dict[str, Any]:
         "namespace": job.namespace,
         "created": job.created,
         "status": job.status,
+        "profiling": job.profiling,
         "profile_id": store.id_for(job.profile_path, job.profile_s3_uri),
+        **dataclasses.asdict(job.live),
     }
 
 
@@ -356,7 +385,7 @@ def create_app(
     access: KubernetesAccess | None = None,
 ) -> web.Application:
     """The UI for profiles under `root`, a directory or an `s3://bucket/prefix` URI.
-    `job_lister` lists TrainingJobs with profiling on (injected so this module never imports
+    `job_lister` lists the TrainingJobs (injected so this module never imports
     the Kubernetes client); `s3` overrides the S3 source (client, cache) for an s3:// root.
     `allowed_hosts` are the names the UI answers to (`*`: any); with `access`, every request
     needs a bearer token the cluster authenticates and sees only namespaces its user may read."""
@@ -366,6 +395,7 @@ def create_app(
     app[SECURITY_KEY] = _Security(frozenset(allowed_hosts), access)
     app.router.add_get("/", index)
     app.router.add_get("/api/profiles", list_profiles)
+    app.router.add_get("/api/jobs", list_jobs)
     app.router.add_post("/api/profiles/load", load)
     app.router.add_post("/api/profiles/unload", unload)
     app.router.add_get("/api/dashboard", get_dashboard)

@@ -27,8 +27,8 @@ from trainium_operator.analysis.commands import PROFILE_DIR
 @click.option(
     "--list-jobs",
     is_flag=True,
-    help="Also list the cluster's TrainingJobs with profiling on (in-cluster config, or "
-    "--kubeconfig); needs get/list on trainingjobs.",
+    help="Also list the cluster's TrainingJobs with their live progress and health "
+    "(in-cluster config, or --kubeconfig); needs get/list on trainingjobs.",
 )
 @click.option(
     "--namespace",

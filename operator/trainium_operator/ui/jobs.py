@@ -1,4 +1,9 @@
-"""The profile UI's list of TrainingJobs with profiling on, read from the cluster (read-only)."""
+"""The profile UI's list of TrainingJobs, read from the cluster (read-only).
+
+Every job is listed, not only those with profiling on: the list is where a user watches a
+job's live progress and health, and a job without a profile is as much worth watching; its
+row says profiling is off instead of offering a profile to load.
+"""
 
 from __future__ import annotations
 
@@ -7,24 +12,29 @@ from collections.abc import Sequence
 from typing import Any
 
 from trainium_operator.k8s.client import Cluster, load_api_client
+from trainium_operator.ui.live import job_live
 from trainium_operator.ui.profiles import JobInfo, JobLister
 
 
-def profiled_jobs(items: list[dict[str, Any]]) -> list[JobInfo]:
-    """TrainingJobs whose spec turns profiling on, newest first."""
-    jobs = [
-        JobInfo(
-            name=item["metadata"]["name"],
-            namespace=item["metadata"]["namespace"],
-            created=item["metadata"].get("creationTimestamp", ""),
-            status=(item.get("status") or {}).get("phase") or "Pending",
-            profile_path=((item.get("status") or {}).get("profile") or {}).get("path"),
-            profile_s3_uri=((item.get("status") or {}).get("profile") or {}).get("s3Uri"),
-        )
-        for item in items
-        if ((item.get("spec") or {}).get("profile") or {}).get("enabled")
-    ]
-    return sorted(jobs, key=lambda job: job.created, reverse=True)
+def job_info(item: dict[str, Any]) -> JobInfo:
+    """One TrainingJob object as the UI lists it."""
+    status = item.get("status") or {}
+    profile = status.get("profile") or {}
+    return JobInfo(
+        name=item["metadata"]["name"],
+        namespace=item["metadata"]["namespace"],
+        created=item["metadata"].get("creationTimestamp", ""),
+        status=status.get("phase") or "Pending",
+        profile_path=profile.get("path"),
+        profile_s3_uri=profile.get("s3Uri"),
+        profiling=bool(((item.get("spec") or {}).get("profile") or {}).get("enabled")),
+        live=job_live(status),
+    )
+
+
+def listed_jobs(items: list[dict[str, Any]]) -> list[JobInfo]:
+    """Every TrainingJob, newest first."""
+    return sorted((job_info(item) for item in items), key=lambda job: job.created, reverse=True)
 
 
 def cluster_job_lister(kubeconfig: str | None = None, namespaces: Sequence[str] = ()) -> JobLister:
@@ -37,6 +47,6 @@ def cluster_job_lister(kubeconfig: str | None = None, namespaces: Sequence[str] 
         return [item for ns in namespaces for item in cluster.list_training_jobs(ns)]
 
     async def list_jobs() -> list[JobInfo]:
-        return profiled_jobs(await asyncio.to_thread(list_items))
+        return listed_jobs(await asyncio.to_thread(list_items))
 
     return list_jobs

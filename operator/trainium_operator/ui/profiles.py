@@ -24,6 +24,7 @@ from trainium_operator.analysis.s3store import S3Profile, S3ProfileSource
 from trainium_operator.analysis.timeline import TimelineIndex
 from trainium_operator.profiler.manifest import MANIFEST_NAME, discover_rank_files
 from trainium_operator.profiler.s3 import is_s3_uri, parse_s3_uri
+from trainium_operator.ui.live import JobLive
 
 MAX_SEARCH_DEPTH = 8
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class JobInfo:
-    """A TrainingJob with profiling on, as the injected lister reports it."""
+    """A TrainingJob, as the injected lister reports it."""
 
     name: str
     namespace: str
@@ -39,6 +40,8 @@ class JobInfo:
     status: str
     profile_path: str | None = None  # status.profile.path, when the job has written one
     profile_s3_uri: str | None = None  # status.profile.s3Uri, once its upload is complete
+    profiling: bool = True  # spec.profile.enabled
+    live: JobLive = field(default_factory=JobLive)  # progress and health from its status
 
 
 JobLister = Callable[[], Awaitable[list[JobInfo]]]

@@ -4,7 +4,7 @@ import { lineChart, histogramChart, stackedBar, horizontalBars, heatmap, busyCol
 import { Timeline } from "./timeline.js";
 
 const page = document.getElementById("page");
-const state = { profileId: localStorage.getItem("profileId"), dashboard: null, pollTimer: null, timeline: null };
+const state = { profileId: localStorage.getItem("profileId"), dashboard: null, pollTimer: null, jobsTimer: null, jobsPolls: 0, timeline: null };
 window.__ui = state; // read by the browser tests
 
 // Every request carries the UI's header: the server refuses a POST without it (CSRF defence,
@@ -34,6 +34,7 @@ function route() {
   const name = (location.hash.replace(/^#\/?/, "").split("?")[0]) || "profiles";
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.page === name);
   clearInterval(state.pollTimer);
+  clearInterval(state.jobsTimer);
   disposeCharts();
   if (state.timeline) { state.timeline.destroy(); state.timeline = null; }
   page.classList.toggle("wide", name === "timeline");
@@ -84,7 +85,7 @@ async function refreshProfiles() {
   document.getElementById("profiles-count").textContent = `${data.profiles.length} of ${data.total} profiles`;
   body.innerHTML = `
     ${data.profiles_error ? `<div class="warnings" data-testid="profiles-error">Profiles could not be listed: ${esc(data.profiles_error)}</div>` : ""}
-    ${data.jobs !== null || data.jobs_error ? jobsCard(data) : ""}
+    <div id="jobs-card"></div>
     <div class="card">
       <div class="card-head"><h2>${data.source === "s3" ? "Profiles in S3" : "Profile directories"}</h2><span class="hint">${data.profiles.length} shown</span></div>
       ${data.profiles.length ? `<div class="scroll" style="max-height:none"><table data-testid="profiles-table">
@@ -92,19 +93,90 @@ async function refreshProfiles() {
         <tbody>${data.profiles.map(profileRow).join("")}</tbody></table></div>` : `<div class="empty">${data.total ? "No profile matches the search." : "No profiles here yet."}</div>`}
     </div>`;
   for (const button of body.querySelectorAll("[data-action]")) button.addEventListener("click", onProfileAction);
+  renderJobs(data);
+  clearInterval(state.jobsTimer);
+  if (data.jobs !== null || data.jobs_error) state.jobsTimer = setInterval(pollJobs, JOBS_POLL_MS);
   clearInterval(state.pollTimer);
   if (busy) state.pollTimer = setInterval(() => { if (location.hash.startsWith("#/profiles") || !location.hash) refreshProfiles(); }, 1000);
 }
 
+// The TrainingJobs card: live progress and health, refreshed from /api/jobs every few seconds
+// while the Profiles page is open (the profile list itself is not re-read). Every string from
+// a job's status goes through esc(): it is data, never markup.
+const JOBS_POLL_MS = 5000;
+const HEALTH_LABELS = { healthy: "healthy", stalled: "stalled", straggler: "straggler", restarting: "restarting", inactive: "–" };
+
 function jobsCard(data) {
-  if (data.jobs_error) return `<div class="warnings">TrainingJobs could not be listed: ${esc(data.jobs_error)}</div>`;
+  if (data.jobs_error) return `<div class="warnings" data-testid="jobs-error">TrainingJobs could not be listed: ${esc(data.jobs_error)}</div>`;
   return `<div class="card" style="margin-bottom:16px">
-    <div class="card-head"><h2>TrainingJobs with profiling</h2><span class="hint">${data.jobs.length} jobs</span></div>
-    <table data-testid="jobs-table"><thead><tr><th>Job</th><th class="l">Namespace</th><th class="l">Created</th><th class="l">Status</th><th></th></tr></thead><tbody>
-    ${data.jobs.map((j) => `<tr><td>${esc(j.name)}</td><td class="l">${esc(j.namespace)}</td><td class="l">${esc(j.created)}</td>
-      <td class="l"><span class="badge ${j.status === "Running" ? "running" : ""}">${esc(j.status)}</span></td>
-      <td>${j.profile_id ? `<button class="btn small primary" data-action="load" data-id="${esc(j.profile_id)}">Load profile</button>` : `<span class="hint">no profile yet</span>`}</td></tr>`).join("")}
-    </tbody></table></div>`;
+    <div class="card-head"><h2>TrainingJobs</h2><span class="hint" data-testid="jobs-updated">${data.jobs.length} jobs · live, every ${JOBS_POLL_MS / 1000} s · updated ${new Date().toLocaleTimeString("en-GB")}</span></div>
+    ${data.jobs.length ? `<div class="scroll" style="max-height:none"><table data-testid="jobs-table"><thead><tr><th>Job</th><th class="l">Namespace</th><th class="l">Status</th><th class="l">Health</th><th>Step</th><th>Step p50</th><th>Rate</th><th>ETA</th><th>Last progress</th><th>Restarts</th><th></th></tr></thead><tbody>
+    ${data.jobs.map(jobRow).join("")}
+    </tbody></table></div>` : `<div class="empty">No TrainingJob here.</div>`}</div>`;
+}
+
+function fmtStep(j) {
+  if (j.step === null || j.step === undefined) return "–";
+  const total = j.total_steps !== null && j.total_steps !== undefined ? ` / ${fmtInt(j.total_steps)}` : "";
+  const fastest = j.max_step !== null && j.max_step !== undefined && j.max_step !== j.step ? `<div class="hint">fastest ${fmtInt(j.max_step)}</div>` : "";
+  return `${fmtInt(j.step)}${total}${fastest}`;
+}
+
+function fmtRate(j) {
+  if (j.steps_per_second === null || j.steps_per_second === undefined) return "–";
+  const extra = j.tokens_per_second ? `<div class="hint">${fmtInt(Math.round(j.tokens_per_second))} tokens/s</div>`
+    : j.samples_per_second ? `<div class="hint">${fmtInt(Math.round(j.samples_per_second))} samples/s</div>` : "";
+  return `${j.steps_per_second.toFixed(2)} steps/s${extra}`;
+}
+
+// "42 s ago" from an RFC 3339 time; the time itself is the cell's title.
+function fmtAgo(time) {
+  if (!time) return "–";
+  const at = Date.parse(time);
+  if (Number.isNaN(at)) return esc(time);
+  const s = Math.max(0, Math.round((Date.now() - at) / 1000));
+  const text = s < 90 ? `${s} s ago` : s < 5400 ? `${Math.round(s / 60)} min ago` : `${(s / 3600).toFixed(1)} h ago`;
+  return `<span title="${esc(time)}">${text}</span>`;
+}
+
+function fmtRestarts(r) {
+  if (!r || !r.total) return "0";
+  const parts = [["application", r.application], ["infrastructure", r.infrastructure], ["stall", r.stall]].filter(([, n]) => n);
+  return `${fmtInt(r.total)}<div class="hint">${parts.map(([kind, n]) => `${esc(kind)} ${fmtInt(n)}`).join(" · ")}</div>`;
+}
+
+function jobRow(j) {
+  const health = HEALTH_LABELS[j.health] ? j.health : "inactive";
+  const profile = j.profile_id ? `<button class="btn small primary" data-action="load" data-id="${esc(j.profile_id)}">Load profile</button>`
+    : `<span class="hint">${j.profiling === false ? "profiling off" : "no profile yet"}</span>`;
+  return `<tr data-job="${esc(j.namespace)}/${esc(j.name)}" data-health="${esc(health)}"><td title="created ${esc(j.created)}">${esc(j.name)}</td><td class="l">${esc(j.namespace)}</td>
+    <td class="l"><span class="pill status-${esc(String(j.status).toLowerCase())}">${esc(j.status)}</span></td>
+    <td class="l health-cell"><span class="health ${esc(health)}" data-testid="job-health">${esc(HEALTH_LABELS[health])}</span>${j.health_reason ? `<div class="hint reason" data-testid="job-health-reason">${esc(j.health_reason)}</div>` : ""}</td>
+    <td data-testid="job-step">${fmtStep(j)}</td>
+    <td data-testid="job-p50">${j.step_time_p50_ms !== null && j.step_time_p50_ms !== undefined ? fmtNs(j.step_time_p50_ms * 1e6) : "–"}</td>
+    <td data-testid="job-rate">${fmtRate(j)}</td>
+    <td data-testid="job-eta">${j.eta_summary ? esc(j.eta_summary) : "–"}${j.eta ? `<div class="hint">${esc(j.eta)}</div>` : ""}</td>
+    <td data-testid="job-last-progress">${fmtAgo(j.last_progress_time)}</td>
+    <td data-testid="job-restarts">${fmtRestarts(j.restarts)}</td>
+    <td>${profile}</td></tr>`;
+}
+
+function renderJobs(data) {
+  const card = document.getElementById("jobs-card");
+  if (!card) return;
+  card.innerHTML = data.jobs !== null || data.jobs_error ? jobsCard(data) : "";
+  for (const button of card.querySelectorAll("[data-action]")) button.addEventListener("click", onProfileAction);
+  state.jobsPolls = (state.jobsPolls || 0) + 1; // read by the browser tests
+}
+
+async function pollJobs() {
+  if (!document.getElementById("jobs-card")) return;
+  try {
+    renderJobs(await api(`/api/jobs?q=${q(filter.q)}&status=${q(filter.status)}`));
+  } catch (err) { // keep the last rows; say the refresh failed
+    const hint = document.querySelector("[data-testid=jobs-updated]");
+    if (hint) hint.textContent = `refresh failed: ${err.message}`;
+  }
 }
 
 function profileRow(p) {
