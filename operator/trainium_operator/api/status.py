@@ -304,6 +304,33 @@ class StragglersStatus(ApiModel):
     update_time: Timestamp | None = None
 
 
+OnDemandProfileState = Literal["Requested", "Capturing", "Captured", "Incomplete"]
+
+
+class OnDemandProfile(ApiModel):
+    """The latest on-demand profile (the trainium.dev/profile-steps annotation: every rank
+    captures its next N steps in full; lifecycle/profile_on_demand.py)."""
+
+    request_id: str
+    attempt: Count | None = None
+    steps: Count | None = None
+    """How many steps each rank captures, from its next step on."""
+    requested_time: Timestamp | None = None
+    path: str | None = None
+    """The profile's directory (on the job's claim): <node>/rank-<RANK>.trnprof and
+    profile.json, as any profile."""
+    state: OnDemandProfileState | None = None
+    """Requested (the ranks are asked), Capturing (a rank records the window), Captured (every
+    rank of the attempt wrote its file), Incomplete (the attempt ended first)."""
+    ranks_expected: Count | None = None
+    ranks_captured: Count | None = None
+    missing_ranks: list[Int32] = Field(default_factory=list)
+    """Ranks whose file is missing (the first 16), once Incomplete."""
+    complete_time: Timestamp | None = None
+    annotation: str | None = None
+    """The annotation value this request consumed, until the operator has removed it."""
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state, written by the operator."""
 
@@ -331,6 +358,7 @@ class TrainingJobStatus(ApiModel):
     progress: ProgressStatus | None = None
     stall: StallStatus | None = None
     stragglers: StragglersStatus | None = None
+    on_demand_profile: OnDemandProfile | None = None
     profile_uploads: list[ProfileUpload] = Field(
         default_factory=list,
         description="The S3 upload of each ended training attempt's profile; written by the "

@@ -36,6 +36,7 @@ from trainium_operator.lifecycle import admission, blockers, cleanup, machine
 from trainium_operator.lifecycle.decision import Decision, EventRecord
 from trainium_operator.lifecycle.observed import node_view, observe, podgroup_view, queue_view
 from trainium_operator.lifecycle.parse import parse_job
+from trainium_operator.lifecycle.profile_on_demand import apply_on_demand_profile
 from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload, upload_refused
 from trainium_operator.lifecycle.progress import (
     DEFAULT_INTERVAL_SECONDS as DEFAULT_PROGRESS_INTERVAL,
@@ -332,6 +333,8 @@ class Reconciler:
             # Before the upload plan: a stall may end the attempt in this pass.
             apply_stall_policy(job, decision, observed, ranks)
             apply_straggler_policy(job, decision, observed, ranks)
+        annotations = body["metadata"].get("annotations") or {}
+        apply_on_demand_profile(job, decision, annotations, ranks, now)
         plan_upload(job, decision, uploads, self.upload_defaults, now)
         if ranks is not None:
             decision.status = with_progress(
@@ -372,6 +375,10 @@ class Reconciler:
             # resourceVersion makes a stale pass fail with 409 and retry, never overwrite;
             # events follow the status so a retried pass does not post them twice.
             self._write_status(body, decision.status)
+        for key_name, value in decision.remove_annotations:
+            # After the status that recorded the request: a crash in between leaves the value
+            # the status names, and the next pass only removes it.
+            self.cluster.remove_training_job_annotation(namespace, meta["name"], key_name, value)
         for event in decision.events:
             log.info("%s/%s %s: %s", namespace, meta["name"], event.reason, event.message)
             self.events.post(body, event.type, event.reason, event.message, self.clock())
