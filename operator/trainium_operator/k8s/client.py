@@ -351,6 +351,7 @@ class Cluster:
                 spec_model.PLURAL,
                 name,
                 [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}],
+                _content_type="application/json-patch+json",
             )
         except ApiException as error:
             if error.status in (404, 422):  # gone, or the test failed: nothing of ours to remove
