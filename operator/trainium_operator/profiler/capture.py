@@ -590,7 +590,9 @@ def start_profiling(
 
 
 def stop_profiling(*, wait: bool = False, timeout: float | None = None) -> bool:
-    """Stop capturing. Returns at once: the final flush runs on the background thread.
+    """Stop capturing. Returns at once: the final flush runs on the background thread (an
+    on-demand capture still open is closed first, waiting at most 2 s for its file, so the
+    health channel's last message can report it).
 
     wait=True blocks until the rank file is complete (or `timeout` passes) and returns whether
     it completed. Returns True without waiting.
