@@ -21,8 +21,11 @@ from trainium_operator.lifecycle.profile_on_demand import (
     STATUS_KEY,
     apply_on_demand_profile,
     capture_requests_for,
+    on_demand_upload_refused,
     parse_profile_steps,
+    plan_on_demand_upload,
 )
+from trainium_operator.lifecycle.profile_upload import UploadDefaults
 from trainium_operator.lifecycle.progress import RankSample
 from trainium_operator.profiler import capture, channel
 from trainium_operator.profiler import channel_contract as contract
@@ -176,6 +179,55 @@ def test_a_restart_before_every_rank_captured_leaves_the_request_incomplete() ->
     record = restarted.status[STATUS_KEY]
     assert (record["state"], record["missingRanks"]) == ("Incomplete", [1])
     assert [(e.type, e.reason) for e in restarted.events] == [("Warning", "ProfileIncomplete")]
+
+
+def captured_status() -> dict[str, Any]:
+    requested = run(training(), {ANNOTATION: "+3"}, []).status
+    request = requested[STATUS_KEY]["requestId"]
+    ranks = [rank(0, profile_captured=request), rank(1, profile_captured=request)]
+    return run(requested, {}, ranks).status
+
+
+def test_a_captured_profile_gets_its_own_upload_pod_when_s3_is_configured() -> None:
+    defaults = UploadDefaults(s3_uri="s3://bucket/profiles", image="op:1")
+    decision = Decision(status=captured_status())
+    plan_on_demand_upload(job(), decision, [], defaults)
+    (pod,) = decision.side_create
+    record = decision.status[STATUS_KEY]
+    assert pod["metadata"]["name"] == "bert-profile-upload-p0-20261203t080000z"
+    assert pod["spec"]["containers"][0]["command"][-2:] == [
+        record["path"],
+        "s3://bucket/profiles/team-a/bert/0/on-demand/p0-20261203T080000Z",
+    ]
+    assert record["upload"]["state"] == "Pending"
+    validated_status(decision.status)
+    # The pod succeeded: recorded once, with its event; never created again.
+    pod["status"] = {"phase": "Succeeded"}
+    done = Decision(status=decision.status)
+    plan_on_demand_upload(job(), done, [pod], defaults)
+    assert done.status[STATUS_KEY]["upload"]["state"] == "Succeeded"
+    assert [(e.type, e.reason) for e in done.events] == [("Normal", "ProfileUploaded")]
+    later = Decision(status=done.status)
+    plan_on_demand_upload(job(), later, [], defaults)
+    assert (later.side_create, later.events) == ([], [])
+
+
+def test_without_an_s3_uri_or_before_captured_nothing_is_uploaded() -> None:
+    for status, defaults in [
+        (captured_status(), UploadDefaults()),
+        (run(training(), {ANNOTATION: "+3"}, []).status, UploadDefaults(s3_uri="s3://b/p")),
+    ]:
+        decision = Decision(status=status)
+        plan_on_demand_upload(job(), decision, [], defaults)
+        assert decision.side_create == []
+
+
+def test_a_refused_upload_pod_is_a_failed_upload_not_a_failed_job() -> None:
+    status, message = on_demand_upload_refused(captured_status(), "pod-x", "quota exceeded")
+    assert status[STATUS_KEY]["upload"]["state"] == "Failed"
+    assert "quota exceeded" in message
+    assert status["phase"] == "Training"
+    validated_status(status)
 
 
 def test_the_endpoint_asks_the_attempts_ranks_until_each_says_it_captured() -> None:

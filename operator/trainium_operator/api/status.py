@@ -329,6 +329,8 @@ class OnDemandProfile(ApiModel):
     complete_time: Timestamp | None = None
     annotation: str | None = None
     """The annotation value this request consumed, until the operator has removed it."""
+    upload: ProfileUploadSummary | None = None
+    """Its own S3 upload once Captured, when an S3 URI is configured (attempt: unset)."""
 
 
 class TrainingJobStatus(ApiModel):

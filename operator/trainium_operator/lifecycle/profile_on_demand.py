@@ -20,6 +20,10 @@ What is decided here:
 - **Then**: Capturing once a rank says it is recording the window, Captured once every rank of
   the gang that has not ended says its files are complete (a Normal event with the path), and
   Incomplete if the attempt ends first (a restart, the job finishing) with the ranks that did.
+- **Upload**: a Captured profile with an S3 URI configured (spec.profile.s3Uri, else the
+  operator's --profile-s3-uri; spec.profile.enabled is not needed) gets its own upload pod, the
+  attempt upload's pod with the request's directory and name (`builders.upload`), while the job
+  trains; `onDemandProfile.upload` follows it, with one event per outcome.
 """
 
 from __future__ import annotations
@@ -31,7 +35,13 @@ from typing import Any
 
 from trainium_operator.api.status import Phase
 from trainium_operator.builders.job import JobRef
+from trainium_operator.builders.upload import (
+    on_demand_destination_uri,
+    on_demand_upload_pod,
+    on_demand_upload_pod_name,
+)
 from trainium_operator.lifecycle.decision import Decision, EventRecord
+from trainium_operator.lifecycle.profile_upload import DONE_STATES, UploadDefaults, pod_outcome
 from trainium_operator.lifecycle.progress import RankSample
 from trainium_operator.lifecycle.status_edit import timestamp
 from trainium_operator.profiler import channel_contract as contract
@@ -248,3 +258,69 @@ def _done(  # noqa: PLR0917 - one call shape, three callers
                 f"{message}; attempt {record.get('attempt')} ended first; missing rank {listed}",
             )
         )
+
+
+def plan_on_demand_upload(
+    job: JobRef, decision: Decision, upload_pods: list[Obj], defaults: UploadDefaults
+) -> None:
+    """The upload pod of a Captured on-demand profile, once, and its outcome in
+    `status.onDemandProfile.upload` (in place)."""
+    record: Obj | None = decision.status.get(STATUS_KEY)
+    s3_uri = job.spec.profile.s3_uri or defaults.s3_uri
+    if record is None or record.get("state") != "Captured" or not s3_uri or decision.delete_job:
+        return
+    previous: Obj = record.get("upload") or {}
+    if previous.get("state") in DONE_STATES:
+        return  # decided once; its pod may be gone since
+    request, attempt = str(record["requestId"]), int(record.get("attempt", 0))
+    name = on_demand_upload_pod_name(job, request)
+    pod = next((p for p in upload_pods if p["metadata"]["name"] == name), None)
+    upload: Obj = {
+        "pod": name,
+        "destination": on_demand_destination_uri(s3_uri, job, attempt, request),
+    }
+    if pod is None:
+        decision.side_create.append(
+            on_demand_upload_pod(
+                job, attempt, request, str(record["path"]), s3_uri, defaults.pod_settings()
+            )
+        )
+        upload["state"] = "Pending"
+    else:
+        upload["state"], message = pod_outcome(pod)
+        if message:
+            upload["message"] = message
+    record = decision.status[STATUS_KEY] = {**record, "upload": upload}
+    if upload["state"] == previous.get("state"):
+        return
+    if upload["state"] == "Succeeded":
+        decision.events.append(
+            EventRecord(
+                "Normal",
+                "ProfileUploaded",
+                f"on-demand profile {request} uploaded to {upload['destination']}",
+            )
+        )
+    elif upload["state"] in DONE_STATES:
+        decision.events.append(
+            EventRecord(
+                "Warning",
+                "ProfileUploadFailed",
+                f"on-demand profile {request} was not uploaded to {upload['destination']} "
+                f"(training is not affected): {upload.get('message', '')}",
+            )
+        )
+
+
+def on_demand_upload_refused(status: Obj, pod: str, reason: str) -> tuple[Obj, str]:
+    """`status` with the on-demand upload recorded as Failed because the API server refused
+    its pod, and the event message (no retry; the job is untouched)."""
+    record = dict(status.get(STATUS_KEY) or {})
+    upload = {**(record.get("upload") or {}), "pod": pod, "state": "Failed"}
+    upload["message"] = f"the upload pod {pod} was refused by the API server: {reason}"
+    record["upload"] = upload
+    message = (
+        f"on-demand profile {record.get('requestId')} was not uploaded "
+        f"(training is not affected): {upload['message']}"
+    )
+    return {**status, STATUS_KEY: record}, message
