@@ -2,8 +2,10 @@
 `kubectl annotate`) on a running job whose ranks are local processes using the public
 profiler API as their pods, authenticated by pod-bound tokens (as in test_health_channel.py).
 
-The ranks run with profiling off (no spec.profile) and no device sources (KWOK runs no
-Neuron devices): the request alone opens their capture window, through the health channel.
+The ranks run with profiling off (spec.profile names only an S3 URI) and no device sources
+(KWOK runs no Neuron devices): the request alone opens their capture window, through the health
+channel. The captured profile's upload pod is played here as in test_profile_upload.py (its own
+command, /data mapped to the local folder standing in for the claim, the local S3 server).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from integration.health_ranks import (
 from integration.operator_harness import (
     OperatorProcess,
     create_job,
+    eventually,
     get_job,
     job_events,
     job_manifest,
@@ -37,7 +40,10 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
+from integration.test_profile_upload import play_upload_pod
+from s3_server import S3Bucket
 from trainium_devcluster.sim import wait_for
+from trainium_operator.builders.upload import LABEL_PROFILE_REQUEST
 from trainium_operator.controller.on_demand_commands import profile_now
 from trainium_operator.lifecycle.profile_on_demand import ANNOTATION, STATUS_KEY
 from trainium_operator.profiler.events import EventKind
@@ -78,13 +84,27 @@ def steps_in(path: Path) -> list[int]:
         )
 
 
+def running_upload_pod(clients: Any, namespace: str, name: str) -> Any:
+    def running() -> Any:
+        pods = clients.core.list_namespaced_pod(
+            namespace, label_selector=f"trainium.dev/job-name={name},{LABEL_PROFILE_REQUEST}"
+        ).items
+        return pods[0] if pods and pods[0].status.phase == "Running" else None
+
+    return eventually(running, timeout=60, description=f"{name}'s on-demand upload pod Running")
+
+
 def test_profile_now_makes_every_rank_capture_the_next_n_steps_named_in_the_status(
-    dev_cluster: Any, namespace: str, operator: Any, tmp_path: Path
+    dev_cluster: Any, namespace: str, operator: Any, tmp_path: Path, s3: S3Bucket
 ) -> None:
     clients = dev_cluster.clients
     name = "ondemand"
     manifest = job_manifest(
-        name, nodes=1, compile={"enabled": False}, health={"reportIntervalSeconds": INTERVAL_S}
+        name,
+        nodes=1,
+        compile={"enabled": False},
+        health={"reportIntervalSeconds": INTERVAL_S},
+        profile={"s3Uri": s3.uri("profiles")},
     )
     create_job(clients, namespace, manifest)
     (pod,) = wait_gang_running(clients, namespace, name, "train", 0, nodes=1)
@@ -134,6 +154,15 @@ def test_profile_now_makes_every_rank_capture_the_next_n_steps_named_in_the_stat
         )
         left = annotations(clients, namespace, name)
         results = [outcome(r) for r in ranks]
+        played = play_upload_pod(
+            clients, namespace, running_upload_pod(clients, namespace, name), volume / "data"
+        )
+        uploaded = wait_for(
+            lambda: (get_job(clients, namespace, name).get("status") or {}).get(STATUS_KEY) or {},
+            until=lambda r: (r.get("upload") or {}).get("state") == "Succeeded",
+            timeout=30,
+            description="the on-demand profile uploaded",
+        )
     finally:
         for process in ranks:
             if process.poll() is None:
@@ -164,3 +193,14 @@ def test_profile_now_makes_every_rank_capture_the_next_n_steps_named_in_the_stat
     assert events["ProfileRequested"][0] == "Normal"
     assert events["ProfileCaptured"][0] == "Normal"
     assert record["path"] in events["ProfileCaptured"][2]
+    assert played.returncode == 0, played.stderr
+    destination = uploaded["upload"]["destination"]
+    assert destination == s3.uri(f"profiles/{namespace}/{name}/0/on-demand/{record['requestId']}")
+    prefix = destination.removeprefix(f"s3://{s3.bucket}/")
+    keys = s3.keys(prefix)
+    assert f"{prefix}/profile.json" in keys
+    assert sorted(k.rsplit("/", 1)[1] for k in keys if k.endswith(".trnprof")) == [
+        "rank-0.trnprof",
+        "rank-1.trnprof",
+    ]
+    assert events["ProfileUploaded"][0] == "Normal"
