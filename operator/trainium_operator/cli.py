@@ -25,6 +25,7 @@ _ADDED: dict[str, tuple[str, ...]] = {
     "profile": (
         "trainium_operator.ui.commands:serve",
         "trainium_operator.ui.commands:list_profiles",
+        "trainium_operator.controller.on_demand_commands:profile_now",
     ),
 }
 

@@ -13,11 +13,11 @@ what each account calls and fails on a verb granted here that nothing sends, or 
 {{- $clusterWide := include "trainium-operator.clusterWide" . -}}
 # TrainingJobs: listed and watched (the cache), read fresh before a status write, deleted when
 # ttlSecondsAfterFinished elapses. Only on.event handlers run in kopf: no finalizers or
-# progress annotations, so the operator never patches or updates a job.
+# progress annotations; the one patch is the removal of a consumed profile-steps annotation.
 - scope: namespaced
   apiGroups: ["trainium.dev"]
   resources: ["trainingjobs"]
-  verbs: ["get", "list", "watch", "delete"]
+  verbs: ["get", "list", "watch", "delete", "patch"]
 # The status subresource, written whole (PUT, under the resourceVersion the pass decided on).
 - scope: namespaced
   apiGroups: ["trainium.dev"]

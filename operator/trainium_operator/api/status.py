@@ -350,6 +350,35 @@ class GoodputStatus(ApiModel):
     """The figures include the time up to here."""
 
 
+OnDemandProfileState = Literal["Requested", "Capturing", "Captured", "Incomplete"]
+
+
+class OnDemandProfile(ApiModel):
+    """The latest on-demand profile (the trainium.dev/profile-steps annotation: every rank
+    captures its next N steps in full; lifecycle/profile_on_demand.py)."""
+
+    request_id: str
+    attempt: Count | None = None
+    steps: Count | None = None
+    """How many steps each rank captures, from its next step on."""
+    requested_time: Timestamp | None = None
+    path: str | None = None
+    """The profile's directory (on the job's claim): <node>/rank-<RANK>.trnprof and
+    profile.json, as any profile."""
+    state: OnDemandProfileState | None = None
+    """Requested (the ranks are asked), Capturing (a rank records the window), Captured (every
+    rank of the attempt wrote its file), Incomplete (the attempt ended first)."""
+    ranks_expected: Count | None = None
+    ranks_captured: Count | None = None
+    missing_ranks: list[Int32] = Field(default_factory=list)
+    """Ranks whose file is missing (the first 16), once Incomplete."""
+    complete_time: Timestamp | None = None
+    annotation: str | None = None
+    """The annotation value this request consumed, until the operator has removed it."""
+    upload: ProfileUploadSummary | None = None
+    """Its own S3 upload once Captured, when an S3 URI is configured (attempt: unset)."""
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state, written by the operator."""
 
@@ -378,6 +407,7 @@ class TrainingJobStatus(ApiModel):
     stall: StallStatus | None = None
     stragglers: StragglersStatus | None = None
     goodput: GoodputStatus | None = None
+    on_demand_profile: OnDemandProfile | None = None
     profile_uploads: list[ProfileUpload] = Field(
         default_factory=list,
         description="The S3 upload of each ended training attempt's profile; written by the "

@@ -25,6 +25,9 @@ Obj = dict[str, Any]
 
 UPLOAD_STAGE = "profile-upload"  # value of trainium.dev/stage on upload pods
 LABEL_PROFILE_ATTEMPT = "trainium.dev/profile-attempt"
+# On the upload pod of an on-demand profile (lifecycle/profile_on_demand.py): its request id.
+LABEL_PROFILE_REQUEST = "trainium.dev/profile-request"
+ON_DEMAND_SUBDIR = "on-demand"  # as profiler/channel_contract.ON_DEMAND_SUBDIR, in S3 too
 CONTAINER_NAME = "upload"
 DATA_VOLUME = "shared-data"
 TMP_VOLUME = "tmp"
@@ -71,6 +74,16 @@ def destination_uri(s3_uri: str, job: JobRef, attempt: int) -> str:
     return f"{s3_uri.rstrip('/')}/{job.namespace}/{job.name}/{attempt}"
 
 
+def on_demand_upload_pod_name(job: JobRef, request_id: str) -> str:
+    return f"{job.name}-profile-upload-{request_id.lower()}"
+
+
+def on_demand_destination_uri(s3_uri: str, job: JobRef, attempt: int, request_id: str) -> str:
+    """`<s3Uri>/<namespace>/<job>/<attempt>/on-demand/<request id>`: beside the attempt's
+    profile, as on the claim."""
+    return f"{destination_uri(s3_uri, job, attempt)}/{ON_DEMAND_SUBDIR}/{request_id}"
+
+
 def is_upload_pod(pod: Obj) -> bool:
     labels = (pod.get("metadata") or {}).get("labels") or {}
     return labels.get(LABEL_STAGE) == UPLOAD_STAGE
@@ -107,15 +120,53 @@ def image_pull_secrets(job: JobRef, settings: UploadPodSettings) -> list[Obj]:
 
 
 def upload_pod(job: JobRef, attempt: int, s3_uri: str, settings: UploadPodSettings) -> Obj:
+    """The upload pod of an ended attempt's profile."""
+    return _upload_pod(
+        job,
+        upload_pod_name(job, attempt),
+        job.profile_dir(attempt),
+        destination_uri(s3_uri, job, attempt),
+        {LABEL_PROFILE_ATTEMPT: str(attempt)},
+        settings,
+    )
+
+
+def on_demand_upload_pod(  # noqa: PLR0917 - the request's identity, where and with what
+    job: JobRef,
+    attempt: int,
+    request_id: str,
+    directory: str,
+    s3_uri: str,
+    settings: UploadPodSettings,
+) -> Obj:
+    """The upload pod of a captured on-demand profile (its directory on the claim)."""
+    return _upload_pod(
+        job,
+        on_demand_upload_pod_name(job, request_id),
+        directory,
+        on_demand_destination_uri(s3_uri, job, attempt, request_id),
+        {LABEL_PROFILE_REQUEST: request_id.lower()},
+        settings,
+    )
+
+
+def _upload_pod(  # noqa: PLR0917 - private: its two callers above
+    job: JobRef,
+    name: str,
+    directory: str,
+    destination: str,
+    labels: dict[str, str],
+    settings: UploadPodSettings,
+) -> Obj:
     spec = job.spec
-    metadata = job.metadata(upload_pod_name(job, attempt))
+    metadata = job.metadata(name)
     metadata["labels"] = {
         **spec.pod_metadata.labels,
         **metadata["labels"],
         LABEL_JOB_NAME: job.name,
         LABEL_STAGE: UPLOAD_STAGE,
         "app.kubernetes.io/component": UPLOAD_STAGE,
-        LABEL_PROFILE_ATTEMPT: str(attempt),
+        **labels,
     }
     pod_spec: Obj = {
         "restartPolicy": "Never",
@@ -133,8 +184,8 @@ def upload_pod(job: JobRef, attempt: int, s3_uri: str, settings: UploadPodSettin
                     "python3",
                     "-m",
                     UPLOAD_MODULE,
-                    job.profile_dir(attempt),
-                    destination_uri(s3_uri, job, attempt),
+                    directory,
+                    destination,
                 ],
                 "env": [
                     {"name": "PYTHONUNBUFFERED", "value": "1"},

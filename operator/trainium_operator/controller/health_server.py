@@ -21,12 +21,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from aiohttp import web
 
 from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.k8s.reviews import Reviews
 from trainium_operator.lifecycle.channel_auth import TokenIdentity, Verdict, authorize
+from trainium_operator.lifecycle.profile_on_demand import capture_requests_for
 from trainium_operator.lifecycle.progress import RankSample
 from trainium_operator.lifecycle.stalls import requests_for
 from trainium_operator.profiler import channel_contract as contract
@@ -61,6 +63,8 @@ class RankReport:
             tokens=m.tokens,
             step_started=self.step_started,
             stacks_dumped=m.stacks_dumped,
+            profile_capturing=m.profile_capturing,
+            profile_captured=m.profile_captured,
             final=m.final,
             last_checkpoint_step=m.last_checkpoint_step,
         )
@@ -81,6 +85,15 @@ def step_started(
     ):
         return previous.step_started
     return received
+
+
+def _answered_request(message: ProgressMessage, previous: RankReport | None) -> bool:
+    def answers(m: ProgressMessage) -> tuple[str, str, str]:
+        return (m.stacks_dumped, m.profile_capturing, m.profile_captured)
+
+    now = answers(message)
+    before = answers(previous.message) if previous is not None else ("", "", "")
+    return any(new and new != old for new, old in zip(now, before, strict=True))
 
 
 class ProgressStore:
@@ -108,10 +121,9 @@ class ProgressStore:
             started = step_started(message, received, previous)
             ranks[message.rank] = RankReport(message, pod, node, received, started)
             self._changed.add(key)
-            if message.stacks_dumped and (
-                previous is None or previous.message.stacks_dumped != message.stacks_dumped
-            ):
-                # A rank answered a stack request: the job's pass waiting for it runs soon.
+            if _answered_request(message, previous):
+                # A rank answered a request (stacks, a capture): the job's pass waiting for it
+                # runs soon.
                 self._urgent.add(key)
 
     def ranks(self, key: Key) -> dict[int, RankReport]:
@@ -220,10 +232,13 @@ class HealthChannel:
         """(HTTP status, reply body) for one message: the verdict, and for an accepted one what
         the operator asks of the rank (its job's status says: a stalled gang's stack request)."""
         status, verdict, message = self._receive(token, body)
-        requests: dict[str, str] = {}
+        requests: dict[str, Any] = {}
         if message is not None:
             job = self.cache.job((message.namespace, message.job))
-            requests = requests_for(job, message.attempt, message.stacks_dumped)
+            requests = {
+                **requests_for(job, message.attempt, message.stacks_dumped),
+                **capture_requests_for(job, message.attempt, message.profile_captured),
+            }
         return status, contract.reply_json(
             accepted=verdict.accepted, reason=verdict.reason, requests=requests
         )

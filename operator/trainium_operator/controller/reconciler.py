@@ -20,7 +20,11 @@ from typing import Any
 
 from trainium_operator.api.status import validated_status
 from trainium_operator.builders.job import JobRef
-from trainium_operator.builders.upload import LABEL_PROFILE_ATTEMPT, is_upload_pod
+from trainium_operator.builders.upload import (
+    LABEL_PROFILE_ATTEMPT,
+    LABEL_PROFILE_REQUEST,
+    is_upload_pod,
+)
 from trainium_operator.controller.admission_holds import AdmissionHolds, Mark
 from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.k8s.client import (
@@ -43,6 +47,11 @@ from trainium_operator.lifecycle.observed import (
     queue_view,
 )
 from trainium_operator.lifecycle.parse import parse_job
+from trainium_operator.lifecycle.profile_on_demand import (
+    apply_on_demand_profile,
+    on_demand_upload_refused,
+    plan_on_demand_upload,
+)
 from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload, upload_refused
 from trainium_operator.lifecycle.progress import (
     DEFAULT_INTERVAL_SECONDS as DEFAULT_PROGRESS_INTERVAL,
@@ -93,6 +102,11 @@ def _upload_refused(
     current: Obj, attempt: int, pod: str, reason: str, *, generation: int, now: datetime
 ) -> Decision:
     status, message = upload_refused(current, attempt, pod, reason, generation=generation, now=now)
+    return Decision(status=status, events=[EventRecord("Warning", "ProfileUploadFailed", message)])
+
+
+def _on_demand_upload_refused(current: Obj, pod: str, reason: str) -> Decision:
+    status, message = on_demand_upload_refused(current, pod, reason)
     return Decision(status=status, events=[EventRecord("Warning", "ProfileUploadFailed", message)])
 
 
@@ -339,7 +353,10 @@ class Reconciler:
             # Before the upload plan: a stall may end the attempt in this pass.
             apply_stall_policy(job, decision, observed, ranks)
             apply_straggler_policy(job, decision, observed, ranks)
+        annotations = body["metadata"].get("annotations") or {}
+        apply_on_demand_profile(job, decision, annotations, ranks, now)
         plan_upload(job, decision, uploads, self.upload_defaults, now)
+        plan_on_demand_upload(job, decision, uploads, self.upload_defaults)
         if ranks is not None:
             decision.status = with_progress(
                 job, decision.status, ranks, now, self.progress_interval
@@ -388,6 +405,10 @@ class Reconciler:
             # resourceVersion makes a stale pass fail with 409 and retry, never overwrite;
             # events follow the status so a retried pass does not post them twice.
             self._write_status(body, decision.status)
+        for key_name, value in decision.remove_annotations:
+            # After the status that recorded the request: a crash in between leaves the value
+            # the status names, and the next pass only removes it.
+            self.cluster.remove_training_job_annotation(namespace, meta["name"], key_name, value)
         for event in decision.events:
             log.info("%s/%s %s: %s", namespace, meta["name"], event.reason, event.message)
             self.events.post(body, event.type, event.reason, event.message, self.clock())
@@ -424,8 +445,14 @@ class Reconciler:
             if rejection is None and not is_forbidden(error):
                 raise
             reason = rejection.message if rejection is not None else api_error_message(error)
-            attempt = int(obj["metadata"]["labels"][LABEL_PROFILE_ATTEMPT])
             log.warning("%s/%s: upload pod %s refused: %s", *key, name, reason)
+            if LABEL_PROFILE_REQUEST in obj["metadata"]["labels"]:
+                self._record(
+                    body,
+                    lambda current, _generation: _on_demand_upload_refused(current, name, reason),
+                )
+                return
+            attempt = int(obj["metadata"]["labels"][LABEL_PROFILE_ATTEMPT])
             self._record(
                 body,
                 lambda current, generation: _upload_refused(

@@ -332,6 +332,33 @@ class Cluster:
             spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, name, patch
         )
 
+    def set_training_job_annotation(self, namespace: str, name: str, key: str, value: str) -> None:
+        """Sets one annotation of a TrainingJob (a merge patch); ApiException on refusal."""
+        self.patch_training_job(namespace, name, {"metadata": {"annotations": {key: value}}})
+
+    def remove_training_job_annotation(
+        self, namespace: str, name: str, key: str, value: str
+    ) -> bool:
+        """Removes annotation `key` while it still has `value` (a JSON patch that tests it
+        first); whether it was removed (False: another value, gone, or the job gone)."""
+        path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+        self.counter.add("patch", spec_model.PLURAL)
+        try:
+            self.custom.patch_namespaced_custom_object(
+                spec_model.GROUP,
+                spec_model.VERSION,
+                namespace,
+                spec_model.PLURAL,
+                name,
+                [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}],
+                _content_type="application/json-patch+json",
+            )
+        except ApiException as error:
+            if error.status in (404, 422):  # gone, or the test failed: nothing of ours to remove
+                return False
+            raise
+        return True
+
     def pod_log_lines(
         self, namespace: str, name: str, container: str, *, follow: bool
     ) -> Iterator[str]:

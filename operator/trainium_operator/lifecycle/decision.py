@@ -37,6 +37,9 @@ class Decision:
     # (kind, name) of a deleted predecessor's child that garbage collection left in the way.
     delete_foreign: list[tuple[str, str]] = field(default_factory=list)
     delete_job: bool = False
+    # (key, value) of the job's annotations to remove once its status is written, each only
+    # while it still has that value (a consumed request: lifecycle/profile_on_demand.py).
+    remove_annotations: list[tuple[str, str]] = field(default_factory=list)
     status: Obj = field(default_factory=dict)
     events: list[EventRecord] = field(default_factory=list)
     requeue_after: float | None = None

@@ -122,6 +122,12 @@ def _outcome(pod: Obj) -> _PodOutcome:
     return _PodOutcome("Running" if phase == "Running" else "Pending", "")
 
 
+def pod_outcome(pod: Obj) -> tuple[str, str]:
+    """(state, message) of an upload pod: Pending, Running, Succeeded, Failed or NoProfile."""
+    outcome = _outcome(pod)
+    return outcome.state, outcome.message
+
+
 def _ts(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 

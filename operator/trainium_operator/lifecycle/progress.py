@@ -51,6 +51,8 @@ class RankSample:
     # of this step. None: unknown (read as `received`).
     step_started: datetime | None = None
     stacks_dumped: str = ""  # the newest stack request the rank answered
+    profile_capturing: str = ""  # the on-demand capture whose window the rank records now
+    profile_captured: str = ""  # the newest on-demand capture the rank completed
     final: bool = False  # its last message: the rank ended
     last_checkpoint_step: int | None = None  # its newest complete checkpoint, where it says
 

@@ -31,9 +31,16 @@ from types import FrameType, TracebackType
 from typing import Any, Final, ParamSpec, TypeVar
 
 from trainium_operator.profiler import channel
+from trainium_operator.profiler import channel_contract as contract
 from trainium_operator.profiler import sampler as sampler_mod
 from trainium_operator.profiler.clock import take_sync_point
-from trainium_operator.profiler.config import ProfilerConfig
+from trainium_operator.profiler.config import (
+    ENV_DIR,
+    ENV_ENABLE,
+    ENV_STEPS,
+    ProfilerConfig,
+    ProfilerConfigError,
+)
 from trainium_operator.profiler.events import HOST_DEVICE, EventKind
 from trainium_operator.profiler.format import (
     ProfileFormatError,
@@ -152,6 +159,7 @@ class _Session:
         self.detail = False
         self.stopping = threading.Event()
         self.flushed = threading.Event()
+        self.on_flushed: Callable[[], None] | None = None  # after the final flush, any thread
         self.failed: BaseException | None = None
         self.node_dir = config.output_dir / config.node
         self.context = SourceContext(
@@ -204,7 +212,7 @@ class _Session:
         if on == self.detail:
             return
         self.detail = on
-        _detail = self if on else None
+        _detail = self if on else _other_detail(self)
         for source in self.sources:
             try:
                 if on:
@@ -310,6 +318,11 @@ class _Session:
                 except Exception:
                     log.exception("profiler could not write the profile manifest")
             self.flushed.set()
+            if self.on_flushed is not None:
+                try:
+                    self.on_flushed()
+                except Exception:
+                    log.exception("profiler: the end-of-flush callback failed")
 
     def _flush_loop(self, writer: RankFileWriter) -> None:
         c = self.config
@@ -473,9 +486,79 @@ def default_sources(context: SourceContext) -> list[ActivitySource]:
 
 _session: _Session | None = None
 _detail: _Session | None = None
+# An on-demand capture the operator asked for over the health channel (`captureSteps`): its own
+# session, with its own directory and step window, beside `_session` (or without one).
+_on_demand: _Session | None = None
 _last_stopped: _Session | None = None
 _lifecycle_lock = threading.Lock()
 _PREVIOUS_FLUSH_WAIT_S = 60.0
+
+
+def _other_detail(closing: _Session) -> _Session | None:
+    """The session whose window is still open when `closing`'s closes (annotations go to it)."""
+    for session in (_session, _on_demand):
+        if session is not None and session is not closing and session.detail:
+            return session
+    return None
+
+
+def on_demand_config(
+    directory: str, first: int, steps: int, environ: dict[str, str] | None = None
+) -> ProfilerConfig:
+    """The settings of an on-demand capture: the pod's own profiler settings (identity,
+    sources, intervals) with profiling on, `directory` and the window `first`..`first+steps-1`."""
+    env = dict(os.environ if environ is None else environ)
+    env.update({ENV_ENABLE: "1", ENV_DIR: directory, ENV_STEPS: f"{first}:{first + steps - 1}"})
+    return ProfilerConfig.from_env(env)
+
+
+def _on_demand_step(number: int) -> None:
+    """Step `number` for the on-demand capture: opens a requested one, closes a finished one
+    (its files are written in the background; the rank reports them once complete)."""
+    global _on_demand  # noqa: PLW0603 - module globals are the hot path's one-read state
+    session = _on_demand
+    if session is not None:
+        if number <= session.window_last:
+            session.on_step(number)
+            return
+        session.begin_stop()
+        _on_demand = None
+    reporter = channel.current()
+    request = reporter.take_capture() if reporter is not None else None
+    if reporter is None or request is None:
+        return
+    directory = contract.on_demand_dir(reporter.config.stacks_dir, request.request_id)
+    try:
+        config = on_demand_config(directory, number, request.steps)
+    except ProfilerConfigError as error:
+        log.warning("profiler: on-demand capture %s not started: %s", request.request_id, error)
+        reporter.capture_finished(request.request_id, complete=False)
+        return
+    # A running session owns the device profilers (one torch profiler per process): beside
+    # it, the on-demand capture records host ranges, step markers and samples.
+    session = _Session(config, [] if _session is not None else None)
+    request_id = request.request_id
+    session.on_flushed = lambda: reporter.capture_finished(
+        request_id, complete=session.failed is None
+    )
+    _on_demand = session
+    session.start()
+    session.on_step(number)
+    reporter.capture_started(request_id)
+    _install_sigterm_flush()
+
+
+def _stop_on_demand(wait_s: float) -> None:
+    """Closes an open on-demand capture and waits (at most `wait_s`) for its files, so the
+    rank's last message can report it."""
+    global _on_demand
+    session, _on_demand = _on_demand, None
+    if session is not None:
+        session.begin_stop()
+        session.flushed.wait(wait_s)
+
+
+_ON_DEMAND_STOP_WAIT_S = 2.0
 
 
 def start_profiling(
@@ -507,12 +590,15 @@ def start_profiling(
 
 
 def stop_profiling(*, wait: bool = False, timeout: float | None = None) -> bool:
-    """Stop capturing. Returns at once: the final flush runs on the background thread.
+    """Stop capturing. Returns at once: the final flush runs on the background thread (an
+    on-demand capture still open is closed first, waiting at most 2 s for its file, so the
+    health channel's last message can report it).
 
     wait=True blocks until the rank file is complete (or `timeout` passes) and returns whether
     it completed. Returns True without waiting.
     """
     global _session, _detail, _last_stopped  # noqa: PLW0603 - module globals are the hot path's one-read state
+    _stop_on_demand(_ON_DEMAND_STOP_WAIT_S)
     channel.stop()
     with _lifecycle_lock:
         session = _session
@@ -572,6 +658,8 @@ def step(number: int) -> None:
     session = _session
     if session is not None:
         session.on_step(number)
+    if _on_demand is not None or channel.capture_pending():
+        _on_demand_step(number)
     channel.on_step(number)
 
 
@@ -737,10 +825,10 @@ def _flush_then_terminate(signum: int, frame: FrameType | None) -> None:
     # Kubernetes and torchrun stop workers with SIGTERM, whose default action skips atexit.
     # Let the flusher write what the rings hold and close the file, then die as before.
     # No locks here: the signal may have interrupted this thread inside start/stop.
-    session = _session
-    if session is not None:
-        session.stopping.set()
-        session.flushed.wait(_SIGTERM_FLUSH_TIMEOUT_S)
+    for session in (_on_demand, _session):
+        if session is not None:
+            session.stopping.set()
+            session.flushed.wait(_SIGTERM_FLUSH_TIMEOUT_S)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
@@ -762,10 +850,11 @@ def _remove_sigterm_flush() -> None:
 def _forget_session_in_child() -> None:
     # A forked child (e.g. a DataLoader worker) inherits the parent's state but not its
     # threads: it must not write into the parent's rings or file.
-    global _session, _detail, _last_stopped  # noqa: PLW0603 - module globals are the hot path's one-read state
+    global _session, _detail, _last_stopped, _on_demand  # noqa: PLW0603 - module globals are the hot path's one-read state
     _session = None
     _detail = None
     _last_stopped = None
+    _on_demand = None
 
 
 atexit.register(_stop_at_exit)

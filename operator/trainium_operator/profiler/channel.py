@@ -150,6 +150,12 @@ class Reporter:
         self.stacks_dumped = ""  # the newest stack request answered (sent in every message)
         self.stacks_written: list[str] = []
         self._stacks_tried = ""
+        # On-demand capture (`captureSteps`): the request the training thread has not taken
+        # yet (the profiler opens its window at the next step), and what the rank reports.
+        self.capture_pending: contract.CaptureRequest | None = None
+        self.profile_capturing = ""
+        self.profile_captured = ""
+        self._capture_tried = ""
         self._answer_now = False  # a request was answered: say so without waiting an interval
         self.thread = threading.Thread(target=self._loop, name="trainium-health", daemon=True)
 
@@ -204,6 +210,8 @@ class Reporter:
             sequence=self.sequence,
             step_age_ms=age_ms,
             stacks_dumped=self.stacks_dumped,
+            profile_capturing=self.profile_capturing,
+            profile_captured=self.profile_captured,
             final=final,
             last_checkpoint_step=checkpoint_step,
         )
@@ -231,6 +239,7 @@ class Reporter:
         """Does what the operator asked (an unknown or malformed request is ignored)."""
         if not isinstance(requests, dict):
             return
+        self._take_capture_request(requests.get(contract.REQUEST_CAPTURE_STEPS))
         request_id = requests.get(contract.REQUEST_DUMP_STACKS)
         if not contract.valid_request_id(request_id) or request_id == self._stacks_tried:
             return
@@ -245,6 +254,35 @@ class Reporter:
             return
         self.stacks_written.append(path)
         self.stacks_dumped = request_id
+        self._answer_now = True
+
+    def _take_capture_request(self, value: object) -> None:
+        """Holds a new capture request for the training thread (once per request id)."""
+        request = contract.CaptureRequest.from_json(value)
+        if request is None or request.request_id == self._capture_tried:
+            return
+        self._capture_tried = request.request_id
+        if self.config.stacks_dir:  # no profile directory given: nowhere to write, no answer
+            self.capture_pending = request
+
+    def take_capture(self) -> contract.CaptureRequest | None:
+        """The pending capture request, once (the training thread, at a step)."""
+        request, self.capture_pending = self.capture_pending, None
+        return request
+
+    def capture_started(self, request_id: str) -> None:
+        self.profile_capturing = request_id
+        self._answer_now = True
+
+    def capture_finished(self, request_id: str, *, complete: bool) -> None:
+        """The capture's files are closed (the profiler's flusher thread); `complete`: without
+        an error, so the rank reports it captured."""
+        if self.profile_capturing == request_id:
+            self.profile_capturing = ""
+        if complete:
+            self.profile_captured = request_id
+        else:
+            self.last_error = f"on-demand profile {request_id} not written"
         self._answer_now = True
 
     def _loop(self) -> None:
@@ -323,3 +361,10 @@ def checkpoint_saved(step: int) -> None:
 
 def current() -> Reporter | None:
     return _reporter
+
+
+def capture_pending() -> bool:
+    """Whether the operator asked for an on-demand capture the profiler has not opened yet
+    (read at every step: one global and one attribute read)."""
+    reporter = _reporter
+    return reporter is not None and reporter.capture_pending is not None

@@ -60,6 +60,14 @@ MAX_NAME = 253
 # message (`stacksDumped`). An id is a path component: letters, digits and dashes only.
 REQUEST_DUMP_STACKS = "dumpStacks"
 STACKS_SUBDIR = "stacks"
+# Capture the next <steps> steps in full (a user's `trainium.dev/profile-steps` annotation):
+# {"id": <request id>, "steps": N}. The rank opens a detailed window at its next step, writes it
+# to `on_demand_dir(<its STACKS_DIR>, id)` (beside `stacks/` in the attempt's profile
+# directory), says `profileCapturing` while it records and `profileCaptured` once the files are
+# complete.
+REQUEST_CAPTURE_STEPS = "captureSteps"
+ON_DEMAND_SUBDIR = "on-demand"
+MAX_CAPTURE_STEPS = 1000
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,63}$")
 
 
@@ -77,6 +85,39 @@ def stacks_file(directory: str, request_id: str, rank: int) -> str:
     if not valid_request_id(request_id):
         raise ValueError(f"not a stack request id: {request_id!r}")
     return f"{directory.rstrip('/')}/{request_id}/rank-{rank}.txt"
+
+
+def on_demand_dir(stacks_directory: str, request_id: str) -> str:
+    """Where on-demand capture `request_id` writes: `<profile dir>/on-demand/<id>`, the profile
+    directory being the one whose `stacks/` the rank was given."""
+    if not valid_request_id(request_id):
+        raise ValueError(f"not a capture request id: {request_id!r}")
+    profile_dir = stacks_directory.rstrip("/").rpartition("/")[0]
+    return f"{profile_dir}/{ON_DEMAND_SUBDIR}/{request_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureRequest:
+    """A `captureSteps` request: `steps` steps in full, from the rank's next step."""
+
+    request_id: str
+    steps: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.request_id, "steps": self.steps}
+
+    @classmethod
+    def from_json(cls, value: object) -> CaptureRequest | None:
+        """The request, or None for anything malformed (a rank ignores it)."""
+        if not isinstance(value, dict):
+            return None
+        request_id, steps = value.get("id"), value.get("steps")
+        if not valid_request_id(request_id) or not isinstance(steps, int):
+            return None
+        if isinstance(steps, bool) or not 1 <= steps <= MAX_CAPTURE_STEPS:
+            return None
+        assert isinstance(request_id, str)
+        return cls(request_id, steps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +141,8 @@ class ProgressMessage:
     # restart and does not depend on the two clocks agreeing. None: an older profiler.
     step_age_ms: float | None = None
     stacks_dumped: str = ""  # the id of the newest stack request this rank answered
+    profile_capturing: str = ""  # the capture request whose window this rank is recording
+    profile_captured: str = ""  # the newest capture request whose files this rank completed
     final: bool = False  # the rank's last message (the profiler stopped): it ended, not stalled
     # The step of the newest checkpoint this rank knows is complete (profiler.checkpoint_saved):
     # a restart loses the steps after it. None: the script does not say (lost work unknown).
@@ -126,6 +169,10 @@ class ProgressMessage:
             body["stepAgeMs"] = round(self.step_age_ms, 1)
         if self.stacks_dumped:
             body["stacksDumped"] = self.stacks_dumped
+        if self.profile_capturing:
+            body["profileCapturing"] = self.profile_capturing
+        if self.profile_captured:
+            body["profileCaptured"] = self.profile_captured
         if self.final:
             body["final"] = True
         if self.last_checkpoint_step is not None:
@@ -186,6 +233,12 @@ def parse_message(raw: bytes) -> ProgressMessage:
     dumped = body.get("stacksDumped", "")
     if dumped != "" and not valid_request_id(dumped):
         raise ValueError("stacksDumped: a stack request id is required")
+    capture_ids: dict[str, str] = {}
+    for key in ("profileCapturing", "profileCaptured"):
+        value = body.get(key, "")
+        if value != "" and not valid_request_id(value):
+            raise ValueError(f"{key}: a capture request id is required")
+        capture_ids[key] = str(value)
     final = body.get("final", False)
     if not isinstance(final, bool):
         raise ValueError("final: a boolean is required")
@@ -204,6 +257,8 @@ def parse_message(raw: bytes) -> ProgressMessage:
         sequence=_int(body, "sequence", 0),
         step_age_ms=None if age is None else float(age),
         stacks_dumped=str(dumped),
+        profile_capturing=capture_ids["profileCapturing"],
+        profile_captured=capture_ids["profileCaptured"],
         final=final,
         last_checkpoint_step=_optional_int(body, "lastCheckpointStep"),
     )
@@ -213,7 +268,8 @@ def reply_json(
     *, accepted: bool, reason: str = "", requests: dict[str, Any] | None = None
 ) -> bytes:
     """The operator's answer. `requests` carries what the operator asks of the rank
-    (`REQUEST_DUMP_STACKS`: write your stacks); an unknown request is ignored by the rank."""
+    (`REQUEST_DUMP_STACKS`: write your stacks; `REQUEST_CAPTURE_STEPS`: profile the next steps);
+    an unknown request is ignored by the rank."""
     return json.dumps(
         {"accepted": accepted, "reason": reason, "requests": requests or {}},
         separators=(",", ":"),

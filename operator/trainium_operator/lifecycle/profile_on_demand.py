@@ -1,0 +1,326 @@
+"""Profiling on demand: `kubectl annotate trainingjob X trainium.dev/profile-steps=+20` makes
+every rank of the running attempt capture its next 20 steps in full, through the health
+channel. One pure policy, run in the job's pass after the state machine.
+
+What is decided here:
+- **The annotation** is a request, consumed once: the pass that sees it records the request
+  in `status.onDemandProfile` (with the annotation's value) and asks the reconciler to remove
+  the annotation after that status is written (`Decision.remove_annotations`, a JSON patch
+  that tests the value first, so a newer value written meanwhile stays). A pass that sees the
+  value its status already holds knows its removal did not happen (a crash, a conflict) and
+  only removes it again: the request is never served twice, and annotating again later (even
+  the same value) is a new request.
+- **A bad value** (not `+N` with 1 <= N <= 1000), a job that is not Training or whose health
+  channel is off, or a capture still in progress: one Warning event naming the annotation and
+  what to do, the annotation removed, nothing else (no retry, no status change beyond that).
+- **The request** has an id (`p<attempt>-<time>`, a path component) and its directory,
+  `<profile dir of the attempt>/on-demand/<id>`. The health channel's replies carry it to
+  every rank of the attempt (`requests_for`) until the rank says it captured it; the endpoint
+  reads it from the status, so a restarted operator asks for the same capture, never a new one.
+- **Then**: Capturing once a rank says it is recording the window, Captured once every rank of
+  the gang that has not ended says its files are complete (a Normal event with the path), and
+  Incomplete if the attempt ends first (a restart, the job finishing) with the ranks that did.
+- **Upload**: a Captured profile with an S3 URI configured (spec.profile.s3Uri, else the
+  operator's --profile-s3-uri; spec.profile.enabled is not needed) gets its own upload pod, the
+  attempt upload's pod with the request's directory and name (`builders.upload`), while the job
+  trains; `onDemandProfile.upload` follows it, with one event per outcome.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from trainium_operator.api.status import Phase
+from trainium_operator.builders.job import JobRef
+from trainium_operator.builders.upload import (
+    on_demand_destination_uri,
+    on_demand_upload_pod,
+    on_demand_upload_pod_name,
+)
+from trainium_operator.lifecycle.decision import Decision, EventRecord
+from trainium_operator.lifecycle.profile_upload import DONE_STATES, UploadDefaults, pod_outcome
+from trainium_operator.lifecycle.progress import RankSample
+from trainium_operator.lifecycle.status_edit import timestamp
+from trainium_operator.profiler import channel_contract as contract
+
+Obj = dict[str, Any]
+ANNOTATION = "trainium.dev/profile-steps"
+STATUS_KEY = "onDemandProfile"
+MAX_STEPS = contract.MAX_CAPTURE_STEPS
+OPEN_STATES = frozenset({"Requested", "Capturing"})
+LISTED_MISSING = 16
+_VALUE = re.compile(r"^\+([0-9]{1,7})$")
+FIX = f"set it to +N, the number of steps to capture (1 <= N <= {MAX_STEPS}), e.g. +20"
+
+
+def annotation_value(steps: int) -> str:
+    """What `profile now --steps N` writes."""
+    return f"+{steps}"
+
+
+def parse_profile_steps(value: str) -> int:
+    """N of `+N`; ValueError says what is wrong and how to fix it."""
+    match = _VALUE.match(value.strip())
+    if match is None:
+        raise ValueError(f"{ANNOTATION}={value!r} is not +N; {FIX}")
+    steps = int(match.group(1))
+    if not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"{ANNOTATION}={value!r} asks for {steps} steps; {FIX}")
+    return steps
+
+
+def request_id(attempt: int, now: datetime) -> str:
+    return f"p{attempt}-{now:%Y%m%dT%H%M%SZ}"
+
+
+def capture_path(job: JobRef, attempt: int, request: str) -> str:
+    """The request's directory, as the ranks derive it from their stacks directory."""
+    stacks = contract.stacks_dir(job.profile_dir(attempt))
+    return contract.on_demand_dir(stacks, request)
+
+
+def capture_request(status: Obj, attempt: int) -> contract.CaptureRequest | None:
+    """The capture the operator's replies carry to this attempt's ranks, if any (from the
+    job's status, its one source of truth)."""
+    record = status.get(STATUS_KEY) or {}
+    if record.get("attempt") != attempt or record.get("state") not in OPEN_STATES:
+        return None
+    return contract.CaptureRequest.from_json(
+        {"id": record.get("requestId"), "steps": record.get("steps")}
+    )
+
+
+def capture_requests_for(job: Obj | None, attempt: int, captured: str) -> dict[str, Any]:
+    """What the reply to a rank of `attempt` asks of it (`captured`: its last capture)."""
+    request = capture_request((job or {}).get("status") or {}, attempt)
+    if request is None or request.request_id == captured:
+        return {}
+    return {contract.REQUEST_CAPTURE_STEPS: request.to_json()}
+
+
+@dataclass(frozen=True, slots=True)
+class _Gang:
+    world: set[int]  # every rank of the attempt
+    expected: set[int]  # of those, the ranks that have not ended
+    capturing: set[int]
+    captured: set[int]
+
+
+def _gang(ranks: list[RankSample], attempt: int, request: str) -> _Gang:
+    current = [r for r in ranks if r.attempt == attempt]
+    ended = {r.rank for r in current if r.final}
+    world = set(range(max((r.world_size for r in current), default=0)))
+    return _Gang(
+        world=world,
+        expected=world - ended,
+        capturing={r.rank for r in current if r.profile_capturing == request},
+        captured={r.rank for r in current if r.profile_captured == request},
+    )
+
+
+def apply_on_demand_profile(
+    job: JobRef,
+    decision: Decision,
+    annotations: dict[str, str],
+    ranks: list[RankSample] | None,
+    now: datetime,
+) -> None:
+    """Brings `decision` up to date with the on-demand profile requests (in place)."""
+    status = decision.status
+    record: Obj | None = status.get(STATUS_KEY)
+    if record is not None:
+        record = status[STATUS_KEY] = dict(record)
+    value = annotations.get(ANNOTATION)
+    if value is None:
+        if record is not None and "annotation" in record:
+            del record["annotation"]  # its removal happened
+    elif record is not None and record.get("annotation") == value:
+        decision.remove_annotations.append((ANNOTATION, value))  # ours; removal retried
+    else:
+        _request(job, decision, value, record, now)
+        record = status.get(STATUS_KEY)
+    if record is not None and record.get("state") in OPEN_STATES:
+        _follow(decision, record, ranks or [], now)
+
+
+def _refuse(decision: Decision, value: str, message: str) -> None:
+    decision.events.append(EventRecord("Warning", "ProfileRequestRefused", message))
+    decision.remove_annotations.append((ANNOTATION, value))
+
+
+def _request(
+    job: JobRef, decision: Decision, value: str, record: Obj | None, now: datetime
+) -> None:
+    status = decision.status
+    try:
+        steps = parse_profile_steps(value)
+    except ValueError as error:
+        _refuse(decision, value, f"{error}; the annotation was removed")
+        return
+    attempt = int(status.get("attempt", 0))
+    if status.get("phase") != Phase.TRAINING.value or not job.health_channel:
+        why = (
+            "spec.health.enabled is false (the ranks have no channel to hear it)"
+            if not job.health_channel
+            else f"the job is {status.get('phase') or 'not started'}, not Training"
+        )
+        _refuse(
+            decision,
+            value,
+            f"{ANNOTATION}={value} ignored: {why}; annotate again while the job is Training",
+        )
+        return
+    if (
+        record is not None
+        and record.get("state") in OPEN_STATES
+        and record.get("attempt") == attempt
+    ):
+        _refuse(
+            decision,
+            value,
+            f"{ANNOTATION}={value} ignored: capture {record.get('requestId')} is still "
+            f"{str(record.get('state')).lower()}; annotate again once it is Captured",
+        )
+        return
+    request = request_id(attempt, now)
+    path = capture_path(job, attempt, request)
+    status[STATUS_KEY] = {
+        "requestId": request,
+        "attempt": attempt,
+        "steps": steps,
+        "requestedTime": timestamp(now),
+        "path": path,
+        "state": "Requested",
+        "annotation": value,
+    }
+    decision.remove_annotations.append((ANNOTATION, value))
+    decision.events.append(
+        EventRecord(
+            "Normal",
+            "ProfileRequested",
+            f"every rank of attempt {attempt} captures its next {steps} steps in full "
+            f"(request {request}, {path})",
+        )
+    )
+
+
+def _follow(decision: Decision, record: Obj, ranks: list[RankSample], now: datetime) -> None:
+    status = decision.status
+    request = str(record.get("requestId"))
+    attempt = int(record.get("attempt", -1))
+    gang = _gang(ranks, attempt, request)
+    captured = gang.captured
+    if attempt != int(status.get("attempt", 0)) or status.get("phase") != Phase.TRAINING.value:
+        # The attempt is over: a rank's last message may still have said it captured.
+        state = "Captured" if gang.world and gang.world <= captured else "Incomplete"
+        _done(decision, record, state, captured, gang.world | captured, now)
+        return
+    if gang.expected and gang.expected <= captured:
+        _done(decision, record, "Captured", captured, gang.expected, now)
+        return
+    if record.get("state") == "Requested" and (gang.capturing or captured):
+        record["state"] = "Capturing"
+    record["ranksExpected"] = len(gang.expected)
+    record["ranksCaptured"] = len(captured & gang.expected)
+
+
+def _done(  # noqa: PLR0917 - one call shape, three callers
+    decision: Decision,
+    record: Obj,
+    state: str,
+    captured: set[int],
+    expected: set[int],
+    now: datetime,
+) -> None:
+    missing = sorted(expected - captured)
+    record.update(
+        state=state,
+        ranksExpected=len(expected),
+        ranksCaptured=len(captured & expected),
+        missingRanks=missing[:LISTED_MISSING],
+        completeTime=timestamp(now),
+    )
+    message = (
+        f"{len(captured & expected)}/{len(expected)} ranks wrote their profile of "
+        f"{record.get('steps')} steps to {record.get('path')} (request {record.get('requestId')})"
+    )
+    if state == "Captured":
+        decision.events.append(EventRecord("Normal", "ProfileCaptured", message))
+    else:
+        listed = ", ".join(map(str, missing[:LISTED_MISSING])) or "none"
+        decision.events.append(
+            EventRecord(
+                "Warning",
+                "ProfileIncomplete",
+                f"{message}; attempt {record.get('attempt')} ended first; missing rank {listed}",
+            )
+        )
+
+
+def plan_on_demand_upload(
+    job: JobRef, decision: Decision, upload_pods: list[Obj], defaults: UploadDefaults
+) -> None:
+    """The upload pod of a Captured on-demand profile, once, and its outcome in
+    `status.onDemandProfile.upload` (in place)."""
+    record: Obj | None = decision.status.get(STATUS_KEY)
+    s3_uri = job.spec.profile.s3_uri or defaults.s3_uri
+    if record is None or record.get("state") != "Captured" or not s3_uri or decision.delete_job:
+        return
+    previous: Obj = record.get("upload") or {}
+    if previous.get("state") in DONE_STATES:
+        return  # decided once; its pod may be gone since
+    request, attempt = str(record["requestId"]), int(record.get("attempt", 0))
+    name = on_demand_upload_pod_name(job, request)
+    pod = next((p for p in upload_pods if p["metadata"]["name"] == name), None)
+    upload: Obj = {
+        "pod": name,
+        "destination": on_demand_destination_uri(s3_uri, job, attempt, request),
+    }
+    if pod is None:
+        decision.side_create.append(
+            on_demand_upload_pod(
+                job, attempt, request, str(record["path"]), s3_uri, defaults.pod_settings()
+            )
+        )
+        upload["state"] = "Pending"
+    else:
+        upload["state"], message = pod_outcome(pod)
+        if message:
+            upload["message"] = message
+    record = decision.status[STATUS_KEY] = {**record, "upload": upload}
+    if upload["state"] == previous.get("state"):
+        return
+    if upload["state"] == "Succeeded":
+        decision.events.append(
+            EventRecord(
+                "Normal",
+                "ProfileUploaded",
+                f"on-demand profile {request} uploaded to {upload['destination']}",
+            )
+        )
+    elif upload["state"] in DONE_STATES:
+        decision.events.append(
+            EventRecord(
+                "Warning",
+                "ProfileUploadFailed",
+                f"on-demand profile {request} was not uploaded to {upload['destination']} "
+                f"(training is not affected): {upload.get('message', '')}",
+            )
+        )
+
+
+def on_demand_upload_refused(status: Obj, pod: str, reason: str) -> tuple[Obj, str]:
+    """`status` with the on-demand upload recorded as Failed because the API server refused
+    its pod, and the event message (no retry; the job is untouched)."""
+    record = dict(status.get(STATUS_KEY) or {})
+    upload = {**(record.get("upload") or {}), "pod": pod, "state": "Failed"}
+    upload["message"] = f"the upload pod {pod} was refused by the API server: {reason}"
+    record["upload"] = upload
+    message = (
+        f"on-demand profile {record.get('requestId')} was not uploaded "
+        f"(training is not affected): {upload['message']}"
+    )
+    return {**status, STATUS_KEY: record}, message
