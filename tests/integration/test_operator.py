@@ -4,6 +4,7 @@ the real Volcano scheduler): the tutorial job end to end and every failure path.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +65,13 @@ def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
     assert command[:2] == ["neuron_parallel_compile", "torchrun"]
     assert command[-2:] == ["--steps_this_run", "10"]
 
+    # status.goodput counts whole seconds (the status's resolution): each stage lasts over a
+    # second, so its part cannot round to 0 (a sub-second training stage once did).
+    time.sleep(1.5)
     finish_pods(clients, namespace, compile_pods)
     train_pods = wait_gang_running(clients, namespace, name, "train", 0)
     job = wait_phase(clients, namespace, name, "Training")
+    time.sleep(1.5)
     assert len({p.spec.node_name for p in train_pods}) == 2, "one training pod per node"
 
     for rank, pod in enumerate(train_pods):
