@@ -26,6 +26,15 @@ class EventRecord:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class NodePatch:
+    """A change to a node (a straggler's cordon): applied after a restart's status is stored
+    and before any pod is deleted or created."""
+
+    name: str
+    body: Obj  # a JSON merge patch
+
+
 @dataclass(slots=True)
 class Decision:
     create: list[Obj] = field(default_factory=list)
@@ -37,6 +46,7 @@ class Decision:
     # (kind, name) of a deleted predecessor's child that garbage collection left in the way.
     delete_foreign: list[tuple[str, str]] = field(default_factory=list)
     delete_job: bool = False
+    patch_nodes: list[NodePatch] = field(default_factory=list)
     status: Obj = field(default_factory=dict)
     events: list[EventRecord] = field(default_factory=list)
     requeue_after: float | None = None
