@@ -216,3 +216,70 @@ def test_a_rank_30_percent_slower_is_named_a_straggler_in_the_status_and_an_even
     warnings = [e for e in job_events(clients, namespace, "slow") if e[1] == "Straggler"]
     assert len(warnings) == 1, warnings
     assert f"rank 2 on {pod.spec.node_name}" in warnings[0][2]
+
+
+def test_a_persistent_straggler_has_its_node_cordoned_and_the_gang_restarts_on_another_node(
+    dev_cluster: Any, namespace: str, operator: Any, tmp_path: Path
+) -> None:
+    clients = dev_cluster.clients
+    with testing.extra_nodes(dev_cluster, 2) as added:
+        # Pinned to the added nodes: the cordon never touches the session's own.
+        affinity = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": "kubernetes.io/hostname", "operator": "In", "values": added}
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+        health = {
+            "reportIntervalSeconds": INTERVAL_S,
+            "onStraggler": "Replace",
+            "stragglerPersistenceSeconds": 1,
+        }
+        manifest = job_manifest(
+            "replace", nodes=1, compile={"enabled": False}, health=health, affinity=affinity
+        )
+        create_job(clients, namespace, manifest)
+        (pod,) = wait_gang_running(clients, namespace, "replace", "train", 0, nodes=1)
+        wait_phase(clients, namespace, "replace", "Training")
+        wait_account(clients, namespace)
+        token = tmp_path / "token"
+        token.write_text(pod_token(clients, pod))
+        slow_node = pod.spec.node_name
+        ranks = [
+            start_rank(rank_env(pod, token, rank, 3), 200, 0.065 if rank == 2 else 0.05)
+            for rank in range(3)
+        ]
+        try:
+            restarted = wait_for(
+                lambda: get_job(clients, namespace, "replace"),
+                until=lambda job: (job.get("status") or {}).get("attempt") == 1,
+                timeout=40,
+                description="replace: the gang restarted without the straggler's node",
+            )
+            (new_pod,) = wait_gang_running(clients, namespace, "replace", "train", 1, nodes=1)
+        finally:
+            for process in ranks:
+                process.kill()
+                process.communicate()
+        node = clients.core.read_node(slow_node)
+        assert node.spec.unschedulable
+        annotations = node.metadata.annotations
+        assert annotations["trainium.dev/cordoned-by"] == f"{namespace}/replace"
+        assert "rank 2" in annotations["trainium.dev/cordon-reason"]
+        assert new_pod.spec.node_name != slow_node
+        status = restarted["status"]
+        assert (status["restarts"]["straggler"], status["restarts"]["total"]) == (1, 1)
+        (replaced,) = status["stragglers"]["replacements"]
+        assert (replaced["rank"], replaced["node"]) == (2, slow_node)
+        warnings = [
+            e for e in job_events(clients, namespace, "replace") if e[1] == "StragglerReplaced"
+        ]
+        assert len(warnings) == 1, warnings
+        assert f"rank 2 on {slow_node}" in warnings[0][2]

@@ -155,6 +155,11 @@ class FakeCluster:
         if obj is not None:
             self._deliver("DELETED", obj)
 
+    def cordon_node(self, name: str, patch: Obj) -> bool:
+        self.fail_if_refused("patch", "Node")
+        self.writes.append(Write("patch", "Node", name))
+        return True
+
     def get_training_job(self, namespace: str, name: str) -> Obj | None:
         obj = self.objects.get(("TrainingJob", name))
         return copy.deepcopy(obj) if obj is not None else None

@@ -20,6 +20,7 @@ from trainium_operator.controller.reconciler import (
 from trainium_operator.k8s.client import is_conflict
 from trainium_operator.k8s.informer import WatchEvent
 from trainium_operator.lifecycle.profile_upload import UploadDefaults
+from trainium_operator.lifecycle.progress import RankSample
 from unit.fake_cluster import FakeCluster, Write, api_error
 from unit.jobs import job_document
 
@@ -393,3 +394,45 @@ def test_an_unrelated_service_of_the_jobs_name_fails_the_job_after_a_bound_and_i
     assert (status["phase"], status["reason"]) == ("Failed", "NameConflict")
     assert ("Service", NAME) in cluster.objects, "a Service the job does not own is never deleted"
     assert ("delete", "Service") not in [(w.verb, w.kind) for w in cluster.writes]
+
+
+def test_a_straggler_replacement_is_stored_before_its_node_is_cordoned_and_its_gang_deleted() -> (
+    None
+):
+    cluster, reconciler = running_gang(
+        health={"onStraggler": "Replace", "stragglerPersistenceSeconds": 1}
+    )
+    for index in range(2, 4):
+        cluster.add_node(ready_node(f"trn1-{index}"))
+    clock = {"now": NOW}
+    step = {"n": 100}
+
+    def ranks(key: tuple[str, str]) -> list[RankSample]:
+        return [
+            RankSample(
+                r,
+                0,
+                3,
+                step["n"],
+                ((65.0 if r == 2 else 50.0),) * 16,
+                clock["now"],
+                node="trn1-1" if r == 2 else "trn1-0",
+            )
+            for r in range(3)
+        ]
+
+    reconciler.progress = ranks
+    reconciler.health_url = "http://operator:8443"
+    reconciler.clock = lambda: clock["now"]
+    reconciler.reconcile(*KEY)
+    assert cluster.job(NAME)["status"]["stragglers"]["ranks"][0]["rank"] == 2
+    cluster.writes.clear()
+    clock["now"] = NOW + timedelta(seconds=5)
+    step["n"] = 120
+    reconciler.reconcile(*KEY)
+    order = [(w.verb, w.kind) for w in cluster.writes if w.verb in ("status", "patch", "delete")]
+    assert order[:2] == [("status", "TrainingJob"), ("patch", "Node")], order
+    assert ("delete", "Pod") in order[2:]
+    assert [w.name for w in cluster.of("patch")] == ["trn1-1"]
+    status = cluster.job(NAME)["status"]
+    assert status["restarts"]["straggler"] == 1

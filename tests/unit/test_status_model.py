@@ -28,7 +28,12 @@ def test_crd_status_schema_declares_every_model_field_by_its_json_name() -> None
     assert set(crd_status_schema()["properties"]) == names
     failure = crd_status_schema()["properties"]["lastFailure"]
     assert failure["required"] == ["class"]
-    assert failure["properties"]["class"]["enum"] == ["Application", "Infrastructure", "Stall"]
+    assert failure["properties"]["class"]["enum"] == [
+        "Application",
+        "Infrastructure",
+        "Stall",
+        "Straggler",
+    ]
 
 
 def test_crd_status_schema_has_no_defaults_anywhere() -> None:

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
+import pytest
+from pydantic import ValidationError
+
+from trainium_operator.api.spec import HealthSpec
 from trainium_operator.api.status import validated_status
 from trainium_operator.lifecycle.decision import Decision
-from trainium_operator.lifecycle.observed import Observed
+from trainium_operator.lifecycle.observed import NodeView, Observed
 from trainium_operator.lifecycle.progress import RankSample
-from trainium_operator.lifecycle.stragglers import apply_straggler_policy, stragglers
+from trainium_operator.lifecycle.stragglers import (
+    CORDONED_BY_ANNOTATION,
+    apply_straggler_policy,
+    stragglers,
+)
 from unit.jobs import job_ref
 
 NOW = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
@@ -28,7 +36,16 @@ def run(status: dict[str, object], ranks: list[RankSample], **health: object) ->
 def test_a_rank_30_percent_slower_than_the_others_is_named_with_one_warning() -> None:
     decision = run({"phase": "Training", "attempt": 0}, [rank(0, 50), rank(1, 50), rank(2, 65)])
     named = decision.status["stragglers"]["ranks"]
-    assert named == [{"rank": 2, "node": "n2", "stepTimeMs": 65.0, "ratio": 1.3}]
+    assert named == [
+        {
+            "rank": 2,
+            "node": "n2",
+            "stepTimeMs": 65.0,
+            "ratio": 1.3,
+            "since": "2026-12-03T09:00:00Z",
+            "sinceStep": 100,
+        }
+    ]
     (event,) = decision.events
     assert (event.type, event.reason) == ("Warning", "Straggler")
     assert "rank 2 on n2" in event.message
@@ -57,3 +74,111 @@ def test_a_straggler_that_recovers_is_dropped_with_a_normal_event() -> None:
     recovered = run(slow.status, [rank(0, 50), rank(1, 51)])
     assert recovered.status["stragglers"]["ranks"] == []
     assert [e.reason for e in recovered.events] == ["StragglersRecovered"]
+
+
+REPLACE = {"onStraggler": "Replace", "stragglerPersistenceSeconds": 60}
+
+
+def nodes(count: int, *, cordoned: tuple[str, ...] = ()) -> dict[str, NodeView]:
+    return {
+        f"n{i}": NodeView(f"n{i}", True, None, "trn1.32xlarge", unschedulable=f"n{i}" in cordoned)
+        for i in range(count)
+    }
+
+
+def at_step(number: int, ms: float, step: int) -> RankSample:
+    return RankSample(number, 0, 3, step, (ms,) * 16, NOW, node=f"n{number}")
+
+
+def replace_run(
+    status: dict[str, object],
+    step: int,
+    *,
+    now: datetime,
+    node_count: int = 4,
+    **health: object,
+) -> Decision:
+    decision = Decision(status=status)
+    observed = Observed((), {}, True, nodes(node_count), now)
+    gang = [at_step(0, 50, step), at_step(1, 50, step), at_step(2, 65, step)]
+    apply_straggler_policy(job_ref(health={**REPLACE, **health}), decision, observed, gang)
+    validated_status(decision.status)
+    return decision
+
+
+def named_then(later: float, steps: int, *, node_count: int = 4, **health: object) -> Decision:
+    first = replace_run({"phase": "Training", "attempt": 0}, 100, now=NOW)
+    assert not first.patch_nodes  # named, not yet replaced
+    return replace_run(
+        first.status,
+        100 + steps,
+        now=NOW + timedelta(seconds=later),
+        node_count=node_count,
+        **health,
+    )
+
+
+def test_replace_waits_for_the_persistence_time_and_a_whole_new_window_of_steps() -> None:
+    assert not named_then(30, 40).patch_nodes  # 30 s of 60 s
+    early = named_then(90, 10)  # the time, but only 10 new steps of 16
+    assert not early.patch_nodes
+    assert early.status["phase"] == "Training"
+
+
+def test_a_persistent_straggler_is_recorded_then_its_node_cordoned_and_the_gang_restarted() -> None:
+    decision = named_then(90, 20)
+    assert decision.status_first  # the restart is stored before the cordon and the deletes
+    status = decision.status
+    assert status["phase"] == "Restarting"
+    assert status["attempt"] == 1
+    assert (status["restarts"]["straggler"], status["restarts"]["total"]) == (1, 1)
+    assert status["lastFailure"]["class"] == "Straggler"
+    (replaced,) = status["stragglers"]["replacements"]
+    assert (replaced["rank"], replaced["node"], replaced["attempt"]) == (2, "n2", 0)
+    (patch,) = decision.patch_nodes  # one node per replacement
+    assert patch.name == "n2"
+    assert patch.body["spec"] == {"unschedulable": True}
+    annotations = patch.body["metadata"]["annotations"]
+    assert annotations[CORDONED_BY_ANNOTATION].endswith("/" + job_ref().name)
+    assert "rank 2" in annotations["trainium.dev/cordon-reason"]
+    (event,) = [e for e in decision.events if e.reason == "StragglerReplaced"]
+    assert event.type == "Warning"
+    assert "rank 2 on n2" in event.message
+    assert "30 % slower" in event.message
+
+
+def test_the_replacement_budget_and_a_cluster_without_spare_nodes_only_report() -> None:
+    spent = named_then(90, 20, maxStragglerReplacements=0)
+    assert not spent.patch_nodes
+    assert "maxStragglerReplacements (0) is spent" in spent.status["stragglers"]["held"]
+    assert [e.reason for e in spent.events] == ["StragglerNotReplaced"]
+    # job_ref's gang is one node: n2 and nothing else leaves no node for it.
+    lonely = named_then(90, 20, node_count=0)
+    assert not lonely.patch_nodes
+    assert lonely.status["phase"] == "Training"
+    assert "only 0 other schedulable Ready" in lonely.status["stragglers"]["held"]
+    again = replace_run(lonely.status, 130, now=NOW + timedelta(seconds=95), node_count=0)
+    assert not again.events  # held once, not every pass
+
+
+def test_the_cordon_is_re_asserted_until_the_new_gang_has_pods() -> None:
+    restarted = named_then(90, 20)
+    decision = Decision(status=restarted.status)
+    later = NOW + timedelta(seconds=91)
+    apply_straggler_policy(
+        job_ref(health=REPLACE), decision, Observed((), {}, True, nodes(4), later), []
+    )
+    assert [p.name for p in decision.patch_nodes] == ["n2"]
+    done = Decision(status=restarted.status)
+    apply_straggler_policy(
+        job_ref(health=REPLACE),
+        done,
+        Observed((), {}, True, nodes(4, cordoned=("n2",)), later),
+        [],
+    )
+    assert not done.patch_nodes
+
+
+def test_replace_needs_the_health_channel() -> None:
+    with pytest.raises(ValidationError, match="onStraggler: Replace needs the health channel"):
+        HealthSpec.model_validate({"onStraggler": "Replace", "enabled": False})

@@ -5,7 +5,8 @@ from (see rbac.yaml). Each rule carries a scope:
                namespace, or into the ClusterRole when the operator watches all namespaces;
   cluster    - cluster-scoped resources (or cluster-wide discovery): always in a ClusterRole.
 Least privilege: no wildcards, no Secrets or ConfigMaps, nothing the operator does not call. The
-operator never creates Volcano queues, PersistentVolumeClaims or nodes.
+operator never creates Volcano queues, PersistentVolumeClaims or nodes; it patches a node
+only to cordon a straggler's (spec.health.onStraggler: Replace).
 tests/chart/test_chart_rbac_from_code.py derives from the code (and kopf's documented needs)
 what each account calls and fails on a verb granted here that nothing sends, or one missing.
 */}}
@@ -55,10 +56,12 @@ what each account calls and fails on a verb granted here that nothing sends, or 
   resources: ["queues"]
   verbs: ["list", "watch"]
 # Node loss: a job whose node disappears or turns NotReady is restarted (nodes are watched).
+# patch: spec.health.onStraggler: Replace cordons a persistent straggler's node
+# (spec.unschedulable, a trainium.dev/cordoned label and annotations naming the job and why).
 - scope: cluster
   apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "patch"]
 # kopf: notices CRDs being created or changed while it runs.
 - scope: cluster
   apiGroups: ["apiextensions.k8s.io"]

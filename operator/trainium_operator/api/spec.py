@@ -341,7 +341,25 @@ class StallAction(enum.StrEnum):
     FAIL = "Fail"
 
 
+class StragglerAction(enum.StrEnum):
+    REPORT = "Report"
+    REPLACE = "Replace"
+
+
+_REPLACE_NEEDS_CHANNEL = {
+    "rule": "!has(self.onStraggler) || self.onStraggler != 'Replace' || "
+    "((!has(self.enabled) || self.enabled) && has(self.stragglerThreshold))",
+    "message": "spec.health.onStraggler: Replace needs the health channel (spec.health.enabled "
+    "true) and a spec.health.stragglerThreshold: stragglers are found from the ranks' reports",
+    "fieldPath": ".onStraggler",
+}
+
+
 class HealthSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [dict(_REPLACE_NEEDS_CHANNEL)]}
+    )
+
     enabled: bool = True
     """Every training rank reports its progress to the operator through the profiler (a small
     message every reportIntervalSeconds, authenticated by a projected ServiceAccount token
@@ -366,6 +384,27 @@ class HealthSpec(ApiModel):
     """A rank whose median step time over its latest 16 steps exceeds the median of the other
     ranks' by more than this fraction (0.2: 20 %) is a straggler: named in status.stragglers
     and a Warning event. Null: not checked."""
+    on_straggler: StragglerAction = StragglerAction.REPORT
+    """What a straggler leads to: Report (status.stragglers and a Warning event) or Replace
+    (once it stayed a straggler for stragglerPersistenceSeconds and a whole new 16-step window,
+    its node is cordoned, spec.unschedulable with trainium.dev/cordon-* annotations naming the
+    job and why, and the gang restarts for the scheduler to place it elsewhere, counted in
+    status.restarts.straggler). Never more than one node per replacement, and none when fewer
+    than spec.nodes other schedulable Ready nodes of the instance type exist."""
+    straggler_persistence_seconds: Annotated[float, Field(ge=1, le=604800)] = 600
+    """onStraggler: Replace only: how long a rank must have been a straggler without a break
+    (and at least 16 more steps) before its node is replaced."""
+    max_straggler_replacements: Annotated[int, Field(ge=0, le=10)] = 2
+    """onStraggler: Replace only: node replacements allowed for this job; past them stragglers
+    are only reported."""
+
+    @model_validator(mode="after")
+    def _check_straggler_action(self) -> HealthSpec:
+        # Mirrors _REPLACE_NEEDS_CHANNEL (the CRD's rule) for `render` and the operator.
+        replace = self.on_straggler is StragglerAction.REPLACE
+        if replace and (not self.enabled or self.straggler_threshold is None):
+            raise ValueError(_REPLACE_NEEDS_CHANNEL["message"])
+        return self
 
 
 def _cores_expression(shape: InstanceType) -> str:

@@ -54,6 +54,8 @@ class FailureClass(enum.StrEnum):
     APPLICATION = "Application"
     INFRASTRUCTURE = "Infrastructure"
     STALL = "Stall"  # no rank advanced (spec.health.onStall: Restart); its own budget
+    # A persistent straggler's node replaced (spec.health.onStraggler: Replace); its own budget.
+    STRAGGLER = "Straggler"
 
 
 Int32 = Annotated[int, Field(json_schema_extra={"format": "int32"})]
@@ -133,7 +135,7 @@ class Workers(ApiModel):
 
 
 class Restarts(ApiModel):
-    """Gang restarts by cause; total = application + infrastructure + stall."""
+    """Gang restarts by cause; total = application + infrastructure + stall + straggler."""
 
     total: Count = 0
     application: Count = 0
@@ -141,6 +143,9 @@ class Restarts(ApiModel):
     stall: Count = 0
     """Restarts of a stalled gang (spec.health.onStall: Restart; budget
     spec.health.maxStallRestarts)."""
+    straggler: Count = 0
+    """Restarts without a straggler's node (spec.health.onStraggler: Replace; budget
+    spec.health.maxStragglerReplacements)."""
 
 
 class LastFailure(ApiModel):
@@ -294,6 +299,23 @@ class StragglerRank(ApiModel):
     """The rank's median over its latest 16 steps."""
     ratio: float | None = None
     """That over the median of the other ranks' medians."""
+    since: Timestamp | None = None
+    """When this attempt first named the rank a straggler (without a break since)."""
+    since_step: Int64 | None = None
+    """The rank's step then (a replacement needs 16 more)."""
+
+
+class StragglerReplacement(ApiModel):
+    """One node given up for a straggler (spec.health.onStraggler: Replace)."""
+
+    attempt: Count
+    """The attempt that ran on it; the gang restarted as the next."""
+    rank: Int32
+    node: str
+    step_time_ms: float | None = None
+    ratio: float | None = None
+    time: Timestamp | None = None
+    """When the replacement was decided (recorded before the node is cordoned)."""
 
 
 class StragglersStatus(ApiModel):
@@ -305,6 +327,11 @@ class StragglersStatus(ApiModel):
     ranks: list[StragglerRank] = Field(default_factory=list)
     """The stragglers now (up to 16), slowest first; empty once none is."""
     update_time: Timestamp | None = None
+    replacements: list[StragglerReplacement] = Field(default_factory=list)
+    """Nodes cordoned for stragglers (onStraggler: Replace), oldest first."""
+    held: str | None = None
+    """Why a persistent straggler's node is not replaced (the replacement budget is spent, no
+    other node could take the gang, or its node is unknown); cleared when one is."""
 
 
 class GoodputStatus(ApiModel):

@@ -37,7 +37,7 @@ from trainium_operator.k8s.client import (
     is_namespace_terminating,
 )
 from trainium_operator.lifecycle import admission, blockers, cleanup, machine
-from trainium_operator.lifecycle.decision import Decision, EventRecord
+from trainium_operator.lifecycle.decision import Decision, EventRecord, NodePatch
 from trainium_operator.lifecycle.goodput import with_goodput
 from trainium_operator.lifecycle.observed import (
     node_view,
@@ -387,6 +387,9 @@ class Reconciler:
             # A restart is recorded before its side effects; a stale view fails here with 409.
             self._write_status(body, decision.status)
             status_written = True
+        for patch in decision.patch_nodes:
+            # After the restart that decided it is stored, before its new gang can be placed.
+            self._patch_node(body, patch)
         for deletion in decision.delete_pods:
             self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
         self.cache.expect(key, deleted=[d.name for d in decision.delete_pods])
@@ -418,6 +421,23 @@ class Reconciler:
             log.info("%s/%s: ttlSecondsAfterFinished elapsed, deleting", namespace, meta["name"])
             self.cluster.delete_training_job(namespace, meta["name"], meta["uid"])
         return decision.requeue_after
+
+    def _patch_node(self, body: Obj, patch: NodePatch) -> None:
+        """A node patch the RBAC refuses is reported and skipped: the gang restarts anyway (it
+        may land on the same node); any other error fails the pass, and the next one retries."""
+        try:
+            self.cluster.cordon_node(patch.name, patch.body)
+        except Exception as error:
+            if not is_forbidden(error):
+                raise
+            message = (
+                f"could not cordon node {patch.name}: {api_error_message(error)}; the "
+                "operator's RBAC (Helm chart templates/_rbac.tpl) must grant patch on nodes"
+            )
+            log.warning(
+                "%s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], message
+            )
+            self.events.post(body, "Warning", "CordonFailed", message, self.clock())
 
     def _delete_foreign(self, namespace: str, kind: str, name: str) -> None:
         if kind == "Pod":

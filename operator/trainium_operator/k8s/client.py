@@ -519,6 +519,18 @@ class Cluster:
             if error.status != 404:
                 raise
 
+    def cordon_node(self, name: str, patch: Obj) -> bool:
+        """A JSON merge patch of a node (a straggler's cordon); False when the node is gone."""
+        self.counter.add("patch", "nodes")
+        try:
+            # The generated client would send a dict as a JSON Patch (a list of operations).
+            self.core.patch_node(name, patch, _content_type="application/merge-patch+json")
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
     def delete_podgroup(self, namespace: str, name: str) -> None:
         self.counter.add("delete", PODGROUPS)
         try:

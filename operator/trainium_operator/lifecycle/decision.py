@@ -26,6 +26,15 @@ class EventRecord:
     message: str
 
 
+@dataclass(frozen=True, slots=True)
+class NodePatch:
+    """A change to a node (a straggler's cordon): applied after a restart's status is stored
+    and before any pod is deleted or created."""
+
+    name: str
+    body: Obj  # a JSON merge patch
+
+
 @dataclass(slots=True)
 class Decision:
     create: list[Obj] = field(default_factory=list)
@@ -40,6 +49,7 @@ class Decision:
     # (key, value) of the job's annotations to remove once its status is written, each only
     # while it still has that value (a consumed request: lifecycle/profile_on_demand.py).
     remove_annotations: list[tuple[str, str]] = field(default_factory=list)
+    patch_nodes: list[NodePatch] = field(default_factory=list)
     status: Obj = field(default_factory=dict)
     events: list[EventRecord] = field(default_factory=list)
     requeue_after: float | None = None

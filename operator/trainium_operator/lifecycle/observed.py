@@ -85,6 +85,7 @@ class NodeView:
     ready: bool
     not_ready_since: datetime | None
     instance_type: str | None = None  # node.kubernetes.io/instance-type
+    unschedulable: bool = False  # spec.unschedulable: cordoned
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +212,7 @@ def node_view(node: Obj) -> NodeView:
         ready=is_ready,
         not_ready_since=None if is_ready else parse_time(ready.get("lastTransitionTime")),
         instance_type=(node["metadata"].get("labels") or {}).get(INSTANCE_TYPE_LABEL),
+        unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
     )
 
 

@@ -11,6 +11,17 @@ ranks' newest health-channel messages by the job's reconcile pass (as `stalls` i
   writes), with a Warning event `Straggler` naming each new one, its node and how much slower
   it is, and a Normal `StragglersRecovered` once none is left.
 
+- spec.health.onStraggler: Replace. A straggler that stayed one without a break for
+  stragglerPersistenceSeconds *and* RECENT_STEPS more steps (a whole window of step times that
+  did not name it first) is replaced: the slowest such rank only (one node per replacement),
+  within maxStragglerReplacements, and only when at least spec.nodes other schedulable Ready
+  nodes of the instance type exist (else the gang would wait for a node that is not there; it
+  keeps training and status.stragglers.held says why). The replacement is recorded in the
+  status (status.stragglers.replacements, status.restarts.straggler, the restart itself) before
+  anything happens; then the node is cordoned (spec.unschedulable, with annotations naming the
+  job and the reason) and the gang restarts, for the scheduler to place it elsewhere. Until
+  the new gang's pods exist, every pass re-asserts the cordon (a failed or lost patch).
+
 Limit (documented): in a gang that synchronises every step (data-parallel all-reduce), every
 rank's step *wall* time is the slowest rank's, so step markers alone cannot single it out; this
 rule sees ranks that step independently, or a slowness that shows between collectives.
@@ -19,16 +30,25 @@ rule sees ranks that step independently, or a slowness that shows between collec
 from __future__ import annotations
 
 import statistics
+from datetime import datetime
 
-from trainium_operator.api.status import Phase
-from trainium_operator.builders.job import JobRef
-from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj
-from trainium_operator.lifecycle.observed import Observed
-from trainium_operator.lifecycle.progress import RECENT_STEPS, RankSample
-from trainium_operator.lifecycle.status_edit import timestamp
+from trainium_operator.api.spec import StragglerAction
+from trainium_operator.api.status import FailureClass, Phase
+from trainium_operator.builders.job import JobRef, Stage
+from trainium_operator.lifecycle.decision import Decision, EventRecord, NodePatch, Obj
+from trainium_operator.lifecycle.observed import Observed, parse_time
+from trainium_operator.lifecycle.progress import RECENT_STEPS, RankSample, duration_text
+from trainium_operator.lifecycle.restarts import restart_gang
+from trainium_operator.lifecycle.status_edit import StatusEdit, timestamp
 
 MIN_STEP_TIMES = 8
 LISTED = 16
+# What a replacement leaves on the cordoned node: `kubectl get nodes -l trainium.dev/cordoned`
+# lists them; `kubectl uncordon` gives one back (the annotations then only tell its history).
+CORDONED_LABEL = "trainium.dev/cordoned"
+CORDONED_BY_ANNOTATION = "trainium.dev/cordoned-by"
+CORDON_REASON_ANNOTATION = "trainium.dev/cordon-reason"
+CORDON_TIME_ANNOTATION = "trainium.dev/cordoned-at"
 
 
 def rank_step_time_ms(rank: RankSample) -> float | None:
@@ -62,43 +82,257 @@ def apply_straggler_policy(
     job: JobRef, decision: Decision, observed: Observed, ranks: list[RankSample]
 ) -> None:
     threshold = job.spec.health.straggler_threshold
+    if threshold is None:
+        return
+    _keep_cordoned(job, decision, observed)
     status = decision.status
-    if threshold is None or status.get("phase") != Phase.TRAINING.value:
+    if status.get("phase") != Phase.TRAINING.value:
         return
     attempt = int(status.get("attempt") or 0)
     current = [r for r in ranks if r.attempt == attempt and not r.final]
     slow, gang = stragglers(current, threshold)
     previous: Obj = status.get("stragglers") or {}
-    before = (
-        {s["rank"] for s in previous.get("ranks", [])}
+    before: dict[int, Obj] = (
+        {int(s["rank"]): s for s in previous.get("ranks", [])}
         if previous.get("attempt") == attempt
-        else set()
+        else {}
     )
-    now_slow = {s["rank"] for s in slow}
-    if gang is None or now_slow == before:
+    if gang is None:
         return
-    decision.status = {
-        **status,
-        "stragglers": {
-            "attempt": attempt,
-            "gangStepTimeMs": round(gang, 3),
-            "ranks": slow,
-            "updateTime": timestamp(observed.now),
-        },
-    }
+    steps = {r.rank: r.step for r in current}
     for entry in slow:
-        if entry["rank"] in before:
-            continue
-        decision.events.append(
-            EventRecord(
-                "Warning",
-                "Straggler",
-                f"rank {entry['rank']} on {entry.get('node') or 'an unknown node'} steps in "
-                f"{entry['stepTimeMs']:.0f} ms, {100 * (entry['ratio'] - 1):.0f} % slower than "
-                f"the other ranks' median (spec.health.stragglerThreshold {threshold:g})",
+        kept = before.get(int(entry["rank"])) or {}
+        entry["since"] = kept.get("since") or timestamp(observed.now)
+        entry["sinceStep"] = kept.get("sinceStep", steps[int(entry["rank"])])
+    now_slow = {s["rank"] for s in slow}
+    dated = all(before[r].get("since") for r in now_slow if r in before)
+    if now_slow != set(before) or not dated:
+        _record(decision, previous, slow, before, attempt=attempt, gang=gang, now=observed.now)
+        if not slow:
+            return
+        for entry in slow:
+            if entry["rank"] in before:
+                continue
+            decision.events.append(
+                EventRecord(
+                    "Warning",
+                    "Straggler",
+                    f"rank {entry['rank']} on {entry.get('node') or 'an unknown node'} steps in "
+                    f"{entry['stepTimeMs']:.0f} ms, {100 * (entry['ratio'] - 1):.0f} % slower "
+                    f"than the other ranks' median (spec.health.stragglerThreshold "
+                    f"{threshold:g})",
+                )
             )
-        )
-    if not slow:
+    if job.spec.health.on_straggler is StragglerAction.REPLACE and slow:
+        _consider_replacing(job, decision, observed, slow, steps, attempt=attempt, gang=gang)
+
+
+def _record(
+    decision: Decision,
+    previous: Obj,
+    slow: list[Obj],
+    before: dict[int, Obj],
+    *,
+    attempt: int,
+    gang: float,
+    now: datetime,
+) -> None:
+    record: Obj = {
+        "attempt": attempt,
+        "gangStepTimeMs": round(gang, 3),
+        "ranks": slow,
+        "updateTime": timestamp(now),
+    }
+    # Replacements are the job's history (across attempts); `held` names a current straggler.
+    if previous.get("replacements"):
+        record["replacements"] = previous["replacements"]
+    if previous.get("held") and slow:
+        record["held"] = previous["held"]
+    decision.status = {**decision.status, "stragglers": record}
+    if before and not slow:
         decision.events.append(
             EventRecord("Normal", "StragglersRecovered", "no rank is slower than the threshold")
         )
+
+
+def persistent(entry: Obj, step: int, persistence: float, now: datetime) -> float:
+    """Seconds until `entry` (a straggler since entry.since, at entry.sinceStep) may be
+    replaced: 0 when it may now; inf while its window of newer steps is not full yet."""
+    since = parse_time(entry.get("since")) or now
+    if step - int(entry.get("sinceStep", step)) < RECENT_STEPS:
+        return float("inf")
+    return max(persistence - (now - since).total_seconds(), 0.0)
+
+
+def spare_nodes(job: JobRef, observed: Observed, node: str) -> list[str]:
+    """Nodes the restarted gang could use: of its instance type, Ready, not cordoned, not the
+    straggler's (busy or not: only the scheduler knows that)."""
+    kind = job.spec.instance_type.value
+    return sorted(
+        n.name
+        for n in observed.nodes.values()
+        if n.name != node and n.ready and not n.unschedulable and n.instance_type == kind
+    )
+
+
+def _slowness(entry: Obj) -> str:
+    return (
+        f"rank {entry['rank']} on {entry.get('node') or 'an unknown node'} steps in "
+        f"{float(entry['stepTimeMs']):.0f} ms, {100 * (float(entry['ratio']) - 1):.0f} % slower "
+        "than the other ranks' median"
+    )
+
+
+def _consider_replacing(
+    job: JobRef,
+    decision: Decision,
+    observed: Observed,
+    slow: list[Obj],
+    steps: dict[int, int],
+    *,
+    attempt: int,
+    gang: float,
+) -> None:
+    """onStraggler: Replace, for the slowest persistent straggler (one node per replacement)."""
+    health, now = job.spec.health, observed.now
+    waits = [
+        persistent(e, steps[int(e["rank"])], health.straggler_persistence_seconds, now)
+        for e in slow
+    ]
+    due = [e for e, wait in zip(slow, waits, strict=True) if wait == 0]
+    if not due:
+        timed = [w for w in waits if w != float("inf")]
+        if timed:
+            decision.requeue(min(timed))
+        return
+    if not observed.nodes_known:
+        return  # right after a start: every node would look gone
+    target = due[0]
+    node = str(target.get("node") or "")
+    restarts: Obj = dict(
+        decision.status.get("restarts") or {"total": 0, "application": 0, "infrastructure": 0}
+    )
+    used, limit = int(restarts.get("straggler", 0)), health.max_straggler_replacements
+    held = None
+    if not node:
+        held = f"{_slowness(target)}, but its node is unknown: nothing to cordon"
+    elif used >= limit:
+        held = (
+            f"{_slowness(target)}; spec.health.maxStragglerReplacements ({limit}) is spent: "
+            "only reported"
+        )
+    else:
+        spare = spare_nodes(job, observed, node)
+        if len(spare) < job.spec.nodes:
+            held = (
+                f"{_slowness(target)}; {node} is not replaced: only {len(spare)} other "
+                f"schedulable Ready {job.spec.instance_type.value} node(s), the gang needs "
+                f"{job.spec.nodes}"
+            )
+    if held is not None:
+        record = decision.status["stragglers"]
+        if record.get("held") != held:
+            decision.status = {**decision.status, "stragglers": {**record, "held": held}}
+            decision.events.append(EventRecord("Warning", "StragglerNotReplaced", held))
+        return
+    _replace(job, decision, observed, target, restarts, attempt=attempt, gang=gang)
+
+
+def _replace(
+    job: JobRef,
+    decision: Decision,
+    observed: Observed,
+    target: Obj,
+    restarts: Obj,
+    *,
+    attempt: int,
+    gang: float,
+) -> None:
+    now = observed.now
+    status = StatusEdit(decision.status, job.generation, now, decision)
+    node = str(target["node"])
+    since = parse_time(target.get("since")) or now
+    persistence = job.spec.health.straggler_persistence_seconds
+    message = (
+        f"{_slowness(target)} ({gang:.0f} ms) for {duration_text((now - since).total_seconds())}"
+        f" (spec.health.stragglerPersistenceSeconds {persistence:g}); cordoning {node} and "
+        "restarting the gang without it"
+    )
+    record: Obj = status.data["stragglers"]
+    record.pop("held", None)
+    record["replacements"] = [
+        *record.get("replacements", []),
+        {
+            "attempt": attempt,
+            "rank": int(target["rank"]),
+            "node": node,
+            "stepTimeMs": target["stepTimeMs"],
+            "ratio": target["ratio"],
+            "time": timestamp(now),
+        },
+    ]
+    restarts["straggler"] = int(restarts.get("straggler", 0)) + 1
+    status.data["restarts"] = restarts
+    status.data["lastFailure"] = {
+        "class": FailureClass.STRAGGLER.value,
+        "stage": Stage.TRAIN.value,
+        "node": node,
+        "rank": int(target["rank"]),
+        "reason": "Straggler",
+        "message": message,
+        "time": timestamp(now),
+    }
+    restart_gang(
+        job,
+        status=status,
+        decision=decision,
+        observed=observed,
+        stage=Stage.TRAIN,
+        attempt=attempt,
+        reason="StragglerReplaced",
+        message=message,
+    )
+    decision.events.append(EventRecord("Warning", "StragglerReplaced", message))
+    decision.status = status.validated()
+    decision.patch_nodes.append(cordon_patch(job, record["replacements"][-1]))
+
+
+def cordon_patch(job: JobRef, replacement: Obj) -> NodePatch:
+    """The cordon of a replaced straggler's node: a JSON merge patch, the same on every pass
+    (re-asserting it changes nothing)."""
+    reason = (
+        f"straggler: rank {replacement['rank']} of TrainingJob {job.namespace}/{job.name} "
+        f"(attempt {replacement['attempt']}) stepped in {float(replacement['stepTimeMs']):.0f} "
+        f"ms, {float(replacement['ratio']):.2f}x the other ranks' median; the gang restarted "
+        "without this node (spec.health.onStraggler: Replace). `kubectl uncordon` returns it"
+    )
+    return NodePatch(
+        name=str(replacement["node"]),
+        body={
+            "metadata": {
+                "labels": {CORDONED_LABEL: "straggler"},
+                "annotations": {
+                    CORDONED_BY_ANNOTATION: f"{job.namespace}/{job.name}",
+                    CORDON_REASON_ANNOTATION: reason,
+                    CORDON_TIME_ANNOTATION: str(replacement.get("time") or ""),
+                },
+            },
+            "spec": {"unschedulable": True},
+        },
+    )
+
+
+def _keep_cordoned(job: JobRef, decision: Decision, observed: Observed) -> None:
+    """Until the gang that replaced a straggler's node has pods, its node stays cordoned (the
+    pass that decided it may have failed or crashed between the status and the patch)."""
+    status = decision.status
+    record: Obj = status.get("stragglers") or {}
+    replacements = record.get("replacements") or []
+    attempt = int(status.get("attempt") or 0)
+    if not replacements or int(replacements[-1]["attempt"]) != attempt - 1:
+        return
+    if observed.gang(Stage.TRAIN, attempt):
+        return
+    node = observed.nodes.get(str(replacements[-1]["node"]))
+    if node is not None and not node.unschedulable:
+        decision.patch_nodes.append(cordon_patch(job, replacements[-1]))
