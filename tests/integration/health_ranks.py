@@ -3,18 +3,28 @@ pod's env, authenticated by pod-bound tokens from the API server's TokenRequest.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
-from integration.operator_harness import ROOT, create_job, job_manifest, wait_gang_running
+from integration.conftest import shared_prefix
+from integration.operator_harness import (
+    ROOT,
+    OperatorProcess,
+    create_job,
+    job_manifest,
+    supervised,
+    wait_gang_running,
+)
 from trainium_operator.profiler import channel_contract as contract
 
 # A rank: the public profiler API only (no profiling window: the channel runs regardless).
@@ -67,6 +77,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def fast_health_operator(dev_cluster: Any, module: str, log_dir: Path) -> Iterator[OperatorProcess]:
+    """An operator of its own for test module `module`'s namespaces: it serves the health
+    channel on a free port and wakes jobs every 0.5 s, so a test's stall or capture shows in
+    seconds."""
+    proc = OperatorProcess(
+        kubeconfig=Path(dev_cluster.kubeconfig),
+        namespace=shared_prefix(module) + "*",
+        log_path=log_dir / "operator.log",
+        extra_args=("--health-port", str(free_port()), "--progress-interval", "0.5"),
+    )
+    with supervised(proc):
+        yield proc
 
 
 def pod_token(clients: Any, pod: Any, audience: str = contract.AUDIENCE) -> str:

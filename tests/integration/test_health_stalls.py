@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 
-from integration.conftest import shared_prefix
 from integration.health_ranks import (
-    free_port,
+    fast_health_operator,
     local_stacks,
     outcome,
     pod_token,
@@ -34,7 +33,6 @@ from integration.operator_harness import (
     get_job,
     job_events,
     job_manifest,
-    supervised,
     wait_gang_running,
     wait_phase,
 )
@@ -54,13 +52,8 @@ def shared_operator(
     dev_cluster: Any, crds: None, request: pytest.FixtureRequest, tmp_path_factory: Any
 ) -> Iterator[OperatorProcess]:
     """This module's operator serves the health channel and wakes jobs every 0.5 s."""
-    proc = OperatorProcess(
-        kubeconfig=Path(dev_cluster.kubeconfig),
-        namespace=shared_prefix(request.module.__name__) + "*",
-        log_path=tmp_path_factory.mktemp("stall-operator") / "operator.log",
-        extra_args=("--health-port", str(free_port()), "--progress-interval", "0.5"),
-    )
-    with supervised(proc):
+    log_dir = tmp_path_factory.mktemp("stall-operator")
+    with fast_health_operator(dev_cluster, request.module.__name__, log_dir) as proc:
         yield proc
 
 
