@@ -8,6 +8,8 @@ ends the job at once (the same compiler run would fail again).
 
 from __future__ import annotations
 
+from typing import Any
+
 from trainium_operator.api.status import ConditionType, FailureClass, Phase
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle.cleanup import cleanup_on_finish, delete_gang, stuck_bound
@@ -15,6 +17,8 @@ from trainium_operator.lifecycle.decision import Decision, EventRecord
 from trainium_operator.lifecycle.failures import CANNOT_START_REASONS, CLAIM_NOT_FOUND, Failure
 from trainium_operator.lifecycle.observed import Observed
 from trainium_operator.lifecycle.status_edit import StatusEdit, workers_view
+
+Obj = dict[str, Any]
 
 
 def handle_failures(
@@ -40,9 +44,7 @@ def handle_failures(
     for failure in failures:
         decision.events.append(EventRecord("Warning", failure.reason, failure.message))
     policy = job.spec.run_policy
-    restarts = dict(
-        status.data.get("restarts") or {"total": 0, "application": 0, "infrastructure": 0}
-    )
+    restarts = restart_counts(status.data)
     if first.klass is FailureClass.APPLICATION:
         used, limit, budget = restarts.get("application", 0), policy.backoff_limit, "backoffLimit"
     else:
@@ -68,9 +70,9 @@ def handle_failures(
         cleanup_on_finish(job, decision, observed)
         return
 
-    key = "application" if first.klass is FailureClass.APPLICATION else "infrastructure"
-    restarts[key] = used + 1
-    status.data["restarts"] = restarts
+    count_restart(
+        status, "application" if first.klass is FailureClass.APPLICATION else "infrastructure"
+    )
     restart_gang(
         job,
         status=status,
@@ -81,6 +83,18 @@ def handle_failures(
         reason=first.reason,
         message=first.message,
     )
+
+
+def restart_counts(status: Obj) -> Obj:
+    """A copy of status.restarts, with the counts a job that never restarted has."""
+    return dict(status.get("restarts") or {"total": 0, "application": 0, "infrastructure": 0})
+
+
+def count_restart(status: StatusEdit, kind: str) -> None:
+    """One more restart of `kind` in status.restarts (restart_gang adds it to the total)."""
+    restarts = restart_counts(status.data)
+    restarts[kind] = int(restarts.get(kind, 0)) + 1
+    status.data["restarts"] = restarts
 
 
 def restart_gang(
@@ -96,11 +110,7 @@ def restart_gang(
 ) -> None:
     """Stops the whole gang and records the next attempt, before any of it happens. The
     caller has counted the restart by its kind in status.restarts; this adds it to the total."""
-    restarts = dict(
-        status.data.get("restarts") or {"total": 0, "application": 0, "infrastructure": 0}
-    )
-    restarts["total"] = restarts.get("total", 0) + 1
-    status.data["restarts"] = restarts
+    count_restart(status, "total")
     new_attempt = attempt + 1
     status.data["attempt"] = new_attempt
     # torchrun ranks cannot rejoin alone: stop the whole gang. Keep this attempt's failed

@@ -40,7 +40,7 @@ from trainium_operator.lifecycle.cleanup import cleanup_on_finish
 from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj
 from trainium_operator.lifecycle.observed import Observed, parse_time
 from trainium_operator.lifecycle.progress import RankSample, recent_p50_ms
-from trainium_operator.lifecycle.restarts import restart_gang
+from trainium_operator.lifecycle.restarts import count_restart, restart_counts, restart_gang
 from trainium_operator.lifecycle.status_edit import StatusEdit, timestamp
 from trainium_operator.profiler import channel_contract as contract
 
@@ -335,10 +335,8 @@ def _act(
         status.finish(Phase.FAILED, "StallTimeout", f"{message}; spec.health.onStall is Fail")
         cleanup_on_finish(job, decision, observed)
         return
-    restarts = dict(
-        status.data.get("restarts") or {"total": 0, "application": 0, "infrastructure": 0}
-    )
-    used, limit = int(restarts.get("stall", 0)), job.spec.health.max_stall_restarts
+    used = int(restart_counts(status.data).get("stall", 0))
+    limit = job.spec.health.max_stall_restarts
     if used >= limit:
         status.finish(
             Phase.FAILED,
@@ -348,8 +346,7 @@ def _act(
         cleanup_on_finish(job, decision, observed)
         return
     attempt = int(record.get("attempt", status.attempt))
-    restarts["stall"] = used + 1
-    status.data["restarts"] = restarts
+    count_restart(status, "stall")
     first = (record.get("stoppedRanks") or [{}])[0]
     status.data["lastFailure"] = {
         "class": FailureClass.STALL.value,

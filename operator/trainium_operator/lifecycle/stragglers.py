@@ -38,7 +38,7 @@ from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle.decision import Decision, EventRecord, NodePatch, Obj
 from trainium_operator.lifecycle.observed import Observed, parse_time
 from trainium_operator.lifecycle.progress import RECENT_STEPS, RankSample, duration_text
-from trainium_operator.lifecycle.restarts import restart_gang
+from trainium_operator.lifecycle.restarts import count_restart, restart_counts, restart_gang
 from trainium_operator.lifecycle.status_edit import StatusEdit, timestamp
 
 MIN_STEP_TIMES = 8
@@ -209,10 +209,8 @@ def _consider_replacing(
         return  # right after a start: every node would look gone
     target = due[0]
     node = str(target.get("node") or "")
-    restarts: Obj = dict(
-        decision.status.get("restarts") or {"total": 0, "application": 0, "infrastructure": 0}
-    )
-    used, limit = int(restarts.get("straggler", 0)), health.max_straggler_replacements
+    used = int(restart_counts(decision.status).get("straggler", 0))
+    limit = health.max_straggler_replacements
     held = None
     if not node:
         held = f"{_slowness(target)}, but its node is unknown: nothing to cordon"
@@ -235,7 +233,7 @@ def _consider_replacing(
             decision.status = {**decision.status, "stragglers": {**record, "held": held}}
             decision.events.append(EventRecord("Warning", "StragglerNotReplaced", held))
         return
-    _replace(job, decision, observed, target, restarts, attempt=attempt, gang=gang)
+    _replace(job, decision, observed, target, attempt=attempt, gang=gang)
 
 
 def _replace(
@@ -243,7 +241,6 @@ def _replace(
     decision: Decision,
     observed: Observed,
     target: Obj,
-    restarts: Obj,
     *,
     attempt: int,
     gang: float,
@@ -271,8 +268,7 @@ def _replace(
             "time": timestamp(now),
         },
     ]
-    restarts["straggler"] = int(restarts.get("straggler", 0)) + 1
-    status.data["restarts"] = restarts
+    count_restart(status, "straggler")
     status.data["lastFailure"] = {
         "class": FailureClass.STRAGGLER.value,
         "stage": Stage.TRAIN.value,
