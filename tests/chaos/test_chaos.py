@@ -208,6 +208,9 @@ class Partition:
     node: str
     pods: dict[str, PodSeen]  # uid -> the live pod on the node when it was cut off
     started: float
+    # When the node lifecycle controller could last begin counting the missing heartbeat: an
+    # API server restart or a relaunched controller manager starts its grace period again.
+    counted_from: float = 0.0
     not_ready_at: float | None = None
     gone_at: float | None = None
     healed_at: float | None = None
@@ -277,6 +280,11 @@ class Chaos:
         # lifecycle controller with it: nodes would never turn NotReady again.
         for component in cluster.relaunch_exited(self.cluster_name, self.control_plane):
             self.ledger.faults[f"{component} restarted"] += 1
+            self.restart_node_monitor_clock()
+
+    def restart_node_monitor_clock(self) -> None:
+        if self.partition is not None and self.partition.not_ready_at is None:
+            self.partition.counted_from = time.monotonic()
 
     def running(self, names: list[str], seen: Snapshot | None = None) -> list[PodSeen]:
         seen = seen or self.snapshot()
@@ -321,6 +329,7 @@ class Chaos:
 
     def restart_apiserver(self) -> None:
         cluster.restart_apiserver(self.cluster_name, downtime=self.rng.uniform(0.5, 3.0))
+        self.restart_node_monitor_clock()
 
     def delete_pod(self) -> None:
         if pod := self.pick_pod():
@@ -402,7 +411,8 @@ class Chaos:
         if any(p.job in CONTROL_JOBS for p in on_node.values()):
             return
         simulate_node_loss(self.clients.core, node)
-        self.partition = Partition(node, on_node, time.monotonic())
+        now = time.monotonic()
+        self.partition = Partition(node, on_node, now, counted_from=now)
 
     def advance_partition(self, seen: Snapshot) -> None:
         part = self.partition
@@ -413,10 +423,11 @@ class Chaos:
             node = self.clients.core.read_node(part.node)
             if not node_is_ready(self.clients.api_client.sanitize_for_serialization(node)):
                 part.not_ready_at = now
-            elif now - part.started > NOT_READY_TIMEOUT_SECONDS:
+            elif now - part.counted_from > NOT_READY_TIMEOUT_SECONDS:
                 self.ledger.violation(
                     f"partition of {part.node}: still Ready {now - part.started:.0f} s after "
-                    "its heartbeat stopped"
+                    f"its heartbeat stopped ({now - part.counted_from:.0f} s since the control "
+                    "plane last restarted)"
                 )
                 self.heal(now)
                 return

@@ -43,6 +43,8 @@ KOPF_PEERING_VERBS = ("get", "list", "watch", "patch")
 # namespace. Our own Cluster.get_peering_status reads the same one.
 PEERING_RESOURCE = {True: "clusterkopfpeerings", False: "kopfpeerings"}
 PEERING_GROUP = "kopf.dev"
+NODE_PATCH = ApiCall("", "nodes", "patch")
+REPLACEMENT_ON = {"health": {"stragglerReplacement": {"enabled": True}}}
 
 
 def operator_calls(values: dict[str, Any]) -> set[ApiCall]:
@@ -56,6 +58,11 @@ def operator_calls(values: dict[str, Any]) -> set[ApiCall]:
         resource = PEERING_RESOURCE[clusterwide]
         calls |= {c for c in peering if c.resource == resource}
         calls |= {ApiCall(PEERING_GROUP, resource, verb) for verb in KOPF_PEERING_VERBS}
+    # The straggler cordon is the operator admin's opt-in (`--straggler-cordon-budget`): the
+    # code that sends it runs only with the flag the chart passes with this value.
+    replacement = (values.get("health") or {}).get("stragglerReplacement") or {}
+    if not replacement.get("enabled"):
+        calls.discard(NODE_PATCH)
     return calls
 
 
@@ -134,6 +141,8 @@ OPERATOR_VALUES = {
     "peering": {"peering": {"enabled": True}},
     "namespaced": {"watchNamespaces": ["team-a", "team-b"]},
     "namespaced-peering": {"watchNamespaces": ["team-a", "team-b"], "peering": {"enabled": True}},
+    "straggler-replacement": REPLACEMENT_ON,
+    "namespaced-straggler-replacement": {"watchNamespaces": ["team-a"], **REPLACEMENT_ON},
 }
 
 
@@ -200,6 +209,9 @@ def test_the_analysis_sees_the_requests_it_is_built_for() -> None:
     calls = code_api_calls.component_calls(OPERATOR_FILES)
     assert ApiCall("trainium.dev", "trainingjobs/status", "update") in calls
     assert {ApiCall("", "nodes", "list"), ApiCall("", "nodes", "watch")} <= calls
+    assert NODE_PATCH in calls  # Cluster.cordon_node, granted only with REPLACEMENT_ON
+    assert NODE_PATCH not in operator_calls({})
+    assert NODE_PATCH in operator_calls(REPLACEMENT_ON)
     assert ApiCall("", "resourcequotas", "watch") in calls  # a @kopf.on.event handler
     assert ApiCall("", "pods/log", "get") not in calls  # the CLI's, not the operator's
     assert is_namespaced(ApiCall("scheduling.volcano.sh", "podgroups", "get"))

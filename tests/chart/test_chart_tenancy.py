@@ -184,3 +184,27 @@ def test_an_unknown_pod_security_level_is_refused_by_the_schema(tmp_path: Path) 
 
     assert result.returncode != 0
     assert "enforce" in result.stderr
+
+
+def test_straggler_replacement_is_refused_unless_the_chart_turns_it_on_and_rbac_grants_it(
+    tmp_path: Path,
+) -> None:
+    def replace_rule(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        manifests = render(values, tmp_path)
+        (rule,) = [v for v in policy(manifests)["validations"] if "onStraggler" in v["expression"]]
+        deployment = one(manifests, "Deployment", FULLNAME)
+        return rule, deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+
+    off, off_args = replace_rule({})
+    assert off["expression"] == "object.spec.?health.?onStraggler.orValue('Report') != 'Replace'"
+    assert "spec.health.onStraggler: Replace is off in this cluster" in off["message"]
+    assert "health.stragglerReplacement.enabled" in off["message"]
+    assert not [a for a in off_args if a.startswith("--straggler-cordon-budget")]
+
+    on, on_args = replace_rule(
+        {"health": {"stragglerReplacement": {"enabled": True, "maxCordonedNodes": 3}}}
+    )
+    assert "subresource('stragglerreplacement')" in on["expression"]
+    assert "check('use').allowed()" in on["expression"]
+    assert 'needs verb "use" on trainingjobs/stragglerreplacement' in on["messageExpression"]
+    assert "--straggler-cordon-budget=3" in on_args

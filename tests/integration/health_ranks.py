@@ -80,7 +80,9 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def fast_health_operator(dev_cluster: Any, module: str, log_dir: Path) -> Iterator[OperatorProcess]:
+def fast_health_operator(
+    dev_cluster: Any, module: str, log_dir: Path, extra_args: tuple[str, ...] = ()
+) -> Iterator[OperatorProcess]:
     """An operator of its own for test module `module`'s namespaces: it serves the health
     channel on a free port and wakes jobs every 0.5 s, so a test's stall or capture shows in
     seconds."""
@@ -88,7 +90,7 @@ def fast_health_operator(dev_cluster: Any, module: str, log_dir: Path) -> Iterat
         kubeconfig=Path(dev_cluster.kubeconfig),
         namespace=shared_prefix(module) + "*",
         log_path=log_dir / "operator.log",
-        extra_args=("--health-port", str(free_port()), "--progress-interval", "0.5"),
+        extra_args=("--health-port", str(free_port()), "--progress-interval", "0.5", *extra_args),
     )
     with supervised(proc):
         yield proc

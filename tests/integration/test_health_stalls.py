@@ -45,15 +45,18 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 STALL_TIMEOUT_S = 2
 INTERVAL_S = 0.2
 STEPS, STEP_S, FREEZE_AT = 60, 0.05, 20
+CORDON_BUDGET = 1
 
 
 @pytest.fixture(scope="module")
 def shared_operator(
     dev_cluster: Any, crds: None, request: pytest.FixtureRequest, tmp_path_factory: Any
 ) -> Iterator[OperatorProcess]:
-    """This module's operator serves the health channel and wakes jobs every 0.5 s."""
+    """This module's operator serves the health channel, wakes jobs every 0.5 s and may keep
+    one node cordoned for stragglers (the operator admin's opt-in)."""
     log_dir = tmp_path_factory.mktemp("stall-operator")
-    with fast_health_operator(dev_cluster, request.module.__name__, log_dir) as proc:
+    budget = ("--straggler-cordon-budget", str(CORDON_BUDGET))
+    with fast_health_operator(dev_cluster, request.module.__name__, log_dir, budget) as proc:
         yield proc
 
 
@@ -234,6 +237,8 @@ def test_a_persistent_straggler_has_its_node_cordoned_and_the_gang_restarts_on_a
             "reportIntervalSeconds": INTERVAL_S,
             "onStraggler": "Replace",
             "stragglerPersistenceSeconds": 1,
+            # The job's own budget has room: the operator's cluster-wide one holds it below.
+            "maxStragglerReplacements": 3,
         }
         manifest = job_manifest(
             "replace", nodes=1, compile={"enabled": False}, health=health, affinity=affinity
@@ -276,3 +281,33 @@ def test_a_persistent_straggler_has_its_node_cordoned_and_the_gang_restarts_on_a
         ]
         assert len(warnings) == 1, warnings
         assert f"rank 2 on {slow_node}" in warnings[0][2]
+
+        # The new gang's rank 2 is slow too, but the operator's cordon budget (1 node) is
+        # taken by slow_node: the straggler is only reported, and no other node is cordoned.
+        wait_phase(clients, namespace, "replace", "Training")
+        token.write_text(pod_token(clients, new_pod))
+        ranks = [
+            start_rank(rank_env(new_pod, token, rank, 3), 200, 0.065 if rank == 2 else 0.05)
+            for rank in range(3)
+        ]
+        try:
+            held = wait_for(
+                lambda: (get_job(clients, namespace, "replace").get("status") or {}).get(
+                    "stragglers", {}
+                ),
+                until=lambda record: "cordon budget is spent" in str(record.get("held")),
+                timeout=40,
+                description="replace: the second straggler held by the cordon budget",
+            )
+        finally:
+            for process in ranks:
+                process.kill()
+                process.communicate()
+        assert f"1 of {CORDON_BUDGET} node(s) cordoned for stragglers ({slow_node})" in held["held"]
+        assert not clients.core.read_node(new_pod.spec.node_name).spec.unschedulable
+        after = get_job(clients, namespace, "replace")["status"]
+        assert (after["attempt"], after["restarts"]["straggler"]) == (1, 1)
+        assert any(
+            e[1] == "StragglerNotReplaced" and "cordon budget" in e[2]
+            for e in job_events(clients, namespace, "replace")
+        )

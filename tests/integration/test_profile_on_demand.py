@@ -197,3 +197,49 @@ def test_profile_now_makes_every_rank_capture_the_next_n_steps_named_in_the_stat
         "rank-1.trnprof",
     ]
     assert events["ProfileUploaded"][0] == "Normal"
+
+
+def test_without_the_operators_cordon_budget_a_replace_job_only_reports_its_straggler(
+    dev_cluster: Any, namespace: str, operator: Any, tmp_path: Path
+) -> None:
+    """This module's operator runs with the defaults: no --straggler-cordon-budget. A job that
+    asks for onStraggler: Replace (admitted here: no tenancy policy) gets its straggler named
+    and held with the reason, and no node is cordoned: the job author cannot opt the cluster in."""
+    clients = dev_cluster.clients
+    health = {
+        "reportIntervalSeconds": INTERVAL_S,
+        "onStraggler": "Replace",
+        "stragglerPersistenceSeconds": 1,
+    }
+    create_job(
+        clients,
+        namespace,
+        job_manifest("replace", nodes=1, compile={"enabled": False}, health=health),
+    )
+    (pod,) = wait_gang_running(clients, namespace, "replace", "train", 0, nodes=1)
+    wait_phase(clients, namespace, "replace", "Training")
+    wait_account(clients, namespace)
+    token = tmp_path / "token"
+    token.write_text(pod_token(clients, pod))
+    ranks = [
+        start_rank(rank_env(pod, token, rank, 3), 200, 0.065 if rank == 2 else 0.05)
+        for rank in range(3)
+    ]
+    try:
+        record = wait_for(
+            lambda: (get_job(clients, namespace, "replace").get("status") or {}).get(
+                "stragglers", {}
+            ),
+            until=lambda found: bool(found.get("held")),
+            timeout=40,
+            description="replace: the straggler held",
+        )
+    finally:
+        for process in ranks:
+            process.kill()
+            process.communicate()
+    assert "spec.health.onStraggler: Replace is off in this cluster" in record["held"]
+    assert not clients.core.read_node(pod.spec.node_name).spec.unschedulable
+    status = get_job(clients, namespace, "replace")["status"]
+    assert (status["phase"], status["attempt"]) == ("Training", 0)
+    assert not (status.get("restarts") or {}).get("straggler")

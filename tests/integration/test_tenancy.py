@@ -136,6 +136,9 @@ def tenancy(dev_cluster: Any, tmp_path: Path) -> Iterator[Tenancy]:
                 "workloadNamespace": team,
                 "profileUI": {"enabled": True},
                 "profileUpload": {"serviceAccount": {"name": UPLOAD_ACCOUNT}},
+                # On, so that asking for it needs a grant (off, it is refused to everyone:
+                # test_straggler_replacement_is_refused_to_everyone_while_the_chart_has_it_off).
+                "health": {"stragglerReplacement": {"enabled": True}},
             },
             tmp_path,
         )
@@ -253,6 +256,15 @@ ATTEMPTS: dict[str, tuple[dict[str, Any], str, dict[str, Any]]] = {
         "spec.podTemplate.spec.containers[sidecar].securityContext.capabilities.add",
         {"apiGroups": [GROUP], "resources": ["trainingjobs/capabilities"], "verbs": ["use"]},
     ),
+    "straggler-replacement": (
+        {"health": {"onStraggler": "Replace"}},
+        "spec.health.onStraggler: Replace",
+        {
+            "apiGroups": [GROUP],
+            "resources": ["trainingjobs/stragglerreplacement"],
+            "verbs": ["use"],
+        },
+    ),
     "another-service-account": (
         {"serviceAccountName": TENANT_ACCOUNT},
         "spec.serviceAccountName",
@@ -272,6 +284,7 @@ PERMISSION = {
     "host-pid": 'needs verb "use" on trainingjobs/hostnamespaces',
     "host-ipc": 'needs verb "use" on trainingjobs/hostnamespaces',
     "added-capabilities": 'needs verb "use" on trainingjobs/capabilities',
+    "straggler-replacement": 'needs verb "use" on trainingjobs/stragglerreplacement',
     "another-service-account": (
         f'needs verb "use" on serviceaccounts (API group ""), resourceName {TENANT_ACCOUNT}'
     ),
@@ -379,3 +392,50 @@ def test_a_plain_job_and_metadata_changes_of_a_granted_job_need_no_grant(
     tenancy.admin.patch_namespaced_custom_object(
         GROUP, VERSION, tenancy.team, PLURAL, "granted", {"metadata": {"finalizers": None}}
     )
+
+
+def test_straggler_replacement_is_refused_to_everyone_while_the_chart_has_it_off(
+    dev_cluster: Any, tmp_path: Path
+) -> None:
+    """With health.stragglerReplacement off (the default) no grant lets a job cordon nodes: the
+    refusal names the field, the chart value and what to write instead."""
+    install_crds(dev_cluster.clients)
+    release = f"r{uuid.uuid4().hex[:6]}"
+    admission = client.AdmissionregistrationV1Api(dev_cluster.clients.api_client)
+    with (
+        testing.fresh_namespace(dev_cluster, prefix="t-op-") as operator_namespace,
+        testing.fresh_namespace(dev_cluster, prefix="t-team-") as team,
+    ):
+        documents = _helm_template(
+            dev_cluster, release, operator_namespace, {"watchNamespaces": [team]}, tmp_path
+        )
+        policy = next(d for d in documents if d["kind"] == "ValidatingAdmissionPolicy")
+        binding = next(d for d in documents if d["kind"] == "ValidatingAdmissionPolicyBinding")
+        admission.create_validating_admission_policy(policy)
+        admission.create_validating_admission_policy_binding(binding)
+        try:
+            replace = job_manifest("replace", health={"onStraggler": "Replace"})
+
+            def refusal() -> str:
+                try:
+                    dev_cluster.custom.create_namespaced_custom_object(
+                        GROUP, VERSION, team, PLURAL, replace, dry_run="All"
+                    )
+                except ApiException as error:
+                    return str(json.loads(error.body)["message"])
+                return ""
+
+            # The cluster admin is refused too: no RBAC grant turns it on, only the chart.
+            message = wait_for(
+                refusal, until=bool, timeout=30, description="Replace refused by the policy"
+            )
+            assert "spec.health.onStraggler: Replace is off in this cluster" in message
+            assert "health.stragglerReplacement.enabled" in message
+            assert "onStraggler: Report" in message
+            report = job_manifest("report", health={"onStraggler": "Report"})
+            dev_cluster.custom.create_namespaced_custom_object(
+                GROUP, VERSION, team, PLURAL, report, dry_run="All"
+            )
+        finally:
+            admission.delete_validating_admission_policy_binding(binding["metadata"]["name"])
+            admission.delete_validating_admission_policy(policy["metadata"]["name"])

@@ -58,6 +58,9 @@ def tenants(dev_cluster: Any, tmp_path: Path) -> Iterator[Tenants]:
     with (
         testing.fresh_namespace(dev_cluster) as team_a,
         testing.fresh_namespace(dev_cluster) as team_b,
+        # The release lives in a namespace of its own: the tenancy policy refuses TrainingJobs
+        # beside the operator's ServiceAccount.
+        testing.fresh_namespace(dev_cluster) as home,
     ):
         release = f"u{uuid.uuid4().hex[:6]}"
         values = tmp_path / "values.yaml"
@@ -70,11 +73,11 @@ def tenants(dev_cluster: Any, tmp_path: Path) -> Iterator[Tenants]:
                 }
             )
         )
-        helm(dev_cluster, "install", release, str(CHART), "-n", team_a, "-f", str(values))
+        helm(dev_cluster, "install", release, str(CHART), "-n", home, "-f", str(values))
         try:
             yield _populate(dev_cluster, release, team_a, team_b, tmp_path)
         finally:
-            helm(dev_cluster, "uninstall", release, "-n", team_a)
+            helm(dev_cluster, "uninstall", release, "-n", home)
 
 
 def _populate(dev_cluster: Any, release: str, team_a: str, team_b: str, tmp_path: Path) -> Tenants:
@@ -113,7 +116,7 @@ def _populate(dev_cluster: Any, release: str, team_a: str, team_b: str, tmp_path
     ui_kubeconfig = service_account_kubeconfig(
         clients,
         Path(dev_cluster.kubeconfig),
-        namespace=team_a,
+        namespace=team_a,  # the workload namespace: the profile UI runs there
         service_account=f"{release}-trainium-operator-profile-ui",
         output=tmp_path / "ui-kubeconfig.yaml",
     )

@@ -13,6 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from trainium_operator.builders.job import LABEL_JOB_NAME
 from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.controller.reconciler import (
+    CordonReservations,
     JobGoneError,
     PermissionDeniedError,
     Reconciler,
@@ -424,6 +425,7 @@ def test_a_straggler_replacement_is_stored_before_its_node_is_cordoned_and_its_g
     reconciler.progress = ranks
     reconciler.health_url = "http://operator:8443"
     reconciler.clock = lambda: clock["now"]
+    reconciler.cordons = CordonReservations(1)  # the operator admin's opt-in
     reconciler.reconcile(*KEY)
     assert cluster.job(NAME)["status"]["stragglers"]["ranks"][0]["rank"] == 2
     cluster.writes.clear()

@@ -14,12 +14,16 @@ from trainium_operator.lifecycle.observed import NodeView, Observed
 from trainium_operator.lifecycle.progress import RankSample
 from trainium_operator.lifecycle.stragglers import (
     CORDONED_BY_ANNOTATION,
+    CordonBudget,
     apply_straggler_policy,
+    cordoned_for_stragglers,
     stragglers,
 )
 from unit.jobs import job_ref
 
 NOW = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
+OFF = CordonBudget(0)
+ROOMY = CordonBudget(4)
 
 
 def rank(number: int, ms: float, count: int = 16) -> RankSample:
@@ -28,7 +32,9 @@ def rank(number: int, ms: float, count: int = 16) -> RankSample:
 
 def run(status: dict[str, object], ranks: list[RankSample], **health: object) -> Decision:
     decision = Decision(status=status)
-    apply_straggler_policy(job_ref(health=health), decision, Observed((), {}, True, {}, NOW), ranks)
+    apply_straggler_policy(
+        job_ref(health=health), decision, Observed((), {}, True, {}, NOW), ranks, cordons=OFF
+    )
     validated_status(decision.status)
     return decision
 
@@ -96,24 +102,35 @@ def replace_run(
     *,
     now: datetime,
     node_count: int = 4,
+    cordons: CordonBudget = ROOMY,
     **health: object,
 ) -> Decision:
     decision = Decision(status=status)
     observed = Observed((), {}, True, nodes(node_count), now)
     gang = [at_step(0, 50, step), at_step(1, 50, step), at_step(2, 65, step)]
-    apply_straggler_policy(job_ref(health={**REPLACE, **health}), decision, observed, gang)
+    apply_straggler_policy(
+        job_ref(health={**REPLACE, **health}), decision, observed, gang, cordons=cordons
+    )
     validated_status(decision.status)
     return decision
 
 
-def named_then(later: float, steps: int, *, node_count: int = 4, **health: object) -> Decision:
-    first = replace_run({"phase": "Training", "attempt": 0}, 100, now=NOW)
+def named_then(
+    later: float,
+    steps: int,
+    *,
+    node_count: int = 4,
+    cordons: CordonBudget = ROOMY,
+    **health: object,
+) -> Decision:
+    first = replace_run({"phase": "Training", "attempt": 0}, 100, now=NOW, cordons=cordons)
     assert not first.patch_nodes  # named, not yet replaced
     return replace_run(
         first.status,
         100 + steps,
         now=NOW + timedelta(seconds=later),
         node_count=node_count,
+        cordons=cordons,
         **health,
     )
 
@@ -166,7 +183,11 @@ def test_the_cordon_is_re_asserted_until_the_new_gang_has_pods() -> None:
     decision = Decision(status=restarted.status)
     later = NOW + timedelta(seconds=91)
     apply_straggler_policy(
-        job_ref(health=REPLACE), decision, Observed((), {}, True, nodes(4), later), []
+        job_ref(health=REPLACE),
+        decision,
+        Observed((), {}, True, nodes(4), later),
+        [],
+        cordons=CordonBudget(1, frozenset({"n2"})),  # its own cordon, lost: no extra cost
     )
     assert [p.name for p in decision.patch_nodes] == ["n2"]
     done = Decision(status=restarted.status)
@@ -175,8 +196,62 @@ def test_the_cordon_is_re_asserted_until_the_new_gang_has_pods() -> None:
         done,
         Observed((), {}, True, nodes(4, cordoned=("n2",)), later),
         [],
+        cordons=ROOMY,
     )
     assert not done.patch_nodes
+    # An operator restarted with replacement off re-asserts nothing.
+    off = Decision(status=restarted.status)
+    apply_straggler_policy(
+        job_ref(health=REPLACE), off, Observed((), {}, True, nodes(4), later), [], cordons=OFF
+    )
+    assert not off.patch_nodes
+
+
+def test_with_replacement_off_in_the_operator_a_persistent_straggler_is_only_reported() -> None:
+    decision = named_then(90, 20, cordons=OFF)
+    assert not decision.patch_nodes
+    status = decision.status
+    assert status["phase"] == "Training"
+    assert "restarts" not in status or not status["restarts"].get("straggler")
+    held = status["stragglers"]["held"]
+    assert "rank 2 on n2" in held
+    assert "spec.health.onStraggler: Replace is off in this cluster" in held
+    assert "health.stragglerReplacement" in held  # where the admin turns it on
+    assert "onStraggler: Report" in held  # what the author can do meanwhile
+    (event,) = decision.events
+    assert (event.type, event.reason, event.message) == ("Warning", "StragglerNotReplaced", held)
+
+
+def test_the_cluster_wide_cordon_budget_bounds_cordons_across_jobs() -> None:
+    spent = CordonBudget(2, frozenset({"other-a", "other-b"}))
+    decision = named_then(90, 20, cordons=spent)
+    assert not decision.patch_nodes
+    assert decision.status["phase"] == "Training"
+    held = decision.status["stragglers"]["held"]
+    assert "cluster-wide cordon budget is spent: 2 of 2 node(s)" in held
+    assert "other-a, other-b" in held
+    assert "kubectl uncordon" in held
+    # One node left in the budget: the straggler's node takes it.
+    room = named_then(90, 20, cordons=CordonBudget(3, frozenset({"other-a", "other-b"})))
+    assert [p.name for p in room.patch_nodes] == ["n2"]
+
+
+def test_the_budget_counts_nodes_cordoned_for_stragglers_while_unschedulable() -> None:
+    def node(name: str, *, label: bool, unschedulable: bool) -> dict[str, object]:
+        labels = {"trainium.dev/cordoned": "straggler"} if label else {}
+        return {
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"unschedulable": unschedulable},
+        }
+
+    counted = cordoned_for_stragglers(
+        [
+            node("cordoned", label=True, unschedulable=True),
+            node("uncordoned-since", label=True, unschedulable=False),
+            node("admin-drained", label=False, unschedulable=True),
+        ]
+    )
+    assert counted == frozenset({"cordoned"})
 
 
 def test_replace_needs_the_health_channel() -> None:

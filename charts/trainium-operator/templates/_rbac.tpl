@@ -6,7 +6,8 @@ from (see rbac.yaml). Each rule carries a scope:
   cluster    - cluster-scoped resources (or cluster-wide discovery): always in a ClusterRole.
 Least privilege: no wildcards, no Secrets or ConfigMaps, nothing the operator does not call. The
 operator never creates Volcano queues, PersistentVolumeClaims or nodes; it patches a node
-only to cordon a straggler's (spec.health.onStraggler: Replace).
+only to cordon a straggler's (spec.health.onStraggler: Replace), and only when the chart's
+health.stragglerReplacement.enabled grants it.
 tests/chart/test_chart_rbac_from_code.py derives from the code (and kopf's documented needs)
 what each account calls and fails on a verb granted here that nothing sends, or one missing.
 */}}
@@ -56,12 +57,13 @@ what each account calls and fails on a verb granted here that nothing sends, or 
   resources: ["queues"]
   verbs: ["list", "watch"]
 # Node loss: a job whose node disappears or turns NotReady is restarted (nodes are watched).
-# patch: spec.health.onStraggler: Replace cordons a persistent straggler's node
-# (spec.unschedulable, a trainium.dev/cordoned label and annotations naming the job and why).
+# patch, only with health.stragglerReplacement.enabled: spec.health.onStraggler: Replace
+# cordons a persistent straggler's node (spec.unschedulable, a trainium.dev/cordoned label and
+# annotations naming the job and why).
 - scope: cluster
   apiGroups: [""]
   resources: ["nodes"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["list", "watch"{{ if .Values.health.stragglerReplacement.enabled }}, "patch"{{ end }}]
 # kopf: notices CRDs being created or changed while it runs.
 - scope: cluster
   apiGroups: ["apiextensions.k8s.io"]

@@ -390,7 +390,11 @@ class HealthSpec(ApiModel):
     its node is cordoned, spec.unschedulable with trainium.dev/cordon-* annotations naming the
     job and why, and the gang restarts for the scheduler to place it elsewhere, counted in
     status.restarts.straggler). Never more than one node per replacement, and none when fewer
-    than spec.nodes other schedulable Ready nodes of the instance type exist."""
+    than spec.nodes other schedulable Ready nodes of the instance type exist. Replace is the
+    cluster admin's opt-in: off (the chart's health.stragglerReplacement.enabled: false, the
+    default) it is refused at admission, or only reported by the operator; on, it needs verb
+    use on trainingjobs/stragglerreplacement in the namespace, and the operator cordons at
+    most its cluster-wide budget of nodes at once."""
     straggler_persistence_seconds: Annotated[float, Field(ge=1, le=604800)] = 600
     """onStraggler: Replace only: how long a rank must have been a straggler without a break
     (and at least 16 more steps) before its node is replaced."""

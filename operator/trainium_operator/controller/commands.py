@@ -72,6 +72,15 @@ Obj = dict[str, Any]
     show_default=True,
     help="Seconds between writes of a job's status.progress (the ranks' reports batched).",
 )
+@click.option(
+    "--straggler-cordon-budget",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Nodes the operator may keep cordoned for stragglers at once, cluster-wide "
+    "(spec.health.onStraggler: Replace). 0: Replace only reports; a job author controls what "
+    "its ranks report, so taking nodes out of the cluster is the operator admin's opt-in.",
+)
 @click.option("--workers", type=int, default=4, show_default=True, help="Concurrent reconciles.")
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-format", type=click.Choice(["plain", "json"]), default="plain")
@@ -87,6 +96,7 @@ def run(
     health_port: int | None,
     health_url: str | None,
     progress_interval: float,
+    straggler_cordon_budget: int,
     workers: int,
     kubeconfig: str | None,
     log_format: str,
@@ -109,6 +119,7 @@ def run(
         metrics_port=metrics_port,
         health_port=health_port,
         progress_interval=progress_interval,
+        straggler_cordon_budget=straggler_cordon_budget,
         health_url=health_url or (f"http://127.0.0.1:{health_port}{PATH}" if health_port else None),
         peering=peering,
         priority=priority or 0,

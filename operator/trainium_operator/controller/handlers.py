@@ -120,6 +120,7 @@ class Runtime:
     health_url: str | None = None  # how training pods reach it
     health: HealthChannel | None = None
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL  # seconds between progress writes
+    straggler_cordon_budget: int = 0  # nodes onStraggler: Replace may keep cordoned; 0: off
     queue: WorkQueue | None = None
     cluster: Cluster | None = None
     reconciler: Reconciler | None = None
@@ -178,6 +179,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         health_url=runtime.health_url if runtime.health_port else None,
         progress=store.samples if store is not None else None,
         progress_interval=runtime.progress_interval,
+        straggler_cordon_budget=runtime.straggler_cordon_budget,
     )
     queue, reconciler = runtime.queue, runtime.reconciler
     if runtime.peering:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -58,7 +60,12 @@ from trainium_operator.lifecycle.progress import (
 )
 from trainium_operator.lifecycle.progress import RankSample, with_progress
 from trainium_operator.lifecycle.stalls import apply_stall_policy
-from trainium_operator.lifecycle.stragglers import apply_straggler_policy
+from trainium_operator.lifecycle.stragglers import (
+    CORDON_BUDGET_SETTING,
+    CordonBudget,
+    apply_straggler_policy,
+    cordoned_for_stragglers,
+)
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -121,6 +128,35 @@ def _owned_by(obj: Obj, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
 
 
+class CordonReservations:
+    """The cluster-wide cordon budget as the straggler policy sees it: the nodes the cache shows
+    cordoned for stragglers plus those this process decided to cordon in the last
+    RESERVATION_SECONDS (the cache may not show them yet). Deciding under one lock keeps two
+    jobs reconciled at once from both taking the budget's last node. Only the active replica
+    reconciles (peering), so a process-local record is enough."""
+
+    RESERVATION_SECONDS = 60.0
+
+    def __init__(self, limit: int, clock: Callable[[], float] = time.monotonic):
+        self.limit = limit
+        self.lock = threading.Lock()
+        self._clock = clock
+        self._reserved: dict[str, float] = {}
+
+    def budget(self, nodes: Iterable[Obj]) -> CordonBudget:
+        """Call with `lock` held."""
+        now = self._clock()
+        self._reserved = {
+            n: t for n, t in self._reserved.items() if now - t < self.RESERVATION_SECONDS
+        }
+        return CordonBudget(self.limit, cordoned_for_stragglers(nodes) | set(self._reserved))
+
+    def reserve(self, nodes: Iterable[str]) -> None:
+        """Call with `lock` held, after the decision that cordons `nodes`."""
+        for node in nodes:
+            self._reserved[node] = self._clock()
+
+
 class Reconciler:
     def __init__(
         self,
@@ -134,8 +170,11 @@ class Reconciler:
         progress: Callable[[tuple[str, str]], list[RankSample]] | None = None,
         progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
         isolate_jobs: bool | None = None,
+        straggler_cordon_budget: int = 0,
     ):
         self.cluster = cluster
+        # Nodes onStraggler: Replace may keep cordoned at once, cluster-wide; 0: none.
+        self.cordons = CordonReservations(straggler_cordon_budget)
         # Where training ranks send progress (controller.health_server); None: nowhere.
         self.health_url = health_url
         # The ranks' newest messages of a job (controller.health_server.ProgressStore.samples)
@@ -352,7 +391,10 @@ class Reconciler:
         if ranks is not None:
             # Before the upload plan: a stall may end the attempt in this pass.
             apply_stall_policy(job, decision, observed, ranks)
-            apply_straggler_policy(job, decision, observed, ranks)
+            with self.cordons.lock:
+                budget = self.cordons.budget(self.cache.nodes())
+                apply_straggler_policy(job, decision, observed, ranks, cordons=budget)
+                self.cordons.reserve(p.name for p in decision.patch_nodes)
         annotations = body["metadata"].get("annotations") or {}
         apply_on_demand_profile(job, decision, annotations, ranks, now)
         plan_upload(job, decision, uploads, self.upload_defaults, now)
@@ -432,7 +474,8 @@ class Reconciler:
                 raise
             message = (
                 f"could not cordon node {patch.name}: {api_error_message(error)}; the "
-                "operator's RBAC (Helm chart templates/_rbac.tpl) must grant patch on nodes"
+                "operator's RBAC must grant patch on nodes (the chart grants it with the "
+                f"{CORDON_BUDGET_SETTING})"
             )
             log.warning(
                 "%s/%s: %s", body["metadata"]["namespace"], body["metadata"]["name"], message

@@ -21,6 +21,12 @@ ranks' newest health-channel messages by the job's reconcile pass (as `stalls` i
   anything happens; then the node is cordoned (spec.unschedulable, with annotations naming the
   job and the reason) and the gang restarts, for the scheduler to place it elsewhere. Until
   the new gang's pods exist, every pass re-asserts the cordon (a failed or lost patch).
+- Who may take nodes out of the cluster is the operator admin's choice, never the job
+  author's: the author controls what the ranks report, so a job could name any node it ran
+  on. Replace acts only within the operator's cluster-wide CordonBudget (its
+  --straggler-cordon-budget, the chart's health.stragglerReplacement; 0, the default, turns it
+  off): past it, or with it off, a straggler is only reported and status.stragglers.held says
+  why.
 
 Limit (documented): in a gang that synchronises every step (data-parallel all-reduce), every
 rank's step *wall* time is the slowest rank's, so step markers alone cannot single it out; this
@@ -30,6 +36,8 @@ rule sees ranks that step independently, or a slowness that shows between collec
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime
 
 from trainium_operator.api.spec import StragglerAction
@@ -49,6 +57,50 @@ CORDONED_LABEL = "trainium.dev/cordoned"
 CORDONED_BY_ANNOTATION = "trainium.dev/cordoned-by"
 CORDON_REASON_ANNOTATION = "trainium.dev/cordon-reason"
 CORDON_TIME_ANNOTATION = "trainium.dev/cordoned-at"
+CORDONED_FOR_STRAGGLER = "straggler"
+# Where the operator admin turns replacement on: named in every refusal, so the job author
+# knows whom to ask.
+CORDON_BUDGET_SETTING = (
+    "Helm value health.stragglerReplacement (operator flag --straggler-cordon-budget)"
+)
+
+
+@dataclass(frozen=True)
+class CordonBudget:
+    """How many nodes this operator may keep cordoned for stragglers at once, cluster-wide, and
+    which are cordoned now (by any job). A limit of 0: onStraggler: Replace only reports."""
+
+    limit: int
+    cordoned: frozenset[str] = frozenset()
+
+    def refusal(self, node: str) -> str | None:
+        """Why cordoning `node` is not allowed now; None when it is (a node already cordoned
+        for a straggler costs nothing more)."""
+        if self.limit <= 0:
+            return (
+                "this operator cordons no nodes for stragglers: spec.health.onStraggler: "
+                f"Replace is off in this cluster ({CORDON_BUDGET_SETTING}); set onStraggler: "
+                "Report, or ask the cluster admin to turn it on"
+            )
+        if node in self.cordoned or len(self.cordoned) < self.limit:
+            return None
+        named = ", ".join(sorted(self.cordoned)[:5]) + (", ..." if len(self.cordoned) > 5 else "")
+        return (
+            f"the operator's cluster-wide cordon budget is spent: {len(self.cordoned)} of "
+            f"{self.limit} node(s) cordoned for stragglers ({named}); `kubectl uncordon` one "
+            f"(kubectl get nodes -l {CORDONED_LABEL}) or raise the {CORDON_BUDGET_SETTING}"
+        )
+
+
+def cordoned_for_stragglers(nodes: Iterable[Obj]) -> frozenset[str]:
+    """Nodes cordoned for a straggler and still unschedulable: what the budget counts. An
+    uncordoned node keeps its label (its history) but no longer counts."""
+    return frozenset(
+        str(n["metadata"]["name"])
+        for n in nodes
+        if (n["metadata"].get("labels") or {}).get(CORDONED_LABEL) == CORDONED_FOR_STRAGGLER
+        and bool((n.get("spec") or {}).get("unschedulable"))
+    )
 
 
 def rank_step_time_ms(rank: RankSample) -> float | None:
@@ -79,12 +131,17 @@ def stragglers(ranks: list[RankSample], threshold: float) -> tuple[list[Obj], fl
 
 
 def apply_straggler_policy(
-    job: JobRef, decision: Decision, observed: Observed, ranks: list[RankSample]
+    job: JobRef,
+    decision: Decision,
+    observed: Observed,
+    ranks: list[RankSample],
+    *,
+    cordons: CordonBudget,
 ) -> None:
     threshold = job.spec.health.straggler_threshold
     if threshold is None:
         return
-    _keep_cordoned(job, decision, observed)
+    _keep_cordoned(job, decision, observed, cordons)
     status = decision.status
     if status.get("phase") != Phase.TRAINING.value:
         return
@@ -124,7 +181,9 @@ def apply_straggler_policy(
                 )
             )
     if job.spec.health.on_straggler is StragglerAction.REPLACE and slow:
-        _consider_replacing(job, decision, observed, slow, steps, attempt=attempt, gang=gang)
+        _consider_replacing(
+            job, decision, observed, slow, steps, attempt=attempt, gang=gang, cordons=cordons
+        )
 
 
 def _record(
@@ -192,6 +251,7 @@ def _consider_replacing(
     *,
     attempt: int,
     gang: float,
+    cordons: CordonBudget,
 ) -> None:
     """onStraggler: Replace, for the slowest persistent straggler (one node per replacement)."""
     health, now = job.spec.health, observed.now
@@ -214,6 +274,8 @@ def _consider_replacing(
     held = None
     if not node:
         held = f"{_slowness(target)}, but its node is unknown: nothing to cordon"
+    elif (refused := cordons.refusal(node)) is not None:
+        held = f"{_slowness(target)}; only reported: {refused}"
     elif used >= limit:
         held = (
             f"{_slowness(target)}; spec.health.maxStragglerReplacements ({limit}) is spent: "
@@ -306,7 +368,7 @@ def cordon_patch(job: JobRef, replacement: Obj) -> NodePatch:
         name=str(replacement["node"]),
         body={
             "metadata": {
-                "labels": {CORDONED_LABEL: "straggler"},
+                "labels": {CORDONED_LABEL: CORDONED_FOR_STRAGGLER},
                 "annotations": {
                     CORDONED_BY_ANNOTATION: f"{job.namespace}/{job.name}",
                     CORDON_REASON_ANNOTATION: reason,
@@ -318,9 +380,12 @@ def cordon_patch(job: JobRef, replacement: Obj) -> NodePatch:
     )
 
 
-def _keep_cordoned(job: JobRef, decision: Decision, observed: Observed) -> None:
+def _keep_cordoned(
+    job: JobRef, decision: Decision, observed: Observed, cordons: CordonBudget
+) -> None:
     """Until the gang that replaced a straggler's node has pods, its node stays cordoned (the
-    pass that decided it may have failed or crashed between the status and the patch)."""
+    pass that decided it may have failed or crashed between the status and the patch), within
+    the cordon budget as it is now (an operator restarted with it off cordons nothing)."""
     status = decision.status
     record: Obj = status.get("stragglers") or {}
     replacements = record.get("replacements") or []
@@ -330,5 +395,5 @@ def _keep_cordoned(job: JobRef, decision: Decision, observed: Observed) -> None:
     if observed.gang(Stage.TRAIN, attempt):
         return
     node = observed.nodes.get(str(replacements[-1]["node"]))
-    if node is not None and not node.unschedulable:
+    if node is not None and not node.unschedulable and cordons.refusal(node.name) is None:
         decision.patch_nodes.append(cordon_patch(job, replacements[-1]))
