@@ -438,3 +438,48 @@ def test_a_straggler_replacement_is_stored_before_its_node_is_cordoned_and_its_g
     assert [w.name for w in cluster.of("patch")] == ["trn1-1"]
     status = cluster.job(NAME)["status"]
     assert status["restarts"]["straggler"] == 1
+
+
+def test_a_finished_jobs_pods_are_deleted_only_after_its_terminal_status_is_stored() -> None:
+    cluster, reconciler = running_gang(runPolicy={"cleanPodPolicy": "All"})
+    for pod in ("bert-train-0-0", "bert-train-0-1"):
+        end_pod(cluster, pod, exit_code=0)
+    reconciler.reconcile(*KEY)
+    order = [(w.verb, w.name) for w in cluster.writes if w.verb in ("status", "delete")]
+    assert order[0] == ("status", NAME), f"pods deleted before Succeeded was stored: {order}"
+    assert ("delete", "bert-train-0-0") in order[1:]
+    assert cluster.job(NAME)["status"]["phase"] == "Succeeded"
+
+
+def test_a_finished_job_whose_status_write_fails_keeps_its_pods_and_never_trains_again() -> None:
+    cluster, reconciler = running_gang(runPolicy={"cleanPodPolicy": "All"})
+    for pod in ("bert-train-0-0", "bert-train-0-1"):
+        end_pod(cluster, pod, exit_code=0)
+    # A 409 (the operator's own annotation removal, a label edit) or an exit between the deletes
+    # and the status write used to lose Succeeded: the next pass saw no pods and restarted.
+    cluster.refuse("status", "TrainingJob", api_error(409, "the object has been modified"))
+    with pytest.raises(ApiException):
+        reconciler.reconcile(*KEY)
+    assert cluster.of("delete") == [], "the pods of an unrecorded finish were deleted"
+    cluster.allow("status", "TrainingJob")
+    reconciler.reconcile(*KEY)
+    reconciler.reconcile(*KEY)
+    status = cluster.job(NAME)["status"]
+    assert status["phase"] == "Succeeded"
+    assert status.get("attempt", 0) == 0
+    assert not status.get("restarts", {}).get("total")
+    assert not [w for w in cluster.of("create") if w.kind == "Pod"], "a finished job trained again"
+
+
+def test_a_failure_past_the_backoff_limit_is_stored_before_the_running_rank_is_deleted() -> None:
+    cluster, reconciler = running_gang(runPolicy={"backoffLimit": 0})
+    # Any terminal decision that deletes pods: the write order is the applier's, not the policy's.
+    end_pod(cluster, "bert-train-0-0", exit_code=1)
+    cluster.refuse("status", "TrainingJob", api_error(503, "etcdserver: request timed out"))
+    with pytest.raises(ApiException):
+        reconciler.reconcile(*KEY)
+    assert cluster.of("delete") == [], "the surviving rank was deleted before Failed was stored"
+    cluster.allow("status", "TrainingJob")
+    reconciler.reconcile(*KEY)
+    assert cluster.job(NAME)["status"]["phase"] == "Failed"
+    assert [w.name for w in cluster.of("delete")] == ["bert-train-0-1"]

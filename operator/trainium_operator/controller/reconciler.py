@@ -3,8 +3,9 @@
 All judgement lives in `lifecycle.machine.decide`; this module reads the watch-fed cache
 (`controller.cache`: no LIST or GET per pass), filters children by owner UID (a re-created job
 with the same name must not adopt its predecessor's pods that garbage collection has not
-removed yet), and applies the decision in a safe order: deletions, creations, events, then one
-status write if anything changed. Writes go straight to the API server, the status write with a
+removed yet), and applies the decision in a safe order: the status before any deletion or node
+patch (terminal decisions included) and before creations where the decision asks, then
+deletions, creations, events. Writes go straight to the API server, the status write with a
 resourceVersion precondition, and each is remembered until the cache has seen it, so no pass
 decides on a view older than the operator's own writes.
 """
@@ -126,6 +127,21 @@ def _stuck_bound(body: Obj) -> float:
 
 def _owned_by(obj: Obj, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def _status_before_side_effects(decision: Decision) -> bool:
+    """The applier's rule, whatever the policy asked: a pass that deletes or cordons anything
+    stores its status first. A terminal decision whose deletes landed but whose status did not
+    (a 409 from any metadata write, an operator exit) would otherwise find no pods next pass
+    and train a finished job again."""
+    return bool(
+        decision.status_first
+        or decision.delete_pods
+        or decision.delete_podgroups
+        or decision.delete_foreign
+        or decision.patch_nodes
+        or decision.delete_job
+    )
 
 
 class CordonReservations:
@@ -425,8 +441,9 @@ class Reconciler:
             )
         )
         status_written = False
-        if decision.status_first and decision.status != current_status:
-            # A restart is recorded before its side effects; a stale view fails here with 409.
+        if _status_before_side_effects(decision) and decision.status != current_status:
+            # A restart, a finish or a stage's first attempt is stored before its side effects;
+            # a stale view fails here with 409 and nothing is deleted.
             self._write_status(body, decision.status)
             status_written = True
         for patch in decision.patch_nodes:

@@ -53,9 +53,10 @@ class Decision:
     status: Obj = field(default_factory=dict)
     events: list[EventRecord] = field(default_factory=list)
     requeue_after: float | None = None
-    # Written (guarded by resourceVersion) before anything is deleted or created: a restart's
+    # Written (guarded by resourceVersion) before anything is created as well: a restart's
     # new attempt and counts, a stage's first attempt. A crash in between then neither loses
-    # the count nor lets a later pass re-create the old attempt or forget to resume.
+    # the count nor lets a later pass re-create the old attempt or forget to resume. (Before
+    # any delete or node patch the applier stores the status whatever this says.)
     status_first: bool = False
 
     def requeue(self, seconds: float, *, minimum: float = 1.0) -> None:
