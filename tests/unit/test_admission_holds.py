@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
+
 from trainium_operator.controller.admission_holds import (
     RACED_RETRY_SECONDS,
     RECHECK_SECONDS,
@@ -66,3 +70,39 @@ def test_a_change_seen_while_the_refused_pass_ran_means_a_quick_retry_not_a_hold
     holds.release_reason("PriorityClassNotFound")
     assert holds.hold(("a", "job"), "PriorityClassNotFound", cluster_mark) == RACED_RETRY_SECONDS
     assert holds.remaining(("a", "job")) is None
+
+
+def test_holds_taken_by_worker_threads_while_the_loop_releases_a_namespace_never_break_either() -> (
+    None
+):
+    # Reconcile passes hold jobs from worker threads; the handlers release namespaces on the
+    # event loop. Unlocked, the release's walk over the holds raced the inserts ("dictionary
+    # changed size during iteration") and the watch handler failed.
+    holds = AdmissionHolds()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def hold_many() -> None:
+        index = 0
+        while not stop.is_set():
+            index += 1
+            holds.hold(("team", f"job-{index}"), "Quota", holds.mark("team"))
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    worker = threading.Thread(target=hold_many)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            try:
+                holds.release_namespace("team")
+                holds.release_reason("Quota")
+            except RuntimeError as error:
+                errors.append(error)
+                break
+    finally:
+        stop.set()
+        worker.join()
+        sys.setswitchinterval(previous)
+    assert errors == []
