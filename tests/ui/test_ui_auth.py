@@ -172,9 +172,14 @@ def test_authentication_verdicts() -> None:
 
 def test_a_profile_belongs_to_the_namespace_its_location_names() -> None:
     assert profile_namespace("team-a/job/0") == "team-a"
-    assert profile_namespace("profiles/team-a/job/3") == "team-a"
+    assert profile_namespace("./team-a//job/0/") == "team-a"
+    assert profile_namespace("team-a/job/0/on-demand/req-1") == "team-a"  # not "0"
+    assert profile_namespace("profiles/team-a/job/3") == ALL_NAMESPACES  # the first segment
+    assert profile_namespace("team-a/job/0/stacks/x") == ALL_NAMESPACES
+    assert profile_namespace("Team_A/job/0") == ALL_NAMESPACES  # not a namespace name
     assert profile_namespace("job/0") == ALL_NAMESPACES
     assert profile_namespace(".") == ALL_NAMESPACES
+    assert profile_namespace("../team-a/job/0") == ALL_NAMESPACES
 
 
 def test_a_profile_is_allowed_only_when_every_namespace_it_names_is_readable() -> None:

@@ -27,6 +27,11 @@ _DEVICE_KINDS = (EventKind.KERNEL, EventKind.MEMCPY, EventKind.COLLECTIVE)
 MAX_DEPTH = 15
 MAX_EVENTS_PER_TRACK = 20_000  # a safety net: at most ~width events can be a pixel wide
 MAX_FLOWS = 5_000
+MAX_WIDTH_PX = 8192
+MAX_WINDOW_TRACKS = 1024  # distinct tracks one window query may name
+# Events, folded cells and counter samples in one answer (tens of MB of JSON at most): a
+# track that would pass it is left out and named in the answer's "omitted".
+MAX_WINDOW_ITEMS = 400_000
 # Clock conversion rounds each rank's times independently; overlaps this small are not real.
 _OVERLAP_TOLERANCE_NS = 100
 
@@ -216,22 +221,35 @@ class TimelineIndex:
         return nodes
 
     def window(
-        self, start_ns: int, end_ns: int, width_px: int, track_ids: list[int]
+        self,
+        start_ns: int,
+        end_ns: int,
+        width_px: int,
+        track_ids: list[int],
+        max_items: int = MAX_WINDOW_ITEMS,
     ) -> dict[str, Any]:
-        """What the tracks show between start_ns and end_ns drawn `width_px` wide."""
+        """What the tracks show between start_ns and end_ns drawn `width_px` wide: each track
+        once (repeats are ignored), at most `max_items` events, cells and samples in all."""
         end_ns = max(end_ns, start_ns + 1)
-        width_px = int(min(max(width_px, 1), 8192))
+        width_px = int(min(max(width_px, 1), MAX_WIDTH_PX))
         ns_per_px = (end_ns - start_ns) / width_px
         out_tracks = []
+        omitted: list[int] = []
+        budget = max_items
         visible_flow_ends: list[I64] = []
-        for track_id in track_ids:
+        for track_id in dict.fromkeys(track_ids):
             if not 0 <= track_id < len(self.tracks):
                 continue
             track = self.tracks[track_id]
             first = int(self.track_start[track_id])
             last = int(self.track_end[track_id])
             if track.kind == "counter":
-                out_tracks.append(self._counter_window(track, start_ns, end_ns, width_px))
+                samples = self._counter_window(track, start_ns, end_ns, width_px)
+                if len(samples["t"]) > budget:
+                    omitted.append(track_id)
+                    continue
+                budget -= len(samples["t"])
+                out_tracks.append(samples)
                 continue
             lo = first + int(np.searchsorted(self.max_end[first:last], start_ns, side="right"))
             hi = first + int(np.searchsorted(self.start[first:last], end_ns, side="left"))
@@ -239,10 +257,16 @@ class TimelineIndex:
             positions = positions[self.end[positions] > start_ns] if positions.size else positions
             wide = self.duration[positions] >= ns_per_px
             shown = positions[wide]
-            if shown.size > MAX_EVENTS_PER_TRACK:
-                keep = np.argsort(-self.duration[shown], kind="stable")[:MAX_EVENTS_PER_TRACK]
+            most = min(MAX_EVENTS_PER_TRACK, budget)
+            if shown.size > most:
+                keep = np.argsort(-self.duration[shown], kind="stable")[:most]
                 shown = np.sort(shown[keep])
-            folded = positions[~wide]
+            folded = self._fold(positions[~wide], start_ns, ns_per_px, width_px)
+            items = int(shown.size) + len(folded["px"])
+            if items > budget:
+                omitted.append(track_id)
+                continue
+            budget -= items
             visible_flow_ends.append(shown[self.partner[shown] >= 0])
             entry: dict[str, Any] = {}
             if track.kind == "steps":
@@ -257,7 +281,7 @@ class TimelineIndex:
                     "name": self.name[shown].tolist(),
                     "kind": self.kind[shown].tolist(),
                     "row": self.depth[shown].tolist(),
-                    "agg": self._fold(folded, start_ns, ns_per_px, width_px),
+                    "agg": folded,
                 }
             )
         return {
@@ -265,6 +289,7 @@ class TimelineIndex:
             "end": end_ns,
             "width": width_px,
             "tracks": out_tracks,
+            "omitted": omitted,
             "flows": self._flows(visible_flow_ends),
         }
 

@@ -21,6 +21,7 @@ from aiohttp import web
 
 from trainium_operator.analysis.report import annotation
 from trainium_operator.analysis.s3store import S3ProfileSource
+from trainium_operator.analysis.timeline import MAX_WIDTH_PX, MAX_WINDOW_TRACKS
 from trainium_operator.k8s.reviews import ReviewedUser
 from trainium_operator.profiler.s3 import S3ProfileError
 from trainium_operator.ui.auth import (
@@ -36,6 +37,9 @@ from trainium_operator.ui.guards import (
     cross_origin_refusal,
     host_allowed,
 )
+from trainium_operator.ui.job_cache import JOB_LIST_TTL_S, SharedJobList
+from trainium_operator.ui.params import NS_LIMIT, ParameterError, clamped_int, int_set
+from trainium_operator.ui.profile_id import InvalidProfileIdError, ProfileId, layout_namespace
 from trainium_operator.ui.profiles import (
     JobInfo,
     JobLister,
@@ -43,7 +47,6 @@ from trainium_operator.ui.profiles import (
     ProfileStore,
     UnknownProfileError,
     matches,
-    profile_id,
 )
 
 log = logging.getLogger(__name__)
@@ -89,11 +92,11 @@ def _param(request: web.Request, name: str) -> str:
     return value
 
 
-def _int_param(request: web.Request, name: str) -> int:
+def _int_param(request: web.Request, name: str, *, low: int, high: int) -> int:
     try:
-        return int(float(_param(request, name)))
-    except ValueError as exc:
-        raise web.HTTPBadRequest(text=f"{name} must be a number") from exc
+        return clamped_int(request.query, name, low=low, high=high)
+    except ParameterError as exc:
+        raise web.HTTPBadRequest(text=str(exc)) from exc
 
 
 def _refuse(verdict: Verdict) -> web.HTTPException:
@@ -123,35 +126,49 @@ async def _readable(request: web.Request, namespaces: Collection[str]) -> dict[s
         raise web.HTTPServiceUnavailable(text="cannot review access now") from exc
 
 
-def _profile_namespaces(store: ProfileStore, identifier: str) -> set[str]:
-    """The namespace of the id, and of the directory it resolves to (a symlink named like a
-    readable namespace's profile must not open another namespace's)."""
-    namespaces = {profile_namespace(identifier)}
-    if store.s3 is None:
-        # An unknown id is answered 404 by the handler, once its own namespace was allowed.
-        with contextlib.suppress(UnknownProfileError):
-            namespaces.add(profile_namespace(profile_id(store.root, store.resolve(identifier))))
-    return namespaces
+def _store_key(store: ProfileStore, identifier: ProfileId) -> str | None:
+    with contextlib.suppress(UnknownProfileError):
+        return store.key(identifier)
+    return None
 
 
-async def _authorize_profile(request: web.Request, identifier: str) -> None:
-    """403 unless the user may read the namespace the profile belongs to."""
-    user = _user(request)
-    if request.app[SECURITY_KEY].access is None or user is None:
-        return
-    namespaces = await asyncio.to_thread(_profile_namespaces, _store(request), identifier)
-    verdict = profile_verdict(user, await _readable(request, namespaces), namespaces)
-    if not verdict.allowed:
-        raise _refuse(verdict)
+async def _profile_key(request: web.Request) -> str:
+    """The store key of the request's `id`: 400 for a malformed id; in kubernetes mode 404
+    outside the operator's layout and 403 unless the user may read the namespace of the id
+    and of the directory it resolves to (a symlink named like a readable namespace's profile
+    must not open another namespace's); 404 for an id naming no profile."""
+    raw = _param(request, "id")
+    try:
+        identifier = ProfileId.parse(raw)
+    except InvalidProfileIdError as exc:
+        raise web.HTTPBadRequest(text=str(exc)) from exc
+    store, user = _store(request), _user(request)
+    checked = request.app[SECURITY_KEY].access is not None and user is not None
+    if checked and identifier.namespace is None:
+        raise web.HTTPNotFound(
+            text=f"no profile {identifier.text!r}: the cluster UI serves only "
+            "<namespace>/<job>/<attempt>[/on-demand/<id>]"
+        )
+    key = await asyncio.to_thread(_store_key, store, identifier)
+    if checked:
+        assert user is not None
+        namespaces = {profile_namespace(identifier.text)}
+        if key is not None:
+            namespaces.add(profile_namespace(key))
+        verdict = profile_verdict(user, await _readable(request, namespaces), namespaces)
+        if not verdict.allowed:
+            raise _refuse(verdict)
+    if key is None:
+        raise web.HTTPNotFound(text=f"no profile {identifier.text!r}")
+    return key
 
 
 async def _profile_entry(request: web.Request) -> Any:
-    identifier = _param(request, "id")
-    await _authorize_profile(request, identifier)
+    key = await _profile_key(request)
     try:
-        return await _store(request).wait_loaded(identifier)
+        return await _store(request).wait_loaded(key)
     except UnknownProfileError as exc:
-        raise web.HTTPNotFound(text=f"profile {identifier!r} is not loaded") from exc
+        raise web.HTTPNotFound(text=f"profile {key!r} is not loaded") from exc
 
 
 async def index(request: web.Request) -> web.FileResponse:
@@ -169,6 +186,8 @@ async def list_profiles(request: web.Request) -> web.Response:
     except S3ProfileError as exc:  # a missing bucket or a denied listing: say so, keep serving
         profiles = []
         body["profiles_error"] = str(exc)
+    if request.app[SECURITY_KEY].access is not None:  # the cluster UI serves the layout only
+        profiles = [row for row in profiles if layout_namespace(row["id"]) is not None]
     jobs, jobs_error = await _listed_jobs(request)
     if jobs_error is not None:
         body["jobs_error"] = jobs_error
@@ -250,27 +269,28 @@ def _job_row(store: ProfileStore, job: JobInfo) -> dict[str, Any]:
 
 
 async def load(request: web.Request) -> web.Response:
-    identifier = _param(request, "id")
-    await _authorize_profile(request, identifier)
+    key = await _profile_key(request)
+    store = _store(request)
     try:
-        slot = await _store(request).load(identifier)
+        slot = await store.load(key)
     except UnknownProfileError as exc:
-        raise web.HTTPNotFound(text=f"no profile {identifier!r}") from exc
+        raise web.HTTPNotFound(text=f"no profile {key!r}") from exc
     except ProfileNotLoadableError as exc:
-        raise web.HTTPConflict(text=f"profile {identifier!r} cannot be loaded: {exc}") from exc
+        raise web.HTTPConflict(text=f"profile {key!r} cannot be loaded: {exc}") from exc
     except S3ProfileError as exc:
         raise web.HTTPBadGateway(text=str(exc)) from exc
-    if request.query.get("wait") == "1" and slot.task is not None:
-        await asyncio.shield(slot.task)
+    if request.query.get("wait") == "1":
+        await store.settled(slot)
+    if store.slots.get(key) is not slot:
+        raise web.HTTPConflict(text=f"profile {key!r} was unloaded while it loaded")
     if slot.state == "error":  # a malformed profile: the client's input, not a server fault
-        raise web.HTTPUnprocessableEntity(text=f"profile {identifier!r}: {slot.error}")
-    return web.json_response({"id": identifier, "state": slot.state, "error": slot.error})
+        raise web.HTTPUnprocessableEntity(text=f"profile {key!r}: {slot.error}")
+    return web.json_response({"id": key, "state": slot.state, "error": slot.error})
 
 
 async def unload(request: web.Request) -> web.Response:
-    identifier = _param(request, "id")
-    await _authorize_profile(request, identifier)
-    return web.json_response({"id": identifier, "unloaded": _store(request).unload(identifier)})
+    key = await _profile_key(request)
+    return web.json_response({"id": key, "unloaded": _store(request).unload(key)})
 
 
 async def get_dashboard(request: web.Request) -> web.Response:
@@ -303,21 +323,26 @@ async def get_tracks(request: web.Request) -> web.Response:
 
 async def get_window(request: web.Request) -> web.Response:
     entry = await _profile_entry(request)
-    start = _int_param(request, "start")
-    end = _int_param(request, "end")
-    width = _int_param(request, "width")
-    raw_tracks = request.query.get("tracks", "")
+    start = _int_param(request, "start", low=-NS_LIMIT, high=NS_LIMIT)
+    end = _int_param(request, "end", low=-NS_LIMIT, high=NS_LIMIT)
+    width = _int_param(request, "width", low=1, high=MAX_WIDTH_PX)
     try:
-        track_ids = [int(part) for part in raw_tracks.split(",") if part]
-    except ValueError as exc:
-        raise web.HTTPBadRequest(text="tracks must be comma-separated integers") from exc
+        track_ids = int_set(
+            request.query,
+            "tracks",
+            low=0,
+            high=len(entry.index.tracks) - 1,
+            max_items=MAX_WINDOW_TRACKS,
+        )
+    except ParameterError as exc:
+        raise web.HTTPBadRequest(text=str(exc)) from exc
     result = await asyncio.to_thread(entry.index.window, start, end, width, track_ids)
     return web.json_response(result)
 
 
 async def get_event(request: web.Request) -> web.Response:
     entry = await _profile_entry(request)
-    detail = entry.index.event(_int_param(request, "event"))
+    detail = entry.index.event(_int_param(request, "event", low=-1, high=NS_LIMIT))
     if detail is None:
         raise web.HTTPNotFound(text="no such event")
     return web.json_response(detail)
@@ -383,15 +408,17 @@ def create_app(
     *,
     allowed_hosts: Collection[str] = LOOPBACK_HOSTS,
     access: KubernetesAccess | None = None,
+    job_list_ttl: float = JOB_LIST_TTL_S,
 ) -> web.Application:
     """The UI for profiles under `root`, a directory or an `s3://bucket/prefix` URI.
     `job_lister` lists the TrainingJobs (injected so this module never imports
-    the Kubernetes client); `s3` overrides the S3 source (client, cache) for an s3:// root.
+    the Kubernetes client), at most once per `job_list_ttl` seconds for all requests together;
+    `s3` overrides the S3 source (client, cache) for an s3:// root.
     `allowed_hosts` are the names the UI answers to (`*`: any); with `access`, every request
     needs a bearer token the cluster authenticates and sees only namespaces its user may read."""
     app = web.Application(middlewares=[security_headers, request_guard, authenticate])
     app[STORE_KEY] = ProfileStore.for_source(root, workers=workers, s3=s3)
-    app[JOBS_KEY] = _Jobs(job_lister)
+    app[JOBS_KEY] = _Jobs(None if job_lister is None else SharedJobList(job_lister, job_list_ttl))
     app[SECURITY_KEY] = _Security(frozenset(allowed_hosts), access)
     app.router.add_get("/", index)
     app.router.add_get("/api/profiles", list_profiles)

@@ -8,10 +8,10 @@ authenticating proxy such as oauth2-proxy). The UI asks the API server who that 
 ServiceAccount is used only to list jobs and read profiles; what a user is shown is filtered
 by the user's rights, never by the UI's.
 
-A profile's namespace is where the operator put it, `<namespace>/<job>/<attempt>` (the last
-three parts of its location), never what its manifest says: the manifest is written by the
-training pod. A profile not in that layout needs the right to read TrainingJobs in every
-namespace.
+A profile's namespace is where the operator put it: the first segment of its id in the layout
+`<namespace>/<job>/<attempt>[/on-demand/<request id>]` (`ui.profile_id`), never what its
+manifest says: the manifest is written by the training pod. The cluster UI serves no profile
+outside that layout.
 
 Review results are cached briefly (bounded, short TTL) so a page load costs one review per
 namespace and user, not one per row or request.
@@ -36,6 +36,7 @@ from trainium_operator.k8s.reviews import (
     Reviews,
     TokenReviewResult,
 )
+from trainium_operator.ui.profile_id import layout_namespace
 
 AUTH_NONE = "none"
 AUTH_KUBERNETES = "kubernetes"
@@ -99,10 +100,9 @@ def read_question(namespace: str) -> ResourceQuestion:
 
 
 def profile_namespace(identifier: str) -> str:
-    """The namespace of a profile id in the operator's layout `.../<ns>/<job>/<attempt>`;
-    ALL_NAMESPACES when the id is not in that layout (only a cluster-wide reader sees it)."""
-    parts = [part for part in identifier.split("/") if part not in ("", ".")]
-    return parts[-3] if len(parts) >= 3 else ALL_NAMESPACES
+    """The namespace of a profile id in the operator's layout (its first segment);
+    ALL_NAMESPACES for any other id (only a cluster-wide reader could pass that check)."""
+    return layout_namespace(identifier) or ALL_NAMESPACES
 
 
 def profile_verdict(

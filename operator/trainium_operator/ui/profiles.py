@@ -2,16 +2,24 @@
 
 Loading decodes every rank file (seconds for a million events), so it runs in a worker
 thread while the server keeps answering; a profile is loaded once and kept until the user
-unloads it. Paths from the browser are profile ids (paths relative to the root) and are
-always resolved inside the root. Under an S3 prefix only complete profiles (manifest
-present) can be loaded; loading downloads the rank files into the ETag-keyed cache once.
+unloads it. Paths from the browser are profile ids (`ui.profile_id`: paths relative to the
+root) and are always resolved inside the root; a profile is held under its resolved id, so
+every alias of one directory (a symlink, another spelling) shares one decode. At most
+MAX_CONCURRENT_DECODES decodes run at once, counted until their thread really ends; a decode
+whose profile was unloaded meanwhile stops at its next stage and is never stored. Under an S3
+prefix only complete profiles (manifest present) can be loaded; loading downloads the rank
+files into the ETag-keyed cache once. On-demand captures
+(`<namespace>/<job>/<attempt>/on-demand/<id>`) are listed beside their attempt's profile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import logging
 import os
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -22,11 +30,15 @@ from trainium_operator.analysis.loading import LoadedProfile, load_profile, read
 from trainium_operator.analysis.report import dashboard
 from trainium_operator.analysis.s3store import S3Profile, S3ProfileSource
 from trainium_operator.analysis.timeline import TimelineIndex
+from trainium_operator.profiler.channel_contract import ON_DEMAND_SUBDIR, valid_request_id
 from trainium_operator.profiler.manifest import MANIFEST_NAME, discover_rank_files
 from trainium_operator.profiler.s3 import is_s3_uri, parse_s3_uri
 from trainium_operator.ui.live import JobLive
+from trainium_operator.ui.profile_id import InvalidProfileIdError, ProfileId
 
 MAX_SEARCH_DEPTH = 8
+MAX_ON_DEMAND_SCANNED = 1024  # entries of one on-demand/ directory looked at (a tenant's)
+MAX_CONCURRENT_DECODES = 2  # each holds a whole profile in memory while it decodes
 log = logging.getLogger(__name__)
 
 
@@ -55,14 +67,38 @@ class ProfileNotLoadableError(ValueError):
     """The profile exists but is incomplete (an S3 upload without its manifest)."""
 
 
+class DecodeStoppedError(RuntimeError):
+    """The profile was unloaded while it decoded: the decode's result is dropped."""
+
+
 def _is_profile_dir(path: Path) -> bool:
     if (path / MANIFEST_NAME).is_file():
         return True
     return bool(discover_rank_files(path))
 
 
+def _on_demand_captures(profile_dir: Path) -> list[Path]:
+    """The on-demand captures beside a profile (`on-demand/<request id>`), symlinks not
+    followed, at most MAX_ON_DEMAND_SCANNED entries looked at."""
+    captures = profile_dir / ON_DEMAND_SUBDIR
+    if captures.is_symlink() or not captures.is_dir():
+        return []
+    found = []
+    with os.scandir(captures) as entries:
+        for entry in itertools.islice(entries, MAX_ON_DEMAND_SCANNED):
+            path = Path(entry.path)
+            if (
+                valid_request_id(entry.name)
+                and entry.is_dir(follow_symlinks=False)
+                and _is_profile_dir(path)
+            ):
+                found.append(path)
+    return found
+
+
 def find_profiles(root: Path) -> list[Path]:
-    """Profile directories under root (root itself included), sorted by path."""
+    """Profile directories under root (root itself included) and their on-demand captures,
+    sorted by path."""
     found: list[Path] = []
     root = root.resolve()
     for directory, subdirectories, _ in os.walk(root):
@@ -70,6 +106,7 @@ def find_profiles(root: Path) -> list[Path]:
         depth = len(current.relative_to(root).parts)
         if _is_profile_dir(current):
             found.append(current)
+            found.extend(_on_demand_captures(current))
             subdirectories[:] = []  # node directories belong to this profile
             continue
         if depth >= MAX_SEARCH_DEPTH:
@@ -97,22 +134,29 @@ class _Slot:
     entry: LoadedEntry | None = None
     task: asyncio.Task[None] | None = None
     events: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)  # set by unload
 
 
-def build_entry(path: Path, workers: int | None) -> LoadedEntry:
-    profile = load_profile(path, workers=workers)
-    return LoadedEntry(profile, TimelineIndex(profile), dashboard(profile))
+def _placed(identifier: str) -> ProfileId | None:
+    """The id in the operator's layout, whose location names its job (not its manifest)."""
+    with contextlib.suppress(InvalidProfileIdError):
+        parsed = ProfileId.parse(identifier)
+        return parsed if parsed.in_layout else None
+    return None
 
 
 def _dir_row(root: Path, path: Path) -> dict[str, Any]:
     manifest, problem = read_manifest_or_default(path)
     files = discover_rank_files(path)
+    identifier = profile_id(root, path)
+    placed = _placed(identifier)
     return {
-        "id": profile_id(root, path),
+        "id": identifier,
         "path": str(path),
-        "job_name": manifest.job_name,
-        "namespace": manifest.namespace,
-        "attempt": manifest.attempt,
+        "job_name": placed.job if placed else manifest.job_name,
+        "namespace": placed.namespace if placed else manifest.namespace,
+        "attempt": placed.attempt if placed else manifest.attempt,
+        "capture": placed.capture if placed else None,
         "created": manifest.created,
         "nodes": len({ref.node for ref in files}),
         "ranks": len(files),
@@ -137,6 +181,7 @@ def _unreadable_row(identifier: str, path: str, error: str) -> dict[str, Any]:
         "ranks": 0,
         "bytes": 0,
         "finished": False,
+        "capture": None,
         "manifest_problem": error,
         "error": error,
         "loadable": False,
@@ -155,19 +200,16 @@ def _row_or_error(identifier: str, path: str, make: Callable[[], dict[str, Any]]
 
 def _s3_row(profile: S3Profile) -> dict[str, Any]:
     manifest = profile.manifest_data
-    parts = profile.identifier.split("/")
-    # Without a manifest the layout <namespace>/<job>/<attempt> still names the job.
-    namespace, job, attempt = (
-        (parts[-3], parts[-2], parts[-1]) if len(parts) >= 3 else ("", "", "0")
-    )
+    # The layout <namespace>/<job>/<attempt>[/on-demand/<id>] names the job; the manifest
+    # (the training pod's) only where the key is outside that layout.
+    placed = _placed(profile.identifier)
     return {
         "id": profile.identifier,
         "path": str(profile.location),
-        "job_name": manifest.job_name if manifest else job,
-        "namespace": manifest.namespace if manifest else namespace,
-        "attempt": manifest.attempt
-        if manifest
-        else (int(attempt) if attempt.isascii() and attempt.isdigit() else 0),
+        "job_name": placed.job if placed else (manifest.job_name if manifest else ""),
+        "namespace": placed.namespace if placed else (manifest.namespace if manifest else ""),
+        "attempt": placed.attempt if placed else (manifest.attempt if manifest else 0),
+        "capture": placed.capture if placed else None,
         "created": manifest.created if manifest else "",
         "nodes": len({obj.relative.split("/")[0] for obj in profile.rank_files}),
         "ranks": len(profile.rank_files),
@@ -197,6 +239,11 @@ class ProfileStore:
     workers: int | None = None
     slots: dict[str, _Slot] = field(default_factory=dict)
     s3: S3ProfileSource | None = None
+    max_decodes: int = MAX_CONCURRENT_DECODES
+    _decodes: asyncio.Semaphore = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._decodes = asyncio.Semaphore(self.max_decodes)
 
     @classmethod
     def for_source(
@@ -267,6 +314,14 @@ class ProfileStore:
                 )
         return [self._with_slot(row) for row in rows]
 
+    def key(self, identifier: ProfileId) -> str:
+        """The id the store holds this profile under: in a directory the id of the directory
+        it resolves to (so aliases share one slot), under S3 the canonical id. Raises
+        UnknownProfileError for an id naming no profile here."""
+        if self.s3 is not None or identifier.text in self.slots:
+            return identifier.text  # a held profile stays reachable (to unload) if deleted
+        return profile_id(self.root, self.resolve(identifier.text))
+
     def _locate(self, identifier: str) -> Path | S3Profile:
         if self.s3 is None:
             return self.resolve(identifier)
@@ -277,46 +332,86 @@ class ProfileStore:
             raise ProfileNotLoadableError(f"{profile.location}: {profile.problem}")
         return profile
 
-    def _build(self, target: Path | S3Profile) -> LoadedEntry:
-        if not isinstance(target, S3Profile):
-            return build_entry(target, self.workers)
-        assert self.s3 is not None
-        entry = build_entry(self.s3.fetch(target), self.workers)
-        entry.dashboard["overview"]["path"] = str(target.location)  # not the local cache
+    def _build(self, target: Path | S3Profile, stop: threading.Event) -> LoadedEntry:
+        def check() -> None:
+            if stop.is_set():
+                raise DecodeStoppedError("unloaded while loading")
+
+        check()
+        if isinstance(target, S3Profile):
+            assert self.s3 is not None
+            location: Path = self.s3.fetch(target)
+            check()
+        else:
+            location = target
+        profile = load_profile(location, workers=self.workers)
+        check()
+        index = TimelineIndex(profile)
+        check()
+        entry = LoadedEntry(profile, index, dashboard(profile))
+        if isinstance(target, S3Profile):
+            entry.dashboard["overview"]["path"] = str(target.location)  # not the local cache
         return entry
 
-    async def load(self, identifier: str) -> _Slot:
-        target = await asyncio.to_thread(self._locate, identifier)
-        slot = self.slots.setdefault(identifier, _Slot())
+    async def _decode(self, target: Path | S3Profile, stop: threading.Event) -> LoadedEntry:
+        """The decode in a worker thread, holding one of the decode places until the thread
+        has ended: cancelling the waiting task does not free memory the thread still holds."""
+        async with self._decodes:
+            if stop.is_set():  # unloaded while it waited for a place
+                raise DecodeStoppedError("unloaded while loading")
+            decode = asyncio.ensure_future(asyncio.to_thread(self._build, target, stop))
+            try:
+                return await asyncio.shield(decode)
+            except asyncio.CancelledError:
+                stop.set()
+                await asyncio.wait([decode])
+                if not decode.cancelled():
+                    decode.exception()  # retrieved: its DecodeStoppedError is expected
+                raise
+
+    async def load(self, key: str) -> _Slot:
+        """Starts loading the profile held as `key` (see `key`), unless it is held already."""
+        target = await asyncio.to_thread(self._locate, key)
+        slot = self.slots.setdefault(key, _Slot())
         if slot.state in ("loading", "loaded"):
             return slot
         slot.state, slot.error = "loading", None
 
         async def run() -> None:
             try:
-                entry = await asyncio.to_thread(self._build, target)
+                entry = await self._decode(target, slot.stop)
+            except DecodeStoppedError:
+                return  # unloaded: the slot is gone, nothing is stored
             except Exception as exc:  # shown to the user; the server keeps running
                 slot.state, slot.error, slot.entry = "error", f"{type(exc).__name__}: {exc}", None
             else:
+                if slot.stop.is_set():
+                    return  # unloaded while the last stage ran: dropped, not stored
                 slot.state, slot.entry, slot.events = "loaded", entry, len(entry.profile.columns)
 
         slot.task = asyncio.create_task(run())
         return slot
 
-    async def wait_loaded(self, identifier: str) -> LoadedEntry:
-        slot = self.slots.get(identifier)
-        if slot is None:
-            raise UnknownProfileError(identifier)
+    async def settled(self, slot: _Slot) -> None:
+        """Waits for the slot's load to end (or be stopped by an unload), never raising."""
         if slot.task is not None:
-            await asyncio.shield(slot.task)
-        if slot.entry is None:
-            raise UnknownProfileError(identifier)
+            await asyncio.wait([slot.task])
+
+    async def wait_loaded(self, key: str) -> LoadedEntry:
+        slot = self.slots.get(key)
+        if slot is None:
+            raise UnknownProfileError(key)
+        await self.settled(slot)
+        if slot.entry is None or self.slots.get(key) is not slot:
+            raise UnknownProfileError(key)
         return slot.entry
 
-    def unload(self, identifier: str) -> bool:
-        slot = self.slots.pop(identifier, None)
+    def unload(self, key: str) -> bool:
+        slot = self.slots.pop(key, None)
         if slot is None:
             return False
+        slot.stop.set()  # the decode stops at its next stage and stores nothing
+        slot.entry = None
         if slot.task is not None and not slot.task.done():
             slot.task.cancel()
         return True
