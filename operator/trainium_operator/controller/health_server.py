@@ -276,9 +276,9 @@ class TokenCache:
 
     def cached(self, token: str) -> bool:
         """Whether `identity(token)` answers without a TokenReview (no blocking call)."""
-        return self.known(token) is not None
+        return self.known(token, count=False) is not None
 
-    def known(self, token: str) -> TokenIdentity | None:
+    def known(self, token: str, *, count: bool = True) -> TokenIdentity | None:
         """The answer without a TokenReview (a cached review, or the pre-filter's refusal), or
         None when only a review can tell."""
         digest = self._digest(token)
@@ -292,10 +292,10 @@ class TokenCache:
                 return refused[0]
         claims = token_claims(token, self._wall_clock())
         if isinstance(claims, str):
-            self.prefiltered += 1
+            self.prefiltered += count
             return TokenIdentity(False, error=claims)
         if self.pod_known(claims) is False:
-            self.prefiltered += 1
+            self.prefiltered += count
             return TokenIdentity(
                 False,
                 error=f"the token's pod {claims.namespace}/{claims.pod_name} is not running",
