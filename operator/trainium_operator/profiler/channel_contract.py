@@ -51,11 +51,10 @@ CLAIM_NODE_NAME = "authentication.kubernetes.io/node-name"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 
 # -- the message ------------------------------------------------------------------------------
-# The unit is one message per pod per interval (`batch_json`): local rank 0's reporter sends
-# the newest state of every rank of its pod, which the other local ranks leave in the pod's
-# `local_dir` (a file each). The older form, one message per rank (`ProgressMessage.to_json`),
-# is still accepted: the operator rate-limits by rank reports, so both cost a pod the same
-# budget, but a batch costs the operator one request instead of 32-128.
+# The unit is one message per pod per interval (`batch_json`): the newest state of every rank
+# of the pod. The older form, one message per rank (`ProgressMessage.to_json`, what the
+# reporter still sends), is accepted too: the operator rate-limits by rank reports, so both
+# cost a pod the same budget, but a batch costs the operator one request instead of 32-128.
 MAX_BODY_BYTES = 8192  # a one-rank message
 MAX_STEP_TIMES = 64  # recent step durations a one-rank message carries (the newest last)
 MAX_NAME = 253
@@ -66,10 +65,6 @@ MAX_TOKEN_BYTES = 8192  # a bearer token longer than this is refused unread
 # The operator rate-limits a pod as if it reported no more often than this (spec.health's own
 # floor), whatever its job's spec says.
 MIN_INTERVAL_S = 0.2
-# Where the ranks of one pod meet: each non-zero local rank writes `rank-<RANK>.json` (its
-# newest state) and reads `reply.json` (the operator's last reply, written by local rank 0).
-LOCAL_DIR_NAME = "trainium-health"
-LOCAL_REPLY = "reply.json"
 
 # -- what the operator may ask in its reply (`requests`) ---------------------------------------
 # Write the Python stacks of all the rank's threads for request <id>, then say so in every later
