@@ -189,7 +189,9 @@ def one_rank_reporting_job(
     pod-bound token written to a file (as the kubelet projects it)."""
     health = {"reportIntervalSeconds": 0.2}
     create_job(
-        clients, namespace, job_manifest(name, nodes=1, compile={"enabled": False}, health=health)
+        clients,
+        namespace,
+        job_manifest(name, nodes=1, processesPerNode=1, compile={"enabled": False}, health=health),
     )
     (pod,) = wait_gang_running(clients, namespace, name, "train", 0, nodes=1)
     wait_account(clients, namespace)

@@ -63,7 +63,9 @@ def test_ranks_report_as_their_pods_and_a_forged_message_from_another_jobs_pod_i
             create_job(
                 clients,
                 namespace,
-                job_manifest(name, nodes=1, compile={"enabled": False}, health=health),
+                job_manifest(
+                    name, nodes=1, processesPerNode=3, compile={"enabled": False}, health=health
+                ),
             )
         (alpha,) = wait_gang_running(clients, namespace, "alpha", "train", 0, nodes=1)
         (beta,) = wait_gang_running(clients, namespace, "beta", "train", 0, nodes=1)
@@ -132,7 +134,7 @@ def test_steady_progress_shows_step_rate_and_an_eta_within_ten_percent_in_kubect
         create_job(
             clients,
             namespace,
-            job_manifest("delta", compile={"enabled": False}, health=health),
+            job_manifest("delta", processesPerNode=1, compile={"enabled": False}, health=health),
         )
         gang = wait_gang_running(clients, namespace, "delta", "train", 0)
         wait_phase(clients, namespace, "delta", "Training")

@@ -85,7 +85,9 @@ def _each_action(clients: Any, namespace: str, tmp_path: Path) -> None:
             "stallTimeoutSeconds": STALL_TIMEOUT_S,
             "onStall": action,
         }
-        manifest = job_manifest(name, nodes=1, compile={"enabled": False}, health=health)
+        manifest = job_manifest(
+            name, nodes=1, processesPerNode=2, compile={"enabled": False}, health=health
+        )
         create_job(clients, namespace, manifest)
     wait_account(clients, namespace)
     release = tmp_path / "release"
@@ -185,7 +187,11 @@ def test_a_rank_30_percent_slower_is_named_a_straggler_in_the_status_and_an_even
     clients = dev_cluster.clients
     health = {"reportIntervalSeconds": INTERVAL_S}
     create_job(
-        clients, namespace, job_manifest("slow", nodes=1, compile={"enabled": False}, health=health)
+        clients,
+        namespace,
+        job_manifest(
+            "slow", nodes=1, processesPerNode=3, compile={"enabled": False}, health=health
+        ),
     )
     (pod,) = wait_gang_running(clients, namespace, "slow", "train", 0, nodes=1)
     wait_phase(clients, namespace, "slow", "Training")
@@ -241,7 +247,12 @@ def test_a_persistent_straggler_has_its_node_cordoned_and_the_gang_restarts_on_a
             "maxStragglerReplacements": 3,
         }
         manifest = job_manifest(
-            "replace", nodes=1, compile={"enabled": False}, health=health, affinity=affinity
+            "replace",
+            nodes=1,
+            processesPerNode=3,
+            compile={"enabled": False},
+            health=health,
+            affinity=affinity,
         )
         create_job(clients, namespace, manifest)
         (pod,) = wait_gang_running(clients, namespace, "replace", "train", 0, nodes=1)

@@ -95,6 +95,7 @@ def test_profile_now_makes_every_rank_capture_the_next_n_steps_named_in_the_stat
     manifest = job_manifest(
         name,
         nodes=1,
+        processesPerNode=2,  # the two local ranks below: the channel binds them to the spec
         compile={"enabled": False},
         health={"reportIntervalSeconds": INTERVAL_S},
         profile={"s3Uri": s3.uri("profiles")},
@@ -214,7 +215,9 @@ def test_without_the_operators_cordon_budget_a_replace_job_only_reports_its_stra
     create_job(
         clients,
         namespace,
-        job_manifest("replace", nodes=1, compile={"enabled": False}, health=health),
+        job_manifest(
+            "replace", nodes=1, processesPerNode=3, compile={"enabled": False}, health=health
+        ),
     )
     (pod,) = wait_gang_running(clients, namespace, "replace", "train", 0, nodes=1)
     wait_phase(clients, namespace, "replace", "Training")

@@ -3,6 +3,7 @@ the pod's token and env, and the rank's reporter against a local endpoint."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import http.server
 import json
@@ -34,14 +35,40 @@ def message(**changes: Any) -> ProgressMessage:
         namespace="team-a",
         uid=UID,
         attempt=0,
-        rank=3,
+        rank=33,  # node 1 of 2, 32 processes each (trn1.32xlarge's default)
         node_rank=1,
-        world_size=4,
+        world_size=64,
         step=12,
         step_times_ms=(101.5, 99.0),
         samples=96,
     )
     return dataclasses.replace(base, **changes)
+
+
+def pod_jwt(
+    pod: str = "bert-train-0-1",
+    uid: str = "pod-uid-1",
+    audience: str = contract.AUDIENCE,
+    nonce: str = "",
+    namespace: str = "team-a",
+) -> str:
+    """A token shaped as the kubelet's projected, pod-bound one (its signature is the review's
+    business: the fakes here review by content)."""
+
+    def part(value: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+    claims = {
+        "aud": [audience],
+        "exp": int(time.time()) + 3600,
+        "kubernetes.io": {
+            "namespace": namespace,
+            "pod": {"name": pod, "uid": uid},
+            "serviceaccount": {"name": "default", "uid": "sa-uid"},
+        },
+        "nonce": nonce,
+    }
+    return f"{part({'alg': 'RS256'})}.{part(claims)}.signature"
 
 
 def training_pod(name: str = "bert-train-0-1", **label_changes: str) -> dict[str, Any]:
@@ -209,12 +236,13 @@ def test_the_endpoint_reviews_each_token_once_per_ttl_and_stores_the_newest_mess
 
     cache = _cache_with(("job", job_document()), ("pod", training_pod()))
     channel = HealthChannel(cache, TokenCache(review, clock=lambda: now[0]))
+    token = pod_jwt()
     for step in (10, 11, 12):
-        assert channel.receive("t1", message(step=step).to_json())[0] == 200
-    assert reviews == ["t1"]
+        assert channel.receive(token, message(step=step).to_json())[0] == 200
+    assert reviews == [token]
     now[0] = 61.0
-    assert channel.receive("t1", message(step=13).to_json())[0] == 200
-    assert reviews == ["t1", "t1"]
+    assert channel.receive(token, message(step=13).to_json())[0] == 200
+    assert reviews == [token, token]
     (report,) = channel.store.ranks(("team-a", "bert")).values()
     assert (report.message.step, report.node, report.pod) == (13, "trn-node-7", "bert-train-0-1")
 
@@ -226,8 +254,8 @@ def test_the_endpoint_refuses_without_a_token_a_bad_body_and_a_forged_job() -> N
     cache.on_job(WatchEvent("ADDED", other))
     channel = HealthChannel(cache, TokenCache(lambda _t: pod_identity()))
     assert channel.receive("", message().to_json())[0] == 401
-    assert channel.receive("t", b"not json")[0] == 400
-    status, verdict = channel.receive("t", message(job="other", uid="other-uid").to_json())
+    assert channel.receive(pod_jwt(), b"not json")[0] == 400
+    status, verdict = channel.receive(pod_jwt(), message(job="other", uid="other-uid").to_json())
     assert status == 403
     assert "not a training pod of job other" in verdict.reason
     assert channel.store.jobs() == []
@@ -243,10 +271,10 @@ def test_the_endpoint_asks_a_stalled_attempts_ranks_for_their_stacks_until_they_
     channel = HealthChannel(
         _cache_with(("job", job), ("pod", training_pod())), TokenCache(lambda _t: pod_identity())
     )
-    status, reply = channel.answer("t", message().to_json())
+    status, reply = channel.answer(pod_jwt(), message().to_json())
     assert status == 200
     assert json.loads(reply)["requests"] == {contract.REQUEST_DUMP_STACKS: request}
-    _, reply = channel.answer("t", message(stacks_dumped=request).to_json())
+    _, reply = channel.answer(pod_jwt(), message(stacks_dumped=request).to_json())
     assert json.loads(reply)["requests"] == {}
     assert channel.store.take_urgent() == [("team-a", "bert")]  # the answer wakes the job
 
@@ -255,8 +283,9 @@ def test_the_endpoint_answers_unavailable_when_the_token_cannot_be_reviewed() ->
     def review(_token: str) -> TokenIdentity:
         raise ConnectionError("API server away")
 
-    channel = HealthChannel(_cache_with(), TokenCache(review))
-    assert channel.receive("t", message().to_json())[0] == 503
+    cache = _cache_with(("job", job_document()), ("pod", training_pod()))
+    channel = HealthChannel(cache, TokenCache(review))
+    assert channel.receive(pod_jwt(), message().to_json())[0] == 503
 
 
 def test_a_late_message_of_an_earlier_gang_does_not_replace_the_new_gangs_progress() -> None:
@@ -471,9 +500,9 @@ def test_a_restarted_operator_asks_its_ranks_to_retry_until_its_cache_is_filled(
     channel = HealthChannel(
         _cache_with(), TokenCache(lambda _t: pod_identity()), synced=lambda: synced[0]
     )
-    assert channel.receive("t", message().to_json())[0] == 503
+    assert channel.receive(pod_jwt(), message().to_json())[0] == 503
     synced[0] = True
-    assert channel.receive("t", message().to_json())[0] == 403  # now it knows: no such pod
+    assert channel.receive(pod_jwt(), message().to_json())[0] == 403  # now it knows: no such pod
 
 
 def test_the_spec_refuses_a_pod_template_volume_or_mount_that_takes_the_tokens_place() -> None:

@@ -896,6 +896,12 @@ class TrainingJobSpec(ApiModel):
         return self.logical_cores
 
     @property
+    def world_size(self) -> int:
+        """The gang's ranks: nodes x processes per node (what the health channel binds a rank's
+        message to)."""
+        return self.nodes * self.effective_processes_per_node
+
+    @property
     def effective_lnc(self) -> int | None:
         """The logical NeuronCore config of the pods; None where the runtime has none (trn1)."""
         shape = INSTANCE_TYPES[self.instance_type.value]

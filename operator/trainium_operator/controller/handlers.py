@@ -375,7 +375,7 @@ def _job_changed(runtime: Runtime, key: Key, event_type: str, revision: tuple[An
     if event_type == "DELETED":
         queue.forget(key)
         if runtime.health is not None:
-            runtime.health.store.forget(key)
+            runtime.health.forget(key)
         runtime.seen_generations.pop(key, None)
         if runtime.reconciler is not None:
             runtime.reconciler.holds.release(key)
@@ -484,8 +484,29 @@ def metrics_text(runtime: Runtime) -> str:
             "# HELP trainium_operator_health_messages_total Health-channel messages by outcome.",
             "# TYPE trainium_operator_health_messages_total counter",
         ]
-        for outcome, value in sorted(runtime.health.counts.items()):
+        for outcome, value in sorted(runtime.health.counted().items()):
             lines.append(f'trainium_operator_health_messages_total{{outcome="{outcome}"}} {value}')
+        tokens = runtime.health.tokens
+        accepted, refused = tokens.sizes()
+        lines += [
+            "# HELP trainium_operator_health_token_reviews_total Health-channel tokens by "
+            "what decided them: a TokenReview, the pre-filter (none needed), or the per-pod "
+            "review limit (none allowed).",
+            "# TYPE trainium_operator_health_token_reviews_total counter",
+            f'trainium_operator_health_token_reviews_total{{decided_by="review"}} {tokens.reviews}',
+            f'trainium_operator_health_token_reviews_total{{decided_by="prefilter"}} '
+            f"{tokens.prefiltered}",
+            f'trainium_operator_health_token_reviews_total{{decided_by="review_limit"}} '
+            f"{tokens.review_limited}",
+            "# HELP trainium_operator_health_cached_tokens Health-channel token reviews "
+            "remembered, by verdict.",
+            "# TYPE trainium_operator_health_cached_tokens gauge",
+            f'trainium_operator_health_cached_tokens{{verdict="accepted"}} {accepted}',
+            f'trainium_operator_health_cached_tokens{{verdict="refused"}} {refused}',
+            "# HELP trainium_operator_health_stored_ranks Ranks whose newest message is kept.",
+            "# TYPE trainium_operator_health_stored_ranks gauge",
+            f"trainium_operator_health_stored_ranks {runtime.health.store.size()}",
+        ]
     return "\n".join(lines) + "\n"
 
 

@@ -20,9 +20,11 @@ set by the operator, say the same.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainium_operator.api.spec import TrainingJobSpec
 from trainium_operator.builders.job import (
     LABEL_ATTEMPT,
     LABEL_JOB_NAME,
@@ -74,7 +76,8 @@ def bound_pod(identity: TokenIdentity) -> tuple[str, str, str] | Verdict:
     """(namespace, pod name, pod uid) the token is bound to, or why it is not usable."""
     if not identity.authenticated:
         return _refuse(f"the token is not valid: {identity.error or 'not authenticated'}")
-    if identity.audiences and contract.AUDIENCE not in identity.audiences:
+    # An empty list is no audience: the API server names the reviewed audiences it accepted.
+    if contract.AUDIENCE not in identity.audiences:
         return _refuse(f"the token is not for the audience {contract.AUDIENCE}")
     namespace = identity.service_account_namespace
     if namespace is None:
@@ -117,4 +120,61 @@ def authorize(
     health = (job.get("spec") or {}).get("health") or {}
     if health.get("enabled") is False:
         return _refuse(f"job {message.job} has spec.health.enabled false")
+    return Verdict(True)
+
+
+# -- what a pod's ranks may say: bound to the job's shape ------------------------------------
+@dataclass(frozen=True, slots=True)
+class JobShape:
+    """A job's gang as its spec says (never as a message says): `nodes` pods of
+    `processes_per_node` ranks each, reporting every `interval_s` seconds."""
+
+    nodes: int
+    processes_per_node: int
+    interval_s: float
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.processes_per_node
+
+    def node_ranks(self, node_rank: int) -> range:
+        """The global ranks of node `node_rank` (torchrun: node-major)."""
+        first = node_rank * self.processes_per_node
+        return range(first, first + self.processes_per_node)
+
+    @property
+    def rate_interval_s(self) -> float:
+        """The interval the operator rate-limits by: the spec's, never below the floor."""
+        return max(self.interval_s, contract.MIN_INTERVAL_S)
+
+
+def job_shape(spec: TrainingJobSpec) -> JobShape:
+    return JobShape(
+        nodes=spec.nodes,
+        processes_per_node=spec.effective_processes_per_node,
+        interval_s=spec.health.report_interval_seconds,
+    )
+
+
+def check_shape(messages: Sequence[ProgressMessage], shape: JobShape, node_rank: int) -> Verdict:
+    """Whether one message's ranks fit the job: its world size is the spec's, and every rank
+    is one of the ranks of the node the sending pod is (`node_rank`, from the pod's label)."""
+    if not messages:
+        return _refuse("the message names no rank")
+    if len(messages) > shape.processes_per_node:
+        return _refuse(
+            f"{len(messages)} ranks in one message; a pod has {shape.processes_per_node}"
+        )
+    allowed = shape.node_ranks(node_rank)
+    for message in messages:
+        if message.world_size != shape.world_size:
+            return _refuse(
+                f"worldSize {message.world_size} is not the job's {shape.world_size} "
+                f"({shape.nodes} nodes x {shape.processes_per_node} processes)"
+            )
+        if message.rank not in allowed:
+            return _refuse(
+                f"rank {message.rank} is not a rank of node {node_rank} "
+                f"({allowed.start}..{allowed.stop - 1})"
+            )
     return Verdict(True)

@@ -109,10 +109,11 @@ class _Gang:
     captured: set[int]
 
 
-def _gang(ranks: list[RankSample], attempt: int, request: str) -> _Gang:
-    current = [r for r in ranks if r.attempt == attempt]
+def _gang(ranks: list[RankSample], attempt: int, request: str, world_size: int) -> _Gang:
+    """`world_size`: the job's spec's (nodes x processes per node), never a rank's number."""
+    current = [r for r in ranks if r.attempt == attempt and r.rank < world_size]
     ended = {r.rank for r in current if r.final}
-    world = set(range(max((r.world_size for r in current), default=0)))
+    world = set(range(world_size))
     return _Gang(
         world=world,
         expected=world - ended,
@@ -143,7 +144,7 @@ def apply_on_demand_profile(
         _request(job, decision, value, record, now)
         record = status.get(STATUS_KEY)
     if record is not None and record.get("state") in OPEN_STATES:
-        _follow(decision, record, ranks or [], now)
+        _follow(decision, record, ranks or [], now, job.spec.world_size)
 
 
 def _refuse(decision: Decision, value: str, message: str) -> None:
@@ -207,11 +208,13 @@ def _request(
     )
 
 
-def _follow(decision: Decision, record: Obj, ranks: list[RankSample], now: datetime) -> None:
+def _follow(
+    decision: Decision, record: Obj, ranks: list[RankSample], now: datetime, world_size: int
+) -> None:
     status = decision.status
     request = str(record.get("requestId"))
     attempt = int(record.get("attempt", -1))
-    gang = _gang(ranks, attempt, request)
+    gang = _gang(ranks, attempt, request, world_size)
     captured = gang.captured
     if attempt != int(status.get("attempt", 0)) or status.get("phase") != Phase.TRAINING.value:
         # The attempt is over: a rank's last message may still have said it captured.

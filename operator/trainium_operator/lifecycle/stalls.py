@@ -95,18 +95,20 @@ class Watch:
         return max(r.step for r in self.ranks)
 
 
-def watch(health: HealthSpec, ranks: list[RankSample], attempt: int) -> Watch | None:
-    """None while nothing is watched (no rank has finished a step, or all ended)."""
-    current = [r for r in ranks if r.attempt == attempt]
+def watch(
+    health: HealthSpec, ranks: list[RankSample], attempt: int, world_size: int
+) -> Watch | None:
+    """None while nothing is watched (no rank has finished a step, or all ended).
+    `world_size`: the job's spec's (nodes x processes per node), never a rank's number."""
+    current = [r for r in ranks if r.attempt == attempt and r.rank < world_size]
     live = [r for r in current if r.step >= 0 and not r.final]
     p50 = recent_p50_ms(live)
     if not live or p50 is None:
         return None
     ended = {r.rank for r in current if r.final}
-    world = set(range(max(r.world_size for r in current))) - ended
     return Watch(
         ranks=live,
-        world=world | {r.rank for r in live},
+        world=set(range(world_size)) - ended,
         p50_ms=p50,
         bound=stall_bound(health, p50),
         last_progress=max(r.started for r in live),
@@ -170,7 +172,7 @@ def _policy(
         if stalled is not None and stalled.get("status") == "True":
             status.condition(ConditionType.STALLED, False, "NewAttempt", f"attempt {attempt} runs")
         record = None
-    gang = watch(job.spec.health, ranks, attempt)
+    gang = watch(job.spec.health, ranks, attempt, job.spec.world_size)
     if record is not None and not record.get("resolvedTime"):
         _follow(job, status, decision, observed=observed, record=record, gang=gang)
         return

@@ -51,9 +51,20 @@ CLAIM_NODE_NAME = "authentication.kubernetes.io/node-name"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 
 # -- the message ------------------------------------------------------------------------------
-MAX_BODY_BYTES = 8192
-MAX_STEP_TIMES = 64  # recent step durations a message carries (the newest last)
+# The unit is one message per pod per interval (`batch_json`): the newest state of every rank
+# of the pod. The older form, one message per rank (`ProgressMessage.to_json`, what the
+# reporter still sends), is accepted too: the operator rate-limits by rank reports, so both
+# cost a pod the same budget, but a batch costs the operator one request instead of 32-128.
+MAX_BODY_BYTES = 8192  # a one-rank message
+MAX_STEP_TIMES = 64  # recent step durations a one-rank message carries (the newest last)
 MAX_NAME = 253
+MAX_RANKS_PER_MESSAGE = 128  # a pod's processes: at most an instance type's logical cores
+MAX_BATCH_STEP_TIMES = 16  # per rank in a batch: the operator reads the latest 16 only
+MAX_BATCH_BODY_BYTES = 65536  # 128 ranks of 16 step times fit with room
+MAX_TOKEN_BYTES = 8192  # a bearer token longer than this is refused unread
+# The operator rate-limits a pod as if it reported no more often than this (spec.health's own
+# floor), whatever its job's spec says.
+MIN_INTERVAL_S = 0.2
 
 # -- what the operator may ask in its reply (`requests`) ---------------------------------------
 # Write the Python stacks of all the rank's threads for request <id>, then say so in every later
@@ -148,18 +159,24 @@ class ProgressMessage:
     # a restart loses the steps after it. None: the script does not say (lost work unknown).
     last_checkpoint_step: int | None = None
 
-    def to_json(self) -> bytes:
-        body: dict[str, Any] = {
+    def header_json(self) -> dict[str, Any]:
+        """The fields every rank of one pod shares (a batch's top level)."""
+        return {
             "job": self.job,
             "namespace": self.namespace,
             "uid": self.uid,
             "attempt": self.attempt,
-            "rank": self.rank,
             "nodeRank": self.node_rank,
             "worldSize": self.world_size,
-            "step": self.step,
-            "stepTimesMs": [round(t, 3) for t in self.step_times_ms[-MAX_STEP_TIMES:]],
             "sequence": self.sequence,
+        }
+
+    def rank_json(self, max_step_times: int = MAX_STEP_TIMES) -> dict[str, Any]:
+        """This rank's own fields (a batch's `ranks` entry)."""
+        body: dict[str, Any] = {
+            "rank": self.rank,
+            "step": self.step,
+            "stepTimesMs": [round(t, 3) for t in self.step_times_ms[-max_step_times:]],
         }
         if self.samples is not None:
             body["samples"] = self.samples
@@ -177,7 +194,21 @@ class ProgressMessage:
             body["final"] = True
         if self.last_checkpoint_step is not None:
             body["lastCheckpointStep"] = self.last_checkpoint_step
+        return body
+
+    def to_json(self) -> bytes:
+        """The one-rank form of the message."""
+        body = {**self.header_json(), **self.rank_json()}
         return json.dumps(body, separators=(",", ":")).encode()
+
+
+def batch_json(messages: list[ProgressMessage]) -> bytes:
+    """One pod's message: the first message's header and every rank's own fields."""
+    if not messages:
+        raise ValueError("a batch has at least one rank")
+    body = messages[0].header_json()
+    body["ranks"] = [m.rank_json(MAX_BATCH_STEP_TIMES) for m in messages[:MAX_RANKS_PER_MESSAGE]]
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 def _int(body: dict[str, Any], key: str, low: int) -> int:
@@ -198,20 +229,34 @@ def _name(body: dict[str, Any], key: str) -> str:
     return value
 
 
-def parse_message(raw: bytes) -> ProgressMessage:
-    """A message from its JSON body; ValueError names the first bad field. Nothing in it is
-    trusted beyond its shape: the sender's identity comes from its token, not from here."""
-    if len(raw) > MAX_BODY_BYTES:
-        raise ValueError(f"the message is larger than {MAX_BODY_BYTES} bytes")
+def _load(raw: bytes, limit: int) -> dict[str, Any]:
+    if len(raw) > limit:
+        raise ValueError(f"the message is larger than {limit} bytes")
     try:
         body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise ValueError(f"the message is not JSON ({error})") from error
     if not isinstance(body, dict):
         raise ValueError("the message is not a JSON object")
+    return body
+
+
+def _header(body: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "job": _name(body, "job"),
+        "namespace": _name(body, "namespace"),
+        "uid": _name(body, "uid"),
+        "attempt": _int(body, "attempt", 0),
+        "node_rank": _int(body, "nodeRank", 0),
+        "world_size": _int(body, "worldSize", 1),
+        "sequence": _int(body, "sequence", 0),
+    }
+
+
+def _rank_fields(body: dict[str, Any], max_step_times: int) -> dict[str, Any]:
     times = body.get("stepTimesMs", [])
-    if not isinstance(times, list) or len(times) > MAX_STEP_TIMES:
-        raise ValueError(f"stepTimesMs: a list of at most {MAX_STEP_TIMES} numbers is required")
+    if not isinstance(times, list) or len(times) > max_step_times:
+        raise ValueError(f"stepTimesMs: a list of at most {max_step_times} numbers is required")
     step_times: list[float] = []
     for value in times:
         if (
@@ -242,26 +287,52 @@ def parse_message(raw: bytes) -> ProgressMessage:
     final = body.get("final", False)
     if not isinstance(final, bool):
         raise ValueError("final: a boolean is required")
-    return ProgressMessage(
-        job=_name(body, "job"),
-        namespace=_name(body, "namespace"),
-        uid=_name(body, "uid"),
-        attempt=_int(body, "attempt", 0),
-        rank=_int(body, "rank", 0),
-        node_rank=_int(body, "nodeRank", 0),
-        world_size=_int(body, "worldSize", 1),
-        step=_int(body, "step", -1),
-        step_times_ms=tuple(step_times),
-        samples=_optional_int(body, "samples"),
-        tokens=_optional_int(body, "tokens"),
-        sequence=_int(body, "sequence", 0),
-        step_age_ms=None if age is None else float(age),
-        stacks_dumped=str(dumped),
-        profile_capturing=capture_ids["profileCapturing"],
-        profile_captured=capture_ids["profileCaptured"],
-        final=final,
-        last_checkpoint_step=_optional_int(body, "lastCheckpointStep"),
-    )
+    return {
+        "rank": _int(body, "rank", 0),
+        "step": _int(body, "step", -1),
+        "step_times_ms": tuple(step_times),
+        "samples": _optional_int(body, "samples"),
+        "tokens": _optional_int(body, "tokens"),
+        "step_age_ms": None if age is None else float(age),
+        "stacks_dumped": str(dumped),
+        "profile_capturing": capture_ids["profileCapturing"],
+        "profile_captured": capture_ids["profileCaptured"],
+        "final": final,
+        "last_checkpoint_step": _optional_int(body, "lastCheckpointStep"),
+    }
+
+
+def parse_message(raw: bytes) -> ProgressMessage:
+    """A one-rank message from its JSON body; ValueError names the first bad field. Nothing in
+    it is trusted beyond its shape: the sender's identity comes from its token, not from here."""
+    body = _load(raw, MAX_BODY_BYTES)
+    return ProgressMessage(**_header(body), **_rank_fields(body, MAX_STEP_TIMES))
+
+
+def parse_messages(raw: bytes) -> tuple[ProgressMessage, ...]:
+    """The ranks of one message, either form (a pod's batch with `ranks`, or one rank's), each
+    as its own ProgressMessage; ValueError names the first bad field. A batch names each rank
+    once, at most MAX_RANKS_PER_MESSAGE of them."""
+    body = _load(raw, MAX_BATCH_BODY_BYTES)
+    if "ranks" not in body:
+        if len(raw) > MAX_BODY_BYTES:
+            raise ValueError(f"a one-rank message is larger than {MAX_BODY_BYTES} bytes")
+        return (ProgressMessage(**_header(body), **_rank_fields(body, MAX_STEP_TIMES)),)
+    header = _header(body)
+    entries = body["ranks"]
+    if not isinstance(entries, list) or not 0 < len(entries) <= MAX_RANKS_PER_MESSAGE:
+        raise ValueError(f"ranks: a list of 1..{MAX_RANKS_PER_MESSAGE} ranks is required")
+    messages: list[ProgressMessage] = []
+    seen: set[int] = set()
+    for entry in entries:
+        if not isinstance(entry, dict):
+            raise ValueError("ranks: JSON objects are required")
+        message = ProgressMessage(**header, **_rank_fields(entry, MAX_BATCH_STEP_TIMES))
+        if message.rank in seen:
+            raise ValueError(f"ranks: rank {message.rank} is named twice")
+        seen.add(message.rank)
+        messages.append(message)
+    return tuple(messages)
 
 
 def reply_json(
