@@ -316,6 +316,9 @@ class StragglerReplacement(ApiModel):
     ratio: float | None = None
     time: Timestamp | None = None
     """When the replacement was decided (recorded before the node is cordoned)."""
+    cordon_seen: Timestamp | None = None
+    """When a pass first saw the node cordoned for it; from then on no pass cordons the node
+    again (an admin's `kubectl uncordon` stands)."""
 
 
 class StragglersStatus(ApiModel):
