@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from trainium_operator.api.status import validated_status
-from trainium_operator.lifecycle.goodput import PARTS, with_goodput
+from trainium_operator.lifecycle.goodput import PARTS, figures_at, with_goodput
 from trainium_operator.lifecycle.progress import RankSample, progress
 from trainium_operator.profiler.channel import ChannelConfig, Reporter
 from trainium_operator.profiler.channel_contract import ProgressMessage, parse_message
 from unit.jobs import job_ref
-from unit.test_reconciler_writes import KEY, NAME, running_gang
+from unit.test_reconciler_writes import KEY, NAME, end_pod, running_gang
 from unit.test_reconciler_writes import NOW as RECONCILER_NOW
 
 Obj = dict[str, Any]
@@ -102,9 +102,9 @@ def test_a_finished_jobs_figures_stop_at_its_end() -> None:
 
 
 def test_an_operator_restart_mid_run_gives_the_same_figures_as_an_operator_that_stayed() -> None:
-    # Both operators see the same transitions; the one that stayed also wrote progress and
-    # its minute updates, the restarted one was away from 150 s to 750 s and its first pass
-    # (from the stored status alone) is at 750 s.
+    # Both operators see the same transitions; the one that stayed also reconciled every
+    # minute, the restarted one was away from 150 s to 750 s and its first pass (from the
+    # stored status alone) is at 750 s.
     start = step_to(step_to(step_to({}, 10, "Pending"), 30, "Compiling"), 130, "Training")
     stayed = start
     for second in range(190, 751, 60):
@@ -125,13 +125,33 @@ def test_a_pass_repeated_or_a_write_lost_neither_double_counts_nor_loses_time() 
     assert figures(step_to(training, 150, "Succeeded")) == figures(step_to(once, 150, "Succeeded"))
 
 
-def test_without_another_change_the_figures_are_written_at_most_once_a_minute() -> None:
-    training = step_to(step_to({}, 0, "Pending"), 10, "Training")
-    quiet = step_to(training, 50)
-    assert quiet == training  # nothing else changed and the figures are 40 s old: no write
-    updated = step_to(training, 70)
-    assert updated["goodput"]["trainingSeconds"] == 60.0
-    assert updated["goodput"]["asOf"] == "2026-12-03T09:01:10Z"
+def test_without_another_change_the_status_is_never_rewritten_only_to_move_as_of() -> None:
+    queued = step_to({}, 0, "Pending")
+    for seconds in (50, 70, 3600, 86400):
+        assert step_to(queued, seconds) == queued, f"rewritten {seconds} s later"
+    # The next write that changes something carries all the time since, in the stored phase.
+    admitted = step_to(queued, 86400, "Training")
+    assert (admitted["goodput"]["queuedSeconds"], admitted["goodput"]["asOf"]) == (
+        86400.0,
+        "2026-12-04T09:00:00Z",
+    )
+
+
+def test_a_reader_takes_the_figures_to_now_as_the_next_write_will() -> None:
+    trained = step_to(step_to(step_to({}, 0, "Pending"), 10, "Training"), 110, "Pending")
+    assert trained["goodput"]["percent"] == round(100 * 100 / 110, 1)
+    for seconds in (110, 200, 1000):
+        now = figures_at(trained, at(seconds))
+        assert now is not None
+        # Exactly what a status write at that moment would store.
+        assert now == step_to(trained, seconds, reason="Written")["goodput"]
+    read = figures_at(trained, at(1000))
+    assert read is not None
+    assert (read["queuedSeconds"], read["wallSeconds"], read["percent"]) == (900.0, 1000.0, 10.0)
+    assert read["asOf"] == "2026-12-03T09:16:40Z"
+    assert figures_at({"phase": "Pending"}, at(5)) is None  # no ledger yet
+    done = step_to(trained, 200, "Succeeded")
+    assert figures_at(done, at(9999)) == done["goodput"]  # a finished job's figures stay
 
 
 def test_lost_work_is_at_most_the_stopped_attempts_training_and_of_that_attempt() -> None:
@@ -167,7 +187,7 @@ def test_a_job_started_by_an_operator_without_goodput_is_accounted_from_now() ->
     older = {"phase": "Training", "attempt": 2, "startTime": "2026-12-03T08:00:00Z"}
     first = step_to(older, 600)
     assert first["goodput"]["startTime"] == first["goodput"]["asOf"] == "2026-12-03T09:10:00Z"
-    assert step_to(first, 700)["goodput"]["trainingSeconds"] == 100.0
+    assert step_to(first, 700, "Succeeded")["goodput"]["trainingSeconds"] == 100.0
     finished = {"phase": "Succeeded", "completionTime": "2026-12-03T08:30:00Z"}
     assert "goodput" not in step_to(finished, 600)
 
@@ -220,20 +240,23 @@ def _fields(message: ProgressMessage) -> dict[str, Any]:
     return {name: getattr(message, name) for name in message.__slots__}
 
 
-def test_the_reconciler_adds_no_write_within_a_minute_and_one_after_it() -> None:
+def test_the_reconciler_writes_nothing_for_a_quiet_job_however_long_it_runs() -> None:
     cluster, reconciler = running_gang()
     stored = cluster.job(NAME)["status"]["goodput"]
     assert stored["asOf"] == "2026-12-01T12:00:00Z"
-    reconciler.clock = lambda: RECONCILER_NOW + timedelta(seconds=30)
+    for seconds in (30, 61, 600, 7200):
+        reconciler.clock = lambda seconds=seconds: RECONCILER_NOW + timedelta(seconds=seconds)
+        reconciler.reconcile(*KEY)
+    assert cluster.writes == [], "only the clock moved: no status write"
+    for pod in ("bert-train-0-0", "bert-train-0-1"):
+        end_pod(cluster, pod, 0)
     reconciler.reconcile(*KEY)
-    assert cluster.writes == [], "nothing changed and the figures are 30 s old"
-    reconciler.clock = lambda: RECONCILER_NOW + timedelta(seconds=61)
-    reconciler.reconcile(*KEY)
-    assert [(w.verb, w.kind) for w in cluster.writes] == [("status", "TrainingJob")]
-    goodput = cluster.job(NAME)["status"]["goodput"]
+    status = cluster.job(NAME)["status"]
+    assert status["phase"] == "Succeeded"
+    goodput = status["goodput"]
     assert (goodput["trainingSeconds"], goodput["wallSeconds"], goodput["percent"]) == (
-        61.0,
-        61.0,
+        7200.0,
+        7200.0,
         100.0,
     )
 

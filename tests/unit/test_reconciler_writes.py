@@ -4,6 +4,8 @@ refusals, conflicts and a namespace being deleted each end a pass the way they s
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -483,3 +485,62 @@ def test_a_failure_past_the_backoff_limit_is_stored_before_the_running_rank_is_d
     reconciler.reconcile(*KEY)
     assert cluster.job(NAME)["status"]["phase"] == "Failed"
     assert [w.name for w in cluster.of("delete")] == ["bert-train-0-1"]
+
+
+class CountingLock:
+    """The cordon lock, counting how often a pass takes it."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> bool:
+        self.taken += 1
+        return self._lock.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.__exit__(None, None, None)
+
+
+def gang_reporting(slow_ms: float, step: int) -> Callable[[tuple[str, str]], list[RankSample]]:
+    """Three ranks of attempt 0, rank 2 stepping in `slow_ms` against 50 ms."""
+
+    def ranks(key: tuple[str, str]) -> list[RankSample]:
+        return [
+            RankSample(
+                r,
+                0,
+                3,
+                step,
+                ((slow_ms if r == 2 else 50.0),) * 16,
+                NOW,
+                node="trn1-1" if r == 2 else "trn1-0",
+            )
+            for r in range(3)
+        ]
+
+    return ranks
+
+
+@pytest.mark.parametrize(
+    ("health", "slow_ms"),
+    [
+        ({"onStraggler": "Report"}, 65.0),  # a straggler, only reported
+        ({"onStraggler": "Replace", "stragglerPersistenceSeconds": 1}, 50.0),  # no straggler
+        ({"onStraggler": "Replace", "stragglerPersistenceSeconds": 60}, 65.0),  # not persistent
+    ],
+)
+def test_a_pass_that_cannot_cordon_checks_stragglers_without_the_cordon_lock(
+    health: dict[str, Any], slow_ms: float
+) -> None:
+    cluster, reconciler = running_gang(health=health)
+    reconciler.progress = gang_reporting(slow_ms, 100)
+    reconciler.health_url = "http://operator:8443"
+    reconciler.cordons = CordonReservations(1)
+    lock = CountingLock()
+    reconciler.cordons.lock = lock  # type: ignore[assignment]
+    for _ in range(3):
+        reconciler.reconcile(*KEY)
+    named = (cluster.job(NAME)["status"].get("stragglers") or {}).get("ranks", [])
+    assert [s["rank"] for s in named] == ([2] if slow_ms > 60 else [])
+    assert lock.taken == 0, f"the cordon lock was taken {lock.taken} times"

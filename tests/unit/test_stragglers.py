@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -9,21 +10,42 @@ from pydantic import ValidationError
 
 from trainium_operator.api.spec import HealthSpec
 from trainium_operator.api.status import validated_status
+from trainium_operator.builders.job import JobRef
 from trainium_operator.lifecycle.decision import Decision
-from trainium_operator.lifecycle.observed import NodeView, Observed
+from trainium_operator.lifecycle.observed import (
+    CORDONED_BY_ANNOTATION,
+    NodeView,
+    Observed,
+    node_view,
+)
 from trainium_operator.lifecycle.progress import RankSample
 from trainium_operator.lifecycle.stragglers import (
-    CORDONED_BY_ANNOTATION,
     CordonBudget,
     apply_straggler_policy,
     cordoned_for_stragglers,
     stragglers,
 )
 from unit.jobs import job_ref
+from unit.stragglers_quadratic import quadratic_stragglers
 
 NOW = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
 OFF = CordonBudget(0)
 ROOMY = CordonBudget(4)
+
+
+def policy(
+    job: JobRef,
+    decision: Decision,
+    observed: Observed,
+    ranks: list[RankSample],
+    *,
+    cordons: CordonBudget,
+) -> None:
+    """The policy as a reconcile pass runs it: what is left to decide against the cluster-wide
+    budget, decided against `cordons`."""
+    cordon = apply_straggler_policy(job, decision, observed, ranks, cordon_limit=cordons.limit)
+    if cordon is not None:
+        cordon(cordons)
 
 
 def rank(number: int, ms: float, count: int = 16) -> RankSample:
@@ -32,9 +54,7 @@ def rank(number: int, ms: float, count: int = 16) -> RankSample:
 
 def run(status: dict[str, object], ranks: list[RankSample], **health: object) -> Decision:
     decision = Decision(status=status)
-    apply_straggler_policy(
-        job_ref(health=health), decision, Observed((), {}, True, {}, NOW), ranks, cordons=OFF
-    )
+    policy(job_ref(health=health), decision, Observed((), {}, True, {}, NOW), ranks, cordons=OFF)
     validated_status(decision.status)
     return decision
 
@@ -108,9 +128,7 @@ def replace_run(
     decision = Decision(status=status)
     observed = Observed((), {}, True, nodes(node_count), now)
     gang = [at_step(0, 50, step), at_step(1, 50, step), at_step(2, 65, step)]
-    apply_straggler_policy(
-        job_ref(health={**REPLACE, **health}), decision, observed, gang, cordons=cordons
-    )
+    policy(job_ref(health={**REPLACE, **health}), decision, observed, gang, cordons=cordons)
     validated_status(decision.status)
     return decision
 
@@ -182,7 +200,7 @@ def test_the_cordon_is_re_asserted_until_the_new_gang_has_pods() -> None:
     restarted = named_then(90, 20)
     decision = Decision(status=restarted.status)
     later = NOW + timedelta(seconds=91)
-    apply_straggler_policy(
+    policy(
         job_ref(health=REPLACE),
         decision,
         Observed((), {}, True, nodes(4), later),
@@ -191,7 +209,7 @@ def test_the_cordon_is_re_asserted_until_the_new_gang_has_pods() -> None:
     )
     assert [p.name for p in decision.patch_nodes] == ["n2"]
     done = Decision(status=restarted.status)
-    apply_straggler_policy(
+    policy(
         job_ref(health=REPLACE),
         done,
         Observed((), {}, True, nodes(4, cordoned=("n2",)), later),
@@ -201,9 +219,7 @@ def test_the_cordon_is_re_asserted_until_the_new_gang_has_pods() -> None:
     assert not done.patch_nodes
     # An operator restarted with replacement off re-asserts nothing.
     off = Decision(status=restarted.status)
-    apply_straggler_policy(
-        job_ref(health=REPLACE), off, Observed((), {}, True, nodes(4), later), [], cordons=OFF
-    )
+    policy(job_ref(health=REPLACE), off, Observed((), {}, True, nodes(4), later), [], cordons=OFF)
     assert not off.patch_nodes
 
 
@@ -257,3 +273,111 @@ def test_the_budget_counts_nodes_cordoned_for_stragglers_while_unschedulable() -
 def test_replace_needs_the_health_channel() -> None:
     with pytest.raises(ValidationError, match="onStraggler: Replace needs the health channel"):
         HealthSpec.model_validate({"onStraggler": "Replace", "enabled": False})
+
+
+def gang_of(times: list[float]) -> list[RankSample]:
+    return [rank(number, ms) for number, ms in enumerate(times)]
+
+
+# Hand-made gangs: (step times by rank, the stragglers at threshold 0.2, slowest first). Odd and
+# even gang sizes, ties at the median, a straggler exactly at the threshold (not one), every rank
+# but one slow, zero step times, and more stragglers than are listed.
+VERDICTS: list[tuple[list[float], list[int]]] = [
+    ([50, 65], [1]),
+    ([50, 50, 65], [2]),
+    ([50, 50, 60], []),  # exactly 20 % slower: not more than the threshold
+    ([50, 60.001, 50, 50], [1]),
+    ([10, 10, 10, 12.5, 13, 30], [5, 4, 3]),
+    ([100, 100, 100, 100, 10, 100], []),  # a fast rank is not a straggler
+    ([50, 80, 80, 80, 50, 50, 50], [1, 2, 3]),
+    ([0, 0, 0, 5], []),  # the others' median is 0: no ratio to take
+    ([0, 0, 5, 5, 5], [2, 3, 4]),  # the others' median 2.5: twice as slow
+    ([1.0] * 20 + [2.0 + i / 10 for i in range(20)], [39 - i for i in range(16)]),
+]
+
+
+@pytest.mark.parametrize(("times", "slow"), VERDICTS)
+def test_the_check_flags_the_same_stragglers_as_the_quadratic_reference(
+    times: list[float], slow: list[int]
+) -> None:
+    gang = gang_of(times)
+    verdict, median = stragglers(gang, 0.2)
+    assert [s["rank"] for s in verdict] == slow
+    assert (verdict, median) == quadratic_stragglers(gang, 0.2)
+
+
+def test_random_gangs_get_the_reference_verdict_rank_for_rank() -> None:
+    generator = random.Random(29)
+    for size in [*range(2, 12), 31, 64, 257]:
+        for _ in range(5):
+            # Coarse values: many ties, where removing "one" rank's time must not matter.
+            times = [float(generator.choice([40, 50, 50, 55, 61, 70, 90])) for _ in range(size)]
+            gang = gang_of(times)
+            assert stragglers(gang, 0.2) == quadratic_stragglers(gang, 0.2), times
+
+
+def test_ranks_outside_the_specs_world_size_are_ignored() -> None:
+    # A hostile rank may claim any rank number; job_ref's world is 2 nodes x 32 processes.
+    outside = [rank(2**40, 500), rank(-1, 500), rank(64, 500)]
+    gang = [rank(0, 50), rank(1, 50), rank(2, 65)]
+    decision = run({"phase": "Training", "attempt": 0}, [*gang, *outside])  # validates it
+    assert [s["rank"] for s in decision.status["stragglers"]["ranks"]] == [2]
+    assert decision.status["stragglers"]["gangStepTimeMs"] == 50.0
+    assert [e.message.split(" on ")[0] for e in decision.events] == ["rank 2"]
+
+
+def test_a_node_seen_cordoned_for_a_replacement_is_not_cordoned_again_after_an_uncordon() -> None:
+    restarted = named_then(90, 20)
+    assert [p.name for p in restarted.patch_nodes] == ["n2"]
+    later = NOW + timedelta(seconds=91)
+    # The next pass sees the cordon on the node; the new gang still queues (no pods yet).
+    seen = Decision(status=restarted.status)
+    policy(
+        job_ref(health=REPLACE),
+        seen,
+        Observed((), {}, True, nodes(4, cordoned=("n2",)), later),
+        [],
+        cordons=CordonBudget(4, frozenset({"n2"})),
+    )
+    assert not seen.patch_nodes
+    # An admin runs `kubectl uncordon n2` while the gang still queues: that stands.
+    for seconds in (92, 300):
+        uncordoned = Decision(status=seen.status)
+        policy(
+            job_ref(health=REPLACE),
+            uncordoned,
+            Observed((), {}, True, nodes(4), NOW + timedelta(seconds=seconds)),
+            [],
+            cordons=ROOMY,
+        )
+        assert not uncordoned.patch_nodes, f"re-cordoned n2 {seconds} s after the replacement"
+        assert uncordoned.status == seen.status
+    assert uncordoned.status["stragglers"]["replacements"][-1]["cordonSeen"]
+
+
+def test_a_cordon_uncordoned_before_any_pass_saw_it_is_known_by_its_annotations() -> None:
+    restarted = named_then(90, 20)
+    (patch,) = restarted.patch_nodes
+    replacement = restarted.status["stragglers"]["replacements"][-1]
+    # The patch landed and an admin uncordoned n2 before the next pass: the node keeps the
+    # annotations the patch wrote.
+    landed = node_view(
+        {
+            "metadata": {"name": "n2", **patch.body["metadata"]},
+            "spec": {"unschedulable": False},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        }
+    )
+    assert (landed.cordoned_by, landed.cordoned_at) == ("team-a/bert", replacement["time"])
+    later = NOW + timedelta(seconds=91)
+    decision = Decision(status=restarted.status)
+    observed = Observed((), {}, True, {**nodes(4), "n2": landed}, later)
+    policy(job_ref(health=REPLACE), decision, observed, [], cordons=ROOMY)
+    assert not decision.patch_nodes
+    assert decision.status["stragglers"]["replacements"][-1]["cordonSeen"] == "2026-12-03T09:01:31Z"
+    # Another job's marks (an older cordon of the node) do not say this patch landed.
+    other = NodeView("n2", True, None, "trn1.32xlarge", cordoned_by="team-b/gpt", cordoned_at="x")
+    lost = Decision(status=restarted.status)
+    observed = Observed((), {}, True, {**nodes(4), "n2": other}, later)
+    policy(job_ref(health=REPLACE), lost, observed, [], cordons=ROOMY)
+    assert [p.name for p in lost.patch_nodes] == ["n2"]

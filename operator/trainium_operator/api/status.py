@@ -316,6 +316,9 @@ class StragglerReplacement(ApiModel):
     ratio: float | None = None
     time: Timestamp | None = None
     """When the replacement was decided (recorded before the node is cordoned)."""
+    cordon_seen: Timestamp | None = None
+    """When a pass first saw the node cordoned for it; from then on no pass cordons the node
+    again (an admin's `kubectl uncordon` stands)."""
 
 
 class StragglersStatus(ApiModel):
@@ -337,9 +340,10 @@ class StragglersStatus(ApiModel):
 class GoodputStatus(ApiModel):
     """Where the job's wall time went (lifecycle/goodput.py): every second since startTime is
     in exactly one of queued, compiling, training, restarting, suspended or lost, so they sum
-    to wallSeconds. Accumulated from the stored status at each status write (at least once a
-    minute while the operator reconciles the job), so an operator restart neither loses nor
-    counts twice any time; asOf says how current the figures are."""
+    to wallSeconds. Accumulated from the stored status at each status write the job gets anyway
+    (never one only to move asOf), so an operator restart neither loses nor counts twice any
+    time. The figures are as of asOf, however old: from asOf to now the job was in the stored
+    phase, and that time belongs to its part (what the next write adds)."""
 
     percent: float | None = None
     """Goodput: trainingSeconds over wall time less suspendedSeconds, in percent. An upper
@@ -374,7 +378,7 @@ class GoodputStatus(ApiModel):
     """Where the accounting begins: the job's creation (or, for a job an operator without
     goodput started, the first pass of one with it)."""
     as_of: Timestamp | None = None
-    """The figures include the time up to here."""
+    """The figures include the time up to here (the last status write)."""
 
 
 OnDemandProfileState = Literal["Requested", "Capturing", "Captured", "Incomplete"]

@@ -64,6 +64,7 @@ from trainium_operator.lifecycle.stalls import apply_stall_policy
 from trainium_operator.lifecycle.stragglers import (
     CORDON_BUDGET_SETTING,
     CordonBudget,
+    CordonDecision,
     apply_straggler_policy,
     cordoned_for_stragglers,
 )
@@ -148,8 +149,9 @@ class CordonReservations:
     """The cluster-wide cordon budget as the straggler policy sees it: the nodes the cache shows
     cordoned for stragglers plus those this process decided to cordon in the last
     RESERVATION_SECONDS (the cache may not show them yet). Deciding under one lock keeps two
-    jobs reconciled at once from both taking the budget's last node. Only the active replica
-    reconciles (peering), so a process-local record is enough."""
+    jobs reconciled at once from both taking the budget's last node; the lock is taken only by
+    a decision that would cordon (`decide`), never for the straggler check itself. Only the
+    active replica reconciles (peering), so a process-local record is enough."""
 
     RESERVATION_SECONDS = 60.0
 
@@ -171,6 +173,14 @@ class CordonReservations:
         """Call with `lock` held, after the decision that cordons `nodes`."""
         for node in nodes:
             self._reserved[node] = self._clock()
+
+    def decide(self, cordon: CordonDecision, nodes: Callable[[], Iterable[Obj]]) -> None:
+        """Runs a straggler decision that would cordon a node against the budget as it is now
+        (`nodes`: the node cache), under the lock, and reserves the node it cordons."""
+        with self.lock:
+            node = cordon(self.budget(nodes()))
+            if node is not None:
+                self.reserve([node])
 
 
 class Reconciler:
@@ -407,10 +417,12 @@ class Reconciler:
         if ranks is not None:
             # Before the upload plan: a stall may end the attempt in this pass.
             apply_stall_policy(job, decision, observed, ranks)
-            with self.cordons.lock:
-                budget = self.cordons.budget(self.cache.nodes())
-                apply_straggler_policy(job, decision, observed, ranks, cordons=budget)
-                self.cordons.reserve(p.name for p in decision.patch_nodes)
+            # The check runs outside the cordon lock; only a decision to cordon takes it.
+            cordon = apply_straggler_policy(
+                job, decision, observed, ranks, cordon_limit=self.cordons.limit
+            )
+            if cordon is not None:
+                self.cordons.decide(cordon, self.cache.nodes)
         annotations = body["metadata"].get("annotations") or {}
         apply_on_demand_profile(job, decision, annotations, ranks, now)
         plan_upload(job, decision, uploads, self.upload_defaults, now)

@@ -17,9 +17,11 @@ a write that fails (a conflict) leaves the stored ledger as it was for the next 
 times are whole seconds (as every status time), so the parts sum to wallSeconds exactly, up to
 the tenth-of-a-second rounding of lost work.
 
-Writes: the ledger is brought up to date only when the pass writes the status anyway, or when
-it is a minute old (WRITE_INTERVAL_SECONDS), so it adds at most one write a minute to a job
-that reconciles without other changes, and none to one whose progress is written every 10 s.
+Writes: none of its own. The ledger is brought up to date only when the pass writes the status
+anyway (a phase change, progress, a condition): moving `asOf` alone is never a reason to write,
+so thousands of quiet queued jobs cost the API server nothing. The stored figures are therefore
+as of `asOf`, however old; since the stored phase holds from `asOf` on, a reader takes them to
+now exactly as the next write will (`figures_at`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from trainium_operator.lifecycle.observed import parse_time
 from trainium_operator.lifecycle.status_edit import timestamp
 
 Obj = dict[str, Any]
-WRITE_INTERVAL_SECONDS = 60.0
 BUCKETS = {
     Phase.PENDING: "queuedSeconds",
     Phase.COMPILING: "compilingSeconds",
@@ -127,11 +128,21 @@ def accounted(ledger: Obj, previous: Obj, status: Obj, now: datetime) -> Obj:
     return out
 
 
+def figures_at(status: Obj, now: datetime) -> Obj | None:
+    """A reader's status.goodput as of `now`: the stored figures (as of their asOf) with the
+    time since in the stored phase, what a status write at `now` would store; a finished job's
+    as they are; None without a ledger."""
+    stored: Obj | None = status.get("goodput")
+    if stored is None or _phase(status) in TERMINAL_PHASES:
+        return stored
+    return accounted(stored, status, status, now)
+
+
 def with_goodput(previous: Obj, status: Obj, now: datetime, created: datetime | None) -> Obj:
     """`status` (this pass's new status; `previous` is the stored one) with status.goodput
-    brought up to `now` when the pass writes the status anyway or the stored figures are
-    WRITE_INTERVAL_SECONDS old; otherwise with the stored figures, unchanged. `created`: the
-    job's metadata.creationTimestamp, where a new job's accounting begins."""
+    brought up to `now` when the pass writes the status anyway; otherwise with the stored
+    figures, unchanged (no write only to move asOf). `created`: the job's
+    metadata.creationTimestamp, where a new job's accounting begins."""
     stored: Obj | None = previous.get("goodput")
     before = _phase(previous)
     if stored is None:
@@ -145,9 +156,6 @@ def with_goodput(previous: Obj, status: Obj, now: datetime, created: datetime | 
         return {**status, "goodput": stored}  # accounted up to the end, once
     else:
         others = {k: v for k, v in status.items() if k != "goodput"}
-        writing = others != {k: v for k, v in previous.items() if k != "goodput"}
-        as_of = parse_time(stored.get("asOf"))
-        fresh = as_of is not None and (now - as_of).total_seconds() < WRITE_INTERVAL_SECONDS
-        if not writing and fresh:
+        if others == {k: v for k, v in previous.items() if k != "goodput"}:
             return {**status, "goodput": stored}
     return {**status, "goodput": accounted(stored, previous, status, now)}

@@ -11,6 +11,13 @@ from trainium_operator.builders.job import LABEL_ATTEMPT, LABEL_NODE_RANK, LABEL
 
 Obj = dict[str, Any]
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+# What a straggler replacement leaves on the node it cordons (lifecycle.stragglers writes them,
+# the node view reads them back): `kubectl get nodes -l trainium.dev/cordoned` lists them;
+# `kubectl uncordon` gives one back (the annotations then only tell its history).
+CORDONED_LABEL = "trainium.dev/cordoned"
+CORDONED_BY_ANNOTATION = "trainium.dev/cordoned-by"
+CORDON_REASON_ANNOTATION = "trainium.dev/cordon-reason"
+CORDON_TIME_ANNOTATION = "trainium.dev/cordoned-at"
 
 # Pod failure reasons that are the platform's doing, not the training script's.
 INFRASTRUCTURE_POD_REASONS = frozenset(
@@ -86,6 +93,10 @@ class NodeView:
     not_ready_since: datetime | None
     instance_type: str | None = None  # node.kubernetes.io/instance-type
     unschedulable: bool = False  # spec.unschedulable: cordoned
+    # The operator's last straggler cordon of the node (its annotations, kept after an
+    # uncordon): the job ("<ns>/<name>") and the replacement's time; "" when none.
+    cordoned_by: str = ""
+    cordoned_at: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,12 +218,15 @@ def node_view(node: Obj) -> NodeView:
     conditions = {c.get("type"): c for c in (node.get("status") or {}).get("conditions") or []}
     ready = conditions.get("Ready") or {}
     is_ready = ready.get("status") == "True"
+    annotations = node["metadata"].get("annotations") or {}
     return NodeView(
         name=node["metadata"]["name"],
         ready=is_ready,
         not_ready_since=None if is_ready else parse_time(ready.get("lastTransitionTime")),
         instance_type=(node["metadata"].get("labels") or {}).get(INSTANCE_TYPE_LABEL),
         unschedulable=bool((node.get("spec") or {}).get("unschedulable")),
+        cordoned_by=str(annotations.get(CORDONED_BY_ANNOTATION) or ""),
+        cordoned_at=str(annotations.get(CORDON_TIME_ANNOTATION) or ""),
     )
 
 

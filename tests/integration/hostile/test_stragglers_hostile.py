@@ -1,0 +1,97 @@
+"""Hostile tenant vs the straggler check (lifecycle/stragglers.py): a rank of a job's own pod
+claims a rank number outside the job's world (nodes x processesPerNode), slow, to be named a
+straggler. (A rank number past int32 is the unit tier's: a worldSize of 2**31 in the same
+message hangs the operator's stall policy, which sizes a set by it: reported, not this file's.)"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from integration.health_ranks import (
+    fast_health_operator,
+    outcome,
+    pod_token,
+    rank_env,
+    start_rank,
+    wait_account,
+)
+from integration.operator_harness import (
+    OperatorProcess,
+    create_job,
+    get_job,
+    job_events,
+    job_manifest,
+    wait_gang_running,
+    wait_phase,
+)
+from trainium_devcluster.sim import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
+
+
+@pytest.fixture(scope="module")
+def shared_operator(
+    dev_cluster: Any, crds: None, request: pytest.FixtureRequest, tmp_path_factory: Any
+) -> Iterator[OperatorProcess]:
+    """This module's operator serves the health channel and wakes jobs every 0.5 s."""
+    log_dir = tmp_path_factory.mktemp("straggler-hostile-operator")
+    with fast_health_operator(dev_cluster, request.module.__name__, log_dir) as proc:
+        yield proc
+
+
+def test_ranks_claiming_numbers_outside_the_jobs_world_are_never_named_stragglers(
+    dev_cluster: Any, namespace: str, operator: Any, tmp_path: Path, hostile_report: Any
+) -> None:
+    clients = dev_cluster.clients
+    health = {"reportIntervalSeconds": 0.2}
+    create_job(
+        clients,
+        namespace,
+        job_manifest("forged", nodes=1, compile={"enabled": False}, health=health),
+    )
+    (pod,) = wait_gang_running(clients, namespace, "forged", "train", 0, nodes=1)
+    wait_phase(clients, namespace, "forged", "Training")
+    wait_account(clients, namespace)
+    token = tmp_path / "token"
+    token.write_text(pod_token(clients, pod))
+    # The job's world is 1 node x 32 processes (trn1.32xlarge); rank 2 is really slow.
+    honest = [
+        start_rank(rank_env(pod, token, rank, 3), 160, 0.065 if rank == 2 else 0.05)
+        for rank in range(3)
+    ]
+    forged = {rank: start_rank(rank_env(pod, token, rank, rank + 1), 160, 0.5) for rank in (5000,)}
+    seen: dict[str, Any] = {}
+    try:
+        # Near the honest ranks' end (~7 s), the forged ones have 14 step times: a full verdict.
+        seen = wait_for(
+            lambda: {"status": get_job(clients, namespace, "forged").get("status") or {}},
+            until=lambda job: (job["status"].get("progress") or {}).get("maxStep", 0) >= 140,
+            timeout=60,
+            description="forged: the honest ranks near their end",
+        )
+    finally:
+        for process in honest:
+            outcome(process)
+        for process in forged.values():
+            process.kill()
+            process.communicate()
+        status = seen.get("status") or {}
+        flagged = [r["rank"] for r in (status.get("stragglers") or {}).get("ranks", [])]
+        for rank in forged:
+            hostile_report.tried(
+                "health channel: rank number",
+                f"rank {rank} (world {rank + 1}), 10x the step time",
+                "no status progress (writes failing?)"
+                if not status
+                else "named a straggler"
+                if rank in flagged
+                else f"ignored (outside the spec's world of 32); named: {flagged}",
+            )
+    warnings = [e[2] for e in job_events(clients, namespace, "forged") if e[1] == "Straggler"]
+    assert flagged == [2], status["stragglers"]
+    assert len(warnings) == 1, warnings
+    assert status["phase"] == "Training"
