@@ -39,7 +39,8 @@ URL = "http://trainium-operator-health.trainium-system.svc:8090/v1/progress"
 
 
 def job(**health: Any) -> JobRef:
-    return dataclasses.replace(job_ref(health=health), health_url=URL)
+    # One process per node: on-demand profiling sizes the gang from the spec (2 ranks here).
+    return dataclasses.replace(job_ref(processesPerNode=1, health=health), health_url=URL)
 
 
 def training(attempt: int = 0, **more: Any) -> dict[str, Any]:

@@ -32,7 +32,8 @@ NODES = {f"n{i}": NodeView(f"n{i}", True, None, "trn1.32xlarge") for i in range(
 
 
 def job(**health: Any) -> JobRef:
-    return job_ref(compile={"enabled": False}, health=health)
+    # One process per node: the stall watch sizes the gang from the spec (2 ranks here).
+    return job_ref(compile={"enabled": False}, processesPerNode=1, health=health)
 
 
 def running(job: JobRef, stage: Stage, attempt: int, rank: int) -> PodView:
