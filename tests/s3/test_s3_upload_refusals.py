@@ -1,14 +1,13 @@
 """The upload pod's entry point against a real S3 API (moto, tests/s3_server.py) when the job
 author planted something in the profile directory: a rank file, a node directory or the
 manifest that is a symlink (to the pod's web-identity token, say), or a FIFO, is refused with
-the Refused exit code and nothing is uploaded; the classified exit codes of S3 errors."""
+the Refused exit code and nothing is uploaded (test_s3_profiles runs the module itself for a
+clean profile and a missing bucket)."""
 
 from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pytest
 from s3_server import S3Bucket
 from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.profiler.manifest import MANIFEST_NAME
-from trainium_operator.profiler.s3 import ExitCode
+from trainium_operator.profiler.s3 import ExitCode, main
 
 SPEC = SyntheticSpec(nodes=1, ranks_per_node=2, kernels_per_step=4, steps=4, detailed_steps=(1, 2))
 SECRET = "eyJhbGciOiJSUzI1NiJ9.the-upload-roles-web-identity-token"
@@ -64,51 +63,18 @@ def _fifo_rank_file(profile: Path, secret: Path) -> str:
     "plant", [_symlinked_rank_file, _symlinked_node_dir, _symlinked_manifest, _fifo_rank_file]
 )
 def test_the_uploader_refuses_a_profile_with_a_symlink_or_special_file_and_uploads_nothing(
-    s3: S3Bucket, clean_profile: Path, tmp_path: Path, plant: Callable[[Path, Path], str]
+    s3: S3Bucket,
+    clean_profile: Path,
+    tmp_path: Path,
+    plant: Callable[[Path, Path], str],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     profile = tmp_path / "profile"
     shutil.copytree(clean_profile, profile)
     secret = tmp_path / "token"
     secret.write_text(SECRET)
     what = plant(profile, secret)
-    done = subprocess.run(
-        [sys.executable, "-m", "trainium_operator.profiler.s3", str(profile), s3.uri("up/0")],
-        env={**os.environ, **s3.env},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    assert done.returncode == ExitCode.REFUSED, (what, done.stderr)
-    assert done.stderr.strip().splitlines()[-1].startswith("profile upload failed:")
+    code = main([str(profile), s3.uri("up/0")])  # the upload pod's entry point, in process
+    assert code == ExitCode.REFUSED, what
     assert s3.keys() == {}, f"{what}: nothing may be uploaded"
-
-
-def test_a_clean_profile_still_uploads_every_rank_file_and_the_manifest(
-    s3: S3Bucket, clean_profile: Path
-) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "trainium_operator.profiler.s3", str(clean_profile), s3.uri("ok")],
-        env={**os.environ, **s3.env},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    assert done.returncode == ExitCode.UPLOADED, done.stderr
-    assert sorted(s3.keys("ok/")) == sorted(
-        [f"ok/{p.relative_to(clean_profile).as_posix()}" for p in _rank_files(clean_profile)]
-        + [f"ok/{MANIFEST_NAME}"]
-    )
-
-
-def test_a_missing_bucket_exits_with_its_own_code(s3: S3Bucket, clean_profile: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "trainium_operator.profiler.s3", str(clean_profile), "s3://gone/x"],
-        env={**os.environ, **s3.env},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
-    assert done.returncode == ExitCode.BUCKET_MISSING, done.stderr
+    assert SECRET not in capsys.readouterr().err, "the uploader never read the target"

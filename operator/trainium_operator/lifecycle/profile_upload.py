@@ -6,13 +6,17 @@ finished), its profile is uploaded by one pod (`builders.upload`). This policy a
 Decision:
 
 - the attempt's upload pod, once;
-- `status.profileUploads[]` (attempt, state, pod, destination, the pod's message, and `s3Uri`
-  once the pod has succeeded: its manifest, written last, is in S3); for the finished job's
-  last attempt also `status.profile.upload` and `status.profile.s3Uri`;
+- `status.profileUploads[]` (attempt, state, a classified reason with the operator's sentence
+  for it, pod, destination, and `s3Uri` once the pod has succeeded: its manifest, written
+  last, is in S3), the newest MAX_UPLOAD_RECORDS, older ones counted in
+  `status.profileUploadsOlder`; for the finished job's last attempt also
+  `status.profile.upload` and `status.profile.s3Uri`;
 - the `ProfileUploaded` condition and one event per outcome: Normal `ProfileUploaded`, or
-  Warning `ProfileUploadFailed` with the uploader's one-line reason (missing bucket, access
-  denied, no credentials). The job's phase is never touched: an upload failure never fails
-  the training.
+  Warning `ProfileUploadFailed` with the reason's sentence (missing bucket, access denied, no
+  credentials, a refused symlink). The reason comes from the pod's exit code alone, never its
+  log: the profile directory is the job author's. The job's phase is never touched: an upload
+  failure never fails the training;
+- the deletion of finished upload pods beyond the newest few, once their outcome is stored.
 
 It runs after `machine.decide`, on its output, so the state machine knows nothing about it.
 """

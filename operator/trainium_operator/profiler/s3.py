@@ -3,8 +3,8 @@
     s3://<bucket>/<prefix>/<namespace>/<job>/<attempt>/profile.json
     s3://<bucket>/<prefix>/<namespace>/<job>/<attempt>/<node>/rank-<RANK>.trnprof
 
-This module is part of the profiler package so that the training image (which runs the upload
-pod) carries it without the operator's other layers; boto3 is imported only when a client is
+This module is part of the profiler package so that it runs without the operator's other
+layers (the upload pod runs it from the operator's image); boto3 is imported only when a client is
 made. Every client comes from boto3's default session: credentials from the default chain
 (IRSA or EKS Pod Identity on EKS, never static keys in pods), the region and `AWS_ENDPOINT_URL`
 from the standard configuration, plus a retry policy with backoff.
