@@ -199,3 +199,21 @@ def test_profile_uploads_keep_the_newest_records_and_count_the_older_ones() -> N
         f"bert-profile-upload-{attempts - 1}"
     ], "only the newest ended attempt still needed a pod: dropped ones are never re-uploaded"
     validated_status(decision.status)
+
+
+def test_old_finished_upload_pods_are_deleted_only_once_their_outcome_is_stored() -> None:
+    job = job_ref(profile={"enabled": True, "s3Uri": S3})
+    settings = UploadDefaults().pod_settings()
+    status = _finished(attempt=6)
+    status["training"] = {"firstAttempt": 0}
+    status["profileUploads"] = [
+        {"attempt": a, "state": "Succeeded", "pod": f"bert-profile-upload-{a}",
+         "destination": f"{S3}/team-a/bert/{a}", "reason": "Uploaded"}
+        for a in range(5)
+    ]  # fmt: skip
+    pods = [_ended(upload_pod(job, a, S3, settings), 0) for a in range(6)]  # 5: not yet stored
+    decision = Decision(status=copy.deepcopy(status))
+    plan_upload(job, decision, pods, UploadDefaults(), NOW)
+    deleted = sorted(d.name for d in decision.delete_pods)
+    assert deleted == ["bert-profile-upload-0", "bert-profile-upload-1"], deleted
+    assert decision.status["profileUploads"][5]["state"] == "Succeeded", "stored in this pass"
