@@ -245,8 +245,7 @@ def refused_uploads(status: Mapping[str, Any]) -> list[int]:
     return [
         int(record["attempt"])
         for record in status.get("profileUploads") or []
-        if record.get("state") == "Failed"
-        and "refused by the API server" in str(record.get("message", ""))
+        if record.get("state") == "Failed" and record.get("reason") == "PodRefused"
     ]
 
 

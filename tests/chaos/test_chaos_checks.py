@@ -125,7 +125,13 @@ def test_any_warning_on_a_control_job_is_a_violation() -> None:
 
 def refused_status(**changes: Any) -> dict[str, Any]:
     message = "the upload pod p-profile-upload-0 was refused by the API server: exceeded quota"
-    record = {"attempt": 0, "state": "Failed", "pod": "p-profile-upload-0", "message": message}
+    record = {
+        "attempt": 0,
+        "state": "Failed",
+        "reason": "PodRefused",
+        "pod": "p-profile-upload-0",
+        "message": message,
+    }
     status = {
         **SUCCEEDED,
         "profile": {"upload": record},

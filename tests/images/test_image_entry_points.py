@@ -25,7 +25,7 @@ from images.dockerfile_model import (
 )
 from s3_server import S3Bucket, aws_env
 from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
-from trainium_operator.builders.upload import UploadPodSettings, upload_pod
+from trainium_operator.builders.upload import PROFILE_MOUNT_PATH, UploadPodSettings, upload_pod
 from trainium_operator.profiler.s3 import MANIFEST_NAME
 from unit.jobs import job_ref
 
@@ -172,8 +172,8 @@ def test_the_upload_pods_command_uploads_a_profile_from_the_operator_image(
     profile = write_synthetic_profile(
         tmp_path / "shared" / "profile", SyntheticSpec(nodes=1, ranks_per_node=2, steps=3)
     )
-    argv = [str(profile) if a == job.profile_dir(0) else a for a in container["command"]]
-    assert str(profile) in argv, f"the command names the attempt's profile dir: {argv}"
+    argv = [str(profile) if a == PROFILE_MOUNT_PATH else a for a in container["command"]]
+    assert str(profile) in argv, f"the command names the profile's mount path: {argv}"
     env = {**operator_env(operator_image), **aws_env(s3.endpoint)}
     result = run(image_command(argv, tmp_path), env, tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr

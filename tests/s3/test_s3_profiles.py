@@ -298,7 +298,7 @@ def test_the_upload_module_is_what_the_upload_pod_runs(
         text=True,
         check=False,
     )
-    assert failed.returncode == 1
+    assert failed.returncode == 6, "BucketMissing (profiler.s3.ExitCode)"
     last = failed.stderr.strip().splitlines()[-1]
     assert last == "profile upload failed: uploading to s3://gone/x: bucket 'gone' does not exist"
     empty = tmp_path / "never-trained"

@@ -196,10 +196,12 @@ def test_a_captured_profile_gets_its_own_upload_pod_when_s3_is_configured() -> N
     (pod,) = decision.side_create
     record = decision.status[STATUS_KEY]
     assert pod["metadata"]["name"] == "bert-profile-upload-p0-20261203t080000z"
-    assert pod["spec"]["containers"][0]["command"][-2:] == [
-        record["path"],
+    (container,) = pod["spec"]["containers"]
+    assert container["command"][-2:] == [
+        "/profile",
         "s3://bucket/profiles/team-a/bert/0/on-demand/p0-20261203T080000Z",
     ]
+    assert container["volumeMounts"][0]["subPath"] == record["path"].removeprefix("/data/")
     assert record["upload"]["state"] == "Pending"
     validated_status(decision.status)
     # The pod succeeded: recorded once, with its event; never created again.

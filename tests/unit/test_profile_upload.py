@@ -98,13 +98,14 @@ def test_the_upload_pod_reads_the_claim_read_only_and_writes_the_attempts_prefix
         "python3",
         "-m",
         "trainium_operator.profiler.s3",
-        "/data/profiles/team-a/bert/2",
+        "/profile",
         "s3://my-profiles/runs/team-a/bert/2",
     ]
-    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert container["terminationMessagePolicy"] == "File"
     assert container["volumeMounts"][0] == {
         "name": "shared-data",
-        "mountPath": "/data",
+        "mountPath": "/profile",
+        "subPath": "profiles/team-a/bert/2",
         "readOnly": True,
     }
     assert spec["volumes"][0]["persistentVolumeClaim"] == {
@@ -148,7 +149,7 @@ def test_the_upload_pod_meets_pod_security_restricted_with_limits() -> None:
     assert context["allowPrivilegeEscalation"] is False
     assert context["capabilities"] == {"drop": ["ALL"]}
     assert context["readOnlyRootFilesystem"] is True
-    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/data", "/tmp"}
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/profile", "/tmp"}
     assert set(container["resources"]["limits"]) >= {"cpu", "memory"}
     assert set(container["resources"]["requests"]) >= {"cpu", "memory"}
 
@@ -225,22 +226,21 @@ def test_a_successful_upload_points_the_status_at_s3_once() -> None:
 
 def test_a_failed_upload_is_a_warning_and_a_condition_never_a_failed_job() -> None:
     first, status = run(finished_status(), [])
-    reason = (
-        "profile upload failed: uploading to s3://my-profiles/runs/team-a/bert/2: "
-        "bucket 'my-profiles' does not exist"
-    )
-    failed = ended(first.side_create[0], "Failed", f"some log line\n{reason}\n", code=1)
+    failed = ended(first.side_create[0], "Failed", "some log line\n", code=6)  # BucketMissing
     decision, status = run(status, [failed])
     assert status["phase"] == "Succeeded"
     assert "s3Uri" not in status["profile"]
     assert status["profile"]["upload"]["state"] == "Failed"
-    assert status["profile"]["upload"]["message"] == reason
+    assert status["profile"]["upload"]["reason"] == "BucketMissing"
+    assert status["profile"]["upload"]["message"] == "the bucket does not exist"
     cond = condition(status)
     assert (cond["status"], cond["reason"]) == ("False", "UploadFailed")
     assert "does not exist" in cond["message"]
     ((kind, why, message),) = [(e.type, e.reason, e.message) for e in decision.events]
     assert (kind, why) == ("Warning", "ProfileUploadFailed")
-    assert "bucket 'my-profiles' does not exist" in message
+    assert "s3://my-profiles/runs/team-a/bert/2" in message
+    assert "the bucket does not exist" in message
+    assert "some log line" not in str(status), "the pod's own text is never read"
     assert run(status, [failed])[0].events == [], "reported once"
 
 

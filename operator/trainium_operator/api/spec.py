@@ -53,6 +53,12 @@ RESERVED_ENV_NAMES = frozenset(
 )
 RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_")
 CACHE_SET_PATTERN = r"^[A-Za-z0-9_-]+$"
+# Upper bounds of the spec's numbers: no tenant number is unbounded (restart counts size the
+# status' history, deadlines and timeouts feed timers).
+DAY = 86_400
+YEAR = 365 * DAY
+MAX_RESTARTS = 1000
+MAX_STEP = 10**12
 # s3://<bucket>[/<prefix>]: S3 bucket naming rules (3-63 lowercase letters, digits, dots, dashes).
 S3_URI_PATTERN = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^*?]*)?$"
 # Job names become Service names and pod hostnames' subdomain: DNS-1035, short enough that
@@ -184,12 +190,63 @@ class TrainingCommand(ApiModel):
     <outputDir>/compile-<N>). Unset: nothing is added."""
 
 
+# Where a claim may be mounted: one of these directories or below it. An allowlist, not a list
+# of system directories to avoid: a tenant-writable volume over an image's code or
+# configuration (/usr, /etc, /opt/conda, a site-packages) is a way to run code in whatever
+# runs that image. Segments are names (no ".", "..", empty or hidden ones).
+STORAGE_MOUNT_ROOTS = ("data", "fsx", "mnt", "shared", "scratch", "home", "workspace")
+_PATH_SEGMENTS = r"(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$"
+MOUNT_PATH_PATTERN = "^/(" + "|".join(STORAGE_MOUNT_ROOTS) + ")" + _PATH_SEGMENTS
+MAX_PATH_LENGTH = 255
+_PYTHON_PACKAGES = r"/(site|dist)-packages(/|$)"
+MOUNT_PATH_FIX = (
+    "mount the claim at /data (the default) or below one of "
+    + ", ".join(f"/{root}" for root in STORAGE_MOUNT_ROOTS)
+    + ", with no '.', '..', empty or hidden path segment and no site-packages or dist-packages"
+)
+
+
+def mount_path_problem(path: str) -> str | None:
+    """Why `path` may not be spec.storage.mountPath, or None."""
+    if len(path) > MAX_PATH_LENGTH or not re.match(MOUNT_PATH_PATTERN, path):
+        return f"{path[:MAX_PATH_LENGTH]!r} is refused: {MOUNT_PATH_FIX}"
+    if re.search(_PYTHON_PACKAGES, path):
+        return f"{path!r} is refused: it is a Python package directory; {MOUNT_PATH_FIX}"
+    return None
+
+
+def _mount_path_schema() -> Any:
+    """The CRD's copy of mount_path_problem: pattern, length and a CEL rule."""
+    return Field(
+        json_schema_extra={
+            "pattern": MOUNT_PATH_PATTERN,
+            "maxLength": MAX_PATH_LENGTH,
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"!self.matches('{_PYTHON_PACKAGES}')",
+                    "message": f"spec.storage.mountPath: {MOUNT_PATH_FIX}",
+                }
+            ],
+        }
+    )
+
+
 class StorageSpec(ApiModel):
     claim_name: ObjectName = "fsx-claim"
     """PersistentVolumeClaim (ReadWriteMany, e.g. FSx for Lustre) mounted in every pod;
     it holds the data, the compile cache, checkpoints and profiles."""
-    mount_path: Annotated[str, Field(pattern=r"^/.*")] = "/data"
-    """Where the claim is mounted in the containers."""
+    mount_path: Annotated[str, _mount_path_schema()] = "/data"
+    """Where the claim is mounted in the training and compile containers: /data or below one
+    of /data, /fsx, /mnt, /shared, /scratch, /home, /workspace (never over a system or Python
+    package directory). Profile upload pods never use it: they mount only the profile's own
+    directory, read-only, at a path of the operator's."""
+
+    @model_validator(mode="after")
+    def _check_mount_path(self) -> StorageSpec:
+        problem = mount_path_problem(self.mount_path)
+        if problem:
+            raise ValueError(f"spec.storage.mountPath: {problem}")
+        return self
 
 
 class CompileSpec(ApiModel):
@@ -256,7 +313,7 @@ class RendezvousSpec(ApiModel):
     """host:port of the etcd server; required when backend is etcd (e.g. etcd-server:2379)."""
     port: Annotated[int, Field(ge=1024, le=65535)] = 29400
     """c10d rendezvous port on the rank-0 pod."""
-    timeout_seconds: Annotated[int, Field(ge=10)] = 900
+    timeout_seconds: Annotated[int, Field(ge=10, le=DAY)] = 900
     """How long workers wait for all nodes to join."""
 
 
@@ -280,15 +337,15 @@ class PodMetadata(ApiModel):
 
 
 class RunPolicy(ApiModel):
-    backoff_limit: Annotated[int, Field(ge=0)] = 3
+    backoff_limit: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = 3
     """Gang restarts allowed after training-process failures (non-zero exits) before the
     job fails."""
-    infrastructure_backoff_limit: Annotated[int, Field(ge=0)] = 5
+    infrastructure_backoff_limit: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = 5
     """Gang restarts allowed after infrastructure failures (node lost, eviction,
     disruption, pod deleted); counted separately from backoffLimit."""
-    active_deadline_seconds: Annotated[int | None, Field(ge=1)] = None
+    active_deadline_seconds: Annotated[int | None, Field(ge=1, le=YEAR)] = None
     """Fail the job when it has been active (not suspended) this long."""
-    ttl_seconds_after_finished: Annotated[int | None, Field(ge=0)] = None
+    ttl_seconds_after_finished: Annotated[int | None, Field(ge=0, le=YEAR)] = None
     """Delete the finished TrainingJob (and everything it owns) after this many seconds."""
     clean_pod_policy: CleanPodPolicy = CleanPodPolicy.RUNNING
     """Pods deleted when the job finishes: Running (default: stop what still runs, keep
@@ -296,10 +353,10 @@ class RunPolicy(ApiModel):
     suspend: bool = False
     """Suspend: delete the pods and the PodGroup; setting it back to false resumes from
     the last checkpoint with a new attempt."""
-    node_lost_grace_period_seconds: Annotated[int, Field(ge=0)] = 30
+    node_lost_grace_period_seconds: Annotated[int, Field(ge=0, le=DAY)] = 30
     """How long a node may be NotReady before its pods are force-deleted and the gang
     restarts elsewhere."""
-    startup_timeout_seconds: Annotated[int, Field(ge=1)] = 900
+    startup_timeout_seconds: Annotated[int, Field(ge=1, le=DAY)] = 900
     """How long a gang's pods may take to start once one of them is placed on a node or cannot
     start (image pull, container config, a missing claim). Then the job fails with the pod's
     reason, or, when nothing names a cause, the gang restarts (infrastructureBackoffLimit).
@@ -318,19 +375,22 @@ class SchedulingSpec(ApiModel):
 class ProfileSpec(ApiModel):
     enabled: bool = False
     """Turn on the trainium-operator profiler in every training process."""
-    start_step: Annotated[int, Field(ge=0)] = 10
+    start_step: Annotated[int, Field(ge=0, le=MAX_STEP)] = 10
     """First step captured in detail (step markers are recorded for the whole run)."""
-    end_step: Annotated[int, Field(ge=0)] = 20
+    end_step: Annotated[int, Field(ge=0, le=MAX_STEP)] = 20
     """Last step captured in detail."""
-    output_dir: str | None = None
-    """Root of profiles on the shared volume; defaults to <mountPath>/profiles. Each
-    attempt writes <outputDir>/<namespace>/<job>/<attempt>."""
+    output_dir: Annotated[
+        str | None, Field(pattern="^" + _PATH_SEGMENTS, max_length=MAX_PATH_LENGTH)
+    ] = None
+    """Root of profiles on the shared volume, below spec.storage.mountPath; defaults to
+    <mountPath>/profiles. Each attempt writes <outputDir>/<namespace>/<job>/<attempt>."""
     neuron_device_profile: bool = False
     """Also capture the Neuron runtime's system and device profiles (NEURON_RT_INSPECT_*)."""
     s3_uri: Annotated[str | None, Field(pattern=S3_URI_PATTERN, max_length=1024)] = None
     """Upload each finished attempt's profile to <s3Uri>/<namespace>/<job>/<attempt>/ (for
-    example s3://my-bucket/profiles), from a short pod that mounts the claim read-only and
-    runs with spec.serviceAccountName (IRSA or EKS Pod Identity: never static keys). Defaults
+    example s3://my-bucket/profiles), from a short pod of the operator's own image and upload
+    ServiceAccount (IRSA or EKS Pod Identity: never static keys) that mounts only the
+    attempt's profile directory, read-only. Defaults
     to the operator's chart value profileUpload.s3Uri. An upload failure never fails the job:
     it is a Warning event and the ProfileUploaded condition."""
 
@@ -366,7 +426,7 @@ class HealthSpec(ApiModel):
     bound to its pod). False: no token is mounted and nothing is sent."""
     report_interval_seconds: Annotated[float, Field(ge=0.2, le=300)] = 5.0
     """Seconds between one rank's progress messages."""
-    total_steps: Annotated[int | None, Field(ge=1)] = None
+    total_steps: Annotated[int | None, Field(ge=1, le=MAX_STEP)] = None
     """The steps the training runs in all, for status.progress.eta (the ETA column)."""
     stall_timeout_seconds: Annotated[float | None, Field(ge=1, le=604800)] = None
     """A gang none of whose ranks entered a new step for this long is Stalled. Default: max(3 x
@@ -455,6 +515,15 @@ def _stack_support_summary() -> str:
     return "; ".join(f"{s.value}: {', '.join(_types_running(s))}" for s in NeuronStack)
 
 
+_PROFILE_ON_CLAIM = {
+    "rule": "!has(self.profile.outputDir) || "
+    "self.profile.outputDir.startsWith(self.storage.mountPath + '/')",
+    "message": "spec.profile.outputDir must be below spec.storage.mountPath: the profile is "
+    "on the claim, where its upload pod reads it",
+    "fieldPath": ".profile.outputDir",
+}
+
+
 _CROSS_FIELD_RULES: list[dict[str, str]] = [
     {
         "rule": "self.rendezvous.backend != 'etcd' || has(self.rendezvous.endpoint)",
@@ -519,6 +588,7 @@ _CROSS_FIELD_RULES: list[dict[str, str]] = [
         "remove them, or set spec.neuron.stack to native on an instance type that runs it",
         "fieldPath": ".neuron",
     },
+    _PROFILE_ON_CLAIM,
 ]
 
 
@@ -786,7 +856,7 @@ class TrainingJobSpec(ApiModel):
     """The training script and its arguments; torchrun runs it on every node."""
     nodes: Annotated[int, Field(ge=1, le=512)] = 1
     """Number of nodes (one pod per node, gang-scheduled)."""
-    processes_per_node: Annotated[int | None, Field(ge=1)] = None
+    processes_per_node: Annotated[int | None, Field(ge=1, le=128)] = None
     """torchrun --nproc_per_node; defaults to the (logical) NeuronCores of the instance type
     (32 on trn1.32xlarge and trn1n.32xlarge, 2 on trn1.2xlarge, 64 on trn2.48xlarge and
     trn2u.48xlarge at the default lnc 2). Never 'auto'."""
@@ -879,6 +949,9 @@ class TrainingJobSpec(ApiModel):
                 f"spec.env[{index}].valueFrom", variable.value_from, object_names.ENV_VAR_SOURCE
             )
         problems += self.pod_template.problems(self.storage.mount_path.rstrip("/") or "/")
+        output = self.profile.output_dir
+        if output is not None and not output.startswith(self.storage.mount_path + "/"):
+            problems.append(_PROFILE_ON_CLAIM["message"])
         if self.service_account_name in reserved_service_accounts():
             problems.append(
                 f"spec.serviceAccountName: {self.service_account_name} is an account of the "

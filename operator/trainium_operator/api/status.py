@@ -163,6 +163,26 @@ class LastFailure(ApiModel):
 
 
 UploadState = Literal["Pending", "Running", "Succeeded", "Failed", "NoProfile"]
+# status.profileUploads keeps this many records (lifecycle.profile_upload folds older ones).
+MAX_PROFILE_UPLOAD_RECORDS = 20
+
+
+class UploadReason(enum.StrEnum):
+    """Why an upload ended as it did: classified by the operator from the upload pod's exit
+    code and phase, never read from the pod's log or termination message."""
+
+    UPLOADED = "Uploaded"
+    NO_PROFILE = "NoProfile"
+    REFUSED = "Refused"  # a symlink or a special file in the profile directory
+    ACCESS_DENIED = "AccessDenied"
+    BUCKET_MISSING = "BucketMissing"
+    NO_CREDENTIALS = "NoCredentials"
+    UNREACHABLE = "Unreachable"
+    UPLOAD_FAILED = "UploadFailed"  # any other error of the uploader
+    TIMEOUT = "Timeout"  # the pod's activeDeadlineSeconds passed
+    POD_FAILED = "PodFailed"  # the pod ended without the uploader's own exit code
+    POD_REFUSED = "PodRefused"  # the API server refused to create the pod
+    NOT_ON_CLAIM = "NotOnClaim"  # the profile directory is not on the claim
 
 
 class ProfileUpload(ApiModel):
@@ -170,21 +190,33 @@ class ProfileUpload(ApiModel):
 
     attempt: Count
     state: UploadState | None = None
+    reason: UploadReason | None = None
+    """Why it ended so (set once it has)."""
     pod: str | None = None
     destination: str | None = None
     s3_uri: str | None = None
     """Set once the manifest (the commit marker) is in S3."""
-    message: str | None = None
+    message: str | None = Field(default=None, max_length=512)
+    """The operator's sentence for the reason (never the pod's own text)."""
+
+
+class ProfileUploadCounts(ApiModel):
+    """Uploads of attempts older than those status.profileUploads lists, by outcome."""
+
+    succeeded: Count = 0
+    failed: Count = 0
+    no_profile: Count = 0
 
 
 class ProfileUploadSummary(ApiModel):
     """The upload of the current attempt's profile to S3."""
 
     state: UploadState | None = None
+    reason: UploadReason | None = None
     pod: str | None = None
     attempt: Count | None = None
     destination: str | None = None
-    message: str | None = None
+    message: str | None = Field(default=None, max_length=512)
 
 
 class ProfileStatus(ApiModel):
@@ -441,13 +473,18 @@ class TrainingJobStatus(ApiModel):
     on_demand_profile: OnDemandProfile | None = None
     profile_uploads: list[ProfileUpload] = Field(
         default_factory=list,
-        description="The S3 upload of each ended training attempt's profile; written by the "
-        "upload policy (lifecycle/profile_upload.py), never by the state machine.",
+        max_length=MAX_PROFILE_UPLOAD_RECORDS,
+        description="The S3 upload of each ended training attempt's profile, the newest "
+        f"{MAX_PROFILE_UPLOAD_RECORDS} (older ones are counted in profileUploadsOlder); "
+        "written by the upload policy (lifecycle/profile_upload.py), never by the state "
+        "machine.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["attempt"],
         },
     )
+    profile_uploads_older: ProfileUploadCounts | None = None
+    """Uploads of attempts older than profileUploads lists, counted by outcome."""
 
 
 def validated_status(data: dict[str, Any]) -> dict[str, Any]:

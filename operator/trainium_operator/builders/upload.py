@@ -1,5 +1,11 @@
 """The profile upload pod: after a profiled attempt ends, one short pod per attempt copies the
-profile from the shared claim (mounted read-only) to S3 with boto3 (manifest last).
+profile from the shared claim to S3 with boto3 (manifest last).
+
+The claim is tenant-writable, so the pod mounts only the profile's own directory of it
+(`subPath`), read-only, at a path of the operator's choosing (PROFILE_MOUNT_PATH), never at
+`spec.storage.mountPath`: a tenant's mount path over the image's Python would otherwise run
+the tenant's code with the S3 role. Its arguments are that fixed path and the destination; its
+status is classified from its exit code (lifecycle.profile_upload), never read from its log.
 
 It runs the operator's own image and command (`python3 -m trainium_operator.profiler.s3 DIR
 s3://...`; the image carries the profiler package and boto3), never the job's training image:
@@ -15,11 +21,13 @@ without any coordination between nodes.
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from importlib import metadata as package_metadata
 from typing import Any
 
 from trainium_operator.builders.job import LABEL_JOB_NAME, LABEL_STAGE, JobRef
+from trainium_operator.profiler import channel_contract
 
 Obj = dict[str, Any]
 
@@ -27,8 +35,10 @@ UPLOAD_STAGE = "profile-upload"  # value of trainium.dev/stage on upload pods
 LABEL_PROFILE_ATTEMPT = "trainium.dev/profile-attempt"
 # On the upload pod of an on-demand profile (lifecycle/profile_on_demand.py): its request id.
 LABEL_PROFILE_REQUEST = "trainium.dev/profile-request"
-ON_DEMAND_SUBDIR = "on-demand"  # as profiler/channel_contract.ON_DEMAND_SUBDIR, in S3 too
+ON_DEMAND_SUBDIR = channel_contract.ON_DEMAND_SUBDIR  # in S3 too
 CONTAINER_NAME = "upload"
+# Where the upload pod sees the profile directory (and nothing else of the claim).
+PROFILE_MOUNT_PATH = "/profile"
 DATA_VOLUME = "shared-data"
 TMP_VOLUME = "tmp"
 UPLOAD_MODULE = "trainium_operator.profiler.s3"
@@ -119,31 +129,44 @@ def image_pull_secrets(job: JobRef, settings: UploadPodSettings) -> list[Obj]:
     return [{"name": name} for name in dict.fromkeys(n for n in names if n)]
 
 
+def claim_subpath(job: JobRef, directory: str) -> str:
+    """`directory` (a path in the training pods) relative to the claim's root, for a
+    `subPath`. Raises ValueError when it is not strictly below spec.storage.mountPath or has a
+    "." or ".." component (spec validation refuses such a profile.outputDir first)."""
+    parts = directory.split("/")
+    if not directory.startswith("/") or any(p in (".", "..") for p in parts):
+        raise ValueError(f"{directory!r} is not a normalized absolute path")
+    relative = posixpath.relpath(posixpath.normpath(directory), job.mount_path)
+    if relative == "." or relative.startswith(".."):
+        raise ValueError(f"{directory!r} is not below the claim's mount path {job.mount_path}")
+    return relative
+
+
 def upload_pod(job: JobRef, attempt: int, s3_uri: str, settings: UploadPodSettings) -> Obj:
     """The upload pod of an ended attempt's profile."""
     return _upload_pod(
         job,
         upload_pod_name(job, attempt),
-        job.profile_dir(attempt),
+        claim_subpath(job, job.profile_dir(attempt)),
         destination_uri(s3_uri, job, attempt),
         {LABEL_PROFILE_ATTEMPT: str(attempt)},
         settings,
     )
 
 
-def on_demand_upload_pod(  # noqa: PLR0917 - the request's identity, where and with what
-    job: JobRef,
-    attempt: int,
-    request_id: str,
-    directory: str,
-    s3_uri: str,
-    settings: UploadPodSettings,
+def on_demand_upload_pod(
+    job: JobRef, attempt: int, request_id: str, s3_uri: str, settings: UploadPodSettings
 ) -> Obj:
-    """The upload pod of a captured on-demand profile (its directory on the claim)."""
+    """The upload pod of a captured on-demand profile (`<profile dir>/on-demand/<id>`,
+    derived here from the job, never from the status)."""
+    # Raises ValueError for an id that is not one path component.
+    directory = channel_contract.on_demand_dir(
+        channel_contract.stacks_dir(job.profile_dir(attempt)), request_id
+    )
     return _upload_pod(
         job,
         on_demand_upload_pod_name(job, request_id),
-        directory,
+        claim_subpath(job, directory),
         on_demand_destination_uri(s3_uri, job, attempt, request_id),
         {LABEL_PROFILE_REQUEST: request_id.lower()},
         settings,
@@ -153,7 +176,7 @@ def on_demand_upload_pod(  # noqa: PLR0917 - the request's identity, where and w
 def _upload_pod(  # noqa: PLR0917 - private: its two callers above
     job: JobRef,
     name: str,
-    directory: str,
+    subpath: str,
     destination: str,
     labels: dict[str, str],
     settings: UploadPodSettings,
@@ -184,7 +207,7 @@ def _upload_pod(  # noqa: PLR0917 - private: its two callers above
                     "python3",
                     "-m",
                     UPLOAD_MODULE,
-                    directory,
+                    PROFILE_MOUNT_PATH,
                     destination,
                 ],
                 "env": [
@@ -194,12 +217,17 @@ def _upload_pod(  # noqa: PLR0917 - private: its two callers above
                     {"name": "TMPDIR", "value": "/tmp"},
                     {"name": "HOME", "value": "/tmp"},
                 ],
-                # The last line of the log (the outcome in one sentence) becomes the
-                # termination message the operator puts in the status and the event.
-                "terminationMessagePolicy": "FallbackToLogsOnError",
+                # The outcome is the exit code; the log (kubectl logs) has the detail and never
+                # becomes a termination message or status text.
+                "terminationMessagePolicy": "File",
                 "resources": UPLOAD_RESOURCES,
                 "volumeMounts": [
-                    {"name": DATA_VOLUME, "mountPath": job.mount_path, "readOnly": True},
+                    {
+                        "name": DATA_VOLUME,
+                        "mountPath": PROFILE_MOUNT_PATH,
+                        "subPath": subpath,
+                        "readOnly": True,
+                    },
                     {"name": TMP_VOLUME, "mountPath": "/tmp"},
                 ],
                 "securityContext": restricted_container_security_context(),

@@ -33,15 +33,22 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from trainium_operator.api.status import Phase
+from trainium_operator.api.status import Phase, UploadReason
 from trainium_operator.builders.job import JobRef
 from trainium_operator.builders.upload import (
+    LABEL_PROFILE_REQUEST,
     on_demand_destination_uri,
     on_demand_upload_pod,
     on_demand_upload_pod_name,
 )
-from trainium_operator.lifecycle.decision import Decision, EventRecord
-from trainium_operator.lifecycle.profile_upload import DONE_STATES, UploadDefaults, pod_outcome
+from trainium_operator.lifecycle.decision import Decision, EventRecord, PodDeletion
+from trainium_operator.lifecycle.profile_upload import (
+    DONE_STATES,
+    MAX_REFUSAL_CHARS,
+    UploadDefaults,
+    pod_outcome,
+    reason_message,
+)
 from trainium_operator.lifecycle.progress import RankSample
 from trainium_operator.lifecycle.status_edit import timestamp
 from trainium_operator.profiler import channel_contract as contract
@@ -270,6 +277,16 @@ def plan_on_demand_upload(
     `status.onDemandProfile.upload` (in place)."""
     record: Obj | None = decision.status.get(STATUS_KEY)
     s3_uri = job.spec.profile.s3_uri or defaults.s3_uri
+    # Only the latest request has a record: earlier requests' finished upload pods go, so
+    # repeated requests never pile pods up.
+    current = str((record or {}).get("requestId", "")).lower()
+    decision.delete_pods += [
+        PodDeletion(pod["metadata"]["name"], force=False)
+        for pod in upload_pods
+        if LABEL_PROFILE_REQUEST in (pod["metadata"].get("labels") or {})
+        and pod["metadata"]["labels"][LABEL_PROFILE_REQUEST] != current
+        and (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+    ]
     if record is None or record.get("state") != "Captured" or not s3_uri or decision.delete_job:
         return
     previous: Obj = record.get("upload") or {}
@@ -282,17 +299,21 @@ def plan_on_demand_upload(
         "pod": name,
         "destination": on_demand_destination_uri(s3_uri, job, attempt, request),
     }
+    reason: str
     if pod is None:
-        decision.side_create.append(
-            on_demand_upload_pod(
-                job, attempt, request, str(record["path"]), s3_uri, defaults.pod_settings()
-            )
-        )
-        upload["state"] = "Pending"
+        # The directory comes from the job and the request id, never from status.path.
+        try:
+            created = on_demand_upload_pod(job, attempt, request, s3_uri, defaults.pod_settings())
+        except ValueError:
+            upload["state"], reason = "Failed", UploadReason.NOT_ON_CLAIM
+        else:
+            decision.side_create.append(created)
+            upload["state"], reason = "Pending", ""
     else:
-        upload["state"], message = pod_outcome(pod)
-        if message:
-            upload["message"] = message
+        upload["state"], reason = pod_outcome(pod)
+    if reason:
+        upload["reason"] = reason
+        upload["message"] = reason_message(reason)
     record = decision.status[STATUS_KEY] = {**record, "upload": upload}
     if upload["state"] == previous.get("state"):
         return
@@ -320,7 +341,10 @@ def on_demand_upload_refused(status: Obj, pod: str, reason: str) -> tuple[Obj, s
     its pod, and the event message (no retry; the job is untouched)."""
     record = dict(status.get(STATUS_KEY) or {})
     upload = {**(record.get("upload") or {}), "pod": pod, "state": "Failed"}
-    upload["message"] = f"the upload pod {pod} was refused by the API server: {reason}"
+    upload["reason"] = UploadReason.POD_REFUSED
+    upload["message"] = f"the upload pod {pod} was refused by the API server: {reason}"[
+        :MAX_REFUSAL_CHARS
+    ]
     record["upload"] = upload
     message = (
         f"on-demand profile {record.get('requestId')} was not uploaded "

@@ -6,13 +6,17 @@ finished), its profile is uploaded by one pod (`builders.upload`). This policy a
 Decision:
 
 - the attempt's upload pod, once;
-- `status.profileUploads[]` (attempt, state, pod, destination, the pod's message, and `s3Uri`
-  once the pod has succeeded: its manifest, written last, is in S3); for the finished job's
-  last attempt also `status.profile.upload` and `status.profile.s3Uri`;
+- `status.profileUploads[]` (attempt, state, a classified reason with the operator's sentence
+  for it, pod, destination, and `s3Uri` once the pod has succeeded: its manifest, written
+  last, is in S3), the newest MAX_UPLOAD_RECORDS, older ones counted in
+  `status.profileUploadsOlder`; for the finished job's last attempt also
+  `status.profile.upload` and `status.profile.s3Uri`;
 - the `ProfileUploaded` condition and one event per outcome: Normal `ProfileUploaded`, or
-  Warning `ProfileUploadFailed` with the uploader's one-line reason (missing bucket, access
-  denied, no credentials). The job's phase is never touched: an upload failure never fails
-  the training.
+  Warning `ProfileUploadFailed` with the reason's sentence (missing bucket, access denied, no
+  credentials, a refused symlink). The reason comes from the pod's exit code alone, never its
+  log: the profile directory is the job author's. The job's phase is never touched: an upload
+  failure never fails the training;
+- the deletion of finished upload pods beyond the newest few, once their outcome is stored.
 
 It runs after `machine.decide`, on its output, so the state machine knows nothing about it.
 """
@@ -25,17 +29,23 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from trainium_operator.api.status import TERMINAL_PHASES
+from trainium_operator.api.status import (
+    MAX_PROFILE_UPLOAD_RECORDS,
+    TERMINAL_PHASES,
+    UploadReason,
+)
 from trainium_operator.builders.job import JobRef
 from trainium_operator.builders.upload import (
+    CONTAINER_NAME,
     LABEL_PROFILE_ATTEMPT,
+    UPLOAD_DEADLINE_SECONDS,
     UploadPodSettings,
     default_operator_image,
     destination_uri,
     upload_pod,
     upload_pod_name,
 )
-from trainium_operator.lifecycle.decision import Decision, EventRecord
+from trainium_operator.lifecycle.decision import Decision, EventRecord, PodDeletion
 from trainium_operator.profiler import s3 as uploader
 
 Obj = dict[str, Any]
@@ -48,8 +58,36 @@ ENV_OPERATOR_IMAGE_PULL_POLICY = "TRAINIUM_OPERATOR_IMAGE_PULL_POLICY"
 # Comma-separated names of the chart's imagePullSecrets (they must exist in the job's namespace).
 ENV_OPERATOR_IMAGE_PULL_SECRETS = "TRAINIUM_OPERATOR_IMAGE_PULL_SECRETS"
 DONE_STATES = frozenset({"Succeeded", "Failed", "NoProfile"})
-# The uploader's exit code when it found no rank files (an attempt that never trained).
-NO_PROFILE_EXIT_CODE = uploader.NO_PROFILE_EXIT_CODE
+# status.profileUploads keeps the newest records; older ones are counted in
+# status.profileUploadsOlder. A crash loop or suspend/resume cycles end an attempt each, and
+# the status must stay far below etcd's object size limit.
+MAX_UPLOAD_RECORDS = MAX_PROFILE_UPLOAD_RECORDS
+OLDER_KEY = "profileUploadsOlder"
+# Finished upload pods kept for `kubectl logs` (the newest); older ones are deleted once their
+# outcome is in the stored status.
+KEEP_FINISHED_UPLOAD_PODS = 3
+REASON_MESSAGES: dict[str, str] = {
+    UploadReason.UPLOADED: "uploaded",
+    UploadReason.NO_PROFILE: "no rank files in the attempt's profile directory",
+    UploadReason.REFUSED: (
+        "refused: a symlink or a file that is not regular in the profile directory "
+        "(nothing was uploaded)"
+    ),
+    UploadReason.ACCESS_DENIED: (
+        "access denied: the upload role needs s3:PutObject, s3:GetObject, s3:DeleteObject and "
+        "s3:ListBucket on the prefix"
+    ),
+    UploadReason.BUCKET_MISSING: "the bucket does not exist",
+    UploadReason.NO_CREDENTIALS: (
+        "no AWS credentials (IRSA or EKS Pod Identity on the upload ServiceAccount)"
+    ),
+    UploadReason.UNREACHABLE: "the S3 endpoint was unreachable",
+    UploadReason.UPLOAD_FAILED: "the upload failed (the upload pod's log has the detail)",
+    UploadReason.TIMEOUT: f"the upload pod ran out of its {UPLOAD_DEADLINE_SECONDS} s deadline",
+    UploadReason.POD_FAILED: "the upload pod failed before the uploader finished",
+    UploadReason.POD_REFUSED: "the API server refused the upload pod",
+    UploadReason.NOT_ON_CLAIM: "the profile directory is not on the claim",
+}
 
 
 @dataclass(frozen=True)
@@ -95,37 +133,57 @@ def s3_uri_for(job: JobRef, defaults: UploadDefaults) -> str | None:
 
 @dataclass(frozen=True)
 class _PodOutcome:
-    state: str  # Pending | Running | Succeeded | Failed
-    message: str
+    state: str  # Pending | Running | Succeeded | Failed | NoProfile
+    reason: str = ""  # an UploadReason once the pod is over
+
+
+# The uploader's exit code -> (state, reason). Nothing else of the pod is read: its log and
+# termination message are text whoever wrote into the profile directory may have shaped.
+_BY_EXIT_CODE: dict[int, tuple[str, UploadReason]] = {
+    uploader.ExitCode.UPLOADED: ("Succeeded", UploadReason.UPLOADED),
+    uploader.ExitCode.FAILED: ("Failed", UploadReason.UPLOAD_FAILED),
+    uploader.ExitCode.USAGE: ("Failed", UploadReason.UPLOAD_FAILED),
+    uploader.ExitCode.NO_PROFILE: ("NoProfile", UploadReason.NO_PROFILE),
+    uploader.ExitCode.REFUSED: ("Failed", UploadReason.REFUSED),
+    uploader.ExitCode.ACCESS_DENIED: ("Failed", UploadReason.ACCESS_DENIED),
+    uploader.ExitCode.BUCKET_MISSING: ("Failed", UploadReason.BUCKET_MISSING),
+    uploader.ExitCode.NO_CREDENTIALS: ("Failed", UploadReason.NO_CREDENTIALS),
+    uploader.ExitCode.UNREACHABLE: ("Failed", UploadReason.UNREACHABLE),
+}
 
 
 def _outcome(pod: Obj) -> _PodOutcome:
     status = pod.get("status") or {}
     phase = status.get("phase") or "Pending"
-    message = ""
+    if phase not in ("Succeeded", "Failed"):
+        return _PodOutcome("Running" if phase == "Running" else "Pending")
+    if phase == "Succeeded":  # the kubelet's word: every container exited 0
+        return _PodOutcome("Succeeded", UploadReason.UPLOADED)
+    if status.get("reason") == "DeadlineExceeded":  # activeDeadlineSeconds
+        return _PodOutcome("Failed", UploadReason.TIMEOUT)
     exit_code: int | None = None
     for container in status.get("containerStatuses") or []:
         terminated = (container.get("state") or {}).get("terminated") or {}
-        if terminated:
-            text = str(terminated.get("message") or "").strip()
-            last = text.splitlines()[-1] if text else ""
-            code = terminated.get("exitCode")
-            exit_code = int(code) if code is not None else None
-            reason = terminated.get("reason") or ""
-            message = last or f"{reason or 'exited'} (exit code {code})"
-    if phase == "Failed" and not message:
-        message = status.get("message") or status.get("reason") or "the upload pod failed"
-    if phase == "Failed" and exit_code == NO_PROFILE_EXIT_CODE:
-        return _PodOutcome("NoProfile", message)
-    if phase in ("Succeeded", "Failed"):
-        return _PodOutcome(phase, message)
-    return _PodOutcome("Running" if phase == "Running" else "Pending", "")
+        code = terminated.get("exitCode")
+        if container.get("name") == CONTAINER_NAME and isinstance(code, int):
+            exit_code = code
+    unknown = ("Failed", UploadReason.POD_FAILED)
+    state, reason = unknown if exit_code is None else _BY_EXIT_CODE.get(exit_code, unknown)
+    if state == "Succeeded":  # a Failed pod whose uploader exited 0 (killed after it)
+        state, reason = "Failed", UploadReason.POD_FAILED
+    return _PodOutcome(state, reason)
 
 
 def pod_outcome(pod: Obj) -> tuple[str, str]:
-    """(state, message) of an upload pod: Pending, Running, Succeeded, Failed or NoProfile."""
+    """(state, reason) of an upload pod: Pending or Running with no reason, else Succeeded,
+    Failed or NoProfile with an UploadReason, from its exit code (never its text)."""
     outcome = _outcome(pod)
-    return outcome.state, outcome.message
+    return outcome.state, outcome.reason
+
+
+def reason_message(reason: str) -> str:
+    """The operator's own sentence for an UploadReason (what status and events say)."""
+    return REASON_MESSAGES.get(reason, "the upload pod failed")
 
 
 def _ts(moment: datetime) -> str:
@@ -158,22 +216,31 @@ def _set_condition(
 
 
 def ended_attempts(status: Obj) -> list[int]:
-    """Training attempts that are over: every attempt since the first training gang that a
-    restart (or a suspension) replaced, and the last one once the job has finished."""
+    """Training attempts that are over, the newest MAX_UPLOAD_RECORDS of them: the attempts
+    since the first training gang that a restart (or a suspension) replaced, and the last one
+    once the job has finished. An older attempt is never uploaded."""
     current = int(status.get("attempt", 0))
     first = (status.get("training") or {}).get("firstAttempt")
-    ended = list(range(int(first), current)) if first is not None else []
+    ended = (
+        list(range(max(int(first), current - MAX_UPLOAD_RECORDS), current))
+        if first is not None
+        else []
+    )
     profile = status.get("profile")
     finished = status.get("phase") in {p.value for p in TERMINAL_PHASES}
     if finished and isinstance(profile, dict) and profile.get("path"):
         ended.append(current)
-    return ended
+    return ended[-MAX_UPLOAD_RECORDS:]
+
+
+def _attempt_of(pod: Obj) -> int | None:
+    value = (pod["metadata"].get("labels") or {}).get(LABEL_PROFILE_ATTEMPT, "")
+    return int(value) if value.isdigit() else None
 
 
 def _find_pod(upload_pods: list[Obj], name: str, attempt: int) -> Obj | None:
     for pod in upload_pods:
-        labels = pod["metadata"].get("labels") or {}
-        if pod["metadata"]["name"] == name and labels.get(LABEL_PROFILE_ATTEMPT) == str(attempt):
+        if pod["metadata"]["name"] == name and _attempt_of(pod) == attempt:
             return pod
     return None
 
@@ -190,19 +257,23 @@ def _record(
     """The attempt's upload record, creating its pod when there is none yet."""
     name = upload_pod_name(job, attempt)
     pod = _find_pod(upload_pods, name, attempt)
-    if pod is None:
-        decision.side_create.append(upload_pod(job, attempt, s3_uri, defaults.pod_settings()))
-        outcome = _PodOutcome("Pending", "")
-    else:
+    if pod is not None:
         outcome = _outcome(pod)
+    else:
+        try:
+            decision.side_create.append(upload_pod(job, attempt, s3_uri, defaults.pod_settings()))
+            outcome = _PodOutcome("Pending")
+        except ValueError:  # spec validation refuses such a profile.outputDir first
+            outcome = _PodOutcome("Failed", UploadReason.NOT_ON_CLAIM)
     record: Obj = {
         "attempt": attempt,
         "state": outcome.state,
         "pod": name,
         "destination": destination_uri(s3_uri, job, attempt),
     }
-    if outcome.message:
-        record["message"] = outcome.message
+    if outcome.reason:
+        record["reason"] = outcome.reason
+        record["message"] = reason_message(outcome.reason)
     if outcome.state == "Succeeded":
         record["s3Uri"] = record["destination"]
     return record
@@ -233,6 +304,45 @@ def _report(
     return False, "Uploading", message
 
 
+def _fold_older(status: Obj, records: dict[int, Obj]) -> list[Obj]:
+    """The newest MAX_UPLOAD_RECORDS records; the older ones counted, by state, in
+    status.profileUploadsOlder."""
+    ordered = [records[a] for a in sorted(records)]
+    kept, older = ordered[-MAX_UPLOAD_RECORDS:], ordered[:-MAX_UPLOAD_RECORDS]
+    if older:
+        counts = {"succeeded": 0, "failed": 0, "noProfile": 0, **(status.get(OLDER_KEY) or {})}
+        for record in older:
+            state = record.get("state")
+            key = (
+                "succeeded"
+                if state == "Succeeded"
+                else "noProfile"
+                if state == "NoProfile"
+                else "failed"
+            )
+            counts[key] = int(counts[key]) + 1
+        status[OLDER_KEY] = counts
+    return kept
+
+
+def _finished_pods_to_delete(upload_pods: list[Obj], stored: dict[int, Obj]) -> list[str]:
+    """Upload pods of attempts whose outcome the stored status already holds (or that are
+    older than every record and over), but the newest KEEP_FINISHED_UPLOAD_PODS: their
+    outcome is written before they go, and a crash loop never piles pods up."""
+    oldest = min(stored, default=0)
+    finished: list[tuple[int, str]] = []
+    for pod in upload_pods:
+        attempt = _attempt_of(pod)
+        if attempt is None:
+            continue
+        done = (stored.get(attempt) or {}).get("state") in DONE_STATES
+        over = ((pod.get("status") or {}).get("phase")) in ("Succeeded", "Failed")
+        if done or (attempt < oldest and over and attempt not in stored):
+            finished.append((attempt, pod["metadata"]["name"]))
+    finished.sort(reverse=True)
+    return [name for _, name in finished[KEEP_FINISHED_UPLOAD_PODS:]]
+
+
 def plan_upload(
     job: JobRef,
     decision: Decision,
@@ -242,14 +352,17 @@ def plan_upload(
 ) -> None:
     """Adds upload pods, their status and their events to `decision` (in place).
 
-    `status.profileUploads` keeps one record per ended attempt (the state machine never
-    touches it); `status.profile.upload` / `.s3Uri` mirror the last attempt's once the job
-    has finished; the `ProfileUploaded` condition describes the newest upload."""
+    `status.profileUploads` keeps one record per ended attempt, the newest
+    MAX_UPLOAD_RECORDS (the state machine never touches it); `status.profile.upload` /
+    `.s3Uri` mirror the last attempt's once the job has finished; the `ProfileUploaded`
+    condition describes the newest upload. Finished upload pods beyond the newest few are
+    deleted once their outcome is stored."""
     s3_uri = s3_uri_for(job, defaults)
     status = decision.status
     if not s3_uri or decision.delete_job:
         return
     records = {int(r["attempt"]): r for r in status.get("profileUploads") or []}
+    stored = dict(records)
     latest: tuple[bool, str, str] | None = None
     for attempt in ended_attempts(status):
         previous = records.get(attempt)
@@ -261,9 +374,12 @@ def plan_upload(
             )
         latest = _report(record, previous, status.get("phase"), decision) or latest
         records[attempt] = record
+    decision.delete_pods += [
+        PodDeletion(name, force=False) for name in _finished_pods_to_delete(upload_pods, stored)
+    ]
     if latest is None:
         return
-    status["profileUploads"] = [records[a] for a in sorted(records)]
+    status["profileUploads"] = _fold_older(status, records)
     _set_condition(status, *latest, generation=job.generation, now=now)
     profile = status.get("profile")
     current = records.get(int(status.get("attempt", 0)))
@@ -276,6 +392,10 @@ def plan_upload(
             profile.pop("s3Uri", None)
 
 
+# The API server's refusal is quoted up to this many characters (a quota, a policy's message).
+MAX_REFUSAL_CHARS = 300
+
+
 def upload_refused(
     status: Obj, attempt: int, pod: str, reason: str, *, generation: int, now: datetime
 ) -> tuple[Obj, str]:
@@ -286,8 +406,11 @@ def upload_refused(
     records = {int(r["attempt"]): r for r in updated.get("profileUploads") or []}
     record = records.setdefault(attempt, {"attempt": attempt, "pod": pod})
     record["state"] = "Failed"
-    record["message"] = f"the upload pod {pod} was refused by the API server: {reason}"
-    updated["profileUploads"] = [records[a] for a in sorted(records)]
+    record["reason"] = UploadReason.POD_REFUSED
+    record["message"] = f"the upload pod {pod} was refused by the API server: {reason}"[
+        :MAX_REFUSAL_CHARS
+    ]
+    updated["profileUploads"] = _fold_older(updated, records)
     profile = updated.get("profile")
     if isinstance(profile, dict) and int(updated.get("attempt", 0)) == attempt:
         profile["upload"] = _upload_view(record)

@@ -609,9 +609,11 @@ class RankFileReader:
     `complete` reflect the blocks read so far.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], file: IO[bytes] | None = None) -> None:
+        """`file`: an already open file to read instead of opening `path` (which then only
+        names it in errors); closed with the reader."""
         self.path = Path(path)
-        self._file: IO[bytes] = open(self.path, "rb")  # noqa: SIM115 - closed in close()
+        self._file: IO[bytes] = file or open(self.path, "rb")  # noqa: SIM115 - closed in close()
         try:
             # Every length in the file is checked against the bytes that are really there.
             self._size = os.fstat(self._file.fileno()).st_size

@@ -3,8 +3,8 @@
     s3://<bucket>/<prefix>/<namespace>/<job>/<attempt>/profile.json
     s3://<bucket>/<prefix>/<namespace>/<job>/<attempt>/<node>/rank-<RANK>.trnprof
 
-This module is part of the profiler package so that the training image (which runs the upload
-pod) carries it without the operator's other layers; boto3 is imported only when a client is
+This module is part of the profiler package so that it runs without the operator's other
+layers (the upload pod runs it from the operator's image); boto3 is imported only when a client is
 made. Every client comes from boto3's default session: credentials from the default chain
 (IRSA or EKS Pod Identity on EKS, never static keys in pods), the region and `AWS_ENDPOINT_URL`
 from the standard configuration, plus a retry policy with backoff.
@@ -17,21 +17,30 @@ upload leaves no manifest (an earlier one of the same attempt is deleted first).
 
 from __future__ import annotations
 
+import enum
 import json
+import os
 import re
+import stat
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from trainium_operator.profiler.format import (
+    RANK_FILE_SUFFIX,
+    ProfileFormatError,
+    RankFileReader,
+)
 from trainium_operator.profiler.manifest import (
     MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
     ManifestError,
+    ManifestRank,
     ProfileManifest,
-    discover_rank_files,
-    load_manifest,
-    manifest_from_rank_files,
+    is_safe_segment,
+    manifest_from_json,
     now_iso,
 )
 
@@ -43,15 +52,53 @@ MULTIPART_CHUNKSIZE = 8 * MIB
 MAX_RETRY_ATTEMPTS = 8  # botocore "standard" mode: exponential backoff with jitter
 
 
+class ExitCode(enum.IntEnum):
+    """The upload pod's outcome, as its exit code: the operator classifies the pod by this
+    number alone (lifecycle.profile_upload), never by its log."""
+
+    UPLOADED = 0
+    FAILED = 1  # any other S3 or local error (the log says which)
+    USAGE = 2
+    NO_PROFILE = 3  # no rank files: an attempt that never trained
+    REFUSED = 4  # a symlink, or a file that is not regular, where the profile's files are
+    ACCESS_DENIED = 5
+    BUCKET_MISSING = 6
+    NO_CREDENTIALS = 7
+    UNREACHABLE = 8
+
+
 class S3ProfileError(RuntimeError):
     """An S3 operation on a profile failed; the message names the location and the cause."""
+
+    def __init__(self, message: str, exit_code: ExitCode = ExitCode.FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class NoProfileError(S3ProfileError):
     """The directory holds no rank files: nothing to upload (an attempt that never trained)."""
 
+    def __init__(self, message: str) -> None:
+        super().__init__(message, ExitCode.NO_PROFILE)
 
-NO_PROFILE_EXIT_CODE = 3  # what the upload pod exits with then (lifecycle.profile_upload)
+
+class RefusedFileError(S3ProfileError):
+    """A symlink, or a file that is not regular, where a profile's file would be: the profile
+    is not uploaded (nothing is read through it)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, ExitCode.REFUSED)
+
+
+NO_PROFILE_EXIT_CODE = ExitCode.NO_PROFILE  # what the upload pod exits with then
+_RANK_FILE = re.compile(r"^rank-(\d+)" + re.escape(RANK_FILE_SUFFIX) + "$")
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+# O_NONBLOCK: a FIFO planted where a file should be never blocks the open.
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | _CLOEXEC
+# spec.nodes (<= 512) x processes per node (<= 128): a profile has at most this many ranks.
+MAX_RANK_FILES = 512 * 128
+MAX_SCANNED_ENTRIES = 4 * MAX_RANK_FILES
 
 
 @dataclass(frozen=True)
@@ -119,6 +166,11 @@ def transfer_config() -> Any:
     )
 
 
+_DENIED_CODES = ("AccessDenied", "403", "Forbidden", "AllAccessDisabled", "InvalidAccessKeyId")
+_NO_CREDENTIALS = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError")
+_UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError")
+
+
 def describe_error(error: BaseException, location: S3Location, action: str) -> str:
     """One clear sentence for the S3 errors people meet: missing bucket, denied, no creds."""
     code = ""
@@ -132,19 +184,40 @@ def describe_error(error: BaseException, location: S3Location, action: str) -> s
     name = type(error).__name__
     if code == "NoSuchBucket":
         return f"{action} {location}: bucket {location.bucket!r} does not exist"
-    if code in ("AccessDenied", "403", "Forbidden", "AllAccessDisabled", "InvalidAccessKeyId"):
+    if code in _DENIED_CODES:
         return (
             f"{action} {location}: access denied ({code}); the role of the pod or user needs "
             "s3:PutObject, s3:GetObject, s3:DeleteObject and s3:ListBucket on this prefix"
         )
-    if name in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError"):
+    if name in _NO_CREDENTIALS:
         return (
             f"{action} {location}: no AWS credentials in the default chain (on EKS: IRSA or "
             "EKS Pod Identity on the pod's ServiceAccount)"
         )
-    if name in ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError"):
+    if name in _UNREACHABLE:
         return f"{action} {location}: S3 endpoint unreachable: {error}"
     return f"{action} {location}: {name}: {error}"
+
+
+def exit_code_of(error: BaseException) -> ExitCode:
+    """The class of an S3 error, as describe_error tells it."""
+    code = ""
+    response = getattr(error, "response", None)
+    if isinstance(response, Mapping):
+        code = str((response.get("Error") or {}).get("Code", ""))
+    if not code:
+        wrapped = re.search(r"An error occurred \((\w+)\)", str(error))
+        code = wrapped.group(1) if wrapped else ""
+    name = type(error).__name__
+    if code == "NoSuchBucket":
+        return ExitCode.BUCKET_MISSING
+    if code in _DENIED_CODES:
+        return ExitCode.ACCESS_DENIED
+    if name in _NO_CREDENTIALS:
+        return ExitCode.NO_CREDENTIALS
+    if name in _UNREACHABLE:
+        return ExitCode.UNREACHABLE
+    return ExitCode.FAILED
 
 
 def _client_errors() -> tuple[type[BaseException], ...]:
@@ -185,12 +258,95 @@ def list_objects(client: Any, location: S3Location, page_size: int | None = None
         yield from page.get("Contents", ())
 
 
-def _profile_manifest(directory: Path) -> ProfileManifest:
+@dataclass(frozen=True)
+class _RankEntry:
+    rank: int
+    node: str
+    name: str
+
+    @property
+    def relative(self) -> str:
+        return f"{self.node}/{self.name}"
+
+
+def _open_dir(name: str, dir_fd: int) -> int:
     try:
-        base = load_manifest(directory)
-    except ManifestError:
-        base = None  # rank 0 may have crashed before writing it: the rank files decide
-    return manifest_from_rank_files(directory, base)
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        raise RefusedFileError(f"{name}: not a directory of the profile ({exc.strerror})") from exc
+
+
+def _open_regular(name: str, dir_fd: int) -> tuple[int, os.stat_result]:
+    """`name` in `dir_fd`, opened without following a symlink, if it is a regular file."""
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        raise RefusedFileError(
+            f"{name}: refused ({exc.strerror}; symlinks are not followed)"
+        ) from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise RefusedFileError(f"{name}: not a regular file")
+    return fd, info
+
+
+def _scan(root_fd: int) -> list[_RankEntry]:
+    """Every `<node>/rank-<RANK>.trnprof` below `root_fd`, without following a symlink: a
+    symlink where a node directory, a rank file or the manifest would be refuses the whole
+    profile (it could name any file the upload pod can read, such as its web-identity token)."""
+    found: list[_RankEntry] = []
+    seen = 0
+    with os.scandir(root_fd) as top:
+        for entry in top:
+            seen += 1
+            if entry.is_symlink():
+                raise RefusedFileError(f"{entry.name}: a symlink in the profile directory")
+            if not entry.is_dir(follow_symlinks=False) or not is_safe_segment(entry.name):
+                continue
+            node_fd = _open_dir(entry.name, root_fd)
+            try:
+                with os.scandir(node_fd) as inner:
+                    for item in inner:
+                        seen += 1
+                        if seen > MAX_SCANNED_ENTRIES:
+                            raise RefusedFileError(
+                                f"more than {MAX_SCANNED_ENTRIES} entries in the profile directory"
+                            )
+                        match = _RANK_FILE.match(item.name)
+                        if match is None:
+                            continue
+                        if not item.is_file(follow_symlinks=False):
+                            raise RefusedFileError(f"{entry.name}/{item.name}: not a regular file")
+                        found.append(_RankEntry(int(match.group(1)), entry.name, item.name))
+            finally:
+                os.close(node_fd)
+            if len(found) > MAX_RANK_FILES:
+                raise RefusedFileError(f"more than {MAX_RANK_FILES} rank files")
+    found.sort(key=lambda ref: (ref.rank, ref.node))
+    return found
+
+
+def _base_manifest(root_fd: int, root: Path) -> ProfileManifest | None:
+    """profile.json of the directory if it is a regular file that parses; a symlink refuses."""
+    if not _exists_at(MANIFEST_NAME, root_fd):
+        return None  # rank 0 may have crashed before writing it: the rank files decide
+    fd, info = _open_regular(MANIFEST_NAME, root_fd)
+    with os.fdopen(fd, "rb") as file:
+        if info.st_size > MAX_MANIFEST_BYTES:
+            return None
+        try:
+            return manifest_from_json(json.loads(file.read()), str(root / MANIFEST_NAME))
+        except (ManifestError, ValueError, RecursionError):
+            return None
+
+
+def _exists_at(name: str, dir_fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def upload_profile(
@@ -201,28 +357,63 @@ def upload_profile(
     config: Any | None = None,
 ) -> UploadResult:
     """Uploads the profile in `directory` to `destination` (rank files, size check, manifest
-    last). Raises S3ProfileError with a clear message; never leaves a manifest behind unless
-    every rank file is there with its full size."""
+    last). Raises S3ProfileError with a clear message (RefusedFileError for a symlink or a
+    file that is not regular); never leaves a manifest behind unless every rank file is there
+    with its full size. Every file is opened relative to the directory without following a
+    symlink, so nothing outside it is read even while its writer keeps changing it."""
     root = Path(directory)
-    refs = discover_rank_files(root)
+    try:
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+    except OSError as exc:
+        raise NoProfileError(f"{root}: no profile directory ({exc.strerror})") from exc
+    try:
+        return _upload_from(root, root_fd, destination, client=client, config=config)
+    finally:
+        os.close(root_fd)
+
+
+def _upload_from(
+    root: Path,
+    root_fd: int,
+    destination: S3Location,
+    *,
+    client: Any | None,
+    config: Any | None,
+) -> UploadResult:
+    refs = _scan(root_fd)
     if not refs:
         raise NoProfileError(f"{root}: no rank files (<node>/rank-<RANK>.trnprof) to upload")
+    base = _base_manifest(root_fd, root)
     client = client or s3_client()
     config = config or transfer_config()
     errors = _client_errors()
     manifest_key = destination.key(MANIFEST_NAME)
     expected: dict[str, int] = {}
+    ranks: list[ManifestRank] = []
     try:
         # A retried upload of the same attempt: take the old commit marker away first.
         client.delete_object(Bucket=destination.bucket, Key=manifest_key)
         for ref in refs:
-            relative = ref.path.relative_to(root).as_posix()
-            key = destination.key(relative)
-            expected[key] = ref.path.stat().st_size
-            client.upload_file(str(ref.path), destination.bucket, key, Config=config)
+            key = destination.key(ref.relative)
+            node_fd = _open_dir(ref.node, root_fd)
+            try:
+                fd, info = _open_regular(ref.name, node_fd)
+            finally:
+                os.close(node_fd)
+            with os.fdopen(fd, "rb") as file:
+                expected[key] = info.st_size
+                ranks.append(
+                    ManifestRank(
+                        ref.rank, ref.node, _local_rank(root / ref.relative, fd), ref.relative
+                    )
+                )
+                file.seek(0)
+                client.upload_fileobj(file, destination.bucket, key, Config=config)
         stored = {obj["Key"]: int(obj["Size"]) for obj in list_objects(client, destination)}
     except errors as exc:
-        raise S3ProfileError(describe_error(exc, destination, "uploading to")) from exc
+        raise S3ProfileError(
+            describe_error(exc, destination, "uploading to"), exit_code_of(exc)
+        ) from exc
     wrong = {
         key: (size, stored.get(key)) for key, size in expected.items() if stored.get(key) != size
     }
@@ -231,7 +422,11 @@ def upload_profile(
         raise S3ProfileError(
             f"uploading to {destination}: sizes do not match after upload: {detail}"
         )
-    manifest = _profile_manifest(root)
+    manifest = replace(
+        base or ProfileManifest(created=now_iso()),
+        nodes=tuple(sorted({r.node for r in ranks})),
+        ranks=tuple(ranks),
+    )
     sizes = {r.file: expected[destination.key(r.file)] for r in manifest.ranks}
     manifest = replace(
         manifest, extra={**manifest.extra, "s3": {"uploaded": now_iso(), "files": sizes}}
@@ -245,7 +440,9 @@ def upload_profile(
             ContentType="application/json",
         )
     except errors as exc:
-        raise S3ProfileError(describe_error(exc, destination, "writing the manifest to")) from exc
+        raise S3ProfileError(
+            describe_error(exc, destination, "writing the manifest to"), exit_code_of(exc)
+        ) from exc
     return UploadResult(
         destination,
         tuple(UploadedFile(key, size) for key, size in sorted(expected.items())),
@@ -253,33 +450,47 @@ def upload_profile(
     )
 
 
+def _local_rank(path: Path, fd: int) -> int:
+    """The rank file's local rank from its header (0 for a damaged one: a reader reports the
+    damage when it opens the file), read through a duplicate of the already open `fd`."""
+    try:
+        with RankFileReader(path, os.fdopen(os.dup(fd), "rb")) as reader:
+            return reader.header.local_rank
+    except (OSError, ProfileFormatError):
+        return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m trainium_operator.profiler.s3 DIR s3://bucket/prefix`: what the upload pod runs.
 
-    The last line on stderr is the one-sentence outcome; the pod's terminationMessagePolicy
-    FallbackToLogsOnError makes it the termination message the operator reports."""
+    The exit code is the outcome (ExitCode), the one thing the operator reads of the pod; the
+    last line on stderr says it in one sentence for `kubectl logs`."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
         print(
             "usage: python -m trainium_operator.profiler.s3 DIR s3://bucket/prefix", file=sys.stderr
         )
-        return 2
+        return ExitCode.USAGE
     directory, uri = args
     try:
         destination = parse_s3_uri(uri)
+    except ValueError as exc:
+        print(f"profile upload failed: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    try:
         result = upload_profile(directory, destination)
     except NoProfileError as exc:
         print(f"profile upload skipped: {exc}", file=sys.stderr)
-        return NO_PROFILE_EXIT_CODE
-    except (S3ProfileError, ValueError) as exc:
+        return exc.exit_code
+    except S3ProfileError as exc:
         print(f"profile upload failed: {exc}", file=sys.stderr)
-        return 1
+        return exc.exit_code
     print(
         f"uploaded {len(result.files)} rank files ({result.bytes:,} bytes) and the manifest "
         f"to {result.uri}",
         file=sys.stderr,
     )
-    return 0
+    return ExitCode.UPLOADED
 
 
 if __name__ == "__main__":  # pragma: no cover - exercised through subprocess in the tests
