@@ -630,9 +630,10 @@ class PodTemplate(ApiModel):
     metadata: PodTemplateMetadata = PodTemplateMetadata()
     """Labels and annotations added to every pod."""
     spec: PodTemplatePodSpec = PodTemplatePodSpec()
-    """Pod fields merged over what the operator builds: volumes, initContainers, sidecar
-    containers, imagePullSecrets, securityContext, and any other PodSpec field the operator
-    does not own."""
+    """Pod fields merged over what the operator builds, from an allowlist: volumes (of the
+    allowed types), initContainers, sidecar containers, imagePullSecrets, securityContext,
+    terminationGracePeriodSeconds, DNS settings and a few more (docs/jobs.md lists them); any
+    other field is refused, naming it."""
 
     def problems(self, mount_path: str) -> list[str]:
         """What the schema cannot check: the training container entry and clashing names."""
