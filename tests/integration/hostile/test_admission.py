@@ -310,3 +310,42 @@ def test_a_job_naming_more_secrets_than_the_policy_checks_is_refused_not_a_cost_
     assert status == 403, message
     assert message.split(": ", 2)[-1].startswith("spec.env[V0].valueFrom.secretKeyRef"), message
     assert "a TrainingJob names at most 8 Secrets" in message
+
+
+def test_the_largest_job_passes_for_an_author_who_may_get_every_secret_and_claim(
+    tenancy: Tenancy, hostile_report: HostileReport
+) -> None:
+    """The namespace-wide grant is one check however many Secrets and claims a job names: the
+    largest job the CRD allows is admitted, not cancelled for CEL cost."""
+    bob = tenancy.as_user(OTHER_TENANT)
+    tenancy.grant(
+        OTHER_TENANT,
+        tenancy.team,
+        {"apiGroups": [""], "resources": ["secrets", "persistentvolumeclaims"], "verbs": ["get"]},
+    )
+    env = [
+        {"name": f"V{i}", "valueFrom": {"secretKeyRef": {"name": f"s{i}", "key": "k"}}}
+        for i in range(256)
+    ]
+    sidecars = [
+        {"name": f"c{i}", "image": "b", "env": env, "envFrom": [{"secretRef": {"name": "s"}}] * 64}
+        for i in range(15)
+    ]
+    volumes = [
+        {"name": f"v{i}", "persistentVolumeClaim": {"claimName": f"c{i}"}} for i in range(64)
+    ]
+    manifest = job_manifest(
+        "largest", env=env, podTemplate={"spec": {"containers": sidecars, "volumes": volumes}}
+    )
+
+    status, answer = wait_for(
+        lambda: _try(bob, tenancy.team, manifest),
+        until=lambda result: result[0] != 403 or "needs verb" not in result[1],
+        timeout=30,
+        description="the namespace-wide grant reaching the authorizer",
+    )
+    hostile_report.tried(
+        "spec.env, containers, volumes", "largest job, namespace-wide get", f"{status}"
+    )
+
+    assert status == 201, answer[:500]
