@@ -6,14 +6,18 @@ the pod's ServiceAccount itself."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
+from click.testing import CliRunner
 
 from trainium_operator.api import pod_fields
 from trainium_operator.api.crd import training_job_crd
 from trainium_operator.builders import pods
 from trainium_operator.builders.job import JobRef, Stage
+from trainium_operator.cli import main
 from trainium_operator.lifecycle.parse import parse_job
 from unit.jobs import job_document, job_ref
 
@@ -283,3 +287,32 @@ def test_a_new_job_with_the_same_fields_is_refused() -> None:
     problems = problems_of(GRANDFATHERED)
 
     assert sorted(p.split(" is ")[0] for p in problems) == sorted(DROPPED)
+
+
+# -- `trainium-operator render`: what the operator would create ------------------------------
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "bert-large-pretrain.yaml"
+
+
+def test_render_names_the_service_account_in_every_pod_and_refuses_the_alias(
+    tmp_path: Path,
+) -> None:
+    rendered = CliRunner().invoke(main, ["render", "-f", str(EXAMPLE)])
+    assert rendered.exit_code == 0, rendered.output
+    accounts = [
+        o["spec"].get("serviceAccountName")
+        for o in yaml.safe_load_all(rendered.output)
+        if o["kind"] == "Pod"
+    ]
+    assert accounts
+    assert set(accounts) == {"default"}
+
+    document = yaml.safe_load(EXAMPLE.read_text())
+    document["spec"]["podTemplate"] = {"spec": {"serviceAccount": "ci-admin"}}
+    aliased = tmp_path / "alias.yaml"
+    aliased.write_text(yaml.safe_dump(document))
+    refused = CliRunner().invoke(main, ["render", "-f", str(aliased)])
+
+    assert refused.exit_code != 0
+    assert "spec.podTemplate.spec.serviceAccount is set by the operator" in refused.output
+    assert "serviceAccount: ci-admin" not in refused.output
