@@ -12,6 +12,7 @@ objects, granted, get through. One policy install for the module, many attempts 
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -349,3 +350,58 @@ def test_the_largest_job_passes_for_an_author_who_may_get_every_secret_and_claim
     )
 
     assert status == 201, answer[:500]
+
+
+def test_a_field_stored_before_the_allowlist_is_what_the_api_server_serves_after_it(
+    tenancy: Tenancy, dev_cluster: Any, hostile_report: HostileReport
+) -> None:
+    """The upgrade path on the real API server: a job stored under a CRD that passed any pod
+    field through (as before the allowlist), read back once the allowlist CRD is in place. What
+    the API server serves decides what the operator sees: docs/jobs.md, "Upgrading"."""
+    extensions = dev_cluster.clients.apiextensions
+    name = "trainingjobs.trainium.dev"
+    current = extensions.read_custom_resource_definition(name)
+    allowlist = dev_cluster.clients.api_client.sanitize_for_serialization(current)
+    before = copy.deepcopy(allowlist)
+    schema = before["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    pod_spec = schema["properties"]["spec"]["properties"]["podTemplate"]["properties"]["spec"]
+    pod_spec["x-kubernetes-preserve-unknown-fields"] = True
+    try:
+        extensions.replace_custom_resource_definition(name, before)
+        old = job_manifest("stored-before", **_pod(runtimeClassName="kata"))
+        old["spec"]["runPolicy"] = {"suspend": True}
+        # Until the pass-through schema is in force, a write would be pruned already.
+        wait_for(
+            lambda: _try(tenancy.admin, tenancy.team, old),
+            until=lambda answer: answer[0] == 201 and '"runtimeClassName"' in answer[1],
+            timeout=30,
+            description="the pass-through CRD in force",
+        )
+        stored = tenancy.admin.create_namespaced_custom_object(
+            GROUP, VERSION, tenancy.team, PLURAL, old
+        )
+        assert stored["spec"]["podTemplate"]["spec"]["runtimeClassName"] == "kata"
+    finally:
+        latest = extensions.read_custom_resource_definition(name)
+        allowlist["metadata"]["resourceVersion"] = latest.metadata.resource_version
+        extensions.replace_custom_resource_definition(name, allowlist)
+
+    def served() -> dict[str, Any]:
+        job = tenancy.admin.get_namespaced_custom_object(
+            GROUP, VERSION, tenancy.team, PLURAL, "stored-before"
+        )
+        spec: dict[str, Any] = job["spec"]["podTemplate"]["spec"]
+        return spec
+
+    # The new schema applies within moments of the replace; pruning on read drops the field.
+    pod_fields = wait_for(
+        served,
+        until=lambda spec: "runtimeClassName" not in spec,
+        timeout=30,
+        description="the stored job served without the field the allowlist refuses",
+    )
+    hostile_report.tried(
+        "spec.podTemplate.spec.runtimeClassName",
+        "stored before the allowlist CRD",
+        f"served after it without the field ({sorted(pod_fields)})",
+    )
