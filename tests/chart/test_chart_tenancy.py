@@ -12,6 +12,7 @@ import pytest
 
 from chart.chart_harness import FULLNAME, RELEASE_NAMESPACE, Manifest, find, helm, one, render
 from chart.chart_harness import template_args as chart_template_args
+from trainium_operator.api import pod_fields
 
 POLICY = f"{FULLNAME}-tenancy"
 RIGHTS = ("privileged", "hostnamespaces", "hostpath", "capabilities")
@@ -73,7 +74,7 @@ def test_every_refusal_names_a_field_and_the_permission_that_would_allow_it(
         # The message starts with the offending fields, which its variable spells out.
         fields = message.split(".join(")[0].removeprefix("variables.")
         assert "'spec.podTemplate.spec." in variables[fields], right
-    (account,) = [m for m in messages if "resourceName" in m]
+    (account,) = [m for m in messages if "resourceName" in m and "serviceaccounts" in m]
     assert account.startswith("'spec.serviceAccountName: '")
     assert 'needs verb "use" on serviceaccounts' in " ".join(account.split())
 
@@ -208,3 +209,34 @@ def test_straggler_replacement_is_refused_unless_the_chart_turns_it_on_and_rbac_
     assert "check('use').allowed()" in on["expression"]
     assert 'needs verb "use" on trainingjobs/stragglerreplacement' in on["messageExpression"]
     assert "--straggler-cordon-budget=3" in on_args
+
+
+def test_the_policys_volume_types_are_the_operators_allowlist(tmp_path: Path) -> None:
+    """One list (api/pod_fields.py): the policy refuses a volume type the CRD and the operator
+    refuse, for a cluster whose CRD is older than the allowlist."""
+    variables = {v["name"]: v["expression"] for v in policy(render({}, tmp_path))["variables"]}
+
+    listed = variables["volumeTypeFields"].split("!(k in [")[1].split("])")[0]
+
+    assert {name.strip("'") for name in listed.split(",")} == {"name", *pod_fields.VOLUME_TYPES}
+
+
+def test_every_secret_and_claim_check_names_the_fields_the_object_and_the_right(
+    tmp_path: Path,
+) -> None:
+    spec = policy(render({}, tmp_path))
+    checks = [v for v in spec["validations"] if "check('get')" in v["expression"]]
+    secrets = [v for v in checks if "resource('secrets')" in v["expression"]]
+    claims = [v for v in checks if "resource('persistentvolumeclaims')" in v["expression"]]
+
+    # One authorizer check per validation: each costs a third of an expression's budget.
+    assert all(v["expression"].count("authorizer.") == 1 for v in checks)
+    assert len(secrets) == 8
+    assert len(claims) == 4
+    for check in secrets + claims:
+        message = " ".join(check["messageExpression"].split())
+        assert message.startswith("variables.secretFields.filter(") or message.startswith(
+            "variables.claimFields.filter("
+        )
+        assert 'needs verb "get" on' in message
+        assert "resourceName ' + variables.distinct" in message

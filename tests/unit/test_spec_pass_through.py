@@ -60,7 +60,6 @@ def test_repeated_container_names_name_the_field(template: dict[str, object], fi
             {"spec": {"volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "big"}}]}},
             "spec.podTemplate.spec.volumes[0].emptyDir.sizeLimit",
         ),
-        ({"spec": {"overhead": {"cpu": "x"}}}, "spec.podTemplate.spec.overhead[cpu]"),
     ],
 )  # fmt: skip
 def test_a_malformed_quantity_in_pass_through_content_is_a_problem_naming_it(
@@ -85,7 +84,6 @@ def test_well_formed_quantities_in_pass_through_content_are_no_problem() -> None
                 }
             ],
             "volumes": [{"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}}],
-            "overhead": {"cpu": "100m"},
         }
     }
     assert isinstance(parse_job(job_document(podTemplate=template)), JobRef)

@@ -10,12 +10,13 @@ from __future__ import annotations
 import enum
 import os
 import re
+from collections import Counter
 from collections.abc import Mapping
 from typing import Annotated, Any
 
 from pydantic import ConfigDict, Field, model_validator
 
-from trainium_operator.api import object_names
+from trainium_operator.api import object_names, pod_fields
 from trainium_operator.api.instance_types import (
     DEFAULT_INSTANCE_TYPE,
     INSTANCE_TYPES,
@@ -158,11 +159,6 @@ def _declares_names(node: object_names.Node) -> Any:
     """Pass-through content whose schema declares the object names inside it (and nothing
     else), so the API server refuses a name no object can have."""
     return Field(json_schema_extra=object_names.schema(node))
-
-
-def _items_declare_names(pod_spec_field: str) -> Any:
-    items = object_names.schema(object_names.POD_SPEC_ITEMS[pod_spec_field])
-    return Field(json_schema_extra={"items": items})
 
 
 class TrainingCommand(ApiModel):
@@ -598,23 +594,14 @@ class EnvVar(ApiModel):
     """Environment variable name."""
     value: str | None = None
     """Literal value."""
-    value_from: Annotated[KubeObject | None, _declares_names(object_names.ENV_VAR_SOURCE)] = None
+    value_from: Annotated[KubeObject | None, _declares_names(pod_fields.ENV_VAR_SOURCE)] = None
     """Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef...)."""
 
 
-# Pod fields the operator sets from its own spec fields or owns outright: a podTemplate that
-# sets them is refused, saying what to use instead.
+# Pod fields the operator sets from its own spec fields or owns outright (api/pod_fields.py):
+# a podTemplate that sets them is refused, saying what to use instead.
 PROTECTED_POD_FIELDS: dict[str, str] = {
-    "restartPolicy": "the operator sets Never: it restarts whole gangs itself",
-    "schedulerName": "use spec.scheduling.schedulerName",
-    "priorityClassName": "use spec.scheduling.priorityClassName",
-    "serviceAccountName": "use spec.serviceAccountName",
-    "nodeSelector": "use spec.nodeSelector",
-    "tolerations": "use spec.tolerations",
-    "affinity": "use spec.affinity",
-    "hostname": "the operator names pods for the rendezvous",
-    "subdomain": "the operator names pods for the rendezvous",
-    "nodeName": "Volcano places the gang",
+    name: fix for name, (fix, _) in pod_fields.RESERVED_POD_FIELDS.items()
 }
 TRAINING_CONTAINER = "trainer"
 # Fields of the training container the operator computes.
@@ -677,67 +664,60 @@ class PodTemplateMetadata(ApiModel):
     """Annotations added to every pod."""
 
 
-class PodTemplatePodSpec(ApiModel):
-    """A partial Kubernetes PodSpec merged over the pod the operator builds."""
+def _pod_spec_schema(schema: dict[str, Any]) -> None:
+    """The allowlist of api/pod_fields.py as the CRD's schema: the allowed fields and, to
+    refuse them by name, the reserved ones; no others (the API server drops an unknown field,
+    and refuses it, naming it, for a strict client such as kubectl)."""
+    allowed = object_names.schema(pod_fields.POD_SPEC)
+    reserved = {
+        name: {**object_names.schema(node), "description": f"Refused: {fix}."}
+        for name, (fix, node) in pod_fields.RESERVED_POD_FIELDS.items()
+    }
+    schema.pop("additionalProperties", None)
+    schema["properties"] = {**allowed["properties"], **reserved}
+    schema["x-kubernetes-validations"] = _protected_pod_field_rules()
 
-    model_config = ConfigDict(
-        extra="allow",
-        json_schema_extra={
-            "x-kubernetes-preserve-unknown-fields": True,
-            "x-kubernetes-validations": list[Any](_protected_pod_field_rules()),
-        },
-    )
-    volumes: Annotated[list[KubeObject], _items_declare_names("volumes")] = []
-    """Volumes added to the pod's (the operator's are dshm, shared-data and
-    trainium-health-token)."""
-    init_containers: Annotated[list[KubeObject], _items_declare_names("initContainers")] = []
+
+class PodTemplatePodSpec(ApiModel):
+    """A partial Kubernetes PodSpec merged over the pod the operator builds: only the fields
+    api/pod_fields.py allows."""
+
+    # Parsing keeps every field so that PodTemplate.problems can name each one it refuses.
+    model_config = ConfigDict(extra="allow", json_schema_extra=_pod_spec_schema)
+    volumes: list[KubeObject] = []
+    """Volumes added to the pod's."""
+    init_containers: list[KubeObject] = []
     """Init containers, run before the training container."""
-    containers: Annotated[list[KubeObject], _items_declare_names("containers")] = []
-    """Sidecar containers; an entry named trainer is merged into the training container
-    (volumeMounts, securityContext, ports, probes, workingDir, envFrom...), whose image,
-    command, args, resources and env come from the TrainingJob spec."""
-    image_pull_secrets: Annotated[list[KubeObject], _items_declare_names("imagePullSecrets")] = []
+    containers: list[KubeObject] = []
+    """Sidecar containers, and the trainer entry merged into the training container."""
+    image_pull_secrets: list[KubeObject] = []
     """Secrets for pulling the images."""
     security_context: KubeObject | None = None
     """The pod's PodSecurityContext."""
-    # Declared only so the schema can refuse them with the field to use instead.
-    restart_policy: str | None = None
-    """Owned by the operator (Never); refused."""
-    scheduler_name: str | None = None
-    """Refused: use spec.scheduling.schedulerName."""
-    priority_class_name: str | None = None
-    """Refused: use spec.scheduling.priorityClassName."""
-    service_account_name: str | None = None
-    """Refused: use spec.serviceAccountName."""
-    node_selector: dict[str, str] | None = None
-    """Refused: use spec.nodeSelector."""
-    tolerations: list[KubeObject] | None = None
-    """Refused: use spec.tolerations."""
-    affinity: KubeObject | None = None
-    """Refused: use spec.affinity."""
-    hostname: str | None = None
-    """Owned by the operator; refused."""
-    subdomain: str | None = None
-    """Owned by the operator; refused."""
-    node_name: str | None = None
-    """Owned by Volcano; refused."""
 
 
 class PodTemplate(ApiModel):
     metadata: PodTemplateMetadata = PodTemplateMetadata()
     """Labels and annotations added to every pod."""
     spec: PodTemplatePodSpec = PodTemplatePodSpec()
-    """Pod fields merged over what the operator builds: volumes, initContainers, sidecar
-    containers, imagePullSecrets, securityContext, and any other PodSpec field the operator
-    does not own."""
+    """Pod fields merged over what the operator builds, from an allowlist: volumes (of the
+    allowed types), initContainers, sidecar containers, imagePullSecrets, securityContext,
+    terminationGracePeriodSeconds, DNS settings and a few more (docs/jobs.md lists them); any
+    other field is refused, naming it."""
 
     def problems(self, mount_path: str) -> list[str]:
         """What the schema cannot check: the training container entry and clashing names."""
         found: list[str] = []
         spec = self.spec.model_dump(by_alias=True, exclude_none=True)
-        for name, fix in PROTECTED_POD_FIELDS.items():
-            if name in spec:
-                found.append(f"spec.podTemplate.spec.{name} is set by the operator ({fix})")
+        # The allowlist (fields, container fields, volume types, bounds) and the names in it.
+        found += object_names.problems("spec.podTemplate.spec", spec, pod_fields.POD_SPEC)
+        bounds = {
+            "volumes": pod_fields.MAX_VOLUMES,
+            "initContainers": pod_fields.MAX_INIT_CONTAINERS,
+            "containers": pod_fields.MAX_CONTAINERS,
+        }
+        if any(len(spec.get(field) or []) > bound for field, bound in bounds.items()):
+            return found  # the checks below walk these lists: not past their bounds
         for label in self.metadata.labels:
             if label.startswith(PROTECTED_LABEL_PREFIXES):
                 found.append(
@@ -756,10 +736,6 @@ class PodTemplate(ApiModel):
                     f"spec.podTemplate.spec.volumes[{index}].name {volume.get('name')!r} is the "
                     f"operator's (it uses {', '.join(OPERATOR_VOLUMES)}); pick another name"
                 )
-        for field, item in object_names.POD_SPEC_ITEMS.items():
-            found += object_names.problems(
-                f"spec.podTemplate.spec.{field}", spec.get(field), object_names.ListOf(item)
-            )
         # Only string names can repeat; any other is a problem of its own above.
         names = [
             given
@@ -797,7 +773,7 @@ class PodTemplate(ApiModel):
                     f"spec.podTemplate.spec.initContainers[{index}].name {TRAINING_CONTAINER!r} "
                     "is the training container's name"
                 )
-        duplicates = sorted({n for n in names if n and names.count(n) > 1})
+        duplicates = sorted(n for n, count in Counter(names).items() if n and count > 1)
         if duplicates:
             found.append(
                 "spec.podTemplate.spec.containers and initContainers: container names repeat: "
@@ -828,9 +804,6 @@ def _quantity_problems(pod_spec: dict[str, Any]) -> list[str]:
         if isinstance(empty_dir, dict) and "sizeLimit" in empty_dir:
             where = f"spec.podTemplate.spec.volumes[{index}].emptyDir.sizeLimit"
             places.append((where, empty_dir["sizeLimit"]))
-    overhead = pod_spec.get("overhead")
-    if isinstance(overhead, dict):
-        places += [(f"spec.podTemplate.spec.overhead[{k}]", v) for k, v in overhead.items()]
     return [
         f"{where}: {value!r} is not a Kubernetes quantity (for example 500m, 2Gi)"
         for where, value in places
@@ -896,7 +869,7 @@ class TrainingJobSpec(ApiModel):
     """Profiling of the training stage."""
     health: HealthSpec = HealthSpec()
     """Live health: the ranks' progress channel to the operator."""
-    env: list[EnvVar] = []
+    env: Annotated[list[EnvVar], Field(max_length=pod_fields.MAX_ENV)] = []
     """Extra environment of the training and compile containers; a name the operator also
     sets (e.g. CCOM_SOCKET_IFNAME) replaces the operator's value."""
     resources: ResourceOverrides = ResourceOverrides()
@@ -946,7 +919,7 @@ class TrainingJobSpec(ApiModel):
             problems.append(f"{_CROSS_FIELD_RULES[3]['message']} (got {', '.join(reserved)})")
         for index, variable in enumerate(self.env):
             problems += object_names.problems(
-                f"spec.env[{index}].valueFrom", variable.value_from, object_names.ENV_VAR_SOURCE
+                f"spec.env[{index}].valueFrom", variable.value_from, pod_fields.ENV_VAR_SOURCE
             )
         problems += self.pod_template.problems(self.storage.mount_path.rstrip("/") or "/")
         output = self.profile.output_dir

@@ -41,6 +41,9 @@ class JobRef:
     # The operator's health-channel endpoint (`run --health-url`); None: the operator serves
     # none, so no pod gets the channel's env or token.
     health_url: str | None = None
+    # spec.podTemplate fields the allowlist refuses that a job admitted before it carries: its
+    # pods are built without them (lifecycle/parse.py), and the operator warns naming them.
+    dropped_pod_fields: tuple[str, ...] = ()
 
     @property
     def health_channel(self) -> bool:

@@ -40,6 +40,7 @@ from trainium_operator.profiler.neuron_env_contract import neuron_inspect_env
 Obj = dict[str, Any]
 
 CONTAINER_NAME = TRAINING_CONTAINER
+DEFAULT_SERVICE_ACCOUNT = "default"
 SHM_VOLUME = "dshm"
 DATA_VOLUME = "shared-data"
 NEURON_PARALLEL_COMPILE = "neuron_parallel_compile"
@@ -446,8 +447,9 @@ def pod(
         add_health_token(pod_spec)
     if spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = spec.scheduling.priority_class_name
-    if spec.service_account_name:
-        pod_spec["serviceAccountName"] = spec.service_account_name
+    # Always written: left empty, the API server would copy a deprecated `serviceAccount` into
+    # it, and an admission policy reading serviceAccountName would see "default".
+    pod_spec["serviceAccountName"] = spec.service_account_name or DEFAULT_SERVICE_ACCOUNT
     if spec.affinity:
         pod_spec["affinity"] = spec.affinity
     built = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
@@ -499,6 +501,32 @@ def merge_security_context(default: Obj, override: Obj) -> Obj:
     return merged
 
 
+def hardened(container: Obj) -> Obj:
+    """A sidecar or init container with the training container's hardened security context
+    under its own (merged field by field): what it needs more it asks for, and a privileged
+    container or an added capability needs its author's grant (the tenancy policy)."""
+    own = container.get("securityContext")
+    return {
+        **copy.deepcopy(container),
+        "securityContext": container_security_context(own if isinstance(own, dict) else {}),
+    }
+
+
+def container_security_context(own: Obj) -> Obj:
+    """`own` over the hardened default. The API server refuses allowPrivilegeEscalation false
+    beside privileged or an added SYS_ADMIN, so a (granted) container asking for either keeps
+    the default only if it sets it itself."""
+    default = copy.deepcopy(TRAINING_CONTAINER_SECURITY_CONTEXT)
+    capabilities = own.get("capabilities")
+    added = capabilities.get("add") if isinstance(capabilities, dict) else None
+    escalates = own.get("privileged") is True or (
+        isinstance(added, list) and bool({"SYS_ADMIN", "CAP_SYS_ADMIN"} & set(map(str, added)))
+    )
+    if escalates:
+        default.pop("allowPrivilegeEscalation")
+    return merge_security_context(default, own)
+
+
 def merge_pod_template(built: Obj, template: PodTemplate) -> Obj:
     """spec.podTemplate over the pod the operator built: lists are added to (volumes, init
     and sidecar containers, pull secrets, the trainer container's volumeMounts), security
@@ -519,21 +547,19 @@ def merge_pod_template(built: Obj, template: PodTemplate) -> Obj:
         )
     pod_spec["volumes"] = [*pod_spec["volumes"], *copy.deepcopy(template.spec.volumes)]
     if template.spec.init_containers:
-        pod_spec["initContainers"] = copy.deepcopy(template.spec.init_containers)
+        pod_spec["initContainers"] = [hardened(c) for c in template.spec.init_containers]
     if template.spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = copy.deepcopy(template.spec.image_pull_secrets)
     trainer = pod_spec["containers"][0]
     for container in copy.deepcopy(template.spec.containers):
         if container.get("name") != TRAINING_CONTAINER:
-            pod_spec["containers"].append(container)
+            pod_spec["containers"].append(hardened(container))
             continue
         mounts = container.pop("volumeMounts", [])
         security = container.pop("securityContext", None)
         trainer.update({k: v for k, v in container.items() if k != "name"})
         if isinstance(security, dict):
-            trainer["securityContext"] = merge_security_context(
-                trainer.get("securityContext") or {}, security
-            )
+            trainer["securityContext"] = container_security_context(security)
         trainer["volumeMounts"] = [*trainer["volumeMounts"], *mounts]
     return pod
 

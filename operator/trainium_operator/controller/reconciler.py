@@ -49,7 +49,7 @@ from trainium_operator.lifecycle.observed import (
     podgroup_view,
     queue_view,
 )
-from trainium_operator.lifecycle.parse import parse_job
+from trainium_operator.lifecycle.parse import dropped_pod_fields_message, parse_job
 from trainium_operator.lifecycle.profile_on_demand import (
     apply_on_demand_profile,
     on_demand_upload_refused,
@@ -223,6 +223,8 @@ class Reconciler:
         self.events = EventPoster(cluster)
         self.clock = clock
         self.holds = AdmissionHolds()
+        # Jobs warned about pod fields the allowlist dropped, with the fields warned about.
+        self.warned_dropped: dict[str, tuple[str, ...]] = {}
         # A gang's pods are independent creates; issuing them together keeps a 16-node
         # job from paying 16 sequential round trips.
         self._creators = ThreadPoolExecutor(
@@ -413,6 +415,11 @@ class Reconciler:
             queue=queue,
         )
         decision = machine.decide(job, current_status, observed)
+        if job.dropped_pod_fields and self.warned_dropped.get(job.uid) != job.dropped_pod_fields:
+            # Once per job and operator process: the job was admitted before the allowlist.
+            self.warned_dropped[job.uid] = job.dropped_pod_fields
+            message = dropped_pod_fields_message(job.dropped_pod_fields)
+            decision.events.append(EventRecord("Warning", "PodFieldsDropped", message))
         ranks = self.progress(key) if self.progress is not None and job.health_channel else None
         if ranks is not None:
             # Before the upload plan: a stall may end the attempt in this pass.

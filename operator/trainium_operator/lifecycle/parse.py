@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from trainium_operator.api import object_names, pod_fields
 from trainium_operator.api.spec import TrainingJobSpec
 from trainium_operator.builders.job import JobRef
 
@@ -26,11 +27,43 @@ def validation_problems(error: ValidationError) -> list[str]:
     return problems
 
 
+def without_refused_pod_fields(spec: Obj) -> tuple[Obj, list[str]]:
+    """The spec without the spec.podTemplate.spec content the allowlist (api/pod_fields.py)
+    refuses, and where each removed field was."""
+    template = spec.get("podTemplate")
+    if not isinstance(template, dict) or not isinstance(template.get("spec"), dict):
+        return spec, []
+    pod_spec: Obj = template["spec"]
+    kept, dropped = object_names.split_allowed(
+        "spec.podTemplate.spec", pod_spec, pod_fields.POD_SPEC
+    )
+    assert isinstance(kept, dict)
+    volumes = pod_spec.get("volumes")
+    if isinstance(volumes, list) and isinstance(kept.get("volumes"), list):
+        # A volume whose type was dropped goes whole: left with its name alone the API server
+        # would make it an empty emptyDir, and a mount of it would silently read nothing.
+        kept["volumes"] = [
+            volume
+            for volume, given in zip(kept["volumes"], volumes, strict=True)
+            if not (isinstance(given, dict) and len(given) > 1 and volume.keys() <= {"name"})
+        ]
+    return {**spec, "podTemplate": {**template, "spec": kept}}, dropped
+
+
 def parse_job(body: Obj, health_url: str | None = None) -> JobRef | list[str]:
-    """The job's identity and validated spec, or the list of problems with its spec."""
+    """The job's identity and validated spec, or the list of problems with its spec.
+
+    A job the operator ran before (it has a status phase) and that carries pod fields the
+    allowlist now refuses (it was admitted by an older operator and CRD) is not failed for
+    them: its running pods are left alone, and pods built from now on leave those fields out
+    (`JobRef.dropped_pod_fields`, which the operator names in a Warning)."""
     meta = body["metadata"]
+    spec_body: Obj = body.get("spec") or {}
+    dropped: list[str] = []
+    if isinstance(spec_body, dict) and (body.get("status") or {}).get("phase"):
+        spec_body, dropped = without_refused_pod_fields(spec_body)
     try:
-        spec = TrainingJobSpec.model_validate(body.get("spec") or {})
+        spec = TrainingJobSpec.model_validate(spec_body)
     except ValidationError as error:
         return validation_problems(error)
     except (TypeError, AttributeError, KeyError) as error:
@@ -46,4 +79,19 @@ def parse_job(body: Obj, health_url: str | None = None) -> JobRef | list[str]:
         generation=int(meta.get("generation", 1)),
         spec=spec,
         health_url=health_url,
+        dropped_pod_fields=tuple(dropped),
+    )
+
+
+# A Warning names at most this many dropped fields (an event message is at most 1 KiB).
+MAX_NAMED_DROPPED = 8
+
+
+def dropped_pod_fields_message(dropped: tuple[str, ...]) -> str:
+    named = ", ".join(dropped[:MAX_NAMED_DROPPED])
+    more = len(dropped) - MAX_NAMED_DROPPED
+    return (
+        f"{named}{f' and {more} more' if more > 0 else ''}: no longer allowed in "
+        "spec.podTemplate (the operator's pod-field allowlist, docs/jobs.md); the running pods "
+        "keep them, pods created from now on are built without them. Remove them from the spec."
     )
