@@ -82,6 +82,16 @@ class Tenancy:
         )
 
 
+POD_SECURITY_ENFORCE = "pod-security.kubernetes.io/enforce"
+
+
+def label_pod_security(dev_cluster: Any, namespace: str, level: str | None) -> None:
+    """Sets (or, with None, removes) the namespace's enforced Pod Security level."""
+    dev_cluster.clients.core.patch_namespace(
+        namespace, {"metadata": {"labels": {POD_SECURITY_ENFORCE: level}}}
+    )
+
+
 def helm_template(
     dev_cluster: Any, release: str, namespace: str, values: dict[str, Any], tmp: Path
 ) -> list[dict[str, Any]]:
@@ -139,6 +149,9 @@ def installed_tenancy(dev_cluster: Any, tmp: Path) -> Iterator[Tenancy]:
         testing.fresh_namespace(dev_cluster, prefix="t-op-") as operator_namespace,
         testing.fresh_namespace(dev_cluster, prefix="t-team-") as team,
     ):
+        for namespace in (operator_namespace, team):
+            # The policy takes new jobs only where a Pod Security level is enforced.
+            label_pod_security(dev_cluster, namespace, "baseline")
         documents = helm_template(
             dev_cluster,
             release,

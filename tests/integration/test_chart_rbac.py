@@ -34,6 +34,7 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
+from integration.tenancy_harness import label_pod_security
 from trainium_devcluster.access import service_account_kubeconfig
 from trainium_devcluster.sim import wait_for
 
@@ -66,6 +67,7 @@ def release(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[str]:
             {"watchNamespaces": [namespace], "tenancy": {"allowJobsInReleaseNamespace": True}}
         )
     )
+    label_pod_security(dev_cluster, namespace, "baseline")  # where the policy takes jobs
     helm(dev_cluster, "install", name, str(CHART), "-n", namespace, "-f", str(values))
     yield name
     helm(dev_cluster, "uninstall", name, "-n", namespace)
@@ -211,6 +213,7 @@ def test_profile_ui_account_lists_every_job_of_its_namespace_and_cannot_write(
             }
         )
     )
+    label_pod_security(dev_cluster, namespace, "baseline")  # where the policy takes jobs
     helm(dev_cluster, "install", name, str(CHART), "-n", namespace, "-f", str(values))
     try:
         clients = dev_cluster.clients

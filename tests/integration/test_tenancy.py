@@ -31,6 +31,7 @@ from integration.tenancy_harness import (
     create,
     helm_template,
     installed_tenancy,
+    label_pod_security,
     refusal,
 )
 from trainium_devcluster import testing
@@ -261,6 +262,7 @@ def test_straggler_replacement_is_refused_to_everyone_while_the_chart_has_it_off
         testing.fresh_namespace(dev_cluster, prefix="t-op-") as operator_namespace,
         testing.fresh_namespace(dev_cluster, prefix="t-team-") as team,
     ):
+        label_pod_security(dev_cluster, team, "baseline")
         documents = helm_template(
             dev_cluster, release, operator_namespace, {"watchNamespaces": [team]}, tmp_path
         )

@@ -22,6 +22,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from kubernetes import client
 
 from integration.operator_harness import ROOT, create_job, install_crds, job_manifest
+from integration.tenancy_harness import label_pod_security
 from trainium_devcluster import testing
 from trainium_devcluster.access import service_account_kubeconfig
 from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
@@ -62,6 +63,8 @@ def tenants(dev_cluster: Any, tmp_path: Path) -> Iterator[Tenants]:
         # beside the operator's ServiceAccount.
         testing.fresh_namespace(dev_cluster) as home,
     ):
+        for team in (team_a, team_b):
+            label_pod_security(dev_cluster, team, "baseline")
         release = f"u{uuid.uuid4().hex[:6]}"
         values = tmp_path / "values.yaml"
         values.write_text(

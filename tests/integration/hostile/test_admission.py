@@ -23,7 +23,14 @@ from kubernetes.client.exceptions import ApiException
 
 from integration.hostile.conftest import HostileReport
 from integration.operator_harness import GROUP, PLURAL, VERSION, job_manifest
-from integration.tenancy_harness import OTHER_TENANT, TENANT, Tenancy, create, installed_tenancy
+from integration.tenancy_harness import (
+    OTHER_TENANT,
+    TENANT,
+    Tenancy,
+    create,
+    installed_tenancy,
+    label_pod_security,
+)
 from trainium_devcluster.sim import wait_for
 
 SECRET = "team-b-creds"
@@ -405,3 +412,28 @@ def test_a_field_stored_before_the_allowlist_is_what_the_api_server_serves_after
         "stored before the allowlist CRD",
         f"served after it without the field ({sorted(pod_fields)})",
     )
+
+
+def test_a_new_job_in_a_namespace_that_enforces_no_pod_security_level_is_refused(
+    dev_cluster: Any, tenancy: Tenancy, hostile_report: HostileReport
+) -> None:
+    # The pass-through securityContext (sysctls, seLinuxOptions, procMount) is Pod Security's
+    # to judge; an unlabelled namespace judges nothing, so the policy takes no new job there.
+    alice = tenancy.as_user(TENANT)
+    label_pod_security(dev_cluster, tenancy.team, None)
+    try:
+        manifest = job_manifest("h-unlabelled", **_pod(securityContext={"sysctls": []}))
+
+        _, message = wait_for(
+            lambda: _try(alice, tenancy.team, manifest),
+            until=lambda answer: answer[0] == 403,
+            timeout=15,
+            description="the policy seeing the namespace unlabelled",
+        )
+        hostile_report.tried(
+            "namespace pod-security label", "a job where no level is enforced", message[-160:]
+        )
+        assert "pod-security.kubernetes.io/enforce" in message
+        assert "kubectl label namespace" in message
+    finally:
+        label_pod_security(dev_cluster, tenancy.team, "baseline")
