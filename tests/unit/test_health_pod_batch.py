@@ -302,3 +302,23 @@ def test_a_training_pod_gets_its_pod_directory_on_its_memory_backed_shm() -> Non
     assert env[contract.POD_DIR] == contract.POD_DIR_PATH
     shm = next(p for p in mounts if env[contract.POD_DIR].startswith(p + "/"))
     assert volumes[mounts[shm]]["emptyDir"] == {"medium": "Memory"}
+
+
+def test_a_refused_send_right_after_answering_a_request_backs_off_instead_of_spinning(
+    tmp_path: Path,
+) -> None:
+    calls: list[float] = []
+
+    def send(_url: str, _body: bytes, _token: str) -> dict[str, Any]:
+        calls.append(time.monotonic())
+        if len(calls) == 1:  # a stack request: the rank answers at once, off its interval
+            return {"accepted": True, "requests": {contract.REQUEST_DUMP_STACKS: "s-1"}}
+        return {"accepted": False, "reason": "pod over its budget", "status": 429}
+
+    (reporter,) = pod_of(tmp_path, 1, send)  # interval 0.05 s
+    reporter.start()
+    time.sleep(0.4)
+    reporter.stop(final=False)
+    reporter.thread.join(2)
+    assert reporter.stacks_dumped == "s-1"
+    assert len(calls) <= 0.4 / 0.05 + 2, len(calls)  # never faster than one per interval

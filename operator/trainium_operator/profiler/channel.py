@@ -362,8 +362,8 @@ class Reporter:
             # Only a send backs off: a local write failing is no reason to write less often.
             if self.tick() or not self.leader:
                 backoff = self.config.interval_s
-            else:
-                backoff = min(backoff * 2, self.max_backoff_s)
+            else:  # from at least an interval: after an immediate answer it was 0
+                backoff = min(max(backoff, self.config.interval_s) * 2, self.max_backoff_s)
             if self._answer_now:
                 self._answer_now = False
                 backoff = 0.0
