@@ -14,48 +14,74 @@ Prints, with each target's verdict:
    real endpoint over loopback, and the stall policy run as the operator's work queue runs a
    job's pass (at the operator's progress tick and at the pass's own requeue), from the rank's
    last step to the pass that sets Stalled, against the target max(3 x p50, 60 s): with a 3 s
-   stallTimeoutSeconds (5 runs), and (not with --quick) once with the default 60 s floor.
+   stallTimeoutSeconds (5 runs), and (not with --quick) once with the default 60 s floor;
+5. the message unit at scale: the endpoint's own thread's CPU (the operator's `ServerThread`,
+   measured by its thread CPU clock; the clients run on another thread and are not counted)
+   per second for one job of 64-rank pods reporting every 5 s: 4096 ranks as one message per
+   rank (what the reporter sent before) against 4096 and 16 384 ranks as one message per pod,
+   in the same run (target: 16 384 ranks <= 0.5 core), each message on a new connection as
+   the reporter makes it;
+6. the soak: 16 pods of 4 jobs post one message per pod at the highest rate the limits admit
+   (every 0.2 s, 64 ranks each) for --soak-seconds (default 60), half of them with absurd
+   fields, while a pass per job per second runs the stall, straggler, progress and goodput
+   policies on the stored ranks: no pass raises, and the process's RSS stays within 100 MiB
+   of its idle figure.
 
 The endpoint figure excludes TokenReview round trips (one per token per 60 s; 4096 ranks: ~70 a
 minute) and the pass that writes the status; the stall latency excludes that status write
 (milliseconds; the dev-cluster test checks the written condition within the bound + 1 s of
-timestamp resolution). Options: --quick for a shorter run.
+timestamp resolution). Options: --quick for a shorter run; --only 5,6 for some sections.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import dataclasses
+import functools
+import json
+import multiprocessing
+import socket
 import statistics
 import sys
+import threading
 import time
 import tracemalloc
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "tests")]
 
-from aiohttp import ClientSession  # noqa: E402
-from aiohttp.test_utils import TestServer  # noqa: E402
+from aiohttp import ClientSession, TCPConnector  # noqa: E402
 
+from trainium_operator.api.status import validated_status  # noqa: E402
+from trainium_operator.builders.job import JobRef  # noqa: E402
 from trainium_operator.controller.cache import ClusterCache  # noqa: E402
 from trainium_operator.controller.health_server import (  # noqa: E402
     HealthChannel,
     ProgressStore,
+    ServerThread,
     TokenCache,
-    application,
 )
 from trainium_operator.k8s.informer import WatchEvent  # noqa: E402
 from trainium_operator.lifecycle.channel_auth import TokenIdentity  # noqa: E402
 from trainium_operator.lifecycle.decision import Decision  # noqa: E402
+from trainium_operator.lifecycle.goodput import with_goodput  # noqa: E402
 from trainium_operator.lifecycle.observed import Observed  # noqa: E402
 from trainium_operator.lifecycle.progress import RankSample, with_progress  # noqa: E402
 from trainium_operator.lifecycle.stalls import apply_stall_policy, stall_bound  # noqa: E402
+from trainium_operator.lifecycle.stragglers import (  # noqa: E402
+    CordonBudget,
+    apply_straggler_policy,
+)
 from trainium_operator.profiler import channel_contract as contract  # noqa: E402
 from trainium_operator.profiler.channel import ChannelConfig, Reporter  # noqa: E402
 from trainium_operator.profiler.channel_contract import ProgressMessage  # noqa: E402
 from unit.jobs import job_document, job_ref  # noqa: E402
+from unit.test_health_channel import pod_jwt  # noqa: E402
 
 JOBS, RANKS, RANKS_PER_POD = 64, 64, 32
 
@@ -147,15 +173,24 @@ def _cluster() -> ClusterCache:
     return cache
 
 
+@functools.cache  # one token per pod, as the kubelet projects it (reviewed once)
+def _token(pod: str, pod_uid: str) -> str:
+    """A token shaped as the kubelet's projected one for `pod` (the endpoint's pre-filter
+    reads its claims; its signature is the review's business, faked here)."""
+    return pod_jwt(pod=pod, uid=pod_uid)
+
+
 def _identity(token: str) -> TokenIdentity:
-    _, j, p = token.split("-")
+    """What the TokenReview answers for a bench token: its own pod claims, verified."""
+    claims = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))
+    pod = claims["kubernetes.io"]["pod"]
     return TokenIdentity(
         True,
         username="system:serviceaccount:team-a:default",
         audiences=(contract.AUDIENCE,),
         extra=(
-            (contract.CLAIM_POD_NAME, (f"job-{j}-train-0-{p}",)),
-            (contract.CLAIM_POD_UID, (f"pod-{j}-{p}",)),
+            (contract.CLAIM_POD_NAME, (pod["name"],)),
+            (contract.CLAIM_POD_UID, (pod["uid"],)),
         ),
     )
 
@@ -163,7 +198,7 @@ def _identity(token: str) -> TokenIdentity:
 def _messages() -> list[tuple[str, bytes]]:
     return [
         (
-            f"t-{j}-{r // RANKS_PER_POD}",
+            _token(f"job-{j}-train-0-{r // RANKS_PER_POD}", f"pod-{j}-{r // RANKS_PER_POD}"),
             ProgressMessage(
                 job=f"job-{j}",
                 namespace="team-a",
@@ -183,14 +218,15 @@ def _messages() -> list[tuple[str, bytes]]:
 
 
 async def _post_all(channel: HealthChannel, rounds: int) -> tuple[float, int]:
-    server = TestServer(application(channel))
-    await server.start_server()
-    url = str(server.make_url(contract.PATH))
+    server = ServerThread(channel, "127.0.0.1", _free_port()).start()
+    url = f"http://127.0.0.1:{server.port}{contract.PATH}"
     messages = _messages()
     sent = 0
     cpu = 0.0
     async with ClientSession() as session:
-        for _ in range(rounds):
+        for number in range(rounds):
+            # A round is one report interval later as the budgets see it.
+            channel.clock = functools.partial(float, number * 10.0)
             started = time.process_time()
             for index in range(0, len(messages), 64):
                 batch = messages[index : index + 64]
@@ -205,7 +241,7 @@ async def _post_all(channel: HealthChannel, rounds: int) -> tuple[float, int]:
                     reply.release()
                 sent += len(batch)
             cpu += time.process_time() - started
-    await server.close()
+    server.stop()
     return cpu, sent
 
 
@@ -289,13 +325,12 @@ async def _one_stall(
         health["stallTimeoutSeconds"] = stall_timeout
     job = job_ref(health=health)
     channel = HealthChannel(_cluster(), TokenCache(_identity), store=ProgressStore())
-    server = TestServer(application(channel))
-    await server.start_server()
+    server = ServerThread(channel, "127.0.0.1", _free_port()).start()
     with tempfile.TemporaryDirectory() as scratch:
         token = Path(scratch) / "token"
-        token.write_text("t-0-0")
+        token.write_text(_token("job-0-train-0-0", "pod-0-0"))
         config = ChannelConfig(
-            url=str(server.make_url(contract.PATH)),
+            url=f"http://127.0.0.1:{server.port}{contract.PATH}",
             token_file=str(token),
             interval_s=interval,
             job="job-0",
@@ -331,7 +366,7 @@ async def _one_stall(
         finally:
             reporter.stop(final=False)
             loop.join()
-            await server.close()
+            server.stop()
 
 
 def stall_latency(quick: bool) -> None:
@@ -359,14 +394,298 @@ def stall_latency(quick: bool) -> None:
     )
 
 
+# -- 5. the message unit at scale ----------------------------------------------------------
+SCALE_PPN = 64  # trn2.48xlarge at lnc 2
+SCALE_INTERVAL_S = 5.0
+
+
+def _pod(job: str, job_uid: str, node_rank: int) -> dict[str, object]:
+    return {
+        "metadata": {
+            "name": f"{job}-train-0-{node_rank}",
+            "namespace": "team-a",
+            "uid": f"pod-{job}-{node_rank}",
+            "labels": {
+                "trainium.dev/job-name": job,
+                "trainium.dev/stage": "train",
+                "trainium.dev/attempt": "0",
+                "trainium.dev/node-rank": str(node_rank),
+            },
+            "ownerReferences": [{"uid": job_uid}],
+        },
+        "spec": {"nodeName": f"node-{job}-{node_rank}"},
+    }
+
+
+def _scale_cluster(jobs: dict[str, int], interval_s: float) -> ClusterCache:
+    """Jobs `name -> nodes` of 64-rank trn2 pods reporting every `interval_s`."""
+    cache = ClusterCache()
+    for name, nodes in jobs.items():
+        document = job_document(
+            nodes=nodes,
+            processesPerNode=SCALE_PPN,
+            instanceType="trn2.48xlarge",
+            health={"reportIntervalSeconds": interval_s, "stragglerThreshold": 0.2},
+        )
+        document["metadata"] = {**document["metadata"], "name": name, "uid": f"uid-{name}"}
+        cache.on_job(WatchEvent("ADDED", document))
+        for p in range(nodes):
+            cache.on_pod(WatchEvent("ADDED", _pod(name, f"uid-{name}", p)))
+    return cache
+
+
+def _rank_message(job: str, nodes: int, rank: int, step: int) -> ProgressMessage:
+    return ProgressMessage(
+        job=job,
+        namespace="team-a",
+        uid=f"uid-{job}",
+        attempt=0,
+        rank=rank,
+        node_rank=rank // SCALE_PPN,
+        world_size=nodes * SCALE_PPN,
+        step=step,
+        step_times_ms=tuple(500.0 + (rank + i) % 7 for i in range(16)),
+        samples=800 * step,
+        tokens=409_600 * step,
+        sequence=step,
+        step_age_ms=120.5,
+        last_checkpoint_step=step - step % 100,
+    )
+
+
+def _pod_bodies(job: str, nodes: int, step: int, batched: bool) -> list[tuple[str, bytes]]:
+    """One interval's messages of the job: one per pod (`batched`) or one per rank."""
+    bodies: list[tuple[str, bytes]] = []
+    for p in range(nodes):
+        ranks = [_rank_message(job, nodes, p * SCALE_PPN + i, step) for i in range(SCALE_PPN)]
+        token = _token(f"{job}-train-0-{p}", f"pod-{job}-{p}")
+        if batched:
+            bodies.append((token, contract.batch_json(ranks)))
+        else:
+            bodies.extend((token, r.to_json()) for r in ranks)
+    return bodies
+
+
+def _thread_cpu_s(thread: threading.Thread) -> float:
+    assert thread.ident is not None
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _post(url: str, bodies: list[tuple[str, bytes]], concurrency: int) -> dict[int, int]:
+    """Posts every body, each on a new connection (as the reporter's urllib does)."""
+    statuses: dict[int, int] = {}
+    connector = TCPConnector(force_close=True, limit=concurrency)
+    async with ClientSession(connector=connector) as session:
+
+        async def one(token: str, body: bytes) -> None:
+            headers = {"Authorization": f"Bearer {token}"}
+            async with session.post(url, data=body, headers=headers) as reply:
+                await reply.read()
+                statuses[reply.status] = statuses.get(reply.status, 0) + 1
+
+        await asyncio.gather(*(one(t, b) for t, b in bodies))
+    return statuses
+
+
+def _unit_cpu(nodes: int, batched: bool, rounds: int) -> tuple[float, int, dict[int, int]]:
+    """Core-seconds per second of the endpoint's thread for one job of `nodes` pods reporting
+    every 5 s, and the messages per interval."""
+    clock = [0.0]
+    channel = HealthChannel(
+        _scale_cluster({"big": nodes}, SCALE_INTERVAL_S),
+        TokenCache(_identity),
+        store=ProgressStore(),
+        clock=lambda: clock[0],
+    )
+    server = ServerThread(channel, "127.0.0.1", _free_port()).start()
+    url = f"http://127.0.0.1:{server.port}{contract.PATH}"
+    statuses: dict[int, int] = {}
+    try:
+        asyncio.run(_post(url, _pod_bodies("big", nodes, 0, batched), 32))  # tokens reviewed
+        cpu = 0.0
+        for step in range(1, rounds + 1):
+            clock[0] += SCALE_INTERVAL_S  # one report interval later, as the budgets see it
+            bodies = _pod_bodies("big", nodes, step, batched)
+            before = _thread_cpu_s(server.thread)
+            for status, n in asyncio.run(_post(url, bodies, 32)).items():
+                statuses[status] = statuses.get(status, 0) + n
+            cpu += _thread_cpu_s(server.thread) - before
+    finally:
+        server.stop()
+    return cpu / rounds / SCALE_INTERVAL_S, len(bodies), statuses
+
+
+def message_unit(quick: bool) -> None:
+    rounds = 2 if quick else 5
+    print("5. the message unit: one job of 64-rank pods every 5 s, the endpoint thread's CPU")
+    per_rank, sent, statuses = _unit_cpu(64, batched=False, rounds=rounds)
+    print(
+        f"   4096 ranks, one message per rank ({sent}/interval): {per_rank:.3f} core-s/s "
+        f"(answers {statuses})"
+    )
+    per_pod, sent, statuses = _unit_cpu(64, batched=True, rounds=rounds)
+    print(
+        f"   4096 ranks, one message per pod ({sent}/interval): {per_pod:.4f} core-s/s "
+        f"(answers {statuses}); {per_rank / per_pod:.0f}x less"
+    )
+    big, sent, statuses = _unit_cpu(256, batched=True, rounds=rounds)
+    print(
+        f"   16384 ranks, one message per pod ({sent}/interval): {big:.4f} core-s/s "
+        f"(answers {statuses}); target <= 0.5: {verdict(big <= 0.5 and set(statuses) == {200})}"
+    )
+
+
+# -- 6. the soak: the highest admitted rate, half absurd, passes running ------------------
+SOAK_JOBS, SOAK_PODS, SOAK_INTERVAL_S = 4, 4, 0.2  # 16 pods; 0.2 s: the limits' floor
+
+
+def _absurd(message: ProgressMessage, tick: int) -> ProgressMessage:
+    """Every field at the edge of what parses: huge numbers, steps going backwards, ids of
+    the longest form, `final` flapping."""
+    return dataclasses.replace(
+        message,
+        step=(2**61 if tick % 2 else 0) + message.rank,
+        step_times_ms=(1.7976931348623157e308, 0.0, 1e-300, *(9e15,) * 13),
+        samples=2**61 - tick,
+        tokens=2**62 - 1,
+        step_age_ms=9.99e11 if tick % 3 else 0.0,
+        stacks_dumped="a" * 64,
+        profile_capturing="b" * 64,
+        profile_captured=("c" * 63) + str(tick % 10),
+        final=tick % 2 == 0,
+        last_checkpoint_step=2**61 if tick % 2 else 0,
+    )
+
+
+def _soak_bodies(tick: int) -> list[tuple[str, bytes]]:
+    bodies: list[tuple[str, bytes]] = []
+    for j in range(SOAK_JOBS):
+        job = f"soak-{j}"
+        for p in range(SOAK_PODS):
+            ranks = [
+                _rank_message(job, SOAK_PODS, p * SCALE_PPN + i, tick) for i in range(SCALE_PPN)
+            ]
+            if (j * SOAK_PODS + p) % 2:  # half the pods: absurd fields
+                ranks = [_absurd(r, tick) for r in ranks]
+            bodies.append(
+                (_token(f"{job}-train-0-{p}", f"pod-{job}-{p}"), contract.batch_json(ranks))
+            )
+    return bodies
+
+
+def _soak_load(url: str, seconds: float, counts: dict[int, int]) -> None:
+    """The pods: every 0.2 s each of the 16 posts its batch (a process of its own, so its
+    memory and CPU are not the operator's)."""
+
+    async def run() -> None:
+        started = time.monotonic()
+        tick = 0
+        while time.monotonic() - started < seconds:
+            began = time.monotonic()
+            for status, n in (await _post(url, _soak_bodies(tick), 16)).items():
+                counts[status] = counts.get(status, 0) + n
+            tick += 1
+            await asyncio.sleep(max(0.0, SOAK_INTERVAL_S - (time.monotonic() - began)))
+
+    asyncio.run(run())
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def _soak_pass(job: JobRef, status: dict[str, Any], samples: list[RankSample]) -> dict[str, Any]:
+    """One job pass's health policies on the stored ranks, as the reconciler runs them."""
+    now = datetime.now(UTC)
+    decision = Decision(status=status)
+    observed = Observed((), {}, True, {}, now)
+    apply_stall_policy(job, decision, observed, samples)
+    apply_straggler_policy(job, decision, observed, samples, cordons=CordonBudget(0))
+    new = with_progress(job, decision.status, samples, now, 1.0)
+    return validated_status(with_goodput(status, validated_status(new), now, None))
+
+
+def soak(seconds: float) -> None:
+    jobs = {f"soak-{j}": SOAK_PODS for j in range(SOAK_JOBS)}
+    channel = HealthChannel(
+        _scale_cluster(jobs, SOAK_INTERVAL_S), TokenCache(_identity), store=ProgressStore()
+    )
+    refs = {
+        name: job_ref(
+            nodes=SOAK_PODS,
+            processesPerNode=SCALE_PPN,
+            instanceType="trn2.48xlarge",
+            health={"reportIntervalSeconds": SOAK_INTERVAL_S, "stragglerThreshold": 0.2},
+        )
+        for name in jobs
+    }
+    server = ServerThread(channel, "127.0.0.1", _free_port()).start()
+    url = f"http://127.0.0.1:{server.port}{contract.PATH}"
+    statuses: dict[str, dict[str, Any]] = {
+        name: {"phase": "Training", "attempt": 0} for name in jobs
+    }
+    idle = _rss_mib()
+    peak = idle
+    passes, raised = 0, []
+    with multiprocessing.Manager() as manager:
+        counts = manager.dict()
+        load = multiprocessing.Process(target=_soak_load, args=(url, seconds, counts))
+        load.start()
+        while load.is_alive():
+            for name in jobs:
+                try:
+                    statuses[name] = _soak_pass(
+                        refs[name], statuses[name], channel.store.samples(("team-a", name))
+                    )
+                except Exception as error:  # what the soak is looking for
+                    raised.append(f"{name}: {error!r}")
+                passes += 1
+            peak = max(peak, _rss_mib())
+            time.sleep(1.0)
+        load.join()
+        answered = dict(counts)
+    server.stop()
+    grew = peak - idle
+    print(
+        f"6. soak: {SOAK_JOBS} jobs x {SOAK_PODS} pods x {SCALE_PPN} ranks posting every "
+        f"{SOAK_INTERVAL_S:g} s for {seconds:g} s, half with absurd fields"
+    )
+    print(f"   answers {answered}; endpoint counts {channel.counted()}")
+    print(f"   {passes} passes, {len(raised)} raised: {verdict(not raised)} {raised[:3]}")
+    print(
+        f"   RSS idle {idle:.0f} MiB, peak {peak:.0f} MiB (+{grew:.1f}); target <= +100 MiB: "
+        f"{verdict(grew <= 100)}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--soak-seconds", type=float, default=60.0)
+    parser.add_argument("--only", default="1,2,3,4,5,6", help="sections to run, e.g. 5,6")
     args = parser.parse_args()
-    step_overhead(blocks=4 if args.quick else 20, steps=50 if args.quick else 200)
-    endpoint_cost(rounds=1 if args.quick else 3)
-    status_writes()
-    stall_latency(args.quick)
+    only = {int(x) for x in args.only.split(",")}
+    if 1 in only:
+        step_overhead(blocks=4 if args.quick else 20, steps=50 if args.quick else 200)
+    if 2 in only:
+        endpoint_cost(rounds=1 if args.quick else 3)
+    if 3 in only:
+        status_writes()
+    if 4 in only:
+        stall_latency(args.quick)
+    if 5 in only:
+        message_unit(args.quick)
+    if 6 in only:
+        soak(min(args.soak_seconds, 10.0) if args.quick else args.soak_seconds)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ for i in range(steps):
     profiler.report(samples=8)
 reporter = channel.current()
 print(json.dumps({"sent": reporter.sent, "failures": reporter.failures,
+                  "written": reporter.written,
                   "error": reporter.last_error, "reply": reporter.last_reply}))
 profiler.stop_profiling()
 """
@@ -125,13 +126,23 @@ def wait_account(clients: Any, namespace: str, name: str = "default") -> None:
     raise AssertionError(f"ServiceAccount {namespace}/{name} never appeared")
 
 
-def rank_env(pod: Any, token_file: Path, rank: int, world: int) -> dict[str, str]:
+def rank_env(
+    pod: Any, token_file: Path, rank: int, world: int, local: tuple[int, int] | None = None
+) -> dict[str, str]:
+    """The env of rank `rank` of the pod; `local`: (LOCAL_RANK, LOCAL_WORLD_SIZE) as torchrun
+    sets them, so the pod's ranks report as one message (without it, each its own). The pod
+    directory moves beside the token file: the test's "pods" share this host's /dev/shm."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAINIUM_")}
+    for name in (contract.LOCAL_RANK, contract.LOCAL_WORLD_SIZE):
+        env.pop(name, None)
     for var in pod.spec.containers[0].env or []:
         if var.value is not None:
             env[var.name] = var.value
     env.pop("TRAINIUM_PROFILE", None)
     env[contract.TOKEN_FILE] = str(token_file)
+    env[contract.POD_DIR] = str(token_file.parent / "pod-dir")
+    if local is not None:
+        env[contract.LOCAL_RANK], env[contract.LOCAL_WORLD_SIZE] = map(str, local)
     env.update(
         RANK=str(rank),
         GROUP_RANK=pod.metadata.labels["trainium.dev/node-rank"],

@@ -98,6 +98,46 @@ def test_ranks_report_as_their_pods_and_a_forged_message_from_another_jobs_pod_i
     assert counts["refused"] >= 2
 
 
+def stored_ranks(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    (line,) = [x for x in text.splitlines() if x.startswith("trainium_operator_health_stored_")]
+    return int(line.rsplit(" ", 1)[1])
+
+
+def test_the_ranks_of_one_pod_report_as_one_message_sent_by_local_rank_0(
+    dev_cluster: Any, namespace: str, tmp_path: Path
+) -> None:
+    clients = dev_cluster.clients
+    port, metrics = free_port(), free_port()
+    args = ("--health-port", str(port), "--metrics-port", str(metrics))
+    with running_operator(dev_cluster, namespace, tmp_path, extra_args=args) as operator:
+        health = {"reportIntervalSeconds": 0.2}
+        create_job(
+            clients,
+            namespace,
+            job_manifest(
+                "pair", nodes=1, processesPerNode=2, compile={"enabled": False}, health=health
+            ),
+        )
+        (pod,) = wait_gang_running(clients, namespace, "pair", "train", 0, nodes=1)
+        wait_account(clients, namespace)
+        token = tmp_path / "token"
+        token.write_text(pod_token(clients, pod))
+        ranks = [start_rank(rank_env(pod, token, r, 2, local=(r, 2)), 15, 0.1) for r in (0, 1)]
+        leader, other = (outcome(r) for r in ranks)
+        operator.assert_alive()
+        counts, stored = health_metrics(metrics), stored_ranks(metrics)
+
+    assert leader["sent"] >= 3, leader
+    assert leader["failures"] == 0, leader
+    assert other["sent"] == 0, other  # it never posted: local rank 0 carried its samples
+    assert other["written"] >= 3, other
+    assert stored == 2  # both ranks, from local rank 0's messages only
+    # One accepted message per interval for the pod (+1: the leader's final one after printing).
+    assert leader["sent"] <= counts["accepted"] <= leader["sent"] + 1
+
+
 def test_ranks_keep_training_and_resume_reporting_across_an_operator_restart(
     dev_cluster: Any, namespace: str, tmp_path: Path
 ) -> None:

@@ -109,7 +109,7 @@ def test_profile_now_makes_every_rank_capture_the_next_n_steps_named_in_the_stat
     volume = tmp_path / "volume"
     ranks: list[subprocess.Popen[str]] = []
     for number in (0, 1):
-        env = local_stacks(rank_env(pod, token, number, 2), volume)
+        env = local_stacks(rank_env(pod, token, number, 2, local=(number, 2)), volume)
         env["TRAINIUM_PROFILE_SOURCES"] = "none"
         ranks.append(start_rank(env, STEPS, STEP_S))
     try:
@@ -163,7 +163,9 @@ def test_profile_now_makes_every_rank_capture_the_next_n_steps_named_in_the_stat
                 process.kill()
                 process.communicate()
 
-    assert all(r["failures"] == 0 for r in results), results
+    # Local rank 0 says "capturing" and "captured" at once, off its interval: a pod's budget
+    # (four intervals' worth) takes both, so a legitimate pod is never refused.
+    assert all(r["failures"] == 0 and r["error"] == "" for r in results), results
     ((kind, _, message),) = refused
     assert kind == "Warning"
     assert f"{ANNOTATION}='20' is not +N" in message

@@ -126,8 +126,8 @@ def test_trn3_shapes_are_marked_unconfirmed_and_not_admitted() -> None:
 
 def test_a_trn1_job_renders_byte_identically_to_main_before_the_native_stack() -> None:
     # render-trn1-xla-main.yaml is main's render (8593f8c) of these jobs, before spec.neuron,
-    # plus the later intended changes: the health channel's TRAINIUM_HEALTH_STACKS_DIR, and
-    # every pod naming its serviceAccountName (default here; issue 29, the alias).
+    # plus the later intended changes: the health channel's TRAINIUM_HEALTH_STACKS_DIR and
+    # TRAINIUM_HEALTH_POD_DIR, and every pod naming its serviceAccountName (default here).
     result = CliRunner().invoke(
         main,
         ["render", "-f", str(GOLDEN / "render-trn1-xla-input.yaml"), "--health-url", HEALTH_URL],

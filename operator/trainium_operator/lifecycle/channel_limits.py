@@ -4,7 +4,7 @@ TokenReview. Pure: the clock is the caller's.
 
 A bucket counts rank reports, not requests: a pod of `processesPerNode` ranks may report each
 of them once per report interval (a batch of 32 costs 32, a one-rank message 1), with a burst of
-two intervals' worth (a rank answering a request says so at once, off its interval). The
+four intervals' worth (a pod answering a request says so at once, off its interval). The
 interval is the spec's, never below `contract.MIN_INTERVAL_S`.
 """
 
@@ -20,7 +20,9 @@ from dataclasses import dataclass
 from trainium_operator.lifecycle.channel_auth import JobShape
 from trainium_operator.profiler import channel_contract as contract
 
-BURST_INTERVALS = 2.0
+# A pod's regular report plus the immediate answers one request brings (capturing, captured,
+# a stack dump), each costing all its ranks once the pod sends one message for them.
+BURST_INTERVALS = 4.0
 MAX_BUCKETS = 100_000  # per limiter; the least recently used is dropped past it
 MAX_CLAIMS_BYTES = 4096  # a JWT payload longer than this is not a pod-bound token of ours
 

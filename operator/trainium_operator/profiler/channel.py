@@ -1,6 +1,12 @@
 """The rank side of the health channel: a daemon thread that tells the operator, every few
 seconds, which step this rank is in and how long its recent steps took.
 
+One message per pod: when torchrun runs several ranks in the pod (LOCAL_WORLD_SIZE > 1) and the
+operator gave the pod directory (TRAINIUM_HEALTH_POD_DIR), every rank's thread writes its newest
+sample there each interval; local rank 0's reads them and sends them as one batch, then writes
+the operator's answer there, which the other ranks read (`pod_samples.py`). A pod of one rank,
+or one without the directory, sends its own one-rank messages.
+
 The training loop's cost is `on_step`: a clock read, a subtraction and a deque append under
 no lock the sender holds for long. Sending happens on the reporter's own thread, with a short
 timeout: when the operator is away (restarting, partitioned, not installed) the thread backs
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from trainium_operator.profiler import channel_contract as contract
-from trainium_operator.profiler import env_contract
+from trainium_operator.profiler import env_contract, pod_samples
 
 SEND_TIMEOUT_S = 2.0
 MAX_BACKOFF_S = 60.0
@@ -47,6 +53,18 @@ class ChannelConfig:
     node_rank: int
     world_size: int
     stacks_dir: str = ""  # where stack dumps go (empty: the operator gave none; none written)
+    local_rank: int = 0  # torchrun's LOCAL_RANK: the rank's place in its pod
+    local_world_size: int = 1  # torchrun's LOCAL_WORLD_SIZE: the pod's ranks
+    pod_dir: str = ""  # where the pod's ranks meet (empty: each rank sends its own messages)
+
+    @property
+    def batched(self) -> bool:
+        """Whether this rank's pod reports as one message (local rank 0 sends it)."""
+        return (
+            bool(self.pod_dir)
+            and 1 < self.local_world_size <= contract.MAX_RANKS_PER_MESSAGE
+            and 0 <= self.local_rank < self.local_world_size
+        )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ChannelConfig | None:
@@ -70,6 +88,9 @@ class ChannelConfig:
                 node_rank=int(env.get("GROUP_RANK") or 0),
                 world_size=int(env.get("WORLD_SIZE") or 1),
                 stacks_dir=env.get(contract.STACKS_DIR) or "",
+                local_rank=int(env.get(contract.LOCAL_RANK) or 0),
+                local_world_size=int(env.get(contract.LOCAL_WORLD_SIZE) or 1),
+                pod_dir=env.get(contract.POD_DIR) or "",
             )
         except (KeyError, ValueError):
             return None
@@ -143,7 +164,8 @@ class Reporter:
         self._stop = threading.Event()
         self._final = True
         self.sequence = 0
-        self.sent = 0
+        self.sent = 0  # messages the operator accepted (local rank 0 of a batched pod, or own)
+        self.written = 0  # samples written to the pod directory (a batched pod's other ranks)
         self.failures = 0
         self.last_reply: dict[str, Any] = {}
         self.last_error = ""
@@ -216,11 +238,27 @@ class Reporter:
             last_checkpoint_step=checkpoint_step,
         )
 
+    @property
+    def leader(self) -> bool:
+        """Whether this rank's thread talks to the operator (for its pod or for itself)."""
+        return not self.config.batched or self.config.local_rank == 0
+
+    def _body(self, final: bool) -> bytes:
+        own = self.message(final=final)
+        cfg = self.config
+        if not cfg.batched:
+            return own.to_json()
+        others = pod_samples.read_samples(
+            cfg.pod_dir, cfg.local_world_size, own, contract.stale_after_s(cfg.interval_s)
+        )
+        return contract.batch_json([own, *others])
+
     def send_once(self, *, final: bool = False) -> bool:
-        """One message now; whether the operator accepted it. Never raises."""
+        """One message now (this rank's, or its pod's); whether the operator accepted it.
+        Never raises."""
         try:
             token = Path(self.config.token_file).read_text().strip()
-            reply = self._send(self.config.url, self.message(final=final).to_json(), token)
+            reply = self._send(self.config.url, self._body(final), token)
         except (OSError, ValueError, urllib.error.URLError) as error:
             self.failures += 1
             self.last_error = repr(error)
@@ -229,11 +267,44 @@ class Reporter:
         accepted = bool(reply.get("accepted"))
         if accepted:
             self.sent += 1
+            self._pass_on(reply.get("requests"))
             self._answer(reply.get("requests"))
         else:
             self.failures += 1
             self.last_error = str(reply.get("reason") or "refused")
         return accepted
+
+    def _pass_on(self, requests: object) -> None:
+        """Local rank 0 of a batched pod writes the operator's requests for its other ranks."""
+        if not self.config.batched:
+            return
+        try:
+            pod_samples.write_answer(self.config.pod_dir, requests)
+        except OSError as error:  # a full /dev/shm: the others miss this answer, not training
+            self.last_error = f"answer not passed on: {error!r}"
+
+    def write_once(self, *, final: bool = False) -> bool:
+        """A batched pod's other rank: reads the operator's answer local rank 0 passed on, does
+        what it asks, and writes this rank's newest sample; whether the sample was written.
+        Never raises."""
+        cfg = self.config
+        requests = pod_samples.read_answer(cfg.pod_dir, contract.stale_after_s(cfg.interval_s))
+        self.last_reply = {"requests": requests}
+        self._answer(requests)
+        try:
+            sample = contract.sample_json(self.message(final=final))
+            pod_samples.write_atomically(contract.sample_file(cfg.pod_dir, cfg.local_rank), sample)
+        except OSError as error:
+            self.failures += 1
+            self.last_error = f"sample not written: {error!r}"
+            return False
+        self.written += 1
+        return True
+
+    def tick(self, *, final: bool = False) -> bool:
+        """This rank's part of one interval: send (local rank 0, or an unbatched rank) or write
+        its sample for local rank 0 to send."""
+        return self.send_once(final=final) if self.leader else self.write_once(final=final)
 
     def _answer(self, requests: object) -> None:
         """Does what the operator asked (an unknown or malformed request is ignored)."""
@@ -288,15 +359,16 @@ class Reporter:
     def _loop(self) -> None:
         backoff = self.config.interval_s
         while not self._stop.wait(backoff):
-            if self.send_once():
+            # Only a send backs off: a local write failing is no reason to write less often.
+            if self.tick() or not self.leader:
                 backoff = self.config.interval_s
-            else:
-                backoff = min(backoff * 2, self.max_backoff_s)
+            else:  # from at least an interval: after an immediate answer it was 0
+                backoff = min(max(backoff, self.config.interval_s) * 2, self.max_backoff_s)
             if self._answer_now:
                 self._answer_now = False
                 backoff = 0.0
         if self._final:
-            self.send_once(final=True)
+            self.tick(final=True)
 
     @property
     def max_backoff_s(self) -> float:

@@ -32,7 +32,11 @@ INTERVAL_S = "TRAINIUM_HEALTH_INTERVAL_S"  # seconds between a rank's messages
 # profile directory's `stacks/`, on the shared volume; each request writes
 # `<dir>/<request id>/rank-<RANK>.txt` (`stacks_file`).
 STACKS_DIR = "TRAINIUM_HEALTH_STACKS_DIR"
-OPERATOR_SET = (URL, TOKEN_FILE, INTERVAL_S, STACKS_DIR)
+# The pod's own directory where its ranks meet (`POD_DIR_PATH`, on the pod's memory-backed
+# /dev/shm emptyDir): every rank writes its newest sample there, local rank 0 sends them all as
+# one message and writes the operator's answer there for the others (`profiler/pod_samples.py`).
+POD_DIR = "TRAINIUM_HEALTH_POD_DIR"
+OPERATOR_SET = (URL, TOKEN_FILE, INTERVAL_S, STACKS_DIR, POD_DIR)
 
 PATH = "/v1/progress"  # the endpoint's path on the operator
 PORT = 8090  # the operator's default health-channel port (chart: health.port)
@@ -43,6 +47,17 @@ TOKEN_PATH = f"{TOKEN_DIR}/{TOKEN_NAME}"
 TOKEN_VOLUME = "trainium-health-token"
 TOKEN_EXPIRATION_SECONDS = 3600  # the kubelet rotates it at 80 % of this
 DEFAULT_INTERVAL_S = 5.0
+POD_DIR_PATH = "/dev/shm/trainium-health"  # builders/pods.py mounts a Memory emptyDir at /dev/shm
+
+# -- the pod directory: one file per local rank, and the operator's latest answer -----------
+# torchrun's names for a rank's place in its pod (read, never set, by the reporter).
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+MAX_SAMPLE_BYTES = 4096  # one rank's sample file (a legitimate one is under 1 KiB)
+ANSWER_FILE = "answer.json"  # the `requests` of the operator's latest reply to local rank 0
+# A sample or answer older than this many intervals is left out: its writer is gone (a dead
+# rank is then silent to the operator, as the stall policy expects).
+STALE_INTERVALS = 3
 
 # -- what TokenReview says about a pod-bound token (status.user.extra) ----------------------
 CLAIM_POD_NAME = "authentication.kubernetes.io/pod-name"
@@ -52,9 +67,10 @@ SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 
 # -- the message ------------------------------------------------------------------------------
 # The unit is one message per pod per interval (`batch_json`): the newest state of every rank
-# of the pod. The older form, one message per rank (`ProgressMessage.to_json`, what the
-# reporter still sends), is accepted too: the operator rate-limits by rank reports, so both
-# cost a pod the same budget, but a batch costs the operator one request instead of 32-128.
+# of the pod, sent by its local rank 0 (`profiler/channel.py`). The older form, one message per
+# rank (`ProgressMessage.to_json`: a pod of one rank, or an older profiler), is accepted too: the
+# operator rate-limits by rank reports, so both cost a pod the same budget, but a batch costs
+# the operator one request instead of 32-128.
 MAX_BODY_BYTES = 8192  # a one-rank message
 MAX_STEP_TIMES = 64  # recent step durations a one-rank message carries (the newest last)
 MAX_NAME = 253
@@ -96,6 +112,21 @@ def stacks_file(directory: str, request_id: str, rank: int) -> str:
     if not valid_request_id(request_id):
         raise ValueError(f"not a stack request id: {request_id!r}")
     return f"{directory.rstrip('/')}/{request_id}/rank-{rank}.txt"
+
+
+def sample_file(pod_directory: str, local_rank: int) -> str:
+    """Where local rank `local_rank` writes its newest sample."""
+    return f"{pod_directory.rstrip('/')}/rank-{local_rank}.json"
+
+
+def answer_file(pod_directory: str) -> str:
+    return f"{pod_directory.rstrip('/')}/{ANSWER_FILE}"
+
+
+def stale_after_s(interval_s: float) -> float:
+    """How old a sample or answer may be and still count (never under a second: file times
+    and thread wake-ups are coarse)."""
+    return max(STALE_INTERVALS * interval_s, 1.0)
 
 
 def on_demand_dir(stacks_directory: str, request_id: str) -> str:
@@ -202,13 +233,29 @@ class ProgressMessage:
         return json.dumps(body, separators=(",", ":")).encode()
 
 
+def sample_json(message: ProgressMessage) -> bytes:
+    """A rank's sample in its pod directory: the one-rank form with a batch's step times."""
+    body = {**message.header_json(), **message.rank_json(MAX_BATCH_STEP_TIMES)}
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
 def batch_json(messages: list[ProgressMessage]) -> bytes:
-    """One pod's message: the first message's header and every rank's own fields."""
+    """One pod's message: the first message's header and every rank's own fields, in order,
+    as many as fit MAX_BATCH_BODY_BYTES and MAX_RANKS_PER_MESSAGE (the first always does)."""
     if not messages:
         raise ValueError("a batch has at least one rank")
-    body = messages[0].header_json()
-    body["ranks"] = [m.rank_json(MAX_BATCH_STEP_TIMES) for m in messages[:MAX_RANKS_PER_MESSAGE]]
-    return json.dumps(body, separators=(",", ":")).encode()
+    head = json.dumps(messages[0].header_json(), separators=(",", ":"))
+    opening, closing = head[:-1] + ',"ranks":[', "]}"
+    size = len(opening) + len(closing)
+    entries: list[str] = []
+    for message in messages[:MAX_RANKS_PER_MESSAGE]:
+        entry = json.dumps(message.rank_json(MAX_BATCH_STEP_TIMES), separators=(",", ":"))
+        added = len(entry.encode()) + (1 if entries else 0)
+        if entries and size + added > MAX_BATCH_BODY_BYTES:
+            continue  # an absurdly large entry (a tenant's sample) costs only itself
+        entries.append(entry)
+        size += added
+    return (opening + ",".join(entries) + closing).encode()
 
 
 def _int(body: dict[str, Any], key: str, low: int) -> int:
@@ -354,4 +401,5 @@ def channel_env(url: str, interval_s: float, stacks_directory: str) -> dict[str,
         TOKEN_FILE: TOKEN_PATH,
         INTERVAL_S: f"{interval_s:g}",
         STACKS_DIR: stacks_directory,
+        POD_DIR: POD_DIR_PATH,
     }

@@ -1,7 +1,9 @@
-"""Hostile tenant vs the straggler check (lifecycle/stragglers.py): a rank of a job's own pod
-claims a rank number outside the job's world (nodes x processesPerNode), slow, to be named a
-straggler. (A rank number past int32 is the unit tier's: a worldSize of 2**31 in the same
-message hangs the operator's stall policy, which sizes a set by it: reported, not this file's.)"""
+"""Hostile tenant vs the straggler check (lifecycle/stragglers.py): a process of a job's own pod,
+with the pod's genuine token, claims a rank number outside the job's world (nodes x
+processesPerNode), slow, to be named a straggler: once with the job's true world size, once
+with a world size of its own. The health channel refuses both (the rank is not the pod's node's,
+the world is not the spec's), and the straggler check, which counts only the spec's ranks, names
+only the honest slow rank."""
 
 from __future__ import annotations
 
@@ -51,19 +53,24 @@ def test_ranks_claiming_numbers_outside_the_jobs_world_are_never_named_straggler
     create_job(
         clients,
         namespace,
-        job_manifest("forged", nodes=1, compile={"enabled": False}, health=health),
+        job_manifest(
+            "forged", nodes=1, processesPerNode=3, compile={"enabled": False}, health=health
+        ),
     )
     (pod,) = wait_gang_running(clients, namespace, "forged", "train", 0, nodes=1)
     wait_phase(clients, namespace, "forged", "Training")
     wait_account(clients, namespace)
     token = tmp_path / "token"
     token.write_text(pod_token(clients, pod))
-    # The job's world is 1 node x 32 processes (trn1.32xlarge); rank 2 is really slow.
+    # The job's world is 1 node x 3 processes; rank 2 is really slow.
     honest = [
         start_rank(rank_env(pod, token, rank, 3), 160, 0.065 if rank == 2 else 0.05)
         for rank in range(3)
     ]
-    forged = {rank: start_rank(rank_env(pod, token, rank, rank + 1), 160, 0.5) for rank in (5000,)}
+    forged = {
+        (rank, world): start_rank(rank_env(pod, token, rank, world), 160, 0.5)
+        for rank, world in ((5000, 3), (5000, 5001))
+    }
     seen: dict[str, Any] = {}
     try:
         # Near the honest ranks' end (~7 s), the forged ones have 14 step times: a full verdict.
@@ -81,17 +88,18 @@ def test_ranks_claiming_numbers_outside_the_jobs_world_are_never_named_straggler
             process.communicate()
         status = seen.get("status") or {}
         flagged = [r["rank"] for r in (status.get("stragglers") or {}).get("ranks", [])]
-        for rank in forged:
+        for rank, world in forged:
             hostile_report.tried(
                 "health channel: rank number",
-                f"rank {rank} (world {rank + 1}), 10x the step time",
+                f"rank {rank} (world {world}), 10x the step time",
                 "no status progress (writes failing?)"
                 if not status
                 else "named a straggler"
                 if rank in flagged
-                else f"ignored (outside the spec's world of 32); named: {flagged}",
+                else f"refused (outside the spec's world of 3); named: {flagged}",
             )
     warnings = [e[2] for e in job_events(clients, namespace, "forged") if e[1] == "Straggler"]
     assert flagged == [2], status["stragglers"]
+    assert (status.get("progress") or {}).get("ranksReporting", 0) <= 3
     assert len(warnings) == 1, warnings
     assert status["phase"] == "Training"
