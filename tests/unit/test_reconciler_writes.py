@@ -544,3 +544,25 @@ def test_a_pass_that_cannot_cordon_checks_stragglers_without_the_cordon_lock(
     named = (cluster.job(NAME)["status"].get("stragglers") or {}).get("ranks", [])
     assert [s["rank"] for s in named] == ([2] if slow_ms > 60 else [])
     assert lock.taken == 0, f"the cordon lock was taken {lock.taken} times"
+
+
+def test_a_running_job_whose_unchanged_spec_a_newer_operator_refuses_is_held_not_failed() -> None:
+    # An upgrade tightened the spec's rules (here: where the claim may be mounted). The spec
+    # did not change since an operator accepted it, so failing the job would strand its
+    # running gang under a Failed status: the operator leaves it alone and says why.
+    cluster, reconciler = running_gang()
+    # The stored spec as the newer operator reads it; the same generation: not an edit.
+    cluster.update("TrainingJob", NAME, {"spec": {"storage": {"mountPath": "/opt/data"}}})
+    reconciler.reconcile(*KEY)
+    reconciler.reconcile(*KEY)
+    status = cluster.job(NAME)["status"]
+    assert status["phase"] == "Training"
+    blocked = next(c for c in status["conditions"] if c["type"] == "Blocked")
+    assert (blocked["status"], blocked["reason"]) == ("True", "SpecRefusedAfterUpgrade")
+    assert "spec.storage.mountPath" in blocked["message"]
+    assert cluster.of("delete") == [], "a running gang was disturbed by an operator upgrade"
+    assert [w.detail for w in cluster.of("event")] == ["Warning SpecRefusedAfterUpgrade"]
+    # An edit of the spec is judged as any new spec: still refused, the job fails.
+    cluster.update("TrainingJob", NAME, {"metadata": {"generation": 2}})
+    reconciler.reconcile(*KEY)
+    assert cluster.job(NAME)["status"]["phase"] == "Failed"

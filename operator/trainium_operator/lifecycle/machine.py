@@ -53,10 +53,35 @@ COMPILED_MESSAGES = {
 OLD_GANG_GIVE_UP_BOUNDS = 3
 
 
+SPEC_REFUSED_AFTER_UPGRADE = "SpecRefusedAfterUpgrade"
+
+
+def _accepted_before(status: StatusEdit, generation: int) -> bool:
+    """An operator already ran this very spec (this generation) and the job has not ended: a
+    refusal now comes from the operator's rules having changed (an upgrade), not the spec."""
+    return status.phase not in (None, Phase.SUCCEEDED, Phase.FAILED) and (
+        status.data.get("observedGeneration") == generation
+    )
+
+
 def invalid(current_status: Obj, generation: int, problems: list[str], now: datetime) -> Decision:
-    """The job's spec cannot be run: fail it once, with every problem named."""
+    """The job's spec cannot be run: fail it once, with every problem named. A job an earlier
+    operator already ran under this same spec is held instead: its pods are left alone,
+    nothing new is created, and a Blocked condition (one Warning) names the fields to edit."""
     decision = Decision()
     status = StatusEdit(current_status, generation, now, decision)
+    if _accepted_before(status, generation):
+        message = (
+            "this spec was accepted by an earlier operator version and is refused now: "
+            + "; ".join(problems)
+            + "; its pods are left alone and nothing new is created until the spec is edited"
+        )
+        held = status.find_condition(ConditionType.BLOCKED)
+        if not (held and held["status"] == "True" and held["reason"] == SPEC_REFUSED_AFTER_UPGRADE):
+            decision.events.append(EventRecord("Warning", SPEC_REFUSED_AFTER_UPGRADE, message))
+        status.condition(ConditionType.BLOCKED, True, SPEC_REFUSED_AFTER_UPGRADE, message)
+        decision.status = status.validated()
+        return decision
     message = "invalid spec: " + "; ".join(problems)
     if status.phase is not Phase.FAILED or status.data.get("message") != message:
         status.finish(Phase.FAILED, "InvalidSpec", message)
