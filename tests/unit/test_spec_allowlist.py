@@ -159,7 +159,8 @@ def test_a_list_past_its_bound_is_one_problem_found_fast() -> None:
     problems = problems_of({"spec": {"volumes": volumes, "containers": containers}})
     elapsed = time.perf_counter() - started
 
-    assert problems == [
+    # (Besides the spec's size as a whole: lifecycle/parse.MAX_SPEC_BYTES.)
+    assert [p for p in problems if not p.startswith("spec: ")] == [
         f"spec.podTemplate.spec.volumes has 20000 items, at most {pod_fields.MAX_VOLUMES} are "
         "allowed",
         f"spec.podTemplate.spec.containers has 20000 items, at most {pod_fields.MAX_CONTAINERS} "

@@ -136,3 +136,20 @@ def test_no_integer_of_the_spec_schema_is_unbounded() -> None:
 
     walk(_spec_schema(), "spec")
     assert unbounded == []
+
+
+def test_a_spec_too_large_to_copy_into_every_pod_is_refused_naming_its_size() -> None:
+    # 1 MiB of args is under the API server's object limit; copied into a 512-node gang's pods
+    # it would be half a GiB of the operator's memory.
+    huge = parse_job(job_document(env=[{"name": f"V{i}", "value": "x" * 4000} for i in range(250)]))
+    assert isinstance(huge, list)
+    assert any("at most 131072 are allowed" in p for p in huge), huge
+
+
+def test_argument_lists_are_bounded_in_count_and_length() -> None:
+    many = parse_job(job_document(command={"script": "/t.py", "args": ["-x"] * 513}))
+    long = parse_job(job_document(command={"script": "/t.py", "args": ["x" * 16385]}))
+    assert isinstance(many, list)
+    assert any("spec.command.args" in p for p in many), many
+    assert isinstance(long, list)
+    assert any("spec.command.args" in p for p in long), long

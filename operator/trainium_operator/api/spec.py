@@ -161,19 +161,29 @@ def _declares_names(node: object_names.Node) -> Any:
     return Field(json_schema_extra=object_names.schema(node))
 
 
+# Lists a job passes to its processes: bounded like every tenant input (the operator copies
+# them into each of the gang's pods).
+MAX_ARGS = 512
+MAX_ARG_LENGTH = 16384
+MAX_TOLERATIONS = 64
+ArgList = Annotated[
+    list[Annotated[str, Field(max_length=MAX_ARG_LENGTH)]], Field(max_length=MAX_ARGS)
+]
+
+
 class TrainingCommand(ApiModel):
     script: Annotated[str, Field(min_length=1)]
     """Path of the training script inside the image, run by torchrun on every node
     (for example /opt/trainium/trainium_training/pretrain.py)."""
-    args: list[str] = []
+    args: ArgList = []
     """Arguments passed to the script in both stages, exactly as given. The operator adds
     no argument of its own unless a field below asks for it; every container also gets
     TRAINIUM_* environment variables (attempt, restart count, resume, output and data
     directories) the script may read instead."""
-    train_args: list[str] = []
+    train_args: ArgList = []
     """Arguments added after args in the training stage only (compile-only arguments are
     spec.compile.extraArgs)."""
-    resume_args: list[str] = []
+    resume_args: ArgList = []
     """Arguments added to a training gang that should continue from the last checkpoint
     (every training attempt after the first), e.g. ["--resume"]. TRAINIUM_RESUME=1 says
     the same in the environment."""
@@ -259,7 +269,7 @@ class CompileSpec(ApiModel):
     steps_arg: Flag | None = None
     """Option the script limits its steps with (e.g. --steps_this_run): the compile stage
     then adds it with spec.compile.steps. Unset: nothing is added."""
-    extra_args: list[str] = []
+    extra_args: ArgList = []
     """Extra script arguments used only in the compile stage."""
     cache_dir: str | None = None
     """Root of the Neuron compile cache on the shared volume; defaults to
@@ -876,7 +886,7 @@ class TrainingJobSpec(ApiModel):
     """Container resource overrides."""
     node_selector: dict[str, str] = {}
     """Extra node selector labels (added to the instance-type selector)."""
-    tolerations: list[KubeObject] = []
+    tolerations: Annotated[list[KubeObject], Field(max_length=MAX_TOLERATIONS)] = []
     """Extra tolerations (the Neuron and EFA taints are always tolerated)."""
     affinity: KubeObject | None = None
     """Pod affinity (Kubernetes Affinity)."""

@@ -6,6 +6,7 @@ a manifest the same way, so a spec the operator would refuse is refused by the d
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import ValidationError
@@ -15,6 +16,10 @@ from trainium_operator.api.spec import TrainingJobSpec
 from trainium_operator.builders.job import JobRef
 
 Obj = dict[str, Any]
+# The operator copies a job's spec into each of its gang's pods (nodes x spec): a spec this
+# large is refused before anything is built from it (the API server alone would take up to its
+# 1.5 MiB object limit). Far above what a training job needs: the tutorial's is under 2 KiB.
+MAX_SPEC_BYTES = 128 * 1024
 
 
 def validation_problems(error: ValidationError) -> list[str]:
@@ -59,19 +64,31 @@ def parse_job(body: Obj, health_url: str | None = None) -> JobRef | list[str]:
     (`JobRef.dropped_pod_fields`, which the operator names in a Warning)."""
     meta = body["metadata"]
     spec_body: Obj = body.get("spec") or {}
+    size = len(json.dumps(spec_body, separators=(",", ":"), default=str))
+    too_large = (
+        [
+            f"spec: {size} bytes as JSON, at most {MAX_SPEC_BYTES} are allowed (the operator "
+            "copies it into every pod of the gang): move large values into a ConfigMap or the "
+            "claim"
+        ]
+        if size > MAX_SPEC_BYTES
+        else []
+    )
     dropped: list[str] = []
     if isinstance(spec_body, dict) and (body.get("status") or {}).get("phase"):
         spec_body, dropped = without_refused_pod_fields(spec_body)
     try:
         spec = TrainingJobSpec.model_validate(spec_body)
     except ValidationError as error:
-        return validation_problems(error)
+        return too_large + validation_problems(error)
     except (TypeError, AttributeError, KeyError) as error:
         # Pass-through content (spec.podTemplate) of a shape no check foresaw: the job fails
         # with a status instead of the operator retrying a traceback forever.
         return [
             f"spec.podTemplate: content of an unexpected type ({type(error).__name__}: {error})"
         ]
+    if too_large:
+        return too_large
     return JobRef(
         name=meta["name"],
         namespace=meta["namespace"],
