@@ -5,7 +5,6 @@ the pod's ServiceAccount itself."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -151,13 +150,13 @@ def test_the_allowed_fields_a_training_job_needs_pass() -> None:
     assert isinstance(parse_job(job_document(podTemplate=template)), JobRef)
 
 
-def test_a_list_past_its_bound_is_one_problem_found_fast() -> None:
-    volumes = [{"name": f"v{i}", "emptyDir": {}} for i in range(20_000)]
-    containers = [{"name": "c", "image": "i"}] * 20_000
+def test_a_list_past_its_bound_is_one_problem_not_one_per_item() -> None:
+    # Every item is refused on its own too (nfs, an unknown field): checked item by item, a
+    # 20 000-item list would cost the operator 40 000 problems; past the bound it is one.
+    volumes = [{"name": f"v{i}", "nfs": {"server": "x", "path": "/"}} for i in range(20_000)]
+    containers = [{"name": "c", "image": "i", "stdin": True}] * 20_000
 
-    started = time.perf_counter()
     problems = problems_of({"spec": {"volumes": volumes, "containers": containers}})
-    elapsed = time.perf_counter() - started
 
     # (Besides the spec's size as a whole: lifecycle/parse.MAX_SPEC_BYTES.)
     assert [p for p in problems if not p.startswith("spec: ")] == [
@@ -166,7 +165,6 @@ def test_a_list_past_its_bound_is_one_problem_found_fast() -> None:
         f"spec.podTemplate.spec.containers has 20000 items, at most {pod_fields.MAX_CONTAINERS} "
         "are allowed",
     ]
-    assert elapsed < 0.5
 
 
 def test_many_unknown_fields_are_named_up_to_a_bound_each_cut_short() -> None:
