@@ -146,7 +146,9 @@ def test_ranks_on_their_own_threads_post_only_through_local_rank_0(
         reporter.on_step(1)
         reporter.start()
     started = time.monotonic()
-    time.sleep(0.45)
+    # Three intervals' POSTs, however loaded the machine (bounded: a stuck reporter fails).
+    while len(received) < 3 and time.monotonic() - started < 10:
+        time.sleep(0.05)
     for reporter in reporters:
         reporter.stop(final=False)
     elapsed = time.monotonic() - started
@@ -232,7 +234,8 @@ def test_malformed_huge_foreign_linked_and_fifo_samples_are_skipped_without_bloc
     Path(contract.sample_file(str(pod), 500)).write_bytes(contract.sample_json(honest))
     started = time.monotonic()
     assert reporters[0].tick()
-    assert time.monotonic() - started < 0.5
+    # A plain open() of the FIFO would block forever; a generous bound tells the two apart.
+    assert time.monotonic() - started < 10
     assert ranks_of(received[0]) == [32, 40]
 
 
