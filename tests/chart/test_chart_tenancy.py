@@ -240,3 +240,32 @@ def test_every_secret_and_claim_check_names_the_fields_the_object_and_the_right(
         )
         assert 'needs verb "get" on' in message
         assert "resourceName ' + variables.distinct" in message
+
+
+def test_a_priority_class_needs_a_grant_and_queues_only_where_the_chart_lists_open_ones(
+    tmp_path: Path,
+) -> None:
+    def rules(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        found = {}
+        for rule in policy(render(values, tmp_path))["validations"]:
+            for field in ("variables.priorityClass", "variables.queue"):
+                if rule["expression"].startswith(field) or f"\n{field}" in rule["expression"]:
+                    found[field] = rule
+        return found
+
+    defaults = rules({})
+    assert set(defaults) == {"variables.priorityClass"}, "queues are open by default"
+    priority = defaults["variables.priorityClass"]["expression"]
+    assert "resource('priorityclasses')" in priority
+    assert "check('use').allowed()" in priority
+    message = defaults["variables.priorityClass"]["messageExpression"]
+    assert "spec.scheduling.priorityClassName" in message
+    assert 'needs verb "use" on priorityclasses' in message
+
+    listed = rules(
+        {"tenancy": {"scheduling": {"openQueues": ["default"], "openPriorityClasses": ["*"]}}}
+    )
+    assert set(listed) == {"variables.queue"}
+    assert "variables.queue in ['default']" in listed["variables.queue"]["expression"]
+    assert "resource('queues')" in listed["variables.queue"]["expression"]
+    assert "spec.scheduling.queue" in listed["variables.queue"]["messageExpression"]

@@ -437,3 +437,38 @@ def test_a_new_job_in_a_namespace_that_enforces_no_pod_security_level_is_refused
         assert "kubectl label namespace" in message
     finally:
         label_pod_security(dev_cluster, tenancy.team, "baseline")
+
+
+def test_a_priority_class_is_refused_unless_its_author_may_use_it_by_name(
+    tenancy: Tenancy, hostile_report: HostileReport
+) -> None:
+    # A higher PriorityClass lets a gang preempt other teams' pods: the chart's default asks
+    # the author's own grant for every class.
+    alice, bob = tenancy.as_user(TENANT), tenancy.as_user(OTHER_TENANT)
+    urgent = job_manifest("h-urgent", scheduling={"priorityClassName": "urgent-training"})
+    status, message = _try(alice, tenancy.team, urgent)
+    hostile_report.tried("spec.scheduling.priorityClassName", "ungranted class", f"{status}")
+    assert status == 403, message
+    assert "spec.scheduling.priorityClassName" in message
+    assert 'needs verb "use" on priorityclasses' in message
+
+    tenancy.grant(
+        TENANT,
+        tenancy.team,
+        {
+            "apiGroups": ["scheduling.k8s.io"],
+            "resources": ["priorityclasses"],
+            "resourceNames": ["urgent-training"],
+            "verbs": ["use"],
+        },
+    )
+    granted = wait_for(
+        lambda: _try(alice, tenancy.team, urgent),
+        until=lambda answer: answer[0] == 201,
+        timeout=15,
+        description="the granted class admitted",
+    )
+    hostile_report.tried("spec.scheduling.priorityClassName", "granted class", f"{granted[0]}")
+    other, _ = _try(bob, tenancy.team, urgent)
+    hostile_report.tried("spec.scheduling.priorityClassName", "another's grant", f"{other}")
+    assert other == 403
