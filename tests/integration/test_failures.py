@@ -15,6 +15,7 @@ from integration.operator_harness import (
     OperatorProcess,
     OperatorView,
     create_job,
+    eventually,
     finish_pods,
     get_job,
     job_events,
@@ -453,9 +454,15 @@ def test_a_restart_force_deletes_an_old_pod_stuck_terminating_on_a_ready_node_na
         job = wait_reason(clients, namespace, "stuck", "ForceDeletingOldGang")
         assert held in job["status"]["message"]
         assert job["status"]["phase"] == "Restarting"
-        assert ("Warning", "ForceDeletingOldGang") in [
-            (kind, reason) for kind, reason, _ in job_events(clients, namespace, "stuck")
-        ]
+        # Events are posted last in a pass, after the status and the force deletion it records.
+        eventually(
+            lambda: (
+                ("Warning", "ForceDeletingOldGang")
+                in [(kind, reason) for kind, reason, _ in job_events(clients, namespace, "stuck")]
+            ),
+            timeout=10,
+            description="the ForceDeletingOldGang Warning",
+        )
         assert (
             clients.core.read_namespaced_pod(held, namespace).metadata.deletion_grace_period_seconds
             == 0
