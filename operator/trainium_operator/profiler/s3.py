@@ -171,17 +171,21 @@ _NO_CREDENTIALS = ("NoCredentialsError", "PartialCredentialsError", "CredentialR
 _UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ReadTimeoutError")
 
 
-def describe_error(error: BaseException, location: S3Location, action: str) -> str:
-    """One clear sentence for the S3 errors people meet: missing bucket, denied, no creds."""
-    code = ""
+def _error_code(error: BaseException) -> str:
+    """The S3 error code of a botocore error, or ""."""
     response = getattr(error, "response", None)
     if isinstance(response, Mapping):
         code = str((response.get("Error") or {}).get("Code", ""))
-    if not code:
-        # The transfer manager wraps the ClientError in S3UploadFailedError, keeping its text.
-        wrapped = re.search(r"An error occurred \((\w+)\)", str(error))
-        code = wrapped.group(1) if wrapped else ""
-    name = type(error).__name__
+        if code:
+            return code
+    # The transfer manager wraps the ClientError in S3UploadFailedError, keeping its text.
+    wrapped = re.search(r"An error occurred \((\w+)\)", str(error))
+    return wrapped.group(1) if wrapped else ""
+
+
+def describe_error(error: BaseException, location: S3Location, action: str) -> str:
+    """One clear sentence for the S3 errors people meet: missing bucket, denied, no creds."""
+    code, name = _error_code(error), type(error).__name__
     if code == "NoSuchBucket":
         return f"{action} {location}: bucket {location.bucket!r} does not exist"
     if code in _DENIED_CODES:
@@ -201,14 +205,7 @@ def describe_error(error: BaseException, location: S3Location, action: str) -> s
 
 def exit_code_of(error: BaseException) -> ExitCode:
     """The class of an S3 error, as describe_error tells it."""
-    code = ""
-    response = getattr(error, "response", None)
-    if isinstance(response, Mapping):
-        code = str((response.get("Error") or {}).get("Code", ""))
-    if not code:
-        wrapped = re.search(r"An error occurred \((\w+)\)", str(error))
-        code = wrapped.group(1) if wrapped else ""
-    name = type(error).__name__
+    code, name = _error_code(error), type(error).__name__
     if code == "NoSuchBucket":
         return ExitCode.BUCKET_MISSING
     if code in _DENIED_CODES:
