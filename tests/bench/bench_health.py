@@ -8,7 +8,7 @@ Prints, with each target's verdict:
    the watch cache, store) through the real aiohttp app over loopback HTTP, projected to 4096
    ranks reporting every 5 s (target <= 1 core-second per second), and the memory the store
    holds for 64 jobs x 64 ranks (target <= 50 MiB);
-3. status writes per job per minute from `lifecycle.progress.with_progress` at the default
+3. status writes per job per minute from `lifecycle.policies.progress.with_progress` at the default
    interval while 64 ranks report every 5 s (target <= 12);
 4. stall-to-condition latency: a real reporter thread (its training loop freezes) posting to the
    real endpoint over loopback, and the stall policy run as the operator's work queue runs a
@@ -69,11 +69,12 @@ from trainium_operator.controller.health_server import (  # noqa: E402
 from trainium_operator.k8s.informer import WatchEvent  # noqa: E402
 from trainium_operator.lifecycle.channel_auth import TokenIdentity  # noqa: E402
 from trainium_operator.lifecycle.decision import Decision  # noqa: E402
-from trainium_operator.lifecycle.goodput import with_goodput  # noqa: E402
+from trainium_operator.lifecycle.policies.goodput import with_goodput  # noqa: E402
 from trainium_operator.lifecycle.observed import Observed  # noqa: E402
-from trainium_operator.lifecycle.progress import RankSample, with_progress  # noqa: E402
-from trainium_operator.lifecycle.stalls import apply_stall_policy, stall_bound  # noqa: E402
-from trainium_operator.lifecycle.stragglers import (  # noqa: E402
+from trainium_operator.lifecycle.policies.progress import with_progress  # noqa: E402
+from trainium_operator.lifecycle.ranks import RankSample  # noqa: E402
+from trainium_operator.lifecycle.policies.stalls import apply_stall_policy, stall_bound  # noqa: E402
+from trainium_operator.lifecycle.policies.stragglers import (  # noqa: E402
     CordonBudget,
     apply_straggler_policy,
 )

@@ -455,7 +455,7 @@ def test_profile_ui_mounts_the_shared_claim_read_only(tmp_path: Path) -> None:
 def test_profile_upload_default_and_its_irsa_service_account(tmp_path: Path) -> None:
     values = {**SWITCHES["profile-upload"], "workloadNamespace": "jobs"}
     manifests = render(values, tmp_path)
-    from trainium_operator.lifecycle.profile_upload import (
+    from trainium_operator.lifecycle.policies.profile_upload import (
         ENV_DEFAULT_S3_URI,
         ENV_UPLOAD_SERVICE_ACCOUNT,
     )

@@ -43,7 +43,7 @@ from s3_server import S3Bucket
 from trainium_devcluster.sim import wait_for
 from trainium_operator.builders.upload import LABEL_PROFILE_REQUEST
 from trainium_operator.controller.on_demand_commands import profile_now
-from trainium_operator.lifecycle.profile_on_demand import ANNOTATION, STATUS_KEY
+from trainium_operator.lifecycle.policies.on_demand_profile import ANNOTATION, STATUS_KEY
 from trainium_operator.profiler.events import EventKind
 from trainium_operator.profiler.format import RankFileReader
 

@@ -35,7 +35,7 @@ from s3_server import S3Bucket
 from trainium_devcluster.sim import simulate_pod_outcome
 from trainium_operator.analysis.s3store import S3ProfileSource
 from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
-from trainium_operator.lifecycle.profile_upload import ENV_DEFAULT_S3_URI
+from trainium_operator.lifecycle.policies.profile_upload import ENV_DEFAULT_S3_URI
 from trainium_operator.profiler.s3 import ExitCode, parse_s3_uri
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]

@@ -1,4 +1,4 @@
-"""status.goodput (lifecycle/goodput.py): wall time split into queued, compiling, training,
+"""status.goodput (lifecycle/policies/goodput.py): wall time split into queued, compiling, training,
 restarting, suspended and lost; restart-safe because it is accounted from the stored status."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from trainium_operator.api.status import validated_status
-from trainium_operator.lifecycle.goodput import PARTS, figures_at, with_goodput
-from trainium_operator.lifecycle.progress import RankSample, progress
+from trainium_operator.lifecycle.policies.goodput import PARTS, figures_at, with_goodput
+from trainium_operator.lifecycle.policies.progress import progress
+from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.profiler.channel import ChannelConfig, Reporter
 from trainium_operator.profiler.channel_contract import ProgressMessage, parse_message
 from unit.jobs import job_ref

@@ -1,4 +1,4 @@
-"""Profiling on demand: the annotation's parsing and the policy (lifecycle/profile_on_demand.py),
+"""Profiling on demand: the annotation's parsing and the policy (lifecycle/policies/on_demand_profile.py),
 the endpoint's request, and the rank's capture switch (profiler/capture.py, channel.py)."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from trainium_operator.api.status import validated_status
 from trainium_operator.builders.job import JobRef
 from trainium_operator.lifecycle.decision import Decision
-from trainium_operator.lifecycle.profile_on_demand import (
+from trainium_operator.lifecycle.policies.on_demand_profile import (
     ANNOTATION,
     STATUS_KEY,
     apply_on_demand_profile,
@@ -25,8 +25,8 @@ from trainium_operator.lifecycle.profile_on_demand import (
     parse_profile_steps,
     plan_on_demand_upload,
 )
-from trainium_operator.lifecycle.profile_upload import UploadDefaults
-from trainium_operator.lifecycle.progress import RankSample
+from trainium_operator.lifecycle.policies.profile_upload import UploadDefaults
+from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.profiler import capture, channel
 from trainium_operator.profiler import channel_contract as contract
 from trainium_operator.profiler.channel import ChannelConfig, Reporter

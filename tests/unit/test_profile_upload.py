@@ -16,7 +16,7 @@ from trainium_operator.builders.upload import (
     upload_pod,
 )
 from trainium_operator.lifecycle.decision import Decision
-from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload
+from trainium_operator.lifecycle.policies.profile_upload import UploadDefaults, plan_upload
 from unit.jobs import job_ref
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)

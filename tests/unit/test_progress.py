@@ -1,11 +1,12 @@
-"""status.progress from the ranks' messages (lifecycle/progress.py): figures, ETA, batching."""
+"""status.progress from the ranks' messages (lifecycle/policies/progress.py): figures, ETA, batching."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
 from trainium_operator.api.status import validated_status
-from trainium_operator.lifecycle.progress import RankSample, duration_text, progress, with_progress
+from trainium_operator.lifecycle.policies.progress import duration_text, progress, with_progress
+from trainium_operator.lifecycle.ranks import RankSample
 from unit.jobs import job_ref
 
 NOW = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)

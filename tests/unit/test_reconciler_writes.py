@@ -22,8 +22,8 @@ from trainium_operator.controller.reconciler import (
 )
 from trainium_operator.k8s.client import is_conflict
 from trainium_operator.k8s.informer import WatchEvent
-from trainium_operator.lifecycle.profile_upload import UploadDefaults
-from trainium_operator.lifecycle.progress import RankSample
+from trainium_operator.lifecycle.policies.profile_upload import UploadDefaults
+from trainium_operator.lifecycle.ranks import RankSample
 from unit.fake_cluster import FakeCluster, Write, api_error
 from unit.jobs import job_document
 

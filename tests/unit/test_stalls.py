@@ -1,4 +1,4 @@
-"""Hang detection (lifecycle/stalls.py), driven as the reconciler drives it: the state machine's
+"""Hang detection (lifecycle/policies/stalls.py), driven as the reconciler drives it: the state machine's
 pass over a running training gang, then the stall policy with the ranks' newest messages."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from trainium_operator.controller.health_server import ProgressStore, step_start
 from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import NodeView, Observed, PodGroupView, PodView
-from trainium_operator.lifecycle.progress import RankSample
-from trainium_operator.lifecycle.stalls import (
+from trainium_operator.lifecycle.ranks import RankSample
+from trainium_operator.lifecycle.policies.stalls import (
     apply_stall_policy,
     requests_for,
     stack_wait_seconds,

@@ -1,4 +1,4 @@
-"""Stragglers (lifecycle/stragglers.py): a rank persistently slower than the other ranks."""
+"""Stragglers (lifecycle/policies/stragglers.py): a rank persistently slower than the other ranks."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from trainium_operator.lifecycle.observed import (
     Observed,
     node_view,
 )
-from trainium_operator.lifecycle.progress import RankSample
-from trainium_operator.lifecycle.stragglers import (
+from trainium_operator.lifecycle.ranks import RankSample
+from trainium_operator.lifecycle.policies.stragglers import (
     CordonBudget,
     apply_straggler_policy,
     cordoned_for_stragglers,

@@ -14,12 +14,12 @@ import pytest
 from trainium_operator.api.status import validated_status
 from trainium_operator.builders.upload import PROFILE_MOUNT_PATH, on_demand_upload_pod, upload_pod
 from trainium_operator.lifecycle.decision import Decision
-from trainium_operator.lifecycle.profile_on_demand import (
+from trainium_operator.lifecycle.policies.on_demand_profile import (
     STATUS_KEY,
     capture_path,
     plan_on_demand_upload,
 )
-from trainium_operator.lifecycle.profile_upload import (
+from trainium_operator.lifecycle.policies.profile_upload import (
     MAX_UPLOAD_RECORDS,
     UploadDefaults,
     plan_upload,

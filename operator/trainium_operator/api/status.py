@@ -46,6 +46,8 @@ class ConditionType(enum.StrEnum):
     BLOCKED = "Blocked"
     # No rank of the training gang advanced for longer than the stall bound (status.stall).
     STALLED = "Stalled"
+    # The newest S3 upload of a training attempt's profile (status.profileUploads).
+    PROFILE_UPLOADED = "ProfileUploaded"
 
 
 class FailureClass(enum.StrEnum):
@@ -72,7 +74,8 @@ class Condition(ApiModel):
     type: str
     """Condition type: Admitted, Compiled, Running, Restarting, Suspended, Succeeded, Failed,
     Blocked (something outside the job is in its way; lastTransitionTime is when the wait
-    began) or Stalled (no training rank advanced for longer than the stall bound)."""
+    began), Stalled (no training rank advanced for longer than the stall bound) or
+    ProfileUploaded (the newest upload of an attempt's profile to S3)."""
     status: Literal["True", "False", "Unknown"]
     reason: str | None = None
     """CamelCase reason."""
@@ -163,7 +166,7 @@ class LastFailure(ApiModel):
 
 
 UploadState = Literal["Pending", "Running", "Succeeded", "Failed", "NoProfile"]
-# status.profileUploads keeps this many records (lifecycle.profile_upload folds older ones).
+# status.profileUploads keeps this many records (lifecycle.policies.profile_upload folds older ones).
 MAX_PROFILE_UPLOAD_RECORDS = 20
 
 
@@ -299,7 +302,7 @@ class StoppedRank(ApiModel):
 
 
 class StallStatus(ApiModel):
-    """The latest stall of the training gang (lifecycle/stalls.py)."""
+    """The latest stall of the training gang (lifecycle/policies/stalls.py)."""
 
     attempt: Count | None = None
     step: Int64 | None = None
@@ -354,7 +357,7 @@ class StragglerReplacement(ApiModel):
 
 
 class StragglersStatus(ApiModel):
-    """Ranks persistently slower than the rest of the gang (lifecycle/stragglers.py)."""
+    """Ranks persistently slower than the rest of the gang (lifecycle/policies/stragglers.py)."""
 
     attempt: Count | None = None
     gang_step_time_ms: float | None = None
@@ -370,7 +373,7 @@ class StragglersStatus(ApiModel):
 
 
 class GoodputStatus(ApiModel):
-    """Where the job's wall time went (lifecycle/goodput.py): every second since startTime is
+    """Where the job's wall time went (lifecycle/policies/goodput.py): every second since startTime is
     in exactly one of queued, compiling, training, restarting, suspended or lost, so they sum
     to wallSeconds. Accumulated from the stored status at each status write the job gets anyway
     (never one only to move asOf), so an operator restart neither loses nor counts twice any
@@ -418,7 +421,7 @@ OnDemandProfileState = Literal["Requested", "Capturing", "Captured", "Incomplete
 
 class OnDemandProfile(ApiModel):
     """The latest on-demand profile (the trainium.dev/profile-steps annotation: every rank
-    captures its next N steps in full; lifecycle/profile_on_demand.py)."""
+    captures its next N steps in full; lifecycle/policies/on_demand_profile.py)."""
 
     request_id: str
     attempt: Count | None = None
@@ -476,7 +479,7 @@ class TrainingJobStatus(ApiModel):
         max_length=MAX_PROFILE_UPLOAD_RECORDS,
         description="The S3 upload of each ended training attempt's profile, the newest "
         f"{MAX_PROFILE_UPLOAD_RECORDS} (older ones are counted in profileUploadsOlder); "
-        "written by the upload policy (lifecycle/profile_upload.py), never by the state "
+        "written by the upload policy (lifecycle/policies/profile_upload.py), never by the state "
         "machine.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",

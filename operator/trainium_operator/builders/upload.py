@@ -5,7 +5,7 @@ The claim is tenant-writable, so the pod mounts only the profile's own directory
 (`subPath`), read-only, at a path of the operator's choosing (PROFILE_MOUNT_PATH), never at
 `spec.storage.mountPath`: a tenant's mount path over the image's Python would otherwise run
 the tenant's code with the S3 role. Its arguments are that fixed path and the destination; its
-status is classified from its exit code (lifecycle.profile_upload), never read from its log.
+status is classified from its exit code (lifecycle.policies.profile_upload), never read from its log.
 
 It runs the operator's own image and command (`python3 -m trainium_operator.profiler.s3 DIR
 s3://...`; the image carries the profiler package and boto3), never the job's training image:
@@ -33,7 +33,8 @@ Obj = dict[str, Any]
 
 UPLOAD_STAGE = "profile-upload"  # value of trainium.dev/stage on upload pods
 LABEL_PROFILE_ATTEMPT = "trainium.dev/profile-attempt"
-# On the upload pod of an on-demand profile (lifecycle/profile_on_demand.py): its request id.
+# On the upload pod of an on-demand profile (lifecycle/policies/on_demand_upload.py): its
+# request id.
 LABEL_PROFILE_REQUEST = "trainium.dev/profile-request"
 ON_DEMAND_SUBDIR = channel_contract.ON_DEMAND_SUBDIR  # in S3 too
 CONTAINER_NAME = "upload"
@@ -65,9 +66,9 @@ def default_operator_image() -> str:
 
 @dataclass(frozen=True)
 class UploadPodSettings:
-    """What the chart decides about upload pods (the Deployment's env, read by
-    lifecycle.profile_upload.UploadDefaults): the operator's own image and its pull secrets,
-    and the ServiceAccount with the S3 role (None: the namespace's `default`)."""
+    """What the chart decides about upload pods (lifecycle.policies.profile_upload's
+    UploadDefaults): the operator's own image and its pull secrets, and the ServiceAccount
+    with the S3 role (None: the namespace's `default`)."""
 
     image: str
     image_pull_policy: str = "IfNotPresent"

@@ -55,9 +55,7 @@ from trainium_operator.k8s.client import (
 )
 from trainium_operator.k8s.informer import Reflector, WatchEvent
 from trainium_operator.k8s.reviews import Reviews
-from trainium_operator.lifecycle.progress import (
-    DEFAULT_INTERVAL_SECONDS as DEFAULT_PROGRESS_INTERVAL,
-)
+from trainium_operator.lifecycle.ranks import DEFAULT_INTERVAL_SECONDS as DEFAULT_PROGRESS_INTERVAL
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

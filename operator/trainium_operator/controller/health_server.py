@@ -51,9 +51,9 @@ from trainium_operator.lifecycle.channel_limits import (
     token_claims,
 )
 from trainium_operator.lifecycle.parse import parse_job
-from trainium_operator.lifecycle.profile_on_demand import capture_requests_for
-from trainium_operator.lifecycle.progress import RankSample
-from trainium_operator.lifecycle.stalls import requests_for
+from trainium_operator.lifecycle.policies.on_demand_profile import capture_requests_for
+from trainium_operator.lifecycle.policies.stalls import requests_for
+from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.profiler import channel_contract as contract
 from trainium_operator.profiler.channel_contract import ProgressMessage, parse_messages
 

@@ -1,13 +1,13 @@
 """`trainium-operator profile now JOB --steps N`: asks every rank of a running job to capture
 its next N steps in full, by setting the job's `trainium.dev/profile-steps` annotation (the
-operator consumes it: lifecycle/profile_on_demand.py)."""
+operator consumes it: lifecycle/policies/on_demand_profile.py)."""
 
 from __future__ import annotations
 
 import click
 
 from trainium_operator.k8s.client import Cluster, load_api_client
-from trainium_operator.lifecycle.profile_on_demand import (
+from trainium_operator.lifecycle.policies.on_demand_profile import (
     ANNOTATION,
     MAX_STEPS,
     annotation_value,

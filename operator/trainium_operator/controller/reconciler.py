@@ -1,13 +1,15 @@
-"""One reconcile pass: read the job and its children, decide, apply. Thin by design.
+"""One reconcile pass: gather the snapshot, decide, apply. Thin by design.
 
-All judgement lives in `lifecycle.machine.decide`; this module reads the watch-fed cache
-(`controller.cache`: no LIST or GET per pass), filters children by owner UID (a re-created job
-with the same name must not adopt its predecessor's pods that garbage collection has not
-removed yet), and applies the decision in a safe order: the status before any deletion or node
-patch (terminal decisions included) and before creations where the decision asks, then
-deletions, creations, events. Writes go straight to the API server, the status write with a
-resourceVersion precondition, and each is remembered until the cache has seen it, so no pass
-decides on a view older than the operator's own writes.
+All judgement lives in `lifecycle.machine.decide` (every policy, in `PIPELINE`); this module
+gathers one `Snapshot` from the watch-fed cache (`controller.cache`: no LIST or GET per pass),
+keeping only children the job owns by UID (a re-created job with the same name must not adopt
+its predecessor's pods that garbage collection has not removed yet), and applies the plan in
+one order whatever the policies asked (`write_order`): the status first whenever the plan
+deletes or cordons anything, changes the phase or asks for it; then deletions, creations, the
+status if not written yet, annotation removals, side objects, and events last. Writes go
+straight to the API server, the status write with a resourceVersion precondition, and each is
+remembered until the cache has seen it, so no pass decides on a view older than the
+operator's own writes.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from trainium_operator.api.status import validated_status
 from trainium_operator.builders.job import JobRef
 from trainium_operator.builders.upload import (
     LABEL_PROFILE_ATTEMPT,
@@ -39,9 +40,8 @@ from trainium_operator.k8s.client import (
     is_forbidden,
     is_namespace_terminating,
 )
-from trainium_operator.lifecycle import admission, blockers, cleanup, machine
-from trainium_operator.lifecycle.decision import Decision, EventRecord, NodePatch
-from trainium_operator.lifecycle.goodput import with_goodput
+from trainium_operator.lifecycle import blockers, cleanup, machine
+from trainium_operator.lifecycle.decision import Decision, NodePatch
 from trainium_operator.lifecycle.observed import (
     node_view,
     observe,
@@ -49,25 +49,16 @@ from trainium_operator.lifecycle.observed import (
     podgroup_view,
     queue_view,
 )
-from trainium_operator.lifecycle.parse import dropped_pod_fields_message, parse_job
-from trainium_operator.lifecycle.profile_on_demand import (
-    apply_on_demand_profile,
-    on_demand_upload_refused,
-    plan_on_demand_upload,
-)
-from trainium_operator.lifecycle.profile_upload import UploadDefaults, plan_upload, upload_refused
-from trainium_operator.lifecycle.progress import (
-    DEFAULT_INTERVAL_SECONDS as DEFAULT_PROGRESS_INTERVAL,
-)
-from trainium_operator.lifecycle.progress import RankSample, with_progress
-from trainium_operator.lifecycle.stalls import apply_stall_policy
-from trainium_operator.lifecycle.stragglers import (
+from trainium_operator.lifecycle.parse import parse_job
+from trainium_operator.lifecycle.policies.profile_upload import UploadDefaults
+from trainium_operator.lifecycle.policies.stragglers import (
     CORDON_BUDGET_SETTING,
     CordonBudget,
-    CordonDecision,
-    apply_straggler_policy,
     cordoned_for_stragglers,
 )
+from trainium_operator.lifecycle.ranks import DEFAULT_INTERVAL_SECONDS as DEFAULT_PROGRESS_INTERVAL
+from trainium_operator.lifecycle.ranks import RankSample
+from trainium_operator.lifecycle.snapshot import PassSettings, Snapshot
 
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
@@ -107,18 +98,6 @@ class PermissionDeniedError(RuntimeError):
     """The operator's ServiceAccount lacks an RBAC rule; retrying soon will not help."""
 
 
-def _upload_refused(
-    current: Obj, attempt: int, pod: str, reason: str, *, generation: int, now: datetime
-) -> Decision:
-    status, message = upload_refused(current, attempt, pod, reason, generation=generation, now=now)
-    return Decision(status=status, events=[EventRecord("Warning", "ProfileUploadFailed", message)])
-
-
-def _on_demand_upload_refused(current: Obj, pod: str, reason: str) -> Decision:
-    status, message = on_demand_upload_refused(current, pod, reason)
-    return Decision(status=status, events=[EventRecord("Warning", "ProfileUploadFailed", message)])
-
-
 def _stuck_bound(body: Obj) -> float:
     """How long a pod or a predecessor's child may linger before the operator escalates: the
     job's own bound, or the floor for a spec it cannot read."""
@@ -130,11 +109,12 @@ def _owned_by(obj: Obj, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
 
 
-def _status_before_side_effects(decision: Decision) -> bool:
-    """The applier's rule, whatever the policy asked: a pass that deletes or cordons anything
-    stores its status first. A terminal decision whose deletes landed but whose status did not
-    (a 409 from any metadata write, an operator exit) would otherwise find no pods next pass
-    and train a finished job again."""
+def status_first(decision: Decision, current: Obj) -> bool:
+    """The applier's write order, whatever the policies asked: the status is stored before any
+    side effect when the plan deletes or cordons anything, deletes the job, changes the phase,
+    or asks for it (a stage's first attempt, recorded before its pods exist). A terminal
+    decision whose deletes landed but whose status did not (a 409, an operator exit) would
+    otherwise find no pods next pass and train a finished job again."""
     return bool(
         decision.status_first
         or decision.delete_pods
@@ -142,16 +122,17 @@ def _status_before_side_effects(decision: Decision) -> bool:
         or decision.delete_foreign
         or decision.patch_nodes
         or decision.delete_job
+        or decision.status.get("phase") != current.get("phase")
     )
 
 
 class CordonReservations:
-    """The cluster-wide cordon budget as the straggler policy sees it: the nodes the cache shows
-    cordoned for stragglers plus those this process decided to cordon in the last
-    RESERVATION_SECONDS (the cache may not show them yet). Deciding under one lock keeps two
-    jobs reconciled at once from both taking the budget's last node; the lock is taken only by
-    a decision that would cordon (`decide`), never for the straggler check itself. Only the
-    active replica reconciles (peering), so a process-local record is enough."""
+    """The cluster-wide cordon budget: the nodes the cache shows cordoned for stragglers plus
+    those this process reserved in the last RESERVATION_SECONDS (the cache may not show them
+    yet). The straggler policy only proposes a cordon from the budget its snapshot saw; the
+    applier checks and reserves it under one lock (`reserve`), so two jobs reconciled at once
+    never both take the budget's last node. Only the active replica reconciles (peering), so a
+    process-local record is enough."""
 
     RESERVATION_SECONDS = 60.0
 
@@ -162,25 +143,33 @@ class CordonReservations:
         self._reserved: dict[str, float] = {}
 
     def budget(self, nodes: Iterable[Obj]) -> CordonBudget:
-        """Call with `lock` held."""
+        """The budget as it is now; a pass's snapshot reads it without the lock (the applier
+        checks again under it)."""
         now = self._clock()
         self._reserved = {
             n: t for n, t in self._reserved.items() if now - t < self.RESERVATION_SECONDS
         }
         return CordonBudget(self.limit, cordoned_for_stragglers(nodes) | set(self._reserved))
 
-    def reserve(self, nodes: Iterable[str]) -> None:
-        """Call with `lock` held, after the decision that cordons `nodes`."""
-        for node in nodes:
-            self._reserved[node] = self._clock()
-
-    def decide(self, cordon: CordonDecision, nodes: Callable[[], Iterable[Obj]]) -> None:
-        """Runs a straggler decision that would cordon a node against the budget as it is now
-        (`nodes`: the node cache), under the lock, and reserves the node it cordons."""
+    def reserve(self, cordons: Iterable[str], nodes: Iterable[Obj]) -> bool:
+        """Checks a plan's proposed cordons against the budget as it is now and reserves them,
+        in one step under the lock; False (nothing reserved) when the budget has no room for
+        them any more (another job took it since the snapshot): the plan is not applied."""
         with self.lock:
-            node = cordon(self.budget(nodes()))
-            if node is not None:
-                self.reserve([node])
+            budget = self.budget(nodes)
+            wanted = [n for n in cordons if n not in budget.cordoned]
+            if len(budget.cordoned) + len(wanted) > self.limit:
+                return False
+            now = self._clock()
+            for node in wanted:
+                self._reserved[node] = now
+            return True
+
+    def release(self, cordons: Iterable[str]) -> None:
+        """Gives back reservations whose plan was not applied (its status write failed)."""
+        with self.lock:
+            for node in cordons:
+                self._reserved.pop(node, None)
 
 
 class Reconciler:
@@ -204,14 +193,14 @@ class Reconciler:
         # Where training ranks send progress (controller.health_server); None: nowhere.
         self.health_url = health_url
         # The ranks' newest messages of a job (controller.health_server.ProgressStore.samples)
-        # and how often their figures may be written to its status (lifecycle.progress).
+        # and how often their figures may be written to its status (lifecycle.policies.progress).
         self.progress = progress
         self.progress_interval = progress_interval
         self.cache = cache
         # True once every watch has delivered its first full LIST: until then a missing pod or
         # node is unknown, not gone.
         self.synced = synced
-        # S3 profile uploads (lifecycle.profile_upload): the chart-wide defaults.
+        # S3 profile uploads (lifecycle.policies.profile_upload): the chart-wide defaults.
         self.upload_defaults = upload_defaults or UploadDefaults.from_env(os.environ)
         # Each job gets a NetworkPolicy admitting only its own pods (the chart's
         # networkPolicy.jobs; on unless the Deployment's env turns it off).
@@ -220,6 +209,7 @@ class Reconciler:
             if isolate_jobs is not None
             else os.environ.get(ENV_JOB_NETWORK_POLICY, "true").strip().lower() != "false"
         )
+        self.pass_settings = PassSettings(self.upload_defaults, progress_interval)
         self.events = EventPoster(cluster)
         self.clock = clock
         self.holds = AdmissionHolds()
@@ -321,16 +311,18 @@ class Reconciler:
         self.cache.expect(key, deleted=[d.name for d in deletions])
         return PREDECESSOR_RETRY_SECONDS
 
-    def _record(self, body: Obj, decide: Callable[[Obj, int], Decision]) -> float | None:
-        """Writes an outcome found while applying (the pass's own writes were cut short) on the
-        job as it is now: `decide(current status, generation)` builds it."""
+    def _record(self, body: Obj, finding: machine.Finding) -> float | None:
+        """Records what applying a pass found out (its own writes were cut short) on the job
+        as it is now (`machine.decide_finding`)."""
         meta = body["metadata"]
         fresh = self.cluster.get_training_job(meta["namespace"], meta["name"])
         if fresh is None:
             raise JobGoneError(f"{meta['namespace']}/{meta['name']}")
         current: Obj = fresh.get("status") or {}
         generation = int(fresh["metadata"].get("generation", 1))
-        return self._apply(fresh, current, decide(current, generation))
+        created = parse_time(fresh["metadata"].get("creationTimestamp"))
+        plan = machine.decide_finding(current, generation, self.clock(), created, finding)
+        return self._apply(fresh, current, plan)
 
     def _blocked_by_predecessor(self, body: Obj, error: ForeignChildError) -> float | None:
         """A child's name is taken: wait for it, with a bound and an escalation
@@ -338,13 +330,7 @@ class Reconciler:
         blocker = blockers.blocker_view(
             error.existing, {n.name: n for n in map(node_view, self.cache.nodes())}
         )
-        bound = _stuck_bound(body)
-        return self._record(
-            body,
-            lambda current, generation: blockers.blocked(
-                current, generation, blocker, bound_seconds=bound, now=self.clock()
-            ),
-        )
+        return self._record(body, machine.ChildNameTaken(blocker, _stuck_bound(body)))
 
     def _rejected(
         self, body: Obj, obj: Obj, rejection: AdmissionRejection, since: Mark
@@ -363,37 +349,32 @@ class Reconciler:
                 meta["name"],
                 message,
             )
-        self._record(
-            body,
-            lambda current, generation: admission.admission_rejected(
-                current,
-                generation,
-                rejection.reason,
-                message,
-                fatal=rejection.fatal,
-                now=self.clock(),
-            ),
-        )
+        self._record(body, machine.ChildRefused(rejection.reason, message, rejection.fatal))
         if rejection.fatal:
             return None  # only a spec change helps, and it wakes the job itself
         return self.holds.hold((meta["namespace"], meta["name"]), rejection.reason, since)
 
-    def _reconcile(self, body: Obj) -> float | None:
+    def snapshot(self, body: Obj) -> Snapshot:
+        """Everything one pass of this job decides from, read once from the cache."""
+        meta = body["metadata"]
         now = self.clock()
-        current_status: Obj = body.get("status") or {}
+        generation = int(meta.get("generation", 1))
+        status: Obj = body.get("status") or {}
+        created = parse_time(meta.get("creationTimestamp"))
+        nodes = self.cache.nodes()
         parsed = parse_job(body, self.health_url)
         if isinstance(parsed, list):
-            decision = machine.invalid(
-                current_status, int(body["metadata"].get("generation", 1)), parsed, now
+            observed = observe(pods=[], podgroups=[], service_exists=False, nodes=[], now=now)
+            return Snapshot(
+                None, generation, status, observed, created=created, problems=tuple(parsed)
             )
-            return self._apply(body, current_status, decision)
         job = parsed
         key = (job.namespace, job.name)
         # Only children this job owns: a re-created job of the same name must not adopt its
         # predecessor's pods, PodGroups or Service that garbage collection has not removed yet.
         owned = [p for p in self.cache.pods(key) if _owned_by(p, job.uid)]
-        # Profile upload pods are not part of any gang: their own policy looks at them.
-        uploads = [p for p in owned if is_upload_pod(p)]
+        # Profile upload pods are not part of any gang: their own policies look at them.
+        uploads = tuple(p for p in owned if is_upload_pod(p))
         pods = [p for p in owned if not is_upload_pod(p)]
         podgroups = [g for g in self.cache.podgroups(key) if _owned_by(g, job.uid)]
         queue = None
@@ -410,60 +391,53 @@ class Reconciler:
             service_exists=service is not None and _owned_by(service, job.uid),
             network_policy_missing=self.isolate_jobs
             and not (policy is not None and _owned_by(policy, job.uid)),
-            nodes=self.cache.nodes(),
+            nodes=nodes,
             now=now,
             queue=queue,
         )
-        decision = machine.decide(job, current_status, observed)
-        if job.dropped_pod_fields and self.warned_dropped.get(job.uid) != job.dropped_pod_fields:
-            # Once per job and operator process: the job was admitted before the allowlist.
-            self.warned_dropped[job.uid] = job.dropped_pod_fields
-            message = dropped_pod_fields_message(job.dropped_pod_fields)
-            decision.events.append(EventRecord("Warning", "PodFieldsDropped", message))
         ranks = self.progress(key) if self.progress is not None and job.health_channel else None
-        if ranks is not None:
-            # Before the upload plan: a stall may end the attempt in this pass.
-            apply_stall_policy(job, decision, observed, ranks)
-            # The check runs outside the cordon lock; only a decision to cordon takes it.
-            cordon = apply_straggler_policy(
-                job, decision, observed, ranks, cordon_limit=self.cordons.limit
-            )
-            if cordon is not None:
-                self.cordons.decide(cordon, self.cache.nodes)
-        annotations = body["metadata"].get("annotations") or {}
-        apply_on_demand_profile(job, decision, annotations, ranks, now)
-        plan_upload(job, decision, uploads, self.upload_defaults, now)
-        plan_on_demand_upload(job, decision, uploads, self.upload_defaults)
-        if ranks is not None:
-            decision.status = with_progress(
-                job, decision.status, ranks, now, self.progress_interval
-            )
-        decision.status = validated_status(decision.status)
-        return self._apply(body, current_status, decision)
+        return Snapshot(
+            job,
+            generation,
+            status,
+            observed,
+            created=created,
+            annotations=dict(meta.get("annotations") or {}),
+            ranks=tuple(ranks) if ranks is not None else None,
+            upload_pods=uploads,
+            cordon_budget=self.cordons.budget(nodes),
+            dropped_fields_warned=self.warned_dropped.get(job.uid) == job.dropped_pod_fields,
+            settings=self.pass_settings,
+        )
 
-    def _apply(
-        self,
-        body: Obj,
-        current_status: Obj,
-        decision: Decision,
-    ) -> float | None:
+    def _reconcile(self, body: Obj) -> float | None:
+        snapshot = self.snapshot(body)
+        plan = machine.decide(snapshot)
+        job = snapshot.job
+        if job is not None and job.dropped_pod_fields:
+            # Warned once per job and operator process (lifecycle.policies.pod_fields).
+            self.warned_dropped[job.uid] = job.dropped_pod_fields
+        return self._apply(body, snapshot.status, plan)
+
+    def _apply(self, body: Obj, current_status: Obj, decision: Decision) -> float | None:
+        """Applies a plan in the one write order (module docstring); the order is not the
+        policies' to choose."""
         meta = body["metadata"]
         namespace = meta["namespace"]
         key = (namespace, meta["name"])
-        # Every status write carries the wall-time ledger up to now (lifecycle.goodput).
-        decision.status = validated_status(
-            with_goodput(
-                current_status,
-                decision.status,
-                self.clock(),
-                parse_time(meta.get("creationTimestamp")),
-            )
-        )
+        cordons = [patch.name for patch in decision.patch_nodes]
+        if cordons and not self.cordons.reserve(cordons, self.cache.nodes()):
+            # Another job took the budget's last room since this pass's snapshot: decide again
+            # on the budget as it is now (nothing was written).
+            return CACHE_WAIT_SECONDS
         status_written = False
-        if _status_before_side_effects(decision) and decision.status != current_status:
-            # A restart, a finish or a stage's first attempt is stored before its side effects;
-            # a stale view fails here with 409 and nothing is deleted.
-            self._write_status(body, decision.status)
+        if status_first(decision, current_status) and decision.status != current_status:
+            # A stale view fails here with 409 and nothing else happens.
+            try:
+                self._write_status(body, decision.status)
+            except Exception:
+                self.cordons.release(cordons)
+                raise
             status_written = True
         for patch in decision.patch_nodes:
             # After the restart that decided it is stored, before its new gang can be placed.
@@ -490,11 +464,11 @@ class Reconciler:
             # After the status that recorded the request: a crash in between leaves the value
             # the status names, and the next pass only removes it.
             self.cluster.remove_training_job_annotation(namespace, meta["name"], key_name, value)
+        for side in decision.side_create:
+            self._create_side(body, side)
         for event in decision.events:
             log.info("%s/%s %s: %s", namespace, meta["name"], event.reason, event.message)
             self.events.post(body, event.type, event.reason, event.message, self.clock())
-        for side in decision.side_create:
-            self._create_side(body, side)
         if decision.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished elapsed, deleting", namespace, meta["name"])
             self.cluster.delete_training_job(namespace, meta["name"], meta["uid"])
@@ -545,19 +519,11 @@ class Reconciler:
                 raise
             reason = rejection.message if rejection is not None else api_error_message(error)
             log.warning("%s/%s: upload pod %s refused: %s", *key, name, reason)
-            if LABEL_PROFILE_REQUEST in obj["metadata"]["labels"]:
-                self._record(
-                    body,
-                    lambda current, _generation: _on_demand_upload_refused(current, name, reason),
-                )
-                return
-            attempt = int(obj["metadata"]["labels"][LABEL_PROFILE_ATTEMPT])
-            self._record(
-                body,
-                lambda current, generation: _upload_refused(
-                    current, attempt, name, reason, generation=generation, now=self.clock()
-                ),
+            labels = obj["metadata"]["labels"]
+            attempt = (
+                None if LABEL_PROFILE_REQUEST in labels else int(labels[LABEL_PROFILE_ATTEMPT])
             )
+            self._record(body, machine.UploadPodRefused(name, reason, attempt))
             return
         self.cache.expect(key, created=[name])
 

@@ -9,30 +9,22 @@ something it depends on changes.
 from __future__ import annotations
 
 import re
-from datetime import datetime
 
 from trainium_operator.api.status import ConditionType, Phase
 from trainium_operator.builders.job import JobRef, Stage
-from trainium_operator.lifecycle.decision import Decision, Obj
 from trainium_operator.lifecycle.failures import start_blocker
 from trainium_operator.lifecycle.observed import Observed, PodView
 from trainium_operator.lifecycle.status_edit import StatusEdit
 
 
-def admission_rejected(
-    status_after: Obj, generation: int, reason: str, message: str, *, fatal: bool, now: datetime
-) -> Decision:
+def admission_rejected(status: StatusEdit, reason: str, message: str, *, fatal: bool) -> None:
     """The API server refused a child for a reason only the spec (fatal) or the cluster (quota,
     a PriorityClass or ServiceAccount created later) can fix: say so once, do not spin."""
-    decision = Decision()
-    status = StatusEdit(status_after, generation, now, decision)
     status.condition(ConditionType.ADMITTED, False, reason, message)
     if fatal:
         status.finish(Phase.FAILED, reason, message)
     else:
         status.transition(Phase.PENDING, reason, message, warning=True)
-    decision.status = status.validated()
-    return decision
 
 
 _GANG_VERDICT = re.compile(r"(\d+)/(\d+) tasks in gang unschedulable")

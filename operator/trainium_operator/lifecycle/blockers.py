@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from trainium_operator.api.status import TERMINAL_PHASES, ConditionType, Phase
-from trainium_operator.lifecycle.decision import Decision, PodDeletion
+from trainium_operator.lifecycle.decision import PodDeletion
 from trainium_operator.lifecycle.observed import NodeView, Obj, parse_time
 from trainium_operator.lifecycle.status_edit import StatusEdit, timestamp
 
@@ -73,20 +73,11 @@ def _waiting_since(status: StatusEdit, now: datetime) -> datetime:
     return now
 
 
-def blocked(
-    status_after: Obj,
-    generation: int,
-    blocker: Blocker,
-    *,
-    bound_seconds: float,
-    now: datetime,
-) -> Decision:
+def blocked(status: StatusEdit, blocker: Blocker, *, bound_seconds: float) -> None:
     """What to do about `blocker`, and the status that says so."""
-    decision = Decision()
-    status = StatusEdit(status_after, generation, now, decision)
+    decision, now = status.decision, status.now
     if status.phase in TERMINAL_PHASES:
-        decision.status = status.validated()
-        return decision
+        return
     since = _waiting_since(status, now)
     bound = timedelta(seconds=bound_seconds)
     owners = ", ".join(blocker.owners) or "no owner"
@@ -109,8 +100,7 @@ def blocked(
             )
             _wait(status, "WaitingForNameConflict", message)
             decision.requeue((since + bound - now).total_seconds())
-        decision.status = status.validated()
-        return decision
+        return
 
     if now >= give_up_at:
         held = f"; finalizers {list(blocker.finalizers)} hold it" if blocker.finalizers else ""
@@ -120,8 +110,7 @@ def blocked(
         )
         status.condition(ConditionType.BLOCKED, True, "PredecessorStuck", message)
         status.finish(Phase.FAILED, "PredecessorStuck", message)
-        decision.status = status.validated()
-        return decision
+        return
 
     overdue = blocker.deletion_due is not None and now >= blocker.deletion_due + bound
     if blocker.kind == "Pod" and (blocker.node_lost or overdue):
@@ -158,8 +147,6 @@ def blocked(
         _wait(status, "WaitingForPredecessor", message)
         decision.requeue((next_step - now).total_seconds())
     decision.requeue(min(bound_seconds, 5.0))
-    decision.status = status.validated()
-    return decision
 
 
 def _wait(status: StatusEdit, reason: str, message: str, *, warning: bool = False) -> None:

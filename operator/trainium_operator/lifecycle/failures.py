@@ -34,14 +34,16 @@ _CLAIM_NOT_FOUND_MESSAGE = re.compile(r'persistentvolumeclaim "([^"]+)" not foun
 
 @dataclass(frozen=True, slots=True)
 class Failure:
+    """Why a gang restarts or the job fails: the only source of status.lastFailure."""
+
     klass: FailureClass
     stage: Stage
-    pod: str
-    node: str | None
-    rank: int
-    exit_code: int | None
     reason: str
     message: str
+    pod: str | None = None
+    node: str | None = None
+    rank: int | None = None
+    exit_code: int | None = None
 
     @classmethod
     def of(
@@ -52,18 +54,24 @@ class Failure:
         message: str,
         exit_code: int | None = None,
     ) -> Failure:
-        return cls(klass, pod.stage, pod.name, pod.node, pod.rank, exit_code, reason, message)
+        return cls(
+            klass,
+            pod.stage,
+            reason,
+            message,
+            pod=pod.name,
+            node=pod.node,
+            rank=pod.rank,
+            exit_code=exit_code,
+        )
 
     def as_status(self, now: datetime) -> Obj:
-        out: Obj = {
-            "class": self.klass.value,
-            "stage": self.stage.value,
-            "pod": self.pod,
-            "rank": self.rank,
-            "reason": self.reason,
-            "message": self.message,
-            "time": timestamp(now),
-        }
+        out: Obj = {"class": self.klass.value, "stage": self.stage.value}
+        if self.pod:
+            out["pod"] = self.pod
+        if self.rank is not None:
+            out["rank"] = self.rank
+        out.update(reason=self.reason, message=self.message, time=timestamp(now))
         if self.node:
             out["node"] = self.node
         if self.exit_code is not None:
@@ -172,12 +180,10 @@ def vanished(job: JobRef, stage: Stage, attempt: int, rank: int) -> Failure:
     return Failure(
         FailureClass.INFRASTRUCTURE,
         stage,
-        name,
-        None,
-        rank,
-        None,
         "PodVanished",
         f"pod {name} (rank {rank}) disappeared from its running gang",
+        pod=name,
+        rank=rank,
     )
 
 

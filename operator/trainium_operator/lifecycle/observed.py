@@ -11,9 +11,9 @@ from trainium_operator.builders.job import LABEL_ATTEMPT, LABEL_NODE_RANK, LABEL
 
 Obj = dict[str, Any]
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-# What a straggler replacement leaves on the node it cordons (lifecycle.stragglers writes them,
-# the node view reads them back): `kubectl get nodes -l trainium.dev/cordoned` lists them;
-# `kubectl uncordon` gives one back (the annotations then only tell its history).
+# What a straggler replacement leaves on the node it cordons (lifecycle.policies.stragglers
+# writes them, the node view reads them back): `kubectl get nodes -l trainium.dev/cordoned`
+# lists them; `kubectl uncordon` gives one back (the annotations then only tell its history).
 CORDONED_LABEL = "trainium.dev/cordoned"
 CORDONED_BY_ANNOTATION = "trainium.dev/cordoned-by"
 CORDON_REASON_ANNOTATION = "trainium.dev/cordon-reason"

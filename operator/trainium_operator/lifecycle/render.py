@@ -1,8 +1,8 @@
 """The dry run: the objects the operator will create for a TrainingJob, stage by stage.
 
 `trainium-operator render` prints them and the TorchX backend's `--dryrun` shows them; both run
-the operator's own pure state machine (`machine.decide`) over a simulated cluster, so what is
-printed is what a real pass creates.
+the operator's own pipeline (`machine.decide`, every policy) over simulated snapshots, so what
+is printed is what a real pass creates.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import observe
 from trainium_operator.lifecycle.parse import parse_job
+from trainium_operator.lifecycle.snapshot import Snapshot
 
 Obj = dict[str, Any]
 RENDER_UID = "00000000-0000-0000-0000-000000000000"
@@ -80,7 +81,7 @@ def render_stages(
             nodes=[],
             now=now,
         )
-        return machine.decide(job, status, seen)
+        return machine.decide(Snapshot(job, job.generation, status, seen))
 
     stages = [Stage.COMPILE, Stage.TRAIN] if job.spec.compile.enabled else [Stage.TRAIN]
     first = decide({}, [], [], False)

@@ -40,7 +40,7 @@ def handle_failures(
         )
     )
     first = failures[0]
-    status.data["lastFailure"] = first.as_status(observed.now)
+    status.record_failure(first)
     for failure in failures:
         decision.events.append(EventRecord("Warning", failure.reason, failure.message))
     policy = job.spec.run_policy

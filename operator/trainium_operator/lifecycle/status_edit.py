@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from trainium_operator.api.status import (
     ConditionType,
@@ -14,6 +15,9 @@ from trainium_operator.api.status import (
 from trainium_operator.builders.job import Stage
 from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj
 from trainium_operator.lifecycle.observed import PodView
+
+if TYPE_CHECKING:
+    from trainium_operator.lifecycle.failures import Failure
 
 
 def timestamp(moment: datetime) -> str:
@@ -92,6 +96,10 @@ class StatusEdit:
         """Sets a condition False only where it was ever set (no noise on jobs it never had)."""
         if self.find_condition(ctype) is not None:
             self.condition(ctype, False, reason, message)
+
+    def record_failure(self, failure: Failure) -> None:
+        """status.lastFailure: only ever from a `Failure`."""
+        self.data["lastFailure"] = failure.as_status(self.now)
 
     def finish(self, phase: Phase, reason: str, message: str) -> None:
         self.transition(phase, reason, message, warning=phase is Phase.FAILED)

@@ -54,7 +54,7 @@ MAX_RETRY_ATTEMPTS = 8  # botocore "standard" mode: exponential backoff with jit
 
 class ExitCode(enum.IntEnum):
     """The upload pod's outcome, as its exit code: the operator classifies the pod by this
-    number alone (lifecycle.profile_upload), never by its log."""
+    number alone (lifecycle.policies.profile_upload), never by its log."""
 
     UPLOADED = 0
     FAILED = 1  # any other S3 or local error (the log says which)

@@ -34,7 +34,7 @@ from trainium_devcluster.sim import simulate_pod_outcome
 from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.api.status import UploadReason
 from trainium_operator.builders.upload import PROFILE_MOUNT_PATH
-from trainium_operator.lifecycle.profile_upload import REASON_MESSAGES
+from trainium_operator.lifecycle.policies.profile_upload import REASON_MESSAGES
 from trainium_operator.profiler.s3 import ExitCode
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]

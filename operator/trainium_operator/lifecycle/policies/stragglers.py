@@ -8,9 +8,7 @@ ranks' newest health-channel messages by the job's reconcile pass (as `stalls` i
 - A rank is a straggler when that exceeds the median of the *other* ranks' step times by more
   than spec.health.stragglerThreshold (0.2: 20 %). Leaving the rank out keeps a two-rank gang's
   reference from being half the straggler itself. The gang's times are sorted once and each
-  rank's reference read from that order (O(ranks log ranks): ~10 ms at 4096 ranks), and the
-  check runs without the operator's cordon lock: only a decision that would cordon a node
-  takes it (`CordonDecision`).
+  rank's reference read from that order (O(ranks log ranks): ~10 ms at 4096 ranks).
 - Written to status.stragglers only when the set of stragglers changes (a bounded number of
   writes), with a Warning event `Straggler` naming each new one, its node and how much slower
   it is, and a Normal `StragglersRecovered` once none is left.
@@ -32,7 +30,9 @@ ranks' newest health-channel messages by the job's reconcile pass (as `stalls` i
   on. Replace acts only within the operator's cluster-wide CordonBudget (its
   --straggler-cordon-budget, the chart's health.stragglerReplacement; 0, the default, turns it
   off): past it, or with it off, a straggler is only reported and status.stragglers.held says
-  why.
+  why. The policy judges the budget as the pass's snapshot shows it and only proposes the
+  cordon; the reconciler checks and reserves it under its lock before the status is written
+  (two jobs reconciled at once never both take the last node).
 
 Limit (documented): in a gang that synchronises every step (data-parallel all-reduce), every
 rank's step *wall* time is the slowest rank's, so step markers alone cannot single it out; this
@@ -41,14 +41,16 @@ rule sees ranks that step independently, or a slowness that shows between collec
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from trainium_operator.api.spec import StragglerAction
 from trainium_operator.api.status import FailureClass, Phase
 from trainium_operator.builders.job import JobRef, Stage
-from trainium_operator.lifecycle.decision import Decision, EventRecord, NodePatch, Obj
+from trainium_operator.lifecycle.decision import EventRecord, NodePatch, Obj
+from trainium_operator.lifecycle.failures import Failure
 from trainium_operator.lifecycle.observed import (
     CORDON_REASON_ANNOTATION,
     CORDON_TIME_ANNOTATION,
@@ -58,9 +60,13 @@ from trainium_operator.lifecycle.observed import (
     Observed,
     parse_time,
 )
-from trainium_operator.lifecycle.progress import RECENT_STEPS, RankSample, duration_text
+from trainium_operator.lifecycle.policies.progress import RECENT_STEPS, duration_text
+from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.restarts import count_restart, restart_counts, restart_gang
-from trainium_operator.lifecycle.status_edit import StatusEdit, timestamp
+from trainium_operator.lifecycle.status_edit import timestamp
+
+if TYPE_CHECKING:
+    from trainium_operator.lifecycle.snapshot import Pass
 
 MIN_STEP_TIMES = 8
 LISTED = 16
@@ -110,12 +116,6 @@ def cordoned_for_stragglers(nodes: Iterable[Obj]) -> frozenset[str]:
     )
 
 
-# The rest of a straggler decision that cordons a node, run by the reconcile pass under its
-# cordon lock with the cluster-wide budget as it is then: returns the node it cordons (for the
-# lock holder to reserve), or None.
-CordonDecision = Callable[[CordonBudget], str | None]
-
-
 def _median(ordered: list[float]) -> float:
     """The median of a sorted list, as statistics.median computes it (same arithmetic)."""
     middle = len(ordered) // 2
@@ -143,7 +143,7 @@ def rank_step_time_ms(rank: RankSample) -> float | None:
     return _median(sorted(recent)) if len(recent) >= MIN_STEP_TIMES else None
 
 
-def stragglers(ranks: list[RankSample], threshold: float) -> tuple[list[Obj], float | None]:
+def slow_ranks(ranks: list[RankSample], threshold: float) -> tuple[list[Obj], float | None]:
     """The stragglers (slowest first) and the gang's median step time: each rank's time against
     the median of the others', read from one sorted copy of the gang's times."""
     times = {r.rank: t for r in ranks if (t := rank_step_time_ms(r)) is not None}
@@ -168,31 +168,25 @@ def stragglers(ranks: list[RankSample], threshold: float) -> tuple[list[Obj], fl
     return slow[:LISTED], _median(ordered)
 
 
-def apply_straggler_policy(
-    job: JobRef,
-    decision: Decision,
-    observed: Observed,
-    ranks: list[RankSample],
-    *,
-    cordon_limit: int,
-) -> CordonDecision | None:
-    """Names the stragglers in `decision`; returns what is left to decide against the
-    cluster-wide cordon budget (`cordon_limit` nodes, the operator's; 0: none) when a node would
-    be cordoned, for the caller to run under its cordon lock; None when no cordon is in
-    question (onStraggler: Report, no persistent straggler, held for another reason)."""
+def stragglers(p: Pass) -> None:
+    """Names the stragglers of the training gang (from the ranks' reports) and, for
+    onStraggler: Replace, proposes the cordon of a persistent one's node."""
+    if p.snapshot.ranks is None:
+        return
+    job, edit, decision, observed = p.job, p.status, p.plan, p.observed
+    ranks = list(p.snapshot.ranks)
     threshold = job.spec.health.straggler_threshold
     if threshold is None:
-        return None
-    reassert = _keep_cordoned(job, decision, observed, cordon_limit)
-    if reassert is not None:
-        return reassert  # the new gang has no pods: not training, no straggler to judge
-    status = decision.status
+        return
+    if _keep_cordoned(p):
+        return  # the new gang has no pods: not training, no straggler to judge
+    status = edit.data
     if status.get("phase") != Phase.TRAINING.value:
-        return None
+        return
     attempt = int(status.get("attempt") or 0)
     world = job.spec.nodes * job.spec.effective_processes_per_node
     current = [r for r in ranks if r.attempt == attempt and not r.final and 0 <= r.rank < world]
-    slow, gang = stragglers(current, threshold)
+    slow, gang = slow_ranks(current, threshold)
     previous: Obj = status.get("stragglers") or {}
     before: dict[int, Obj] = (
         {int(s["rank"]): s for s in previous.get("ranks", [])}
@@ -200,7 +194,7 @@ def apply_straggler_policy(
         else {}
     )
     if gang is None:
-        return None
+        return
     steps = {r.rank: r.step for r in current}
     for entry in slow:
         kept = before.get(int(entry["rank"])) or {}
@@ -209,9 +203,9 @@ def apply_straggler_policy(
     now_slow = {s["rank"] for s in slow}
     dated = all(before[r].get("since") for r in now_slow if r in before)
     if now_slow != set(before) or not dated:
-        _record(decision, previous, slow, before, attempt=attempt, gang=gang, now=observed.now)
+        _record(p, previous, slow, before, attempt=attempt, gang=gang)
         if not slow:
-            return None
+            return
         for entry in slow:
             if entry["rank"] in before:
                 continue
@@ -226,29 +220,19 @@ def apply_straggler_policy(
                 )
             )
     if job.spec.health.on_straggler is StragglerAction.REPLACE and slow:
-        return _consider_replacing(
-            job,
-            decision,
-            observed,
-            slow,
-            steps,
-            attempt=attempt,
-            gang=gang,
-            cordon_limit=cordon_limit,
-        )
-    return None
+        _consider_replacing(p, slow, steps, attempt=attempt, gang=gang)
 
 
 def _record(
-    decision: Decision,
+    p: Pass,
     previous: Obj,
     slow: list[Obj],
     before: dict[int, Obj],
     *,
     attempt: int,
     gang: float,
-    now: datetime,
 ) -> None:
+    edit, decision, now = p.status, p.plan, p.now
     record: Obj = {
         "attempt": attempt,
         "gangStepTimeMs": round(gang, 3),
@@ -260,7 +244,7 @@ def _record(
         record["replacements"] = previous["replacements"]
     if previous.get("held") and slow:
         record["held"] = previous["held"]
-    decision.status = {**decision.status, "stragglers": record}
+    edit.data["stragglers"] = record
     if before and not slow:
         decision.events.append(
             EventRecord("Normal", "StragglersRecovered", "no rank is slower than the threshold")
@@ -296,20 +280,17 @@ def _slowness(entry: Obj) -> str:
 
 
 def _consider_replacing(
-    job: JobRef,
-    decision: Decision,
-    observed: Observed,
+    p: Pass,
     slow: list[Obj],
     steps: dict[int, int],
     *,
     attempt: int,
     gang: float,
-    cordon_limit: int,
-) -> CordonDecision | None:
-    """onStraggler: Replace, for the slowest persistent straggler (one node per replacement).
-    Every reason to hold it but the cluster-wide budget's other cordons is judged here; the
-    budget, and the replacement, only in the returned decision (under the cordon lock)."""
-    health, now = job.spec.health, observed.now
+) -> None:
+    """onStraggler: Replace, for the slowest persistent straggler (one node per replacement),
+    within the cluster-wide cordon budget as the snapshot shows it."""
+    job, edit, decision, observed = p.job, p.status, p.plan, p.observed
+    health, now, budget = job.spec.health, p.now, p.snapshot.cordon_budget
     waits = [
         persistent(e, steps[int(e["rank"])], health.straggler_persistence_seconds, now)
         for e in slow
@@ -319,17 +300,17 @@ def _consider_replacing(
         timed = [w for w in waits if w != float("inf")]
         if timed:
             decision.requeue(min(timed))
-        return None
+        return
     if not observed.nodes_known:
-        return None  # right after a start: every node would look gone
+        return  # right after a start: every node would look gone
     target = due[0]
     node = str(target.get("node") or "")
-    used = int(restart_counts(decision.status).get("straggler", 0))
+    used = int(restart_counts(edit.data).get("straggler", 0))
     limit = health.max_straggler_replacements
     held = None
     if not node:
         held = f"{_slowness(target)}, but its node is unknown: nothing to cordon"
-    elif (refused := CordonBudget(cordon_limit).refusal(node)) is not None:
+    elif budget.limit <= 0 and (refused := budget.refusal(node)) is not None:
         held = f"{_slowness(target)}; only reported: {refused}"  # replacement is off
     elif used >= limit:
         held = (
@@ -344,39 +325,30 @@ def _consider_replacing(
                 f"schedulable Ready {job.spec.instance_type.value} node(s), the gang needs "
                 f"{job.spec.nodes}"
             )
+        elif (spent := budget.refusal(node)) is not None:
+            held = f"{_slowness(target)}; only reported: {spent}"
     if held is not None:
-        _hold(decision, held)
-        return None
-
-    def within_budget(budget: CordonBudget) -> str | None:
-        if (spent := budget.refusal(node)) is not None:
-            _hold(decision, f"{_slowness(target)}; only reported: {spent}")
-            return None
-        _replace(job, decision, observed, target, attempt=attempt, gang=gang)
-        return node
-
-    return within_budget
+        _hold(p, held)
+        return
+    _replace(p, target, attempt=attempt, gang=gang)
 
 
-def _hold(decision: Decision, held: str) -> None:
+def _hold(p: Pass, held: str) -> None:
     """status.stragglers.held and one Warning, once per reason."""
-    record = decision.status["stragglers"]
+    record = p.status.data["stragglers"]
     if record.get("held") != held:
-        decision.status = {**decision.status, "stragglers": {**record, "held": held}}
-        decision.events.append(EventRecord("Warning", "StragglerNotReplaced", held))
+        p.status.data["stragglers"] = {**record, "held": held}
+        p.plan.events.append(EventRecord("Warning", "StragglerNotReplaced", held))
 
 
 def _replace(
-    job: JobRef,
-    decision: Decision,
-    observed: Observed,
+    p: Pass,
     target: Obj,
     *,
     attempt: int,
     gang: float,
 ) -> None:
-    now = observed.now
-    status = StatusEdit(decision.status, job.generation, now, decision)
+    job, status, decision, observed, now = p.job, p.status, p.plan, p.observed, p.now
     node = str(target["node"])
     since = parse_time(target.get("since")) or now
     persistence = job.spec.health.straggler_persistence_seconds
@@ -399,15 +371,16 @@ def _replace(
         },
     ]
     count_restart(status, "straggler")
-    status.data["lastFailure"] = {
-        "class": FailureClass.STRAGGLER.value,
-        "stage": Stage.TRAIN.value,
-        "node": node,
-        "rank": int(target["rank"]),
-        "reason": "Straggler",
-        "message": message,
-        "time": timestamp(now),
-    }
+    status.record_failure(
+        Failure(
+            klass=FailureClass.STRAGGLER,
+            stage=Stage.TRAIN,
+            node=node,
+            rank=int(target["rank"]),
+            reason="Straggler",
+            message=message,
+        )
+    )
     restart_gang(
         job,
         status=status,
@@ -419,7 +392,6 @@ def _replace(
         message=message,
     )
     decision.events.append(EventRecord("Warning", "StragglerReplaced", message))
-    decision.status = status.validated()
     decision.patch_nodes.append(cordon_patch(job, record["replacements"][-1]))
 
 
@@ -448,41 +420,35 @@ def cordon_patch(job: JobRef, replacement: Obj) -> NodePatch:
     )
 
 
-def _keep_cordoned(
-    job: JobRef, decision: Decision, observed: Observed, cordon_limit: int
-) -> CordonDecision | None:
+def _keep_cordoned(p: Pass) -> bool:
     """Until the node of the last replacement shows its cordon, each pass re-asserts it (the
     pass that decided it may have failed or crashed between the status and the patch), within
     the cordon budget as it is then (an operator restarted with it off cordons nothing). Once
     the node showed it, the replacement records `cordonSeen` and the node is left alone: an
-    admin's `kubectl uncordon` stands. Nothing either once the new gang has pods."""
-    status = decision.status
+    admin's `kubectl uncordon` stands. Nothing either once the new gang has pods. True: the
+    gang is between a replacement and its new pods (nothing else to judge)."""
+    job, edit, observed, budget = p.job, p.status, p.observed, p.snapshot.cordon_budget
+    status = edit.data
     record: Obj = status.get("stragglers") or {}
     replacements = record.get("replacements") or []
     attempt = int(status.get("attempt") or 0)
     if not replacements or int(replacements[-1]["attempt"]) != attempt - 1:
-        return None
+        return False
     last: Obj = replacements[-1]
     if last.get("cordonSeen") or observed.gang(Stage.TRAIN, attempt):
-        return None
+        return False
     node = observed.nodes.get(str(last["node"]))
     if node is None:
-        return None
+        return False
     if node.unschedulable or _carries_cordon(job, node, last):
         seen = {**last, "cordonSeen": timestamp(observed.now)}
-        record = {**record, "replacements": [*replacements[:-1], seen]}
-        decision.status = {**status, "stragglers": record}
-        return None
-    if cordon_limit <= 0:
-        return None
-
-    def within_budget(budget: CordonBudget) -> str | None:
-        if budget.refusal(node.name) is not None:
-            return None
-        decision.patch_nodes.append(cordon_patch(job, last))
-        return node.name
-
-    return within_budget
+        edit.data["stragglers"] = {**record, "replacements": [*replacements[:-1], seen]}
+        return False
+    if budget.limit <= 0:
+        return False
+    if budget.refusal(node.name) is None:
+        p.plan.patch_nodes.append(cordon_patch(job, last))
+    return True
 
 
 def _carries_cordon(job: JobRef, node: NodeView, replacement: Obj) -> bool:

@@ -19,46 +19,20 @@ a minute per job (7.5 at the default 10 s; the operator's timer wakes the job ev
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainium_operator.api.status import Phase
 from trainium_operator.builders.job import JobRef
 from trainium_operator.lifecycle.observed import parse_time
+from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.status_edit import timestamp as format_time
+
+if TYPE_CHECKING:
+    from trainium_operator.lifecycle.snapshot import Pass
 
 Obj = dict[str, Any]
 RECENT_STEPS = 16
-DEFAULT_INTERVAL_SECONDS = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class RankSample:
-    """One rank's newest message, as the operator received it."""
-
-    rank: int
-    attempt: int
-    world_size: int
-    step: int
-    step_times_ms: tuple[float, ...]
-    received: datetime
-    node: str = ""
-    samples: int | None = None
-    tokens: int | None = None
-    # When the rank entered `step`, on the operator's clock: the message's age of the step
-    # subtracted from its arrival, or (a rank that sends no age) when the operator first heard
-    # of this step. None: unknown (read as `received`).
-    step_started: datetime | None = None
-    stacks_dumped: str = ""  # the newest stack request the rank answered
-    profile_capturing: str = ""  # the on-demand capture whose window the rank records now
-    profile_captured: str = ""  # the newest on-demand capture the rank completed
-    final: bool = False  # its last message: the rank ended
-    last_checkpoint_step: int | None = None  # its newest complete checkpoint, where it says
-
-    @property
-    def started(self) -> datetime:
-        return self.step_started or self.received
 
 
 def recent_p50_ms(ranks: list[RankSample]) -> float | None:
@@ -88,7 +62,7 @@ def _rate(per_step: list[float], steps_per_second: float | None) -> float | None
     return round(sum(per_step) * steps_per_second, 3)
 
 
-def progress(
+def progress_figures(
     job: JobRef, ranks: list[RankSample], previous: Obj | None, attempt: int, now: datetime
 ) -> Obj | None:
     """The new status.progress, or None when there is nothing (new) to say."""
@@ -141,25 +115,22 @@ def progress(
     return out
 
 
-def with_progress(
-    job: JobRef,
-    status: Obj,
-    ranks: list[RankSample],
-    now: datetime,
-    interval: float = DEFAULT_INTERVAL_SECONDS,
-) -> Obj:
-    """`status` with its progress brought up to date, at most once per `interval` seconds.
+def progress(p: Pass) -> None:
+    """status.progress brought up to date, at most once per the operator's progress interval.
     Only a training job's progress moves; a finished or restarting job keeps its last figures."""
+    if p.snapshot.ranks is None:
+        return
+    status = p.status.data
     if status.get("phase") != Phase.TRAINING.value:
-        return status
+        return
     previous = status.get("progress")
     attempt = int(status.get("attempt") or 0)
     if previous and previous.get("attempt") == attempt:
         updated = parse_time(previous.get("updateTime"))
         # 0.8: the pass the operator's timer wakes every `interval` must not just miss it.
-        if updated is not None and (now - updated).total_seconds() < 0.8 * interval:
-            return status
-    figures = progress(job, ranks, previous, attempt, now)
-    if figures is None:
-        return status
-    return {**status, "progress": figures}
+        interval = p.snapshot.settings.progress_interval
+        if updated is not None and (p.now - updated).total_seconds() < 0.8 * interval:
+            return
+    figures = progress_figures(p.job, list(p.snapshot.ranks), previous, attempt, p.now)
+    if figures is not None:
+        status["progress"] = figures

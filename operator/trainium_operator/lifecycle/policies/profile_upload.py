@@ -18,20 +18,20 @@ Decision:
   failure never fails the training;
 - the deletion of finished upload pods beyond the newest few, once their outcome is stored.
 
-It runs after `machine.decide`, on its output, so the state machine knows nothing about it.
+It runs after the policies that decide the job's course (machine.PIPELINE), on the status
+they left; they know nothing about it.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainium_operator.api.status import (
     MAX_PROFILE_UPLOAD_RECORDS,
     TERMINAL_PHASES,
+    ConditionType,
     UploadReason,
 )
 from trainium_operator.builders.job import JobRef
@@ -46,10 +46,13 @@ from trainium_operator.builders.upload import (
     upload_pod_name,
 )
 from trainium_operator.lifecycle.decision import Decision, EventRecord, PodDeletion
+from trainium_operator.lifecycle.status_edit import StatusEdit
 from trainium_operator.profiler import s3 as uploader
 
+if TYPE_CHECKING:
+    from trainium_operator.lifecycle.snapshot import Pass
+
 Obj = dict[str, Any]
-CONDITION = "ProfileUploaded"
 ENV_DEFAULT_S3_URI = "TRAINIUM_PROFILE_S3_URI"
 ENV_UPLOAD_SERVICE_ACCOUNT = "TRAINIUM_PROFILE_UPLOAD_SERVICE_ACCOUNT"
 # The operator's own image, as the chart's Deployment runs it (upload pods run it too).
@@ -186,35 +189,6 @@ def reason_message(reason: str) -> str:
     return REASON_MESSAGES.get(reason, "the upload pod failed")
 
 
-def _ts(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _set_condition(
-    status: Obj, value: bool, reason: str, message: str, *, generation: int, now: datetime
-) -> None:
-    conditions: list[Obj] = status.setdefault("conditions", [])
-    wanted = "True" if value else "False"
-    for cond in conditions:
-        if cond["type"] == CONDITION:
-            if cond["status"] != wanted:
-                cond["lastTransitionTime"] = _ts(now)
-            cond.update(
-                status=wanted, reason=reason, message=message, observedGeneration=generation
-            )
-            return
-    conditions.append(
-        {
-            "type": CONDITION,
-            "status": wanted,
-            "reason": reason,
-            "message": message,
-            "lastTransitionTime": _ts(now),
-            "observedGeneration": generation,
-        }
-    )
-
-
 def ended_attempts(status: Obj) -> list[int]:
     """Training attempts that are over, the newest MAX_UPLOAD_RECORDS of them: the attempts
     since the first training gang that a restart (or a suspension) replaced, and the last one
@@ -343,22 +317,19 @@ def _finished_pods_to_delete(upload_pods: list[Obj], stored: dict[int, Obj]) -> 
     return [name for _, name in finished[KEEP_FINISHED_UPLOAD_PODS:]]
 
 
-def plan_upload(
-    job: JobRef,
-    decision: Decision,
-    upload_pods: list[Obj],
-    defaults: UploadDefaults,
-    now: datetime,
-) -> None:
-    """Adds upload pods, their status and their events to `decision` (in place).
+def profile_upload(p: Pass) -> None:
+    """Upload pods, their status and their events for the ended attempts' profiles.
 
     `status.profileUploads` keeps one record per ended attempt, the newest
-    MAX_UPLOAD_RECORDS (the state machine never touches it); `status.profile.upload` /
+    MAX_UPLOAD_RECORDS (the policies before this one never touch it); `status.profile.upload` /
     `.s3Uri` mirror the last attempt's once the job has finished; the `ProfileUploaded`
     condition describes the newest upload. Finished upload pods beyond the newest few are
     deleted once their outcome is stored."""
+    job, decision, edit = p.job, p.plan, p.status
+    defaults = p.snapshot.settings.upload_defaults
+    upload_pods = list(p.snapshot.upload_pods)
     s3_uri = s3_uri_for(job, defaults)
-    status = decision.status
+    status = edit.data
     if not s3_uri or decision.delete_job:
         return
     records = {int(r["attempt"]): r for r in status.get("profileUploads") or []}
@@ -380,7 +351,7 @@ def plan_upload(
     if latest is None:
         return
     status["profileUploads"] = _fold_older(status, records)
-    _set_condition(status, *latest, generation=job.generation, now=now)
+    edit.condition(ConditionType.PROFILE_UPLOADED, *latest)
     profile = status.get("profile")
     current = records.get(int(status.get("attempt", 0)))
     if isinstance(profile, dict) and current is not None:
@@ -396,27 +367,25 @@ def plan_upload(
 MAX_REFUSAL_CHARS = 300
 
 
-def upload_refused(
-    status: Obj, attempt: int, pod: str, reason: str, *, generation: int, now: datetime
-) -> tuple[Obj, str]:
-    """`status` with the upload of `attempt` recorded as Failed because the API server refused
-    its pod (a quota, Pod Security, a missing ServiceAccount, a policy webhook), and the event
-    message. The upload is over (no retry until the job changes); the job's phase is untouched."""
-    updated = copy.deepcopy(status)
-    records = {int(r["attempt"]): r for r in updated.get("profileUploads") or []}
+def upload_refused(edit: StatusEdit, attempt: int, pod: str, reason: str) -> None:
+    """The upload of `attempt` recorded as Failed because the API server refused its pod (a
+    quota, Pod Security, a missing ServiceAccount, a policy webhook), with its Warning. The
+    upload is over (no retry until the job changes); the job's phase is untouched."""
+    status = edit.data
+    records = {int(r["attempt"]): dict(r) for r in status.get("profileUploads") or []}
     record = records.setdefault(attempt, {"attempt": attempt, "pod": pod})
     record["state"] = "Failed"
     record["reason"] = UploadReason.POD_REFUSED
     record["message"] = f"the upload pod {pod} was refused by the API server: {reason}"[
         :MAX_REFUSAL_CHARS
     ]
-    updated["profileUploads"] = _fold_older(updated, records)
-    profile = updated.get("profile")
-    if isinstance(profile, dict) and int(updated.get("attempt", 0)) == attempt:
-        profile["upload"] = _upload_view(record)
-    message = _failed_message(record, updated.get("phase"))
-    _set_condition(updated, False, "UploadFailed", message, generation=generation, now=now)
-    return updated, message
+    status["profileUploads"] = _fold_older(status, records)
+    profile = status.get("profile")
+    if isinstance(profile, dict) and int(status.get("attempt", 0)) == attempt:
+        status["profile"] = {**profile, "upload": _upload_view(record)}
+    message = _failed_message(record, status.get("phase"))
+    edit.condition(ConditionType.PROFILE_UPLOADED, False, "UploadFailed", message)
+    edit.decision.events.append(EventRecord("Warning", "ProfileUploadFailed", message))
 
 
 def _upload_view(record: Obj) -> Obj:

@@ -27,11 +27,14 @@ now exactly as the next write will (`figures_at`).
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainium_operator.api.status import TERMINAL_PHASES, Phase
 from trainium_operator.lifecycle.observed import parse_time
 from trainium_operator.lifecycle.status_edit import timestamp
+
+if TYPE_CHECKING:
+    from trainium_operator.lifecycle.snapshot import Pass
 
 Obj = dict[str, Any]
 BUCKETS = {
@@ -136,6 +139,11 @@ def figures_at(status: Obj, now: datetime) -> Obj | None:
     if stored is None or _phase(status) in TERMINAL_PHASES:
         return stored
     return accounted(stored, status, status, now)
+
+
+def goodput(p: Pass) -> None:
+    """status.goodput brought up to now when this pass writes the status anyway."""
+    p.status.data = with_goodput(p.snapshot.status, p.status.data, p.now, p.snapshot.created)
 
 
 def with_goodput(previous: Obj, status: Obj, now: datetime, created: datetime | None) -> Obj:

@@ -1,6 +1,7 @@
 """Profiling on demand: `kubectl annotate trainingjob X trainium.dev/profile-steps=+20` makes
 every rank of the running attempt capture its next 20 steps in full, through the health
-channel. One pure policy, run in the job's pass after the state machine.
+channel. Two policies of the pass (machine.PIPELINE): the request and its capture here, its
+S3 upload in `on_demand_upload`.
 
 What is decided here:
 - **The annotation** is a request, consumed once: the pass that sees it records the request
@@ -31,27 +32,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainium_operator.api.status import Phase, UploadReason
+from trainium_operator.api.status import Phase
 from trainium_operator.builders.job import JobRef
-from trainium_operator.builders.upload import (
-    LABEL_PROFILE_REQUEST,
-    on_demand_destination_uri,
-    on_demand_upload_pod,
-    on_demand_upload_pod_name,
-)
-from trainium_operator.lifecycle.decision import Decision, EventRecord, PodDeletion
-from trainium_operator.lifecycle.profile_upload import (
-    DONE_STATES,
-    MAX_REFUSAL_CHARS,
-    UploadDefaults,
-    pod_outcome,
-    reason_message,
-)
-from trainium_operator.lifecycle.progress import RankSample
+from trainium_operator.lifecycle.decision import Decision, EventRecord
+from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.status_edit import timestamp
 from trainium_operator.profiler import channel_contract as contract
+
+if TYPE_CHECKING:
+    from trainium_operator.lifecycle.snapshot import Pass
 
 Obj = dict[str, Any]
 ANNOTATION = "trainium.dev/profile-steps"
@@ -129,15 +120,12 @@ def _gang(ranks: list[RankSample], attempt: int, request: str, world_size: int) 
     )
 
 
-def apply_on_demand_profile(
-    job: JobRef,
-    decision: Decision,
-    annotations: dict[str, str],
-    ranks: list[RankSample] | None,
-    now: datetime,
-) -> None:
-    """Brings `decision` up to date with the on-demand profile requests (in place)."""
-    status = decision.status
+def on_demand_profile(p: Pass) -> None:
+    """The annotation's request recorded (or refused), and the capture followed."""
+    job, decision, now = p.job, p.plan, p.now
+    ranks = list(p.snapshot.ranks or ())
+    annotations = p.snapshot.annotations
+    status = p.status.data
     record: Obj | None = status.get(STATUS_KEY)
     if record is not None:
         record = status[STATUS_KEY] = dict(record)
@@ -148,10 +136,10 @@ def apply_on_demand_profile(
     elif record is not None and record.get("annotation") == value:
         decision.remove_annotations.append((ANNOTATION, value))  # ours; removal retried
     else:
-        _request(job, decision, value, record, now)
+        _request(job, decision, status, value, record=record, now=now)
         record = status.get(STATUS_KEY)
     if record is not None and record.get("state") in OPEN_STATES:
-        _follow(decision, record, ranks or [], now, job.spec.world_size)
+        _follow(decision, status, record, ranks, now, job.spec.world_size)
 
 
 def _refuse(decision: Decision, value: str, message: str) -> None:
@@ -160,9 +148,8 @@ def _refuse(decision: Decision, value: str, message: str) -> None:
 
 
 def _request(
-    job: JobRef, decision: Decision, value: str, record: Obj | None, now: datetime
+    job: JobRef, decision: Decision, status: Obj, value: str, *, record: Obj | None, now: datetime
 ) -> None:
-    status = decision.status
     try:
         steps = parse_profile_steps(value)
     except ValueError as error:
@@ -215,10 +202,14 @@ def _request(
     )
 
 
-def _follow(
-    decision: Decision, record: Obj, ranks: list[RankSample], now: datetime, world_size: int
+def _follow(  # noqa: PLR0917 - one caller
+    decision: Decision,
+    status: Obj,
+    record: Obj,
+    ranks: list[RankSample],
+    now: datetime,
+    world_size: int,
 ) -> None:
-    status = decision.status
     request = str(record.get("requestId"))
     attempt = int(record.get("attempt", -1))
     gang = _gang(ranks, attempt, request, world_size)
@@ -268,86 +259,3 @@ def _done(  # noqa: PLR0917 - one call shape, three callers
                 f"{message}; attempt {record.get('attempt')} ended first; missing rank {listed}",
             )
         )
-
-
-def plan_on_demand_upload(
-    job: JobRef, decision: Decision, upload_pods: list[Obj], defaults: UploadDefaults
-) -> None:
-    """The upload pod of a Captured on-demand profile, once, and its outcome in
-    `status.onDemandProfile.upload` (in place)."""
-    record: Obj | None = decision.status.get(STATUS_KEY)
-    s3_uri = job.spec.profile.s3_uri or defaults.s3_uri
-    # Only the latest request has a record: earlier requests' finished upload pods go, so
-    # repeated requests never pile pods up.
-    current = str((record or {}).get("requestId", "")).lower()
-    decision.delete_pods += [
-        PodDeletion(pod["metadata"]["name"], force=False)
-        for pod in upload_pods
-        if LABEL_PROFILE_REQUEST in (pod["metadata"].get("labels") or {})
-        and pod["metadata"]["labels"][LABEL_PROFILE_REQUEST] != current
-        and (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-    ]
-    if record is None or record.get("state") != "Captured" or not s3_uri or decision.delete_job:
-        return
-    previous: Obj = record.get("upload") or {}
-    if previous.get("state") in DONE_STATES:
-        return  # decided once; its pod may be gone since
-    request, attempt = str(record["requestId"]), int(record.get("attempt", 0))
-    name = on_demand_upload_pod_name(job, request)
-    pod = next((p for p in upload_pods if p["metadata"]["name"] == name), None)
-    upload: Obj = {
-        "pod": name,
-        "destination": on_demand_destination_uri(s3_uri, job, attempt, request),
-    }
-    reason: str
-    if pod is None:
-        # The directory comes from the job and the request id, never from status.path.
-        try:
-            created = on_demand_upload_pod(job, attempt, request, s3_uri, defaults.pod_settings())
-        except ValueError:
-            upload["state"], reason = "Failed", UploadReason.NOT_ON_CLAIM
-        else:
-            decision.side_create.append(created)
-            upload["state"], reason = "Pending", ""
-    else:
-        upload["state"], reason = pod_outcome(pod)
-    if reason:
-        upload["reason"] = reason
-        upload["message"] = reason_message(reason)
-    record = decision.status[STATUS_KEY] = {**record, "upload": upload}
-    if upload["state"] == previous.get("state"):
-        return
-    if upload["state"] == "Succeeded":
-        decision.events.append(
-            EventRecord(
-                "Normal",
-                "ProfileUploaded",
-                f"on-demand profile {request} uploaded to {upload['destination']}",
-            )
-        )
-    elif upload["state"] in DONE_STATES:
-        decision.events.append(
-            EventRecord(
-                "Warning",
-                "ProfileUploadFailed",
-                f"on-demand profile {request} was not uploaded to {upload['destination']} "
-                f"(training is not affected): {upload.get('message', '')}",
-            )
-        )
-
-
-def on_demand_upload_refused(status: Obj, pod: str, reason: str) -> tuple[Obj, str]:
-    """`status` with the on-demand upload recorded as Failed because the API server refused
-    its pod, and the event message (no retry; the job is untouched)."""
-    record = dict(status.get(STATUS_KEY) or {})
-    upload = {**(record.get("upload") or {}), "pod": pod, "state": "Failed"}
-    upload["reason"] = UploadReason.POD_REFUSED
-    upload["message"] = f"the upload pod {pod} was refused by the API server: {reason}"[
-        :MAX_REFUSAL_CHARS
-    ]
-    record["upload"] = upload
-    message = (
-        f"on-demand profile {record.get('requestId')} was not uploaded "
-        f"(training is not affected): {upload['message']}"
-    )
-    return {**status, STATUS_KEY: record}, message

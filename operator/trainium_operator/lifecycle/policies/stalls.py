@@ -32,17 +32,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from trainium_operator.api.spec import HealthSpec, StallAction
 from trainium_operator.api.status import ConditionType, FailureClass, Phase
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle.cleanup import cleanup_on_finish
 from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj
+from trainium_operator.lifecycle.failures import Failure
 from trainium_operator.lifecycle.observed import Observed, parse_time
-from trainium_operator.lifecycle.progress import RankSample, recent_p50_ms
+from trainium_operator.lifecycle.policies.progress import recent_p50_ms
+from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.restarts import count_restart, restart_counts, restart_gang
 from trainium_operator.lifecycle.status_edit import StatusEdit, timestamp
 from trainium_operator.profiler import channel_contract as contract
+
+if TYPE_CHECKING:
+    from trainium_operator.lifecycle.snapshot import Pass
 
 FLOOR_SECONDS = 60.0
 P50_FACTOR = 3.0
@@ -146,13 +152,11 @@ def requests_for(job: Obj | None, attempt: int, answered: str) -> dict[str, str]
     return {contract.REQUEST_DUMP_STACKS: request_id}
 
 
-def apply_stall_policy(
-    job: JobRef, decision: Decision, observed: Observed, ranks: list[RankSample]
-) -> None:
-    """Brings `decision` (the machine's, for this pass) up to date with the stall rule."""
-    status = StatusEdit(decision.status, job.generation, observed.now, decision)
-    _policy(job, status, decision, observed, ranks)
-    decision.status = status.validated()
+def stall(p: Pass) -> None:
+    """The stall rule over the training gang's reports: detect, capture stacks, act."""
+    if p.snapshot.ranks is None:
+        return
+    _policy(p.job, p.status, p.plan, p.observed, list(p.snapshot.ranks))
 
 
 def _policy(
@@ -350,14 +354,9 @@ def _act(
     attempt = int(record.get("attempt", status.attempt))
     count_restart(status, "stall")
     first = (record.get("stoppedRanks") or [{}])[0]
-    status.data["lastFailure"] = {
-        "class": FailureClass.STALL.value,
-        "stage": Stage.TRAIN.value,
-        **({"node": first["node"]} if first.get("node") else {}),
-        "reason": "Stalled",
-        "message": message,
-        "time": timestamp(observed.now),
-    }
+    status.record_failure(
+        Failure(FailureClass.STALL, Stage.TRAIN, "Stalled", message, node=first.get("node") or None)
+    )
     restart_gang(
         job,
         status=status,

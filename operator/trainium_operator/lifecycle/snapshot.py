@@ -1,0 +1,93 @@
+"""One reconcile pass's input and working state: the `Snapshot` the reconciler gathers (or the
+dry run builds) and the `Pass` every policy of `machine.PIPELINE` reads and edits.
+
+A snapshot is everything a pass may decide from, read once: the job as stored, its children,
+the nodes, the ranks' newest health messages, the job's annotations, its profile upload pods,
+the cluster-wide cordon budget as the cache shows it, the operator's settings and the time.
+Nothing in a policy reads anything else, so the same snapshot always gives the same plan.
+
+Policy modules import `Pass` for their signatures only (under TYPE_CHECKING): this module
+imports the settings types of two of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from trainium_operator.builders.job import JobRef, Stage
+from trainium_operator.lifecycle.decision import Decision, Obj
+from trainium_operator.lifecycle.observed import Observed
+from trainium_operator.lifecycle.policies.profile_upload import UploadDefaults
+from trainium_operator.lifecycle.policies.stragglers import CordonBudget
+from trainium_operator.lifecycle.ranks import DEFAULT_INTERVAL_SECONDS, RankSample
+from trainium_operator.lifecycle.status_edit import StatusEdit
+
+
+@dataclass(frozen=True, slots=True)
+class PassSettings:
+    """The operator's settings a pass decides with (from `trainium-operator run`'s flags)."""
+
+    upload_defaults: UploadDefaults = field(default_factory=UploadDefaults)
+    # Seconds between writes of status.progress (lifecycle.policies.progress).
+    progress_interval: float = DEFAULT_INTERVAL_SECONDS
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What one pass decides from."""
+
+    job: JobRef | None  # None: the stored spec is refused (`problems` says why)
+    generation: int
+    status: Obj  # the status as stored (the pass's starting point)
+    observed: Observed
+    created: datetime | None = None  # metadata.creationTimestamp
+    problems: tuple[str, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    # The ranks' newest health-channel messages; None: the job has no health channel here.
+    ranks: tuple[RankSample, ...] | None = None
+    upload_pods: tuple[Obj, ...] = ()
+    # Nodes cordoned for stragglers, cluster-wide, as this process knows them now; the applier
+    # checks a proposed cordon against the budget again under its lock.
+    cordon_budget: CordonBudget = field(default_factory=lambda: CordonBudget(0))
+    # This operator process already warned about the pod fields the allowlist dropped.
+    dropped_fields_warned: bool = False
+    settings: PassSettings = field(default_factory=PassSettings)
+
+    @property
+    def now(self) -> datetime:
+        return self.observed.now
+
+
+@dataclass(slots=True)
+class Pass:
+    """One decision in the making: the snapshot, the status being edited and the plan."""
+
+    snapshot: Snapshot
+    status: StatusEdit
+    plan: Decision
+    # The stage and attempt whose gang should run; set by the gang policies in turn.
+    stage: Stage = Stage.TRAIN
+    attempt: int = 0
+    # Set by a policy that decided the job's course for this pass (it finished, failed,
+    # restarted, is suspended or refused): the gang policies after it do not run.
+    settled: bool = False
+
+    @property
+    def job(self) -> JobRef:
+        job = self.snapshot.job
+        if job is None:
+            raise LookupError("the job's spec is refused: no policy that needs it runs")
+        return job
+
+    @property
+    def observed(self) -> Observed:
+        return self.snapshot.observed
+
+    @property
+    def now(self) -> datetime:
+        return self.snapshot.observed.now
+
+    def settle(self) -> None:
+        self.settled = True
