@@ -166,7 +166,8 @@ class LastFailure(ApiModel):
 
 
 UploadState = Literal["Pending", "Running", "Succeeded", "Failed", "NoProfile"]
-# status.profileUploads keeps this many records (lifecycle.policies.profile_upload folds older ones).
+# status.profileUploads keeps this many records (lifecycle.policies.profile_upload folds older
+# ones).
 MAX_PROFILE_UPLOAD_RECORDS = 20
 
 
@@ -373,8 +374,8 @@ class StragglersStatus(ApiModel):
 
 
 class GoodputStatus(ApiModel):
-    """Where the job's wall time went (lifecycle/policies/goodput.py): every second since startTime is
-    in exactly one of queued, compiling, training, restarting, suspended or lost, so they sum
+    """Where the job's wall time went (lifecycle/policies/goodput.py): every second since
+    startTime is in exactly one of queued, compiling, training, restarting, suspended or lost, so they sum
     to wallSeconds. Accumulated from the stored status at each status write the job gets anyway
     (never one only to move asOf), so an operator restart neither loses nor counts twice any
     time. The figures are as of asOf, however old: from asOf to now the job was in the stored

@@ -5,7 +5,8 @@ The claim is tenant-writable, so the pod mounts only the profile's own directory
 (`subPath`), read-only, at a path of the operator's choosing (PROFILE_MOUNT_PATH), never at
 `spec.storage.mountPath`: a tenant's mount path over the image's Python would otherwise run
 the tenant's code with the S3 role. Its arguments are that fixed path and the destination; its
-status is classified from its exit code (lifecycle.policies.profile_upload), never read from its log.
+status is classified from its exit code (lifecycle.policies.profile_upload), never read from
+its log.
 
 It runs the operator's own image and command (`python3 -m trainium_operator.profiler.s3 DIR
 s3://...`; the image carries the profiler package and boto3), never the job's training image:
