@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from trainium_operator.builders.job import JobRef
+from trainium_operator.lifecycle import machine
+from trainium_operator.lifecycle.decision import Decision
+from trainium_operator.lifecycle.observed import Observed
 from trainium_operator.lifecycle.parse import parse_job
+from trainium_operator.lifecycle.snapshot import Pass, Snapshot
+from trainium_operator.lifecycle.status_edit import StatusEdit
 
 UID = "1f0e2d3c-4b5a-6978-8796-a5b4c3d2e1f0"
 
@@ -34,3 +41,33 @@ def job_ref(**spec_overrides: Any) -> JobRef:
     parsed = parse_job(job_document(**spec_overrides))
     assert isinstance(parsed, JobRef), parsed
     return parsed
+
+
+def decide(job: JobRef, status: dict[str, Any], observed: Observed, **snapshot: Any) -> Decision:
+    """One pass of the whole pipeline (`machine.decide`) over a snapshot of `job`."""
+    return machine.decide(Snapshot(job, job.generation, status, observed, **snapshot))
+
+
+def refused(
+    status: dict[str, Any], generation: int, problems: list[str], now: datetime
+) -> Decision:
+    """One pass over a job whose stored spec the operator refuses."""
+    seen = Observed((), {}, False, {}, now)
+    return machine.decide(Snapshot(None, generation, status, seen, problems=tuple(problems)))
+
+
+def run_policy(
+    policy: Callable[[Pass], None],
+    job: JobRef,
+    status: dict[str, Any],
+    observed: Observed,
+    **snapshot: Any,
+) -> Decision:
+    """One policy of the pipeline alone over a snapshot (the table tests of a policy): its plan,
+    with the status it left checked against the model."""
+    snap = Snapshot(job, job.generation, status, observed, **snapshot)
+    plan = Decision()
+    edit = StatusEdit(status, job.generation, observed.now, plan)
+    policy(Pass(snap, edit, plan))
+    plan.status = edit.validated()
+    return plan

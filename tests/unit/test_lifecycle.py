@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from trainium_operator.builders.job import JobRef, Stage
-from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import (
     NodeView,
@@ -19,7 +18,7 @@ from trainium_operator.lifecycle.observed import (
     QueueView,
     podgroup_view,
 )
-from unit.jobs import job_ref
+from unit.jobs import decide, job_ref, refused
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 NODES = {f"n{i}": NodeView(f"n{i}", True, None, "trn1.32xlarge") for i in range(4)}
@@ -63,7 +62,7 @@ def names(objs: list[dict[str, Any]]) -> list[str]:
 
 def test_new_job_creates_service_and_podgroup_but_no_pods_until_volcano_admits_it() -> None:
     job = job_ref()
-    decision = machine.decide(job, {}, Observed((), {}, False, NODES, T0))
+    decision = decide(job, {}, Observed((), {}, False, NODES, T0))
     assert names(decision.create) == ["bert", "bert-compile"]
     assert decision.status["phase"] == "Pending"
     assert decision.status["reason"] == "Queued"
@@ -79,7 +78,7 @@ def test_a_queued_podgroup_holds_no_pods_and_the_status_says_it_waits_in_its_que
     queued = Observed(
         (), {"bert-compile": PodGroupView("bert-compile", phase, None)}, True, NODES, T0
     )
-    decision = machine.decide(job, {}, queued)
+    decision = decide(job, {}, queued)
     assert decision.create == []
     assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "Queued")
     assert "waiting in Volcano queue 'default'" in decision.status["message"]
@@ -93,7 +92,7 @@ def test_a_queued_gang_bigger_than_the_clusters_nodes_of_its_type_says_how_many_
     queued = Observed(
         (), {"bert-compile": PodGroupView("bert-compile", "Pending", None)}, True, two, T0
     )
-    decision = machine.decide(job, {}, queued)
+    decision = decide(job, {}, queued)
     assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "Queued")
     assert (
         "the cluster has 2 Ready trn1.32xlarge node(s) and the gang needs 3"
@@ -108,7 +107,7 @@ def test_an_admitted_podgroup_gets_its_whole_gang_created(phase: str) -> None:
     admitted = Observed(
         (), {"bert-compile": PodGroupView("bert-compile", phase, None)}, True, NODES, T0
     )
-    decision = machine.decide(job, {}, admitted)
+    decision = decide(job, {}, admitted)
     assert names(decision.create) == ["bert-compile-0-0", "bert-compile-0-1"]
 
 
@@ -118,16 +117,16 @@ def test_a_gang_with_pods_already_is_completed_even_if_its_podgroup_went_back_to
     view = Observed(
         (first,), {"bert-compile": PodGroupView("bert-compile", "Pending", None)}, True, NODES, T0
     )
-    decision = machine.decide(job, {}, view)
+    decision = decide(job, {}, view)
     assert names(decision.create) == ["bert-compile-0-1"]
 
 
 def test_compile_gang_running_means_compiling_then_success_starts_training() -> None:
     job = job_ref()
-    running = machine.decide(job, {}, observed(*gang(job, Stage.COMPILE, 0)))
+    running = decide(job, {}, observed(*gang(job, Stage.COMPILE, 0)))
     assert running.status["phase"] == "Compiling"
     assert running.create == []
-    done = machine.decide(job, running.status, observed(*gang(job, Stage.COMPILE, 0, "Succeeded")))
+    done = decide(job, running.status, observed(*gang(job, Stage.COMPILE, 0, "Succeeded")))
     assert names(done.create) == ["bert-train-0-0", "bert-train-0-1"]
     assert done.status["compile"]["completionTime"] == "2026-11-30T12:00:00Z"
     assert any(c["type"] == "Compiled" and c["status"] == "True" for c in done.status["conditions"])
@@ -136,9 +135,9 @@ def test_compile_gang_running_means_compiling_then_success_starts_training() -> 
 
 def test_training_success_finishes_the_job_and_keeps_finished_pods() -> None:
     job = job_ref(compile={"enabled": False})
-    status = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    status = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
     assert status["phase"] == "Training"
-    final = machine.decide(job, status, observed(*gang(job, Stage.TRAIN, 0, "Succeeded")))
+    final = decide(job, status, observed(*gang(job, Stage.TRAIN, 0, "Succeeded")))
     assert final.status["phase"] == "Succeeded"
     assert final.status["completionTime"]
     assert final.delete_pods == []
@@ -146,9 +145,9 @@ def test_training_success_finishes_the_job_and_keeps_finished_pods() -> None:
 
 def test_compile_failure_fails_the_job_with_the_pod_and_exit_code() -> None:
     job = job_ref()
-    status = machine.decide(job, {}, observed(*gang(job, Stage.COMPILE, 0))).status
+    status = decide(job, {}, observed(*gang(job, Stage.COMPILE, 0))).status
     failed = pod(job, Stage.COMPILE, 0, 1, "Failed", exit_code=2, message="graph error")
-    decision = machine.decide(job, status, observed(pod(job, Stage.COMPILE, 0, 0), failed))
+    decision = decide(job, status, observed(pod(job, Stage.COMPILE, 0, 0), failed))
     assert decision.status["phase"] == "Failed"
     assert decision.status["reason"] == "CompileFailed"
     assert "exit code 2" in decision.status["message"]
@@ -158,9 +157,9 @@ def test_compile_failure_fails_the_job_with_the_pod_and_exit_code() -> None:
 
 def test_worker_failure_restarts_the_whole_gang_with_resume_and_counts_it() -> None:
     job = job_ref(compile={"enabled": False})
-    status = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    status = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
     failed = pod(job, Stage.TRAIN, 0, 0, "Failed", exit_code=137, reason="Error")
-    decision = machine.decide(job, status, observed(failed, pod(job, Stage.TRAIN, 0, 1)))
+    decision = decide(job, status, observed(failed, pod(job, Stage.TRAIN, 0, 1)))
     assert decision.status["phase"] == "Restarting"
     assert decision.status["attempt"] == 1
     assert decision.status["restarts"] == {"total": 1, "application": 1, "infrastructure": 0}
@@ -170,7 +169,7 @@ def test_worker_failure_restarts_the_whole_gang_with_resume_and_counts_it() -> N
     assert decision.create == []
     assert decision.status["lastFailure"]["pod"] == "bert-train-0-0"
     # The old survivor is gone (the failed pod stays for its logs): the new gang starts.
-    started = machine.decide(job, decision.status, observed(failed))
+    started = decide(job, decision.status, observed(failed))
     assert names(started.create) == ["bert-train-1-0", "bert-train-1-1"]
     assert started.create[0]["spec"]["containers"][0]["command"][-1] == "--resume"
     assert started.status["restarts"]["total"] == 1
@@ -178,17 +177,17 @@ def test_worker_failure_restarts_the_whole_gang_with_resume_and_counts_it() -> N
 
 def test_repeating_a_pass_after_a_restart_decision_is_idempotent() -> None:
     job = job_ref(compile={"enabled": False})
-    status = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    status = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
     failed = pod(job, Stage.TRAIN, 0, 0, "Failed", exit_code=1)
-    after = machine.decide(job, status, observed(failed, pod(job, Stage.TRAIN, 0, 1))).status
+    after = decide(job, status, observed(failed, pod(job, Stage.TRAIN, 0, 1))).status
     # The operator restarted before seeing the new pods: same world, no second restart.
-    again = machine.decide(job, after, observed(failed, pod(job, Stage.TRAIN, 0, 1, deleting=True)))
+    again = decide(job, after, observed(failed, pod(job, Stage.TRAIN, 0, 1, deleting=True)))
     assert again.status["attempt"] == 1
     assert again.status["restarts"]["total"] == 1
     # Never two attempts at once: nothing is created while the old pod is still terminating.
     assert again.create == []
     assert again.status["reason"] == "WaitingForOldGang"
-    done = machine.decide(job, again.status, observed(failed))
+    done = decide(job, again.status, observed(failed))
     assert names(done.create) == ["bert-train-1-0", "bert-train-1-1"]
     assert done.status["restarts"]["total"] == 1
 
@@ -197,7 +196,7 @@ def test_backoff_limit_exhaustion_fails_the_job() -> None:
     job = job_ref(compile={"enabled": False}, runPolicy={"backoffLimit": 1})
     status = {"phase": "Training", "attempt": 1, "restarts": {"total": 1, "application": 1}}
     failed = pod(job, Stage.TRAIN, 1, 1, "Failed", exit_code=1)
-    decision = machine.decide(job, status, observed(pod(job, Stage.TRAIN, 1, 0), failed))
+    decision = decide(job, status, observed(pod(job, Stage.TRAIN, 1, 0), failed))
     assert decision.status["phase"] == "Failed"
     assert decision.status["reason"] == "BackoffLimitExceeded"
     assert "backoffLimit (1) exhausted" in decision.status["message"]
@@ -205,12 +204,12 @@ def test_backoff_limit_exhaustion_fails_the_job() -> None:
 
 def test_lost_node_force_deletes_its_pods_and_uses_the_infrastructure_budget() -> None:
     job = job_ref(compile={"enabled": False}, runPolicy={"nodeLostGracePeriodSeconds": 30})
-    status = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    status = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
     nodes = {**NODES, "n1": NodeView("n1", False, T0)}
-    early = machine.decide(job, status, observed(*gang(job, Stage.TRAIN, 0), nodes=nodes))
+    early = decide(job, status, observed(*gang(job, Stage.TRAIN, 0), nodes=nodes))
     assert early.delete_pods == []
     assert early.requeue_after == 30
-    late = machine.decide(
+    late = decide(
         job,
         status,
         observed(*gang(job, Stage.TRAIN, 0), nodes=nodes, now=T0 + timedelta(seconds=31)),
@@ -223,16 +222,16 @@ def test_lost_node_force_deletes_its_pods_and_uses_the_infrastructure_budget() -
 
 def test_evicted_pod_is_an_infrastructure_failure() -> None:
     job = job_ref(compile={"enabled": False})
-    status = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    status = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
     evicted = pod(job, Stage.TRAIN, 0, 0, "Failed", reason="Evicted")
-    decision = machine.decide(job, status, observed(evicted, pod(job, Stage.TRAIN, 0, 1)))
+    decision = decide(job, status, observed(evicted, pod(job, Stage.TRAIN, 0, 1)))
     assert decision.status["restarts"]["infrastructure"] == 1
 
 
 def test_active_deadline_fails_the_job_and_stops_running_pods() -> None:
     job = job_ref(compile={"enabled": False}, runPolicy={"activeDeadlineSeconds": 60})
-    status = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
-    decision = machine.decide(
+    status = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    decision = decide(
         job, status, observed(*gang(job, Stage.TRAIN, 0), now=T0 + timedelta(seconds=61))
     )
     assert decision.status["reason"] == "DeadlineExceeded"
@@ -241,53 +240,53 @@ def test_active_deadline_fails_the_job_and_stops_running_pods() -> None:
 
 def test_suspend_deletes_pods_and_podgroups_and_resume_starts_a_new_attempt() -> None:
     job = job_ref(compile={"enabled": False})
-    status = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    status = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
     suspended_job = replace(
         job,
         spec=job.spec.model_copy(
             update={"run_policy": job.spec.run_policy.model_copy(update={"suspend": True})}
         ),
     )
-    suspended = machine.decide(suspended_job, status, observed(*gang(job, Stage.TRAIN, 0)))
+    suspended = decide(suspended_job, status, observed(*gang(job, Stage.TRAIN, 0)))
     assert suspended.status["phase"] == "Suspended"
     assert len(suspended.delete_pods) == 2
     assert set(suspended.delete_podgroups) == {"bert-compile", "bert-train"}
-    resumed = machine.decide(job, suspended.status, Observed((), {}, True, NODES, T0))
+    resumed = decide(job, suspended.status, Observed((), {}, True, NODES, T0))
     assert resumed.status["attempt"] == 1
     assert names(resumed.create) == ["bert-train"]  # the pods follow once Volcano admits it
-    admitted = machine.decide(job, resumed.status, observed())
+    admitted = decide(job, resumed.status, observed())
     assert names(admitted.create) == ["bert-train-1-0", "bert-train-1-1"]
 
 
 def test_ttl_after_finished_deletes_the_job_when_due() -> None:
     job = job_ref(runPolicy={"ttlSecondsAfterFinished": 100})
     status = {"phase": "Succeeded", "completionTime": "2026-11-30T12:00:00Z"}
-    assert machine.decide(job, status, observed()).requeue_after == 100
-    assert machine.decide(job, status, observed(now=T0 + timedelta(seconds=100))).delete_job
+    assert decide(job, status, observed()).requeue_after == 100
+    assert decide(job, status, observed(now=T0 + timedelta(seconds=100))).delete_job
 
 
 def test_clean_pod_policy_all_deletes_finished_pods_too() -> None:
     job = job_ref(runPolicy={"cleanPodPolicy": "All"})
     status = {"phase": "Succeeded", "completionTime": "2026-11-30T12:00:00Z"}
-    decision = machine.decide(job, status, observed(*gang(job, Stage.TRAIN, 0, "Succeeded")))
+    decision = decide(job, status, observed(*gang(job, Stage.TRAIN, 0, "Succeeded")))
     assert len(decision.delete_pods) == 2
 
 
 def test_unchanged_world_changes_nothing() -> None:
     job = job_ref()
-    first = machine.decide(job, {}, observed(*gang(job, Stage.COMPILE, 0)))
-    second = machine.decide(job, first.status, observed(*gang(job, Stage.COMPILE, 0)))
+    first = decide(job, {}, observed(*gang(job, Stage.COMPILE, 0)))
+    second = decide(job, first.status, observed(*gang(job, Stage.COMPILE, 0)))
     assert second.status == first.status
     assert second.events == []
     assert second.create == []
 
 
 def test_invalid_spec_fails_once_with_every_problem() -> None:
-    decision = machine.invalid({}, 1, ["spec.nodes: bad", "spec.image: bad"], T0)
+    decision = refused({}, 1, ["spec.nodes: bad", "spec.image: bad"], T0)
     assert decision.status["phase"] == "Failed"
     assert decision.status["reason"] == "InvalidSpec"
     assert decision.status["message"] == "invalid spec: spec.nodes: bad; spec.image: bad"
-    again = machine.invalid(decision.status, 1, ["spec.nodes: bad", "spec.image: bad"], T0)
+    again = refused(decision.status, 1, ["spec.nodes: bad", "spec.image: bad"], T0)
     assert again.status == decision.status
     assert again.events == []
 
@@ -296,7 +295,7 @@ def waiting(
     job: JobRef, *, group: PodGroupView | None, queue: QueueView | None, pods: tuple[PodView, ...]
 ) -> dict[str, Any]:
     groups = {group.name: group} if group else {}
-    return machine.decide(job, {}, Observed(pods, groups, True, NODES, T0, queue)).status
+    return decide(job, {}, Observed(pods, groups, True, NODES, T0, queue)).status
 
 
 def test_a_missing_queue_is_reported_with_the_field_and_the_fix() -> None:
@@ -368,9 +367,9 @@ def test_a_pod_vanished_from_a_full_gang_restarts_the_gang_instead_of_being_recr
     None
 ):
     job = job_ref(compile={"enabled": False})
-    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    running = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
     assert running["training"]["fullGangAttempt"] == 0
-    decision = machine.decide(job, running, observed(pod(job, Stage.TRAIN, 0, 0)))
+    decision = decide(job, running, observed(pod(job, Stage.TRAIN, 0, 0)))
     assert decision.create == []
     assert decision.status["attempt"] == 1
     assert decision.status["lastFailure"]["reason"] == "PodVanished"
@@ -380,9 +379,9 @@ def test_a_pod_vanished_from_a_full_gang_restarts_the_gang_instead_of_being_recr
 
 def test_a_gang_still_being_created_gets_its_missing_ranks_not_a_restart() -> None:
     job = job_ref(compile={"enabled": False})
-    first = machine.decide(job, {}, Observed((), {}, True, NODES, T0)).status
+    first = decide(job, {}, Observed((), {}, True, NODES, T0)).status
     unplaced = pod(job, Stage.TRAIN, 0, 0, "Pending", node=None)
-    partial = machine.decide(job, first, observed(unplaced))
+    partial = decide(job, first, observed(unplaced))
     assert names(partial.create) == ["bert-train-0-1"]
     assert partial.status["restarts"]["total"] == 0
 
@@ -392,11 +391,11 @@ def test_the_first_attempt_is_recorded_before_the_stages_first_pods_are_created(
     admitted = Observed(
         (), {"bert-train": PodGroupView("bert-train", "Inqueue", None)}, True, NODES, T0
     )
-    decision = machine.decide(job, {}, admitted)
+    decision = decide(job, {}, admitted)
     assert names(decision.create) == ["bert-train-0-0", "bert-train-0-1"]
     assert decision.status["training"]["firstAttempt"] == 0
     assert decision.status_first, "the status must be stored before the creates"
-    again = machine.decide(job, decision.status, observed(*gang(job, Stage.TRAIN, 0)))
+    again = decide(job, decision.status, observed(*gang(job, Stage.TRAIN, 0)))
     assert not again.status_first, "only the pass that creates the first gang writes first"
 
 
@@ -411,13 +410,13 @@ def test_a_placed_gang_whose_whole_gang_record_was_lost_restarts_on_a_vanished_r
         "restarts": {"total": 0, "application": 0, "infrastructure": 0},
         "training": {"firstAttempt": 0, "startTime": "2026-11-30T11:59:00Z"},
     }
-    decision = machine.decide(job, lost_record, observed(pod(job, Stage.TRAIN, 0, 0)))
+    decision = decide(job, lost_record, observed(pod(job, Stage.TRAIN, 0, 0)))
     assert decision.create == [], "a rank re-created alone cannot join the closed rendezvous"
     assert decision.status["lastFailure"]["reason"] == "PodVanished"
     assert decision.status["attempt"] == 1
-    resumed = machine.decide(job, decision.status, observed())
+    resumed = decide(job, decision.status, observed())
     assert resumed.status["phase"] in ("Restarting", "Pending")
-    after = machine.decide(
+    after = decide(
         job,
         resumed.status,
         Observed((), {"bert-train": PodGroupView("bert-train", "Inqueue", None)}, True, NODES, T0),
@@ -429,22 +428,22 @@ def test_a_placed_gang_whose_whole_gang_record_was_lost_restarts_on_a_vanished_r
 
 def test_an_unknown_node_right_after_start_is_not_a_lost_node() -> None:
     job = job_ref(compile={"enabled": False})
-    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    running = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
     empty_cache = replace(observed(*gang(job, Stage.TRAIN, 0), nodes={}), nodes_known=False)
-    decision = machine.decide(job, running, empty_cache)
+    decision = decide(job, running, empty_cache)
     assert decision.status["restarts"]["total"] == 0
     assert decision.delete_pods == []
     listed = observed(*gang(job, Stage.TRAIN, 0), nodes={})  # a full list without the node
-    assert machine.decide(job, running, listed).status["lastFailure"]["reason"] == "NodeLost"
+    assert decide(job, running, listed).status["lastFailure"]["reason"] == "NodeLost"
 
 
 def test_the_first_training_gang_after_a_compile_restart_does_not_resume() -> None:
     job = job_ref()
-    compiling = machine.decide(job, {}, observed(*gang(job, Stage.COMPILE, 0))).status
+    compiling = decide(job, {}, observed(*gang(job, Stage.COMPILE, 0))).status
     lost = pod(job, Stage.COMPILE, 0, 0, "Failed", reason="Evicted")
-    restarting = machine.decide(job, compiling, observed(lost, pod(job, Stage.COMPILE, 0, 1)))
+    restarting = decide(job, compiling, observed(lost, pod(job, Stage.COMPILE, 0, 1)))
     assert restarting.status["attempt"] == 1
-    compiled = machine.decide(
+    compiled = decide(
         job, restarting.status, observed(lost, *gang(job, Stage.COMPILE, 1, "Succeeded"))
     )
     train = [o for o in compiled.create if o["kind"] == "Pod"]
@@ -456,21 +455,21 @@ def test_the_first_training_gang_after_a_compile_restart_does_not_resume() -> No
 @pytest.mark.parametrize("reason", ["OutOfcpu", "OutOfaws.amazon.com/neuron", "NodeAffinity"])
 def test_kubelet_admission_rejections_are_infrastructure_failures(reason: str) -> None:
     job = job_ref(compile={"enabled": False})
-    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    running = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
     rejected = pod(job, Stage.TRAIN, 0, 1, "Failed", reason=reason, message="kubelet said no")
-    decision = machine.decide(job, running, observed(pod(job, Stage.TRAIN, 0, 0), rejected))
+    decision = decide(job, running, observed(pod(job, Stage.TRAIN, 0, 0), rejected))
     assert decision.status["restarts"] == {"total": 1, "application": 0, "infrastructure": 1}
 
 
 def test_resuming_a_job_suspended_before_it_started_is_not_a_restart() -> None:
     job = job_ref(compile={"enabled": False})
-    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    running = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
     running.pop("startTime")  # suspended before the run counted as started
     suspended_job = job_ref(compile={"enabled": False}, runPolicy={"suspend": True})
-    suspended = machine.decide(suspended_job, running, observed(*gang(job, Stage.TRAIN, 0)))
-    resumed = machine.decide(job, suspended.status, Observed((), {}, True, NODES, T0))
+    suspended = decide(suspended_job, running, observed(*gang(job, Stage.TRAIN, 0)))
+    resumed = decide(job, suspended.status, Observed((), {}, True, NODES, T0))
     assert resumed.status["restarts"]["total"] == 0
-    admitted = machine.decide(job, resumed.status, observed())
+    admitted = decide(job, resumed.status, observed())
     assert names([o for o in admitted.create if o["kind"] == "Pod"]) == [
         "bert-train-0-0",
         "bert-train-0-1",
@@ -487,14 +486,12 @@ def test_a_pod_that_cannot_pull_its_image_is_the_jobs_reason_then_fails_it() -> 
         job, 1, T0, waiting_reason="ImagePullBackOff", waiting_message="Back-off pulling image"
     )
     running = _placed(job, 0, T0, phase="Running")
-    early = machine.decide(job, {}, observed(running, pulling, now=T0 + timedelta(seconds=10)))
+    early = decide(job, {}, observed(running, pulling, now=T0 + timedelta(seconds=10)))
     assert (early.status["phase"], early.status["reason"]) == ("Pending", "ImagePullBackOff")
     assert "bert-train-0-1 (rank 1) cannot start" in early.status["message"]
     assert early.requeue_after is not None
     assert early.requeue_after <= 50
-    late = machine.decide(
-        job, early.status, observed(running, pulling, now=T0 + timedelta(seconds=61))
-    )
+    late = decide(job, early.status, observed(running, pulling, now=T0 + timedelta(seconds=61)))
     assert (late.status["phase"], late.status["reason"]) == ("Failed", "ImagePullBackOff")
     assert late.status["lastFailure"]["pod"] == "bert-train-0-1"
     assert "startupTimeoutSeconds (60s)" in late.status["message"]
@@ -503,7 +500,7 @@ def test_a_pod_that_cannot_pull_its_image_is_the_jobs_reason_then_fails_it() -> 
 def test_a_gang_stuck_starting_without_a_cause_restarts_as_infrastructure() -> None:
     job = job_ref(compile={"enabled": False}, runPolicy={"startupTimeoutSeconds": 60})
     stuck = _placed(job, 1, T0)  # placed, never Running, no reason given
-    decision = machine.decide(
+    decision = decide(
         job,
         {},
         observed(_placed(job, 0, T0, phase="Running"), stuck, now=T0 + timedelta(minutes=2)),
@@ -515,7 +512,7 @@ def test_a_gang_stuck_starting_without_a_cause_restarts_as_infrastructure() -> N
 def test_waiting_in_the_queue_never_times_out() -> None:
     job = job_ref(compile={"enabled": False}, runPolicy={"startupTimeoutSeconds": 60})
     queued = [pod(job, Stage.TRAIN, 0, r, "Pending", node=None) for r in range(2)]
-    decision = machine.decide(job, {}, observed(*queued, now=T0 + timedelta(days=2)))
+    decision = decide(job, {}, observed(*queued, now=T0 + timedelta(days=2)))
     assert decision.status["phase"] == "Pending"
     assert "lastFailure" not in decision.status
 
@@ -524,7 +521,7 @@ def test_a_rendezvous_timeout_is_blamed_on_the_rank_that_never_started() -> None
     job = job_ref(compile={"enabled": False})
     timed_out = _placed(job, 0, T0, phase="Failed", exit_code=1, message="rendezvous timeout")
     never = _placed(job, 1, T0, waiting_reason="ErrImagePull", waiting_message="not found")
-    decision = machine.decide(job, {}, observed(timed_out, never))
+    decision = decide(job, {}, observed(timed_out, never))
     assert decision.status["lastFailure"]["pod"] == "bert-train-0-1"
     assert decision.status["lastFailure"]["reason"] == "ErrImagePull"
 
@@ -538,7 +535,7 @@ def test_a_missing_claim_is_named_with_the_field() -> None:
     waiting = [
         pod(job, Stage.TRAIN, 0, r, "Pending", node=None, unschedulable=message) for r in range(2)
     ]
-    status = machine.decide(job, {}, observed(*waiting)).status
+    status = decide(job, {}, observed(*waiting)).status
     assert status["reason"] == "ClaimNotFound"
     assert status["message"].startswith("spec.storage.claimName: PersistentVolumeClaim 'nope'")
 
@@ -547,7 +544,7 @@ def test_ranks_finishing_at_different_times_are_not_a_startup_timeout() -> None:
     job = job_ref(compile={"enabled": False}, runPolicy={"startupTimeoutSeconds": 60})
     done = _placed(job, 0, T0, phase="Succeeded")
     still = _placed(job, 1, T0, phase="Running")
-    decision = machine.decide(job, {}, observed(done, still, now=T0 + timedelta(hours=3)))
+    decision = decide(job, {}, observed(done, still, now=T0 + timedelta(hours=3)))
     assert "lastFailure" not in decision.status
     assert decision.status["restarts"]["total"] == 0
 
@@ -557,7 +554,7 @@ def test_a_verdict_volcano_wrote_before_the_gangs_pods_existed_is_no_warning_onc
     both = tuple(pod(job, Stage.COMPILE, 0, r, "Pending", node=None) for r in range(2))
     stale = "2/0 tasks in gang unschedulable: pod group is not ready, 2 minAvailable"
     group = PodGroupView("bert-compile", "Inqueue", stale)
-    decision = machine.decide(
+    decision = decide(
         job,
         {},
         replace(
@@ -571,10 +568,10 @@ def test_a_verdict_volcano_wrote_before_the_gangs_pods_existed_is_no_warning_onc
 
 def test_a_rank_that_finishes_before_the_others_leaves_the_job_training_with_no_event() -> None:
     job = job_ref(compile={"enabled": False})
-    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0)))
+    running = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0)))
     assert (running.status["phase"], running.status["reason"]) == ("Training", "GangRunning")
     finished = pod(job, Stage.TRAIN, 0, 0, "Succeeded")
-    later = machine.decide(job, running.status, observed(finished, pod(job, Stage.TRAIN, 0, 1)))
+    later = decide(job, running.status, observed(finished, pod(job, Stage.TRAIN, 0, 1)))
     assert (later.status["phase"], later.status["reason"]) == ("Training", "GangRunning")
     assert later.events == [], "no event describes a state the job is not in"
     assert "1 finished" in later.status["message"]
@@ -582,16 +579,14 @@ def test_a_rank_that_finishes_before_the_others_leaves_the_job_training_with_no_
 
 def test_a_restart_force_deletes_an_old_pod_stuck_terminating_on_a_ready_node() -> None:
     job = job_ref(compile={"enabled": False})
-    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    running = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
     failed = pod(job, Stage.TRAIN, 0, 0, "Failed", exit_code=1)
-    restart = machine.decide(job, running, observed(failed, pod(job, Stage.TRAIN, 0, 1)))
+    restart = decide(job, running, observed(failed, pod(job, Stage.TRAIN, 0, 1)))
     assert restart.status["attempt"] == 1
     stuck = pod(job, Stage.TRAIN, 0, 1, deleting=True, deletion_due=T0)
 
     def at(seconds: float, status: dict[str, Any]) -> Decision:
-        return machine.decide(
-            job, status, observed(failed, stuck, now=T0 + timedelta(seconds=seconds))
-        )
+        return decide(job, status, observed(failed, stuck, now=T0 + timedelta(seconds=seconds)))
 
     waiting = at(5, restart.status)
     assert waiting.delete_pods == [], "within its bound a Terminating pod is left to its kubelet"
@@ -612,28 +607,28 @@ def test_a_job_that_ends_before_its_pods_exist_releases_its_admitted_podgroup() 
     admitted = Observed(
         (), {"bert-train": PodGroupView("bert-train", "Inqueue", None)}, True, NODES, T0
     )
-    started = machine.decide(job, {}, admitted).status
+    started = decide(job, {}, admitted).status
     later = replace(admitted, now=T0 + timedelta(seconds=61))
-    ended = machine.decide(job, started, later)
+    ended = decide(job, started, later)
     assert (ended.status["phase"], ended.status["reason"]) == ("Failed", "DeadlineExceeded")
     assert ended.delete_podgroups == ["bert-train"], "Volcano would keep reserving its capacity"
 
 
 def test_an_ended_job_keeps_the_podgroup_of_pods_still_running() -> None:
     job = job_ref(compile={"enabled": False}, runPolicy={"cleanPodPolicy": "None"})
-    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    running = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
     failed = {**running, "phase": "Failed", "reason": "DeadlineExceeded"}
-    decision = machine.decide(job, failed, observed(*gang(job, Stage.TRAIN, 0)))
+    decision = decide(job, failed, observed(*gang(job, Stage.TRAIN, 0)))
     assert "bert-train" not in decision.delete_podgroups
 
 
 def test_a_running_gang_whose_readiness_blinks_stays_in_its_stage() -> None:
     job = job_ref(compile={"enabled": False})
-    running = machine.decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    running = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
     unready = [pod(job, Stage.TRAIN, 0, r, ready=False) for r in range(2)]
-    blink = machine.decide(job, running, observed(*unready))
+    blink = decide(job, running, observed(*unready))
     assert (blink.status["phase"], blink.status["reason"]) == ("Training", "GangRunning")
     assert blink.events == []
     assert "(0/2 ready)" in blink.status["message"]
-    fresh = machine.decide(job, {}, observed(*unready))
+    fresh = decide(job, {}, observed(*unready))
     assert fresh.status["phase"] == "Pending", "a gang that never ran still waits for readiness"

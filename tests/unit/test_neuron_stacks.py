@@ -24,9 +24,8 @@ from trainium_operator.api.status import TrainingJobStatus
 from trainium_operator.builders import pods
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.cli import main
-from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.observed import pod_view
-from unit.jobs import job_ref
+from unit.jobs import decide, job_ref
 from unit.test_lifecycle import observed, pod
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -312,8 +311,8 @@ def _compiled(job: JobRef, *messages: str | None) -> dict[str, Any]:
         pod(job, Stage.COMPILE, 0, rank, "Succeeded", termination_message=message)
         for rank, message in enumerate(messages)
     ]
-    running = machine.decide(job, {}, observed(*gang[:0]))
-    done = machine.decide(job, running.status, observed(*gang))
+    running = decide(job, {}, observed(*gang[:0]))
+    done = decide(job, running.status, observed(*gang))
     assert done.status["compile"]["completionTime"]
     return done.status
 

@@ -1,5 +1,5 @@
-"""Hang detection (lifecycle/policies/stalls.py), driven as the reconciler drives it: the state machine's
-pass over a running training gang, then the stall policy with the ranks' newest messages."""
+"""Hang detection (lifecycle/policies/stalls.py), driven as the reconciler drives it: one pass of
+the whole pipeline over a running training gang with the ranks' newest messages."""
 
 from __future__ import annotations
 
@@ -9,23 +9,20 @@ from typing import Any
 import pytest
 
 from trainium_operator.api.spec import HealthSpec
-from trainium_operator.api.status import validated_status
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.controller.health_server import ProgressStore, step_started
-from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import NodeView, Observed, PodGroupView, PodView
-from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.policies.stalls import (
-    apply_stall_policy,
     requests_for,
     stack_wait_seconds,
     stall_bound,
     stopped_first,
 )
+from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.profiler import channel_contract as contract
 from trainium_operator.profiler.channel_contract import ProgressMessage
-from unit.jobs import UID, job_ref
+from unit.jobs import UID, decide, job_ref
 
 T0 = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
 NODES = {f"n{i}": NodeView(f"n{i}", True, None, "trn1.32xlarge") for i in range(2)}
@@ -78,13 +75,10 @@ def rank(
 
 
 def run(job: JobRef, status: dict[str, Any], ranks: list[RankSample], now: datetime) -> Decision:
-    """One reconcile pass: the machine, then the stall policy (as the reconciler runs them)."""
+    """One reconcile pass of the whole pipeline, with the ranks' messages."""
     attempt = int(status.get("attempt") or 0)
     seen = observed(job, now, attempt)
-    decision = machine.decide(job, status, seen)
-    apply_stall_policy(job, decision, seen, ranks)
-    validated_status(decision.status)
-    return decision
+    return decide(job, status, seen, ranks=tuple(ranks))
 
 
 def training(job: JobRef) -> dict[str, Any]:
@@ -217,8 +211,7 @@ def test_a_compiling_job_is_never_stalled() -> None:
         NODES,
         now,
     )
-    decision = machine.decide(j, {}, seen)
-    apply_stall_policy(j, decision, seen, frozen(now, T0))
+    decision = decide(j, {}, seen, ranks=tuple(frozen(now, T0)))
     assert decision.status["phase"] == "Compiling"
     assert stalled_condition(decision.status) is None
 
@@ -350,8 +343,7 @@ def test_on_stall_restart_restarts_the_gang_counted_as_a_stall_restart_recorded_
     # The new attempt trains: the old stall's record stays, its condition keeps its reason.
     restarted = {**new, "phase": "Training", "reason": "GangRunning"}
     seen = observed(j, now, 1)
-    later = machine.decide(j, restarted, seen)
-    apply_stall_policy(j, later, seen, [])
+    later = decide(j, restarted, seen, ranks=())
     assert stalled_condition(later.status)["reason"] == "GangRestarted"  # type: ignore[index]
     assert later.status["stall"]["attempt"] == 0
 

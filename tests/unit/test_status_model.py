@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from trainium_operator.api.crd import training_job_crd
 from trainium_operator.api.status import Phase, TrainingJobStatus, known_fields, validated_status
-from trainium_operator.lifecycle import machine
+from unit.jobs import refused
 
 
 def crd_status_schema() -> dict[str, Any]:
@@ -71,7 +71,7 @@ def test_a_negative_restart_count_is_refused() -> None:
 
 def test_an_invalid_spec_decision_writes_a_status_the_model_accepts() -> None:
     now = datetime(2026, 12, 1, tzinfo=UTC)
-    decision = machine.invalid({}, 3, ["spec.nodes: must be at least 1"], now)
+    decision = refused({}, 3, ["spec.nodes: must be at least 1"], now)
     status = TrainingJobStatus.model_validate(decision.status)
     assert status.phase is Phase.FAILED
     assert status.reason == "InvalidSpec"
@@ -94,6 +94,6 @@ def test_fields_another_operator_version_wrote_are_dropped_when_read_at_every_de
 
 def test_a_running_job_whose_status_has_an_unknown_field_is_still_decided() -> None:
     now = datetime(2026, 12, 1, tzinfo=UTC)
-    decision = machine.invalid({"phase": "Training", "legacy": True}, 2, ["spec.x: bad"], now)
+    decision = refused({"phase": "Training", "legacy": True}, 2, ["spec.x: bad"], now)
     assert "legacy" not in decision.status
     assert decision.status["phase"] == "Failed"

@@ -1,4 +1,4 @@
-"""Stragglers (lifecycle/policies/stragglers.py): a rank persistently slower than the other ranks."""
+"""Stragglers (lifecycle/policies/stragglers.py): a rank persistently slower than the others."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import pytest
 from pydantic import ValidationError
 
 from trainium_operator.api.spec import HealthSpec
-from trainium_operator.api.status import validated_status
-from trainium_operator.builders.job import JobRef
 from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import (
     CORDONED_BY_ANNOTATION,
@@ -18,14 +16,14 @@ from trainium_operator.lifecycle.observed import (
     Observed,
     node_view,
 )
-from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.policies.stragglers import (
     CordonBudget,
-    apply_straggler_policy,
     cordoned_for_stragglers,
+    slow_ranks,
     stragglers,
 )
-from unit.jobs import job_ref
+from trainium_operator.lifecycle.ranks import RankSample
+from unit.jobs import job_ref, run_policy
 from unit.stragglers_quadratic import quadratic_stragglers
 
 NOW = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
@@ -33,19 +31,10 @@ OFF = CordonBudget(0)
 ROOMY = CordonBudget(4)
 
 
-def policy(
-    job: JobRef,
-    decision: Decision,
-    observed: Observed,
-    ranks: list[RankSample],
-    *,
-    cordons: CordonBudget,
-) -> None:
-    """The policy as a reconcile pass runs it: what is left to decide against the cluster-wide
-    budget, decided against `cordons`."""
-    cordon = apply_straggler_policy(job, decision, observed, ranks, cordon_limit=cordons.limit)
-    if cordon is not None:
-        cordon(cordons)
+def pass_on(status: dict[str, object], observed: Observed, *, cordons: CordonBudget) -> Decision:
+    """The policy over a gang between a replacement and its new pods (no ranks report)."""
+    job = job_ref(health=REPLACE)
+    return run_policy(stragglers, job, status, observed, ranks=(), cordon_budget=cordons)
 
 
 def rank(number: int, ms: float, count: int = 16) -> RankSample:
@@ -53,10 +42,8 @@ def rank(number: int, ms: float, count: int = 16) -> RankSample:
 
 
 def run(status: dict[str, object], ranks: list[RankSample], **health: object) -> Decision:
-    decision = Decision(status=status)
-    policy(job_ref(health=health), decision, Observed((), {}, True, {}, NOW), ranks, cordons=OFF)
-    validated_status(decision.status)
-    return decision
+    seen = Observed((), {}, True, {}, NOW)
+    return run_policy(stragglers, job_ref(health=health), status, seen, ranks=tuple(ranks))
 
 
 def test_a_rank_30_percent_slower_than_the_others_is_named_with_one_warning() -> None:
@@ -83,13 +70,13 @@ def test_a_rank_30_percent_slower_than_the_others_is_named_with_one_warning() ->
 
 
 def test_in_a_two_rank_gang_the_slow_rank_is_compared_with_the_other_only() -> None:
-    slow, _ = stragglers([rank(0, 50), rank(1, 65)], 0.2)
+    slow, _ = slow_ranks([rank(0, 50), rank(1, 65)], 0.2)
     assert [s["rank"] for s in slow] == [1]
 
 
 def test_under_the_threshold_or_a_short_window_or_not_training_names_no_one() -> None:
-    assert stragglers([rank(0, 50), rank(1, 55)], 0.2)[0] == []
-    assert stragglers([rank(0, 50), rank(1, 90, count=4)], 0.2)[0] == []  # 4 steps: not yet
+    assert slow_ranks([rank(0, 50), rank(1, 55)], 0.2)[0] == []
+    assert slow_ranks([rank(0, 50), rank(1, 90, count=4)], 0.2)[0] == []  # 4 steps: not yet
     assert "stragglers" not in run({"phase": "Compiling"}, [rank(0, 50), rank(1, 90)]).status
     off = run({"phase": "Training"}, [rank(0, 50), rank(1, 90)], stragglerThreshold=None)
     assert "stragglers" not in off.status
@@ -125,12 +112,10 @@ def replace_run(
     cordons: CordonBudget = ROOMY,
     **health: object,
 ) -> Decision:
-    decision = Decision(status=status)
     observed = Observed((), {}, True, nodes(node_count), now)
-    gang = [at_step(0, 50, step), at_step(1, 50, step), at_step(2, 65, step)]
-    policy(job_ref(health={**REPLACE, **health}), decision, observed, gang, cordons=cordons)
-    validated_status(decision.status)
-    return decision
+    gang = (at_step(0, 50, step), at_step(1, 50, step), at_step(2, 65, step))
+    job = job_ref(health={**REPLACE, **health})
+    return run_policy(stragglers, job, status, observed, ranks=gang, cordon_budget=cordons)
 
 
 def named_then(
@@ -198,28 +183,19 @@ def test_the_replacement_budget_and_a_cluster_without_spare_nodes_only_report() 
 
 def test_the_cordon_is_re_asserted_until_the_new_gang_has_pods() -> None:
     restarted = named_then(90, 20)
-    decision = Decision(status=restarted.status)
     later = NOW + timedelta(seconds=91)
-    policy(
-        job_ref(health=REPLACE),
-        decision,
+    decision = pass_on(
+        restarted.status,
         Observed((), {}, True, nodes(4), later),
-        [],
         cordons=CordonBudget(1, frozenset({"n2"})),  # its own cordon, lost: no extra cost
     )
     assert [p.name for p in decision.patch_nodes] == ["n2"]
-    done = Decision(status=restarted.status)
-    policy(
-        job_ref(health=REPLACE),
-        done,
-        Observed((), {}, True, nodes(4, cordoned=("n2",)), later),
-        [],
-        cordons=ROOMY,
+    done = pass_on(
+        restarted.status, Observed((), {}, True, nodes(4, cordoned=("n2",)), later), cordons=ROOMY
     )
     assert not done.patch_nodes
     # An operator restarted with replacement off re-asserts nothing.
-    off = Decision(status=restarted.status)
-    policy(job_ref(health=REPLACE), off, Observed((), {}, True, nodes(4), later), [], cordons=OFF)
+    off = pass_on(restarted.status, Observed((), {}, True, nodes(4), later), cordons=OFF)
     assert not off.patch_nodes
 
 
@@ -301,7 +277,7 @@ def test_the_check_flags_the_same_stragglers_as_the_quadratic_reference(
     times: list[float], slow: list[int]
 ) -> None:
     gang = gang_of(times)
-    verdict, median = stragglers(gang, 0.2)
+    verdict, median = slow_ranks(gang, 0.2)
     assert [s["rank"] for s in verdict] == slow
     assert (verdict, median) == quadratic_stragglers(gang, 0.2)
 
@@ -313,7 +289,7 @@ def test_random_gangs_get_the_reference_verdict_rank_for_rank() -> None:
             # Coarse values: many ties, where removing "one" rank's time must not matter.
             times = [float(generator.choice([40, 50, 50, 55, 61, 70, 90])) for _ in range(size)]
             gang = gang_of(times)
-            assert stragglers(gang, 0.2) == quadratic_stragglers(gang, 0.2), times
+            assert slow_ranks(gang, 0.2) == quadratic_stragglers(gang, 0.2), times
 
 
 def test_ranks_outside_the_specs_world_size_are_ignored() -> None:
@@ -331,23 +307,17 @@ def test_a_node_seen_cordoned_for_a_replacement_is_not_cordoned_again_after_an_u
     assert [p.name for p in restarted.patch_nodes] == ["n2"]
     later = NOW + timedelta(seconds=91)
     # The next pass sees the cordon on the node; the new gang still queues (no pods yet).
-    seen = Decision(status=restarted.status)
-    policy(
-        job_ref(health=REPLACE),
-        seen,
+    seen = pass_on(
+        restarted.status,
         Observed((), {}, True, nodes(4, cordoned=("n2",)), later),
-        [],
         cordons=CordonBudget(4, frozenset({"n2"})),
     )
     assert not seen.patch_nodes
     # An admin runs `kubectl uncordon n2` while the gang still queues: that stands.
     for seconds in (92, 300):
-        uncordoned = Decision(status=seen.status)
-        policy(
-            job_ref(health=REPLACE),
-            uncordoned,
+        uncordoned = pass_on(
+            seen.status,
             Observed((), {}, True, nodes(4), NOW + timedelta(seconds=seconds)),
-            [],
             cordons=ROOMY,
         )
         assert not uncordoned.patch_nodes, f"re-cordoned n2 {seconds} s after the replacement"
@@ -370,14 +340,12 @@ def test_a_cordon_uncordoned_before_any_pass_saw_it_is_known_by_its_annotations(
     )
     assert (landed.cordoned_by, landed.cordoned_at) == ("team-a/bert", replacement["time"])
     later = NOW + timedelta(seconds=91)
-    decision = Decision(status=restarted.status)
     observed = Observed((), {}, True, {**nodes(4), "n2": landed}, later)
-    policy(job_ref(health=REPLACE), decision, observed, [], cordons=ROOMY)
+    decision = pass_on(restarted.status, observed, cordons=ROOMY)
     assert not decision.patch_nodes
     assert decision.status["stragglers"]["replacements"][-1]["cordonSeen"] == "2026-12-03T09:01:31Z"
     # Another job's marks (an older cordon of the node) do not say this patch landed.
     other = NodeView("n2", True, None, "trn1.32xlarge", cordoned_by="team-b/gpt", cordoned_at="x")
-    lost = Decision(status=restarted.status)
     observed = Observed((), {}, True, {**nodes(4), "n2": other}, later)
-    policy(job_ref(health=REPLACE), lost, observed, [], cordons=ROOMY)
+    lost = pass_on(restarted.status, observed, cordons=ROOMY)
     assert [p.name for p in lost.patch_nodes] == ["n2"]
