@@ -71,3 +71,23 @@ def run_policy(
     policy(Pass(snap, edit, plan))
     plan.status = edit.validated()
     return plan
+
+
+def continue_with(
+    policy: Callable[[Pass], None],
+    job: JobRef,
+    decision: Decision,
+    now: datetime,
+    **snapshot: Any,
+) -> None:
+    """`policy` run on a plan the pipeline's earlier policies left (`decision`, edited in
+    place), over a snapshot with no pods and `snapshot`'s fields."""
+    seen = Observed((), {}, True, {}, now)
+    plan = run_policy(policy, job, decision.status, seen, **snapshot)
+    decision.status = plan.status
+    decision.side_create += plan.side_create
+    decision.delete_pods += plan.delete_pods
+    decision.remove_annotations += plan.remove_annotations
+    decision.events += plan.events
+    if plan.requeue_after is not None:
+        decision.requeue(plan.requeue_after, minimum=0)

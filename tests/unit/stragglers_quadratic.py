@@ -8,8 +8,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.policies.stragglers import LISTED, rank_step_time_ms
+from trainium_operator.lifecycle.ranks import RankSample
 
 Obj = dict[str, Any]
 

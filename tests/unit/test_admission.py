@@ -9,7 +9,7 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
 from trainium_operator.k8s.client import admission_rejection, is_forbidden, is_transient
-from trainium_operator.lifecycle import admission
+from trainium_operator.lifecycle import machine
 from unit.test_lifecycle import T0
 
 
@@ -99,8 +99,12 @@ def test_an_invalid_field_is_fatal() -> None:
 
 
 def test_a_refusal_the_cluster_can_lift_keeps_the_job_pending_with_the_cause() -> None:
-    decision = admission.admission_rejected(
-        {"phase": "Pending"}, 1, "QuotaExceeded", "exceeded quota", fatal=False, now=T0
+    decision = machine.decide_finding(
+        {"phase": "Pending"},
+        1,
+        T0,
+        None,
+        machine.ChildRefused("QuotaExceeded", "exceeded quota", False),
     )
     assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "QuotaExceeded")
     (admitted,) = [c for c in decision.status["conditions"] if c["type"] == "Admitted"]
@@ -109,8 +113,12 @@ def test_a_refusal_the_cluster_can_lift_keeps_the_job_pending_with_the_cause() -
 
 
 def test_an_invalid_pod_fails_the_job() -> None:
-    decision = admission.admission_rejected(
-        {"phase": "Pending"}, 1, "InvalidPodSpec", "invalid label", fatal=True, now=T0
+    decision = machine.decide_finding(
+        {"phase": "Pending"},
+        1,
+        T0,
+        None,
+        machine.ChildRefused("InvalidPodSpec", "invalid label", True),
     )
     assert (decision.status["phase"], decision.status["reason"]) == ("Failed", "InvalidPodSpec")
 

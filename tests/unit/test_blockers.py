@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from trainium_operator.lifecycle import blockers
+from trainium_operator.lifecycle import blockers, machine
 from trainium_operator.lifecycle.observed import NodeView
 
 T0 = datetime(2026, 12, 2, 9, 0, tzinfo=UTC)
@@ -30,7 +30,7 @@ def existing(kind: str, *, owners: Any = (), node: str | None = None, **meta: An
 
 
 def run(blocker: blockers.Blocker, at: datetime, status: Any = None) -> Any:
-    return blockers.blocked(status or {}, 1, blocker, bound_seconds=BOUND, now=at)
+    return machine.decide_finding(status or {}, 1, at, None, machine.ChildNameTaken(blocker, BOUND))
 
 
 def test_an_unrelated_object_of_the_childs_name_fails_the_job_after_the_bound_naming_it() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from trainium_operator.api.status import validated_status
 from trainium_operator.lifecycle.policies.goodput import PARTS, figures_at, with_goodput
-from trainium_operator.lifecycle.policies.progress import progress
+from trainium_operator.lifecycle.policies.progress import progress_figures
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.profiler.channel import ChannelConfig, Reporter
 from trainium_operator.profiler.channel_contract import ProgressMessage, parse_message
@@ -229,10 +229,10 @@ def test_the_checkpoint_step_travels_in_the_message_and_progress_takes_the_lowes
         )
 
     ranks = [sample(0, 10), sample(1, 8), sample(2, None)]
-    shown = progress(job_ref(), ranks, None, 0, now)
+    shown = progress_figures(job_ref(), ranks, None, 0, now)
     assert shown is not None
     assert shown["lastCheckpointStep"] == 8
-    quiet = progress(job_ref(), [sample(0, None)], None, 0, now)
+    quiet = progress_figures(job_ref(), [sample(0, None)], None, 0, now)
     assert quiet is not None
     assert "lastCheckpointStep" not in quiet
 

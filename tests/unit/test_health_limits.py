@@ -22,10 +22,10 @@ from trainium_operator.controller.health_server import (
     TokenCache,
 )
 from trainium_operator.lifecycle import channel_limits
-from trainium_operator.lifecycle.policies import on_demand_profile as profile_on_demand
-from trainium_operator.lifecycle.policies import stalls
 from trainium_operator.lifecycle.channel_auth import TokenIdentity, authorize
 from trainium_operator.lifecycle.channel_limits import TokenBucket, token_claims
+from trainium_operator.lifecycle.policies import on_demand_profile as profile_on_demand
+from trainium_operator.lifecycle.policies import stalls
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.profiler import channel_contract as contract
 from trainium_operator.profiler.channel_contract import batch_json, parse_messages

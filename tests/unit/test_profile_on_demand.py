@@ -1,5 +1,6 @@
-"""Profiling on demand: the annotation's parsing and the policy (lifecycle/policies/on_demand_profile.py),
-the endpoint's request, and the rank's capture switch (profiler/capture.py, channel.py)."""
+"""Profiling on demand: the annotation's parsing and the policy
+(lifecycle/policies/on_demand_profile.py), the endpoint's request, and the rank's capture
+switch (profiler/capture.py, channel.py)."""
 
 from __future__ import annotations
 
@@ -15,24 +16,25 @@ import pytest
 
 from trainium_operator.api.status import validated_status
 from trainium_operator.builders.job import JobRef
+from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.policies.on_demand_profile import (
     ANNOTATION,
     STATUS_KEY,
-    apply_on_demand_profile,
     capture_requests_for,
-    on_demand_upload_refused,
+    on_demand_profile,
     parse_profile_steps,
-    plan_on_demand_upload,
 )
+from trainium_operator.lifecycle.policies.on_demand_upload import on_demand_upload
 from trainium_operator.lifecycle.policies.profile_upload import UploadDefaults
 from trainium_operator.lifecycle.ranks import RankSample
+from trainium_operator.lifecycle.snapshot import PassSettings
 from trainium_operator.profiler import capture, channel
 from trainium_operator.profiler import channel_contract as contract
 from trainium_operator.profiler.channel import ChannelConfig, Reporter
 from trainium_operator.profiler.events import EventKind
 from trainium_operator.profiler.format import RankFileReader
-from unit.jobs import UID, job_ref
+from unit.jobs import UID, continue_with, job_ref
 
 T0 = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)
 URL = "http://trainium-operator-health.trainium-system.svc:8090/v1/progress"
@@ -67,7 +69,14 @@ def run(
     the_job: JobRef | None = None,
 ) -> Decision:
     decision = Decision(status=json.loads(json.dumps(status)))
-    apply_on_demand_profile(the_job or job(), decision, annotations, ranks, now)
+    continue_with(
+        on_demand_profile,
+        the_job or job(),
+        decision,
+        now,
+        annotations=annotations,
+        ranks=None if ranks is None else tuple(ranks),
+    )
     validated_status(decision.status)
     return decision
 
@@ -192,7 +201,14 @@ def captured_status() -> dict[str, Any]:
 def test_a_captured_profile_gets_its_own_upload_pod_when_s3_is_configured() -> None:
     defaults = UploadDefaults(s3_uri="s3://bucket/profiles", image="op:1")
     decision = Decision(status=captured_status())
-    plan_on_demand_upload(job(), decision, [], defaults)
+    continue_with(
+        on_demand_upload,
+        job(),
+        decision,
+        T0,
+        upload_pods=(),
+        settings=PassSettings(defaults),
+    )
     (pod,) = decision.side_create
     record = decision.status[STATUS_KEY]
     assert pod["metadata"]["name"] == "bert-profile-upload-p0-20261203t080000z"
@@ -207,11 +223,15 @@ def test_a_captured_profile_gets_its_own_upload_pod_when_s3_is_configured() -> N
     # The pod succeeded: recorded once, with its event; never created again.
     pod["status"] = {"phase": "Succeeded"}
     done = Decision(status=decision.status)
-    plan_on_demand_upload(job(), done, [pod], defaults)
+    continue_with(
+        on_demand_upload, job(), done, T0, upload_pods=(pod,), settings=PassSettings(defaults)
+    )
     assert done.status[STATUS_KEY]["upload"]["state"] == "Succeeded"
     assert [(e.type, e.reason) for e in done.events] == [("Normal", "ProfileUploaded")]
     later = Decision(status=done.status)
-    plan_on_demand_upload(job(), later, [], defaults)
+    continue_with(
+        on_demand_upload, job(), later, T0, upload_pods=(), settings=PassSettings(defaults)
+    )
     assert (later.side_create, later.events) == ([], [])
 
 
@@ -221,12 +241,22 @@ def test_without_an_s3_uri_or_before_captured_nothing_is_uploaded() -> None:
         (run(training(), {ANNOTATION: "+3"}, []).status, UploadDefaults(s3_uri="s3://b/p")),
     ]:
         decision = Decision(status=status)
-        plan_on_demand_upload(job(), decision, [], defaults)
+        continue_with(
+            on_demand_upload,
+            job(),
+            decision,
+            T0,
+            upload_pods=(),
+            settings=PassSettings(defaults),
+        )
         assert decision.side_create == []
 
 
 def test_a_refused_upload_pod_is_a_failed_upload_not_a_failed_job() -> None:
-    status, message = on_demand_upload_refused(captured_status(), "pod-x", "quota exceeded")
+    refused = machine.decide_finding(
+        captured_status(), 1, T0, None, machine.UploadPodRefused("pod-x", "quota exceeded")
+    )
+    status, message = refused.status, refused.events[0].message
     assert status[STATUS_KEY]["upload"]["state"] == "Failed"
     assert "quota exceeded" in message
     assert status["phase"] == "Training"

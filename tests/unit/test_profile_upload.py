@@ -16,8 +16,9 @@ from trainium_operator.builders.upload import (
     upload_pod,
 )
 from trainium_operator.lifecycle.decision import Decision
-from trainium_operator.lifecycle.policies.profile_upload import UploadDefaults, plan_upload
-from unit.jobs import job_ref
+from trainium_operator.lifecycle.policies.profile_upload import UploadDefaults, profile_upload
+from trainium_operator.lifecycle.snapshot import PassSettings
+from unit.jobs import continue_with, job_ref
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 S3 = "s3://my-profiles/runs"
@@ -38,7 +39,14 @@ def run(
 ) -> tuple[Decision, dict[str, Any]]:
     job = job_ref(**(spec or PROFILED))
     decision = Decision(status=copy.deepcopy(status))
-    plan_upload(job, decision, pods, UploadDefaults(), NOW)
+    continue_with(
+        profile_upload,
+        job,
+        decision,
+        NOW,
+        upload_pods=tuple(pods),
+        settings=PassSettings(UploadDefaults()),
+    )
     return decision, decision.status
 
 
@@ -203,7 +211,14 @@ def test_no_upload_without_an_s3_uri_or_without_profiling() -> None:
     assert run(finished_status(), [], profile={"enabled": False, "s3Uri": S3})[0].side_create == []
     job = job_ref(profile={"enabled": True})
     decision = Decision(status=finished_status())
-    plan_upload(job, decision, [], UploadDefaults(s3_uri="s3://chart-default/p"), NOW)
+    continue_with(
+        profile_upload,
+        job,
+        decision,
+        NOW,
+        upload_pods=(),
+        settings=PassSettings(UploadDefaults(s3_uri="s3://chart-default/p")),
+    )
     (pod,) = decision.side_create
     assert pod["spec"]["containers"][0]["command"][-1] == "s3://chart-default/p/team-a/bert/2"
 

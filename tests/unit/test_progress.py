@@ -1,13 +1,17 @@
-"""status.progress from the ranks' messages (lifecycle/policies/progress.py): figures, ETA, batching."""
+"""status.progress from the ranks' messages (lifecycle/policies/progress.py): figures, ETA and
+batching."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
 from trainium_operator.api.status import validated_status
-from trainium_operator.lifecycle.policies.progress import duration_text, progress, with_progress
+from trainium_operator.builders.job import JobRef
+from trainium_operator.lifecycle.observed import Observed
+from trainium_operator.lifecycle.policies.progress import duration_text, progress, progress_figures
 from trainium_operator.lifecycle.ranks import RankSample
-from unit.jobs import job_ref
+from trainium_operator.lifecycle.snapshot import PassSettings
+from unit.jobs import job_ref, run_policy
 
 NOW = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
 
@@ -28,7 +32,7 @@ def rank(number: int, step: int, ms: float = 500.0, attempt: int = 0, **more: in
 def test_progress_names_the_slowest_and_fastest_rank_and_the_gangs_rate_and_eta() -> None:
     job = job_ref(health={"totalSteps": 1000})
     ranks = [rank(0, 100, samples=800, tokens=102400), rank(1, 98, samples=784), rank(2, 101)]
-    figures = progress(job, ranks, None, 0, NOW)
+    figures = progress_figures(job, ranks, None, 0, NOW)
     assert figures is not None
     assert (
         figures["step"],
@@ -57,7 +61,7 @@ def test_progress_names_the_slowest_and_fastest_rank_and_the_gangs_rate_and_eta(
 
 def test_without_a_total_there_is_no_eta_and_without_step_times_no_rate() -> None:
     fresh = RankSample(rank=0, attempt=0, world_size=1, step=0, step_times_ms=(), received=NOW)
-    figures = progress(job_ref(), [fresh], None, 0, NOW)
+    figures = progress_figures(job_ref(), [fresh], None, 0, NOW)
     assert figures is not None
     assert "eta" not in figures
     assert "rateSummary" not in figures
@@ -65,7 +69,21 @@ def test_without_a_total_there_is_no_eta_and_without_step_times_no_rate() -> Non
 
 
 def test_ranks_of_an_earlier_gang_are_not_the_current_progress() -> None:
-    assert progress(job_ref(), [rank(0, 500, attempt=0)], None, 1, NOW) is None
+    assert progress_figures(job_ref(), [rank(0, 500, attempt=0)], None, 1, NOW) is None
+
+
+def with_progress(
+    job: JobRef,
+    status: dict[str, object],
+    ranks: list[RankSample],
+    now: datetime,
+    interval: float = 10.0,
+) -> dict[str, object]:
+    """The progress policy's status after one pass with these reports."""
+    seen = Observed((), {}, True, {}, now)
+    settings = PassSettings(progress_interval=interval)
+    plan = run_policy(progress, job, status, seen, ranks=tuple(ranks), settings=settings)
+    return plan.status
 
 
 def _training(**progress_figures: object) -> dict[str, object]:
@@ -92,7 +110,7 @@ def test_progress_is_written_at_most_once_per_interval_whatever_the_rank_count()
 
 def test_a_job_not_training_keeps_its_last_figures() -> None:
     status = {"phase": "Restarting", "attempt": 0, "progress": {"step": 7}}
-    assert with_progress(job_ref(), status, [rank(0, 50)], NOW) is status
+    assert with_progress(job_ref(), status, [rank(0, 50)], NOW) == status
 
 
 def test_last_progress_time_stays_while_the_slowest_rank_does_not_advance() -> None:

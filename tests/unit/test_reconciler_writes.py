@@ -121,19 +121,19 @@ def running_gang(**spec: Any) -> tuple[FakeCluster, Reconciler]:
     return cluster, reconciler
 
 
-def test_a_new_job_creates_service_and_podgroup_before_its_status_and_pods_after_admission() -> (
+def test_a_new_job_stores_its_phase_then_creates_isolation_service_and_podgroup_not_pods() -> (
     None
 ):
     cluster, reconciler = new_world()
     reconciler.reconcile(*KEY)
     kinds = [(w.verb, w.kind) for w in cluster.writes]
-    assert kinds[:3] == [
+    assert kinds[:4] == [
+        ("status", "TrainingJob"),  # a phase change is stored before any side effect
         ("create", "NetworkPolicy"),
         ("create", "Service"),
         ("create", "PodGroup"),
     ], "the isolation first: no pod of the job ever runs without it"
     assert ("create", "Pod") not in kinds, "no pods before Volcano admits the gang"
-    assert kinds.index(("status", "TrainingJob")) > 2, "children first, then the status"
     cluster.writes.clear()
     admit(cluster, "bert-train")
     reconciler.reconcile(*KEY)

@@ -17,15 +17,16 @@ from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.policies.on_demand_profile import (
     STATUS_KEY,
     capture_path,
-    plan_on_demand_upload,
 )
+from trainium_operator.lifecycle.policies.on_demand_upload import on_demand_upload
 from trainium_operator.lifecycle.policies.profile_upload import (
     MAX_UPLOAD_RECORDS,
     UploadDefaults,
-    plan_upload,
+    profile_upload,
 )
+from trainium_operator.lifecycle.snapshot import PassSettings
 from trainium_operator.profiler import s3 as uploader
-from unit.jobs import job_ref
+from unit.jobs import continue_with, job_ref
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 S3 = "s3://my-profiles/runs"
@@ -91,7 +92,14 @@ def test_the_on_demand_upload_reads_the_operators_own_path_not_the_one_in_the_st
         "path": "/usr/lib/python3/site-packages",
     }
     decision = Decision(status={"phase": "Training", "attempt": 1, STATUS_KEY: record})
-    plan_on_demand_upload(job, decision, [], UploadDefaults(s3_uri=S3))
+    continue_with(
+        on_demand_upload,
+        job,
+        decision,
+        NOW,
+        upload_pods=(),
+        settings=PassSettings(UploadDefaults(s3_uri=S3)),
+    )
     (pod,) = decision.side_create
     mount = pod["spec"]["containers"][0]["volumeMounts"][0]
     expected = capture_path(job, 1, request).removeprefix("/fsx/team/")
@@ -122,10 +130,24 @@ def _finished(attempt: int = 0) -> dict[str, Any]:
 def _upload_once(pod_state: Any, status: dict[str, Any] | None = None) -> Decision:
     job = job_ref(profile={"enabled": True, "s3Uri": S3})
     first = Decision(status=copy.deepcopy(status or _finished()))
-    plan_upload(job, first, [], UploadDefaults(), NOW)
+    continue_with(
+        profile_upload,
+        job,
+        first,
+        NOW,
+        upload_pods=(),
+        settings=PassSettings(UploadDefaults()),
+    )
     (pod,) = first.side_create
     later = Decision(status=copy.deepcopy(first.status))
-    plan_upload(job, later, [pod_state(pod)], UploadDefaults(), NOW)
+    continue_with(
+        profile_upload,
+        job,
+        later,
+        NOW,
+        upload_pods=(pod_state(pod),),
+        settings=PassSettings(UploadDefaults()),
+    )
     validated_status(later.status)
     return later
 
@@ -182,8 +204,13 @@ def test_profile_uploads_keep_the_newest_records_and_count_the_older_ones() -> N
         for a in range(attempts - 1)
     ]
     decision = Decision(status=status)
-    plan_upload(
-        job_ref(profile={"enabled": True, "s3Uri": S3}), decision, [], UploadDefaults(), NOW
+    continue_with(
+        profile_upload,
+        job_ref(profile={"enabled": True, "s3Uri": S3}),
+        decision,
+        NOW,
+        upload_pods=(),
+        settings=PassSettings(UploadDefaults()),
     )
     kept = decision.status["profileUploads"]
     assert len(kept) == MAX_UPLOAD_RECORDS
@@ -213,7 +240,14 @@ def test_old_finished_upload_pods_are_deleted_only_once_their_outcome_is_stored(
     ]  # fmt: skip
     pods = [_ended(upload_pod(job, a, S3, settings), 0) for a in range(6)]  # 5: not yet stored
     decision = Decision(status=copy.deepcopy(status))
-    plan_upload(job, decision, pods, UploadDefaults(), NOW)
+    continue_with(
+        profile_upload,
+        job,
+        decision,
+        NOW,
+        upload_pods=tuple(pods),
+        settings=PassSettings(UploadDefaults()),
+    )
     deleted = sorted(d.name for d in decision.delete_pods)
     assert deleted == ["bert-profile-upload-0", "bert-profile-upload-1"], deleted
     assert decision.status["profileUploads"][5]["state"] == "Succeeded", "stored in this pass"
