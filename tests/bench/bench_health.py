@@ -8,7 +8,7 @@ Prints, with each target's verdict:
    the watch cache, store) through the real aiohttp app over loopback HTTP, projected to 4096
    ranks reporting every 5 s (target <= 1 core-second per second), and the memory the store
    holds for 64 jobs x 64 ranks (target <= 50 MiB);
-3. status writes per job per minute from `lifecycle.policies.progress.with_progress` at the default
+3. status writes per job per minute from `lifecycle.policies.progress` at the default
    interval while 64 ranks report every 5 s (target <= 12);
 4. stall-to-condition latency: a real reporter thread (its training loop freezes) posting to the
    real endpoint over loopback, and the stall policy run as the operator's work queue runs a
@@ -57,7 +57,6 @@ sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "tests")]
 
 from aiohttp import ClientSession, TCPConnector  # noqa: E402
 
-from trainium_operator.api.status import validated_status  # noqa: E402
 from trainium_operator.builders.job import JobRef  # noqa: E402
 from trainium_operator.controller.cache import ClusterCache  # noqa: E402
 from trainium_operator.controller.health_server import (  # noqa: E402
@@ -68,20 +67,17 @@ from trainium_operator.controller.health_server import (  # noqa: E402
 )
 from trainium_operator.k8s.informer import WatchEvent  # noqa: E402
 from trainium_operator.lifecycle.channel_auth import TokenIdentity  # noqa: E402
-from trainium_operator.lifecycle.decision import Decision  # noqa: E402
-from trainium_operator.lifecycle.policies.goodput import with_goodput  # noqa: E402
 from trainium_operator.lifecycle.observed import Observed  # noqa: E402
-from trainium_operator.lifecycle.policies.progress import with_progress  # noqa: E402
+from trainium_operator.lifecycle.policies.goodput import goodput  # noqa: E402
+from trainium_operator.lifecycle.policies.progress import progress  # noqa: E402
+from trainium_operator.lifecycle.policies.stalls import stall, stall_bound  # noqa: E402
+from trainium_operator.lifecycle.policies.stragglers import stragglers  # noqa: E402
 from trainium_operator.lifecycle.ranks import RankSample  # noqa: E402
-from trainium_operator.lifecycle.policies.stalls import apply_stall_policy, stall_bound  # noqa: E402
-from trainium_operator.lifecycle.policies.stragglers import (  # noqa: E402
-    CordonBudget,
-    apply_straggler_policy,
-)
+from trainium_operator.lifecycle.snapshot import PassSettings  # noqa: E402
 from trainium_operator.profiler import channel_contract as contract  # noqa: E402
 from trainium_operator.profiler.channel import ChannelConfig, Reporter  # noqa: E402
 from trainium_operator.profiler.channel_contract import ProgressMessage  # noqa: E402
-from unit.jobs import job_document, job_ref  # noqa: E402
+from unit.jobs import job_document, job_ref, run_policy  # noqa: E402
 from unit.test_health_channel import pod_jwt  # noqa: E402
 
 JOBS, RANKS, RANKS_PER_POD = 64, 64, 32
@@ -294,7 +290,8 @@ def status_writes() -> None:
             RankSample(r, 0, RANKS, second * 2, (500.0,) * 16, now + timedelta(seconds=second))
             for r in range(RANKS)
         ]
-        new = with_progress(job, status, ranks, now + timedelta(seconds=second), 10.0)
+        seen = Observed((), {}, True, {}, now + timedelta(seconds=second))
+        new = run_policy(progress, job, status, seen, ranks=tuple(ranks)).status
         writes += new != status
         status = new
     per_minute = writes / 10
@@ -353,11 +350,9 @@ async def _one_stall(
             while True:
                 # The job's pass, as the work queue runs it: its requeue or the progress tick.
                 now = datetime.now(UTC)
-                decision = Decision(status=status)
                 observed = Observed((), {}, True, {}, now)
-                apply_stall_policy(
-                    job, decision, observed, channel.store.samples(("team-a", "job-0"))
-                )
+                samples = tuple(channel.store.samples(("team-a", "job-0")))
+                decision = run_policy(stall, job, status, observed, ranks=samples)
                 status = decision.status
                 stalled = [c for c in status.get("conditions", []) if c["type"] == "Stalled"]  # type: ignore[attr-defined]
                 if stalled and not loop.is_alive():
@@ -606,13 +601,12 @@ def _rss_mib() -> float:
 
 def _soak_pass(job: JobRef, status: dict[str, Any], samples: list[RankSample]) -> dict[str, Any]:
     """One job pass's health policies on the stored ranks, as the reconciler runs them."""
-    now = datetime.now(UTC)
-    decision = Decision(status=status)
-    observed = Observed((), {}, True, {}, now)
-    apply_stall_policy(job, decision, observed, samples)
-    apply_straggler_policy(job, decision, observed, samples, cordons=CordonBudget(0))
-    new = with_progress(job, decision.status, samples, now, 1.0)
-    return validated_status(with_goodput(status, validated_status(new), now, None))
+    observed = Observed((), {}, True, {}, datetime.now(UTC))
+    settings = PassSettings(progress_interval=1.0)
+    policies = (stall, stragglers, progress, goodput)
+    return run_policy(
+        policies, job, status, observed, ranks=tuple(samples), settings=settings
+    ).status
 
 
 def soak(seconds: float) -> None:

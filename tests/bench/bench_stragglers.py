@@ -3,7 +3,7 @@
 Prints, for gangs of 4096 and 16 384 ranks (each with 16 step times, ~1 % of them 50 % slow),
 the CPU time of one straggler check: "before", the quadratic check it replaced
 (tests/unit/stragglers_quadratic.py: every rank's reference recomputed from all the others),
-and "after", `lifecycle.policies.stragglers.apply_straggler_policy` as a reconcile pass runs it
+and "after", `lifecycle.policies.stragglers.stragglers` as a reconcile pass runs it
 (onStraggler: Report, the status record included), with the ratio measured in the same run.
 Target: <= 20 ms per pass at 4096 ranks. Each figure is the best of a few runs (the machine is
 shared); the quadratic check at 16 384 ranks takes tens of seconds, so it is measured only with
@@ -23,11 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "tests")]
 
-from trainium_operator.lifecycle.decision import Decision  # noqa: E402
 from trainium_operator.lifecycle.observed import Observed  # noqa: E402
+from trainium_operator.lifecycle.policies.stragglers import stragglers  # noqa: E402
 from trainium_operator.lifecycle.ranks import RankSample  # noqa: E402
-from trainium_operator.lifecycle.policies.stragglers import apply_straggler_policy  # noqa: E402
-from unit.jobs import job_ref  # noqa: E402
+from unit.jobs import job_ref, run_policy  # noqa: E402
 from unit.stragglers_quadratic import quadratic_stragglers  # noqa: E402
 
 NOW = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
@@ -72,9 +71,8 @@ def check_after(size: int, ranks: list[RankSample]) -> Callable[[], object]:
     observed = Observed((), {}, True, {}, NOW)
 
     def run() -> object:
-        decision = Decision(status={"phase": "Training", "attempt": 0})
-        apply_straggler_policy(job, decision, observed, ranks, cordon_limit=0)
-        return decision
+        status = {"phase": "Training", "attempt": 0}
+        return run_policy(stragglers, job, status, observed, ranks=tuple(ranks))
 
     return run
 

@@ -57,18 +57,19 @@ def refused(
 
 
 def run_policy(
-    policy: Callable[[Pass], None],
+    policy: Callable[[Pass], None] | tuple[Callable[[Pass], None], ...],
     job: JobRef,
     status: dict[str, Any],
     observed: Observed,
     **snapshot: Any,
 ) -> Decision:
-    """One policy of the pipeline alone over a snapshot (the table tests of a policy): its plan,
-    with the status it left checked against the model."""
+    """One policy of the pipeline (or a few, in turn) alone over a snapshot (the table tests of
+    a policy): its plan, with the status it left checked against the model."""
     snap = Snapshot(job, job.generation, status, observed, **snapshot)
     plan = Decision()
     edit = StatusEdit(status, job.generation, observed.now, plan)
-    policy(Pass(snap, edit, plan))
+    for each in policy if isinstance(policy, tuple) else (policy,):
+        each(Pass(snap, edit, plan))
     plan.status = edit.validated()
     return plan
 

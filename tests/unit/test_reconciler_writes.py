@@ -121,9 +121,7 @@ def running_gang(**spec: Any) -> tuple[FakeCluster, Reconciler]:
     return cluster, reconciler
 
 
-def test_a_new_job_stores_its_phase_then_creates_isolation_service_and_podgroup_not_pods() -> (
-    None
-):
+def test_a_new_job_stores_its_phase_then_creates_isolation_service_and_podgroup_not_pods() -> None:
     cluster, reconciler = new_world()
     reconciler.reconcile(*KEY)
     kinds = [(w.verb, w.kind) for w in cluster.writes]
