@@ -155,6 +155,17 @@ class FakeCluster:
         if obj is not None:
             self._deliver("DELETED", obj)
 
+    def remove_training_job_annotation(
+        self, namespace: str, name: str, key: str, value: str
+    ) -> None:
+        self.writes.append(Write("annotate", "TrainingJob", name))
+        job = self.objects.get(("TrainingJob", name))
+        annotations = (job or {}).get("metadata", {}).get("annotations") or {}
+        if job is not None and annotations.get(key) == value:
+            del annotations[key]
+            job["metadata"]["resourceVersion"] = self._next_version()
+            self._deliver("MODIFIED", job)
+
     def cordon_node(self, name: str, patch: Obj) -> bool:
         self.fail_if_refused("patch", "Node")
         self.writes.append(Write("patch", "Node", name))
