@@ -59,6 +59,8 @@ from aiohttp import ClientSession, TCPConnector  # noqa: E402
 
 from trainium_operator.api.status import validated_status  # noqa: E402
 from trainium_operator.builders.job import JobRef  # noqa: E402
+from trainium_operator.contract import channel as contract  # noqa: E402
+from trainium_operator.contract.channel import ProgressMessage  # noqa: E402
 from trainium_operator.controller.cache import ClusterCache  # noqa: E402
 from trainium_operator.controller.health_server import (  # noqa: E402
     HealthChannel,
@@ -77,9 +79,7 @@ from trainium_operator.lifecycle.stragglers import (  # noqa: E402
     CordonBudget,
     apply_straggler_policy,
 )
-from trainium_operator.profiler import channel_contract as contract  # noqa: E402
 from trainium_operator.profiler.channel import ChannelConfig, Reporter  # noqa: E402
-from trainium_operator.profiler.channel_contract import ProgressMessage  # noqa: E402
 from unit.jobs import job_document, job_ref  # noqa: E402
 from unit.test_health_channel import pod_jwt  # noqa: E402
 

@@ -30,6 +30,15 @@ def test_the_wheel_has_the_operator_ui_and_profiler(wheel: zipfile.ZipFile) -> N
         assert expected in files
 
 
+def test_the_wheel_carries_the_whole_contract_package(wheel: zipfile.ZipFile) -> None:
+    """The operator's half of what it shares with the training image (which copies the same
+    folder): every module of trainium_operator/contract/."""
+    contract = ROOT / "operator" / "trainium_operator" / "contract"
+    modules = {f"trainium_operator/contract/{p.name}" for p in contract.glob("*.py")}
+    assert "trainium_operator/contract/channel.py" in modules
+    assert modules <= set(names(wheel))
+
+
 def test_the_wheel_carries_no_dev_cluster_go_modules_or_scheduler(wheel: zipfile.ZipFile) -> None:
     files = names(wheel)
     assert not [f for f in files if "devcluster" in f]

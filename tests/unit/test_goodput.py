@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from trainium_operator.api.status import validated_status
+from trainium_operator.contract.channel import ProgressMessage, parse_message
 from trainium_operator.lifecycle.goodput import PARTS, figures_at, with_goodput
 from trainium_operator.lifecycle.progress import RankSample, progress
 from trainium_operator.profiler.channel import ChannelConfig, Reporter
-from trainium_operator.profiler.channel_contract import ProgressMessage, parse_message
 from unit.jobs import job_ref
 from unit.test_reconciler_writes import KEY, NAME, end_pod, running_gang
 from unit.test_reconciler_writes import NOW as RECONCILER_NOW

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from trainium_operator.contract import channel as contract
+from trainium_operator.contract.channel import batch_json, parse_messages
 from trainium_operator.controller import health_server
 from trainium_operator.controller.health_server import (
     HealthChannel,
@@ -25,8 +27,6 @@ from trainium_operator.lifecycle import channel_limits, profile_on_demand, stall
 from trainium_operator.lifecycle.channel_auth import TokenIdentity, authorize
 from trainium_operator.lifecycle.channel_limits import TokenBucket, token_claims
 from trainium_operator.lifecycle.progress import RankSample
-from trainium_operator.profiler import channel_contract as contract
-from trainium_operator.profiler.channel_contract import batch_json, parse_messages
 from unit.jobs import job_document, job_ref
 from unit.test_health_channel import (
     _cache_with,

@@ -11,6 +11,8 @@ import pytest
 from trainium_operator.api.spec import HealthSpec
 from trainium_operator.api.status import validated_status
 from trainium_operator.builders.job import JobRef, Stage
+from trainium_operator.contract import channel as contract
+from trainium_operator.contract.channel import ProgressMessage
 from trainium_operator.controller.health_server import ProgressStore, step_started
 from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.decision import Decision
@@ -23,8 +25,6 @@ from trainium_operator.lifecycle.stalls import (
     stall_bound,
     stopped_first,
 )
-from trainium_operator.profiler import channel_contract as contract
-from trainium_operator.profiler.channel_contract import ProgressMessage
 from unit.jobs import UID, job_ref
 
 T0 = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)

@@ -1,5 +1,5 @@
 """The operator's end of the health channel: an HTTP endpoint the training ranks POST their
-progress to (profiler/channel_contract.py has the contract, lifecycle/channel_auth.py the
+progress to (contract/channel.py has the contract, lifecycle/channel_auth.py the
 rule deciding who may report what, lifecycle/channel_limits.py how much).
 
 It runs on its own thread and event loop, never kopf's: a flood of messages slows the channel,
@@ -33,6 +33,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from trainium_operator.contract import channel as contract
+from trainium_operator.contract.channel import ProgressMessage, parse_messages
 from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.k8s.reviews import Reviews
 from trainium_operator.lifecycle.channel_auth import (
@@ -54,8 +56,6 @@ from trainium_operator.lifecycle.parse import parse_job
 from trainium_operator.lifecycle.profile_on_demand import capture_requests_for
 from trainium_operator.lifecycle.progress import RankSample
 from trainium_operator.lifecycle.stalls import requests_for
-from trainium_operator.profiler import channel_contract as contract
-from trainium_operator.profiler.channel_contract import ProgressMessage, parse_messages
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]

@@ -41,6 +41,7 @@ from trainium_operator.builders.upload import (
     on_demand_upload_pod,
     on_demand_upload_pod_name,
 )
+from trainium_operator.contract import channel as contract
 from trainium_operator.lifecycle.decision import Decision, EventRecord, PodDeletion
 from trainium_operator.lifecycle.profile_upload import (
     DONE_STATES,
@@ -51,7 +52,6 @@ from trainium_operator.lifecycle.profile_upload import (
 )
 from trainium_operator.lifecycle.progress import RankSample
 from trainium_operator.lifecycle.status_edit import timestamp
-from trainium_operator.profiler import channel_contract as contract
 
 Obj = dict[str, Any]
 ANNOTATION = "trainium.dev/profile-steps"

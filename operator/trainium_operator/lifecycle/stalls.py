@@ -36,13 +36,13 @@ from datetime import datetime, timedelta
 from trainium_operator.api.spec import HealthSpec, StallAction
 from trainium_operator.api.status import ConditionType, FailureClass, Phase
 from trainium_operator.builders.job import JobRef, Stage
+from trainium_operator.contract import channel as contract
 from trainium_operator.lifecycle.cleanup import cleanup_on_finish
 from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj
 from trainium_operator.lifecycle.observed import Observed, parse_time
 from trainium_operator.lifecycle.progress import RankSample, recent_p50_ms
 from trainium_operator.lifecycle.restarts import count_restart, restart_counts, restart_gang
 from trainium_operator.lifecycle.status_edit import StatusEdit, timestamp
-from trainium_operator.profiler import channel_contract as contract
 
 FLOOR_SECONDS = 60.0
 P50_FACTOR = 3.0
