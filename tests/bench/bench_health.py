@@ -62,6 +62,7 @@ from trainium_operator.builders.job import JobRef  # noqa: E402
 from trainium_operator.contract import channel as contract  # noqa: E402
 from trainium_operator.contract.channel import ProgressMessage  # noqa: E402
 from trainium_operator.controller.cache import ClusterCache  # noqa: E402
+from trainium_operator.controller.channel_auth import TokenIdentity  # noqa: E402
 from trainium_operator.controller.health_server import (  # noqa: E402
     HealthChannel,
     ProgressStore,
@@ -69,7 +70,6 @@ from trainium_operator.controller.health_server import (  # noqa: E402
     TokenCache,
 )
 from trainium_operator.k8s.informer import WatchEvent  # noqa: E402
-from trainium_operator.lifecycle.channel_auth import TokenIdentity  # noqa: E402
 from trainium_operator.lifecycle.decision import Decision  # noqa: E402
 from trainium_operator.lifecycle.goodput import with_goodput  # noqa: E402
 from trainium_operator.lifecycle.observed import Observed  # noqa: E402

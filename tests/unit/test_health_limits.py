@@ -15,7 +15,9 @@ import pytest
 
 from trainium_operator.contract import channel as contract
 from trainium_operator.contract.channel import batch_json, parse_messages
-from trainium_operator.controller import health_server
+from trainium_operator.controller import channel_limits, health_server
+from trainium_operator.controller.channel_auth import TokenIdentity, authorize
+from trainium_operator.controller.channel_limits import TokenBucket, token_claims
 from trainium_operator.controller.health_server import (
     HealthChannel,
     ProgressStore,
@@ -23,9 +25,7 @@ from trainium_operator.controller.health_server import (
     ServerThread,
     TokenCache,
 )
-from trainium_operator.lifecycle import channel_limits, profile_on_demand, stalls
-from trainium_operator.lifecycle.channel_auth import TokenIdentity, authorize
-from trainium_operator.lifecycle.channel_limits import TokenBucket, token_claims
+from trainium_operator.lifecycle import profile_on_demand, stalls
 from trainium_operator.lifecycle.progress import RankSample
 from unit.jobs import job_document, job_ref
 from unit.test_health_channel import (

@@ -1,6 +1,6 @@
 """The operator's end of the health channel: an HTTP endpoint the training ranks POST their
-progress to (contract/channel.py has the contract, lifecycle/channel_auth.py the
-rule deciding who may report what, lifecycle/channel_limits.py how much).
+progress to (contract/channel.py has the contract, controller/channel_auth.py the
+rule deciding who may report what, controller/channel_limits.py how much).
 
 It runs on its own thread and event loop, never kopf's: a flood of messages slows the channel,
 not the reconcile passes. A message is answered in this order, the cheapest refusal first:
@@ -36,8 +36,7 @@ from aiohttp.web_protocol import RequestHandler
 from trainium_operator.contract import channel as contract
 from trainium_operator.contract.channel import ProgressMessage, parse_messages
 from trainium_operator.controller.cache import ClusterCache
-from trainium_operator.k8s.reviews import Reviews
-from trainium_operator.lifecycle.channel_auth import (
+from trainium_operator.controller.channel_auth import (
     JobShape,
     TokenIdentity,
     Verdict,
@@ -45,13 +44,14 @@ from trainium_operator.lifecycle.channel_auth import (
     check_shape,
     job_shape,
 )
-from trainium_operator.lifecycle.channel_limits import (
+from trainium_operator.controller.channel_limits import (
     Limiter,
     PodClaims,
     job_rate,
     pod_rate,
     token_claims,
 )
+from trainium_operator.k8s.reviews import Reviews
 from trainium_operator.lifecycle.parse import parse_job
 from trainium_operator.lifecycle.profile_on_demand import capture_requests_for
 from trainium_operator.lifecycle.progress import RankSample
