@@ -46,6 +46,12 @@ def test_the_wheel_carries_no_dev_cluster_go_modules_or_scheduler(wheel: zipfile
     assert not [f for f in files if "gang" in Path(f).name or "volcano-scheduler" in f]
 
 
+def test_the_wheel_carries_no_test_support_code(wheel: zipfile.ZipFile) -> None:
+    # The synthetic profile writer serves tests and benchmarks only (tests/support).
+    assert (ROOT / "tests" / "support" / "synthetic.py").exists()
+    assert not [f for f in names(wheel) if "synthetic" in f]
+
+
 def test_the_wheel_needs_no_exclusion_rule_to_leave_the_dev_cluster_out() -> None:
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert "exclude-package-data" not in setuptools
