@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
+from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.profiler.manifest import ManifestError, load_manifest
 from trainium_operator.ui.app import create_app
 from ui_serving import get_json, post_json, serving

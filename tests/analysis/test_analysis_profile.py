@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.analysis.loading import load_profile
 from trainium_operator.analysis.perfetto import ExportOptions, export_perfetto, flow_uuid
 from trainium_operator.analysis.stats import step_table
-from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.analysis.timeline import TimelineIndex
 from trainium_operator.profiler.clock import ClockSyncPoint
 from trainium_operator.profiler.events import Event, EventKind, Precision

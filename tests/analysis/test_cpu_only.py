@@ -15,10 +15,10 @@ import pytest
 from click.testing import CliRunner
 
 from profiler.profiler_helpers import start, stop_and_read
+from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator import profiler
 from trainium_operator.analysis.loading import load_profile
 from trainium_operator.analysis.report import dashboard, text_report
-from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.cli import main
 from trainium_operator.profiler.config import StepWindow
 from trainium_operator.profiler.manifest import ProfileManifest, write_manifest

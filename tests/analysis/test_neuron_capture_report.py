@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from profiler import perfetto_fixture
+from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.analysis.loading import load_profile
 from trainium_operator.analysis.report import dashboard, text_report
-from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.profiler.clock import ClockSyncPoint
 from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind
 from trainium_operator.profiler.format import RankHeader, write_rank_file

@@ -58,7 +58,10 @@ sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "tests")]
 from aiohttp import ClientSession, TCPConnector  # noqa: E402
 
 from trainium_operator.builders.job import JobRef  # noqa: E402
+from trainium_operator.contract import channel as contract  # noqa: E402
+from trainium_operator.contract.channel import ProgressMessage  # noqa: E402
 from trainium_operator.controller.cache import ClusterCache  # noqa: E402
+from trainium_operator.controller.channel_auth import TokenIdentity  # noqa: E402
 from trainium_operator.controller.health_server import (  # noqa: E402
     HealthChannel,
     ProgressStore,
@@ -66,7 +69,6 @@ from trainium_operator.controller.health_server import (  # noqa: E402
     TokenCache,
 )
 from trainium_operator.k8s.informer import WatchEvent  # noqa: E402
-from trainium_operator.lifecycle.channel_auth import TokenIdentity  # noqa: E402
 from trainium_operator.lifecycle.observed import Observed  # noqa: E402
 from trainium_operator.lifecycle.policies.goodput import goodput  # noqa: E402
 from trainium_operator.lifecycle.policies.progress import progress  # noqa: E402
@@ -74,9 +76,7 @@ from trainium_operator.lifecycle.policies.stalls import stall, stall_bound  # no
 from trainium_operator.lifecycle.policies.stragglers import stragglers  # noqa: E402
 from trainium_operator.lifecycle.ranks import RankSample  # noqa: E402
 from trainium_operator.lifecycle.snapshot import PassSettings  # noqa: E402
-from trainium_operator.profiler import channel_contract as contract  # noqa: E402
 from trainium_operator.profiler.channel import ChannelConfig, Reporter  # noqa: E402
-from trainium_operator.profiler.channel_contract import ProgressMessage  # noqa: E402
 from unit.jobs import job_document, job_ref, run_policy  # noqa: E402
 from unit.test_health_channel import pod_jwt  # noqa: E402
 

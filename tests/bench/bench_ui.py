@@ -28,12 +28,15 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from trainium_operator.analysis.loading import load_profile
-from trainium_operator.analysis.synthetic import (
+# Run as a script: the synthetic profile writer lives with the tests (tests/support).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from support.synthetic import (
     SyntheticSpec,
     expected_event_count,
     write_synthetic_profile,
 )
+from trainium_operator.analysis.loading import load_profile
 from trainium_operator.profiler.events import EventKind
 
 BENCH_SPEC = SyntheticSpec(

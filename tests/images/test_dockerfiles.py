@@ -134,7 +134,7 @@ def test_the_native_training_image_builds_on_a_torchneuron_dlc_of_sdk_2_33() -> 
 
 
 def test_each_training_image_names_the_neuron_stack_it_runs() -> None:
-    from trainium_operator.api import workload_env
+    from trainium_operator.contract import workload_env
 
     native = Dockerfile(TRAINING_NATIVE_DOCKERFILE).final_env()
     assert native[workload_env.NEURON_STACK] == "native"
@@ -166,26 +166,12 @@ def test_example_job_runs_a_script_the_training_image_contains() -> None:
     assert source.is_file(), f"{script} is copied from {source.relative_to(ROOT)}, which is missing"
 
 
-# The profiler, and the standard-library-only contract modules the training package imports
-# (its flags and the workload environment, with the attempt layout of the output root).
+# The profiler and the standard-library-only contract package, each copied whole (the
+# package root's __init__ only makes them importable as trainium_operator.*).
+CONTRACT_DIR = ROOT / "operator" / "trainium_operator" / "contract"
 OURS_IN_THE_TRAINING_IMAGE = [
     ["operator/trainium_operator/__init__.py", "/opt/trainium/trainium_operator/__init__.py"],
-    [
-        "operator/trainium_operator/api/__init__.py",
-        "/opt/trainium/trainium_operator/api/__init__.py",
-    ],
-    [
-        "operator/trainium_operator/api/training_flags.py",
-        "/opt/trainium/trainium_operator/api/training_flags.py",
-    ],
-    [
-        "operator/trainium_operator/api/workload_env.py",
-        "/opt/trainium/trainium_operator/api/workload_env.py",
-    ],
-    [
-        "operator/trainium_operator/api/neff_cache.py",
-        "/opt/trainium/trainium_operator/api/neff_cache.py",
-    ],
+    ["operator/trainium_operator/contract/", "/opt/trainium/trainium_operator/contract/"],
     ["operator/trainium_operator/profiler/", "/opt/trainium/trainium_operator/profiler/"],
 ]
 
@@ -202,8 +188,12 @@ def test_training_image_carries_only_the_profiler_and_the_contract_of_our_packag
     assert not [r for r in runs if "trainium_operator-" in r or "pip wheel" in r], "no wheel"
     (check,) = [r for r in runs if "import trainium_operator.profiler" in r]
     assert "trainium_operator.profiler.s3" in check
-    assert "trainium_operator.api.workload_env" in check
+    assert "trainium_operator.contract.workload_env" in check
     assert dockerfile.final_env()["PYTHONPATH"] == "/opt/trainium"
+
+
+def contract_modules() -> list[str]:
+    return sorted(p.stem for p in CONTRACT_DIR.glob("*.py") if p.stem != "__init__")
 
 
 def image_layout(folder: Path, dockerfile: Path = TRAINING_DOCKERFILE) -> Path:
@@ -234,7 +224,7 @@ def test_the_training_image_layout_holds_every_module_of_ours_the_training_packa
 ) -> None:
     layout = image_layout(tmp_path, TRAINING_DOCKERFILES[training_dockerfile])
     imported = our_imports_of_the_training_package()
-    assert "trainium_operator.api.workload_env" in imported
+    assert "trainium_operator.contract.workload_env" in imported
 
     def present(dotted: str) -> bool:
         path = layout.joinpath(*dotted.split("."))
@@ -274,12 +264,11 @@ def test_the_training_image_layout_imports_the_profiler_and_the_uploader(
         f"assert trainium_operator.__file__.startswith({str(tmp_path)!r})\n"
         "import trainium_operator.profiler, trainium_operator.profiler.s3\n"
         "import trainium_operator.profiler.sources.neuron\n"
-        "import trainium_operator.profiler.env_contract\n"
-        "import trainium_operator.api.training_flags, trainium_operator.api.workload_env\n"
-        "import trainium_operator.api.neff_cache\n"
+        f"for name in {contract_modules()!r}:\n"
+        "    __import__('trainium_operator.contract.' + name)\n"
         "from trainium_operator.profiler.s3 import main\n"
         "assert main([]) == 2\n"
-        "for name in ('api.spec', 'api.crd', 'controller', 'ui', 'k8s', 'analysis', 'builders'):\n"
+        "for name in ('api', 'controller', 'ui', 'k8s', 'analysis', 'builders', 'lifecycle'):\n"
         "    try:\n"
         "        __import__('trainium_operator.' + name)\n"
         "    except ImportError:\n"

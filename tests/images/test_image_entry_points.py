@@ -24,7 +24,7 @@ from images.dockerfile_model import (
     build_operator_wheel,
 )
 from s3_server import S3Bucket, aws_env
-from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
+from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.builders.upload import PROFILE_MOUNT_PATH, UploadPodSettings, upload_pod
 from trainium_operator.profiler.s3 import MANIFEST_NAME
 from unit.jobs import job_ref

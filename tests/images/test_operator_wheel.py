@@ -30,11 +30,26 @@ def test_the_wheel_has_the_operator_ui_and_profiler(wheel: zipfile.ZipFile) -> N
         assert expected in files
 
 
+def test_the_wheel_carries_the_whole_contract_package(wheel: zipfile.ZipFile) -> None:
+    """The operator's half of what it shares with the training image (which copies the same
+    folder): every module of trainium_operator/contract/."""
+    contract = ROOT / "operator" / "trainium_operator" / "contract"
+    modules = {f"trainium_operator/contract/{p.name}" for p in contract.glob("*.py")}
+    assert "trainium_operator/contract/channel.py" in modules
+    assert modules <= set(names(wheel))
+
+
 def test_the_wheel_carries_no_dev_cluster_go_modules_or_scheduler(wheel: zipfile.ZipFile) -> None:
     files = names(wheel)
     assert not [f for f in files if "devcluster" in f]
     assert not [f for f in files if f.endswith(("go.mod", "go.sum"))]
     assert not [f for f in files if "gang" in Path(f).name or "volcano-scheduler" in f]
+
+
+def test_the_wheel_carries_no_test_support_code(wheel: zipfile.ZipFile) -> None:
+    # The synthetic profile writer serves tests and benchmarks only (tests/support).
+    assert (ROOT / "tests" / "support" / "synthetic.py").exists()
+    assert not [f for f in names(wheel) if "synthetic" in f]
 
 
 def test_the_wheel_needs_no_exclusion_rule_to_leave_the_dev_cluster_out() -> None:

@@ -25,7 +25,7 @@ from integration.operator_harness import (
     supervised,
     wait_gang_running,
 )
-from trainium_operator.profiler import channel_contract as contract
+from trainium_operator.contract import channel as contract
 
 # A rank: the public profiler API only (no profiling window: the channel runs regardless).
 RANK_SCRIPT = """

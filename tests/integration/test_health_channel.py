@@ -34,8 +34,8 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
+from trainium_operator.contract import channel as contract
 from trainium_operator.lifecycle.observed import parse_time
-from trainium_operator.profiler import channel_contract as contract
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 

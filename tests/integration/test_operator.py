@@ -31,7 +31,7 @@ from integration.operator_harness import (
 )
 from trainium_devcluster import testing
 from trainium_devcluster.sim import restore_node, simulate_node_loss, wait_for
-from trainium_operator.api import neff_cache
+from trainium_operator.contract import neff_cache
 from trainium_operator.lifecycle.observed import parse_time
 from trainium_operator.lifecycle.policies.goodput import PARTS as GOODPUT_PARTS
 

@@ -32,9 +32,9 @@ from integration.operator_harness import (
     wait_phase,
 )
 from s3_server import S3Bucket
+from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_devcluster.sim import simulate_pod_outcome
 from trainium_operator.analysis.s3store import S3ProfileSource
-from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.lifecycle.policies.profile_upload import ENV_DEFAULT_S3_URI
 from trainium_operator.profiler.s3 import ExitCode, parse_s3_uri
 

@@ -23,9 +23,9 @@ from kubernetes import client
 
 from integration.operator_harness import ROOT, create_job, install_crds, job_manifest
 from integration.tenancy_harness import label_pod_security
+from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_devcluster import testing
 from trainium_devcluster.access import service_account_kubeconfig
-from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.ui.app import create_app
 from trainium_operator.ui.auth import kubernetes_access
 from trainium_operator.ui.guards import CSRF_HEADER

@@ -28,7 +28,7 @@ from integration.operator_harness import (
 )
 from trainium_devcluster import cluster, objects
 from trainium_devcluster.sim import simulate_pod_outcome
-from trainium_operator.api import workload_env
+from trainium_operator.contract import workload_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 

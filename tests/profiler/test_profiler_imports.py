@@ -12,7 +12,7 @@ def test_importing_the_profiler_pulls_in_nothing_heavy() -> None:
         "import trainium_operator.profiler, trainium_operator.profiler.format\n"
         "import trainium_operator.profiler.manifest, trainium_operator.profiler.smprof\n"
         "import trainium_operator.profiler.sources.neuron\n"
-        "import trainium_operator.profiler.s3, trainium_operator.profiler.env_contract\n"
+        "import trainium_operator.profiler.s3, trainium_operator.contract.profiler_env\n"
         "from trainium_operator import profiler\n"
         "profiler.start_profiling()\n"  # off: TRAINIUM_PROFILE is unset
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in"

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from trainium_operator.contract.neuron_env import neuron_inspect_env
 from trainium_operator.profiler.clock import ClockSyncPoint, WallToMonotonic
 from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind
 from trainium_operator.profiler.format import RankHeader, read_rank_file, write_rank_file
-from trainium_operator.profiler.neuron_env_contract import neuron_inspect_env
 from trainium_operator.profiler.sources.neuron import (
     FLOW_ID_BASE,
     NeuronProfileError,

@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 
 from profiler import perfetto_fixture
-from trainium_operator.api import workload_env
-from trainium_operator.profiler import neuron_env_contract
+from trainium_operator.contract import neuron_env, workload_env
+from trainium_operator.contract.neuron_env import neuron_inspect_env
 from trainium_operator.profiler.clock import ClockSyncPoint, WallToMonotonic
 from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind
 from trainium_operator.profiler.format import RankHeader, read_rank_file, write_rank_file
-from trainium_operator.profiler.neuron_env_contract import neuron_inspect_env
 from trainium_operator.profiler.sources import perfetto_reader
 from trainium_operator.profiler.sources.neuron import (
     DEVICE_PROFILE_STREAM_BASE,
@@ -69,7 +68,8 @@ def test_the_xla_stacks_capture_env_is_what_it_was() -> None:
 
 
 def test_the_capture_contract_knows_the_workload_contracts_stacks_and_refuses_others() -> None:
-    assert neuron_env_contract.STACKS == workload_env.NEURON_STACKS
+    for stack in workload_env.NEURON_STACKS:
+        assert neuron_inspect_env("/p", stack=stack)[neuron_env.INSPECT_ENABLE] == "1"
     with pytest.raises(ValueError, match="unknown Neuron stack 'jax'"):
         neuron_inspect_env("/p", stack="jax")
 

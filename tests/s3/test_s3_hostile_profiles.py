@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from s3_server import S3Bucket
+from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.analysis.s3store import S3ProfileSource, key_problem
-from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.profiler.s3 import S3Location, S3ProfileError, parse_s3_uri, upload_profile
 from trainium_operator.ui.app import create_app
 from ui_serving import get_json, post_json, serving

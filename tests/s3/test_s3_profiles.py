@@ -16,8 +16,8 @@ import pytest
 from click.testing import CliRunner
 
 from s3_server import S3Bucket, aws_env
+from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.analysis.s3store import S3ProfileSource, fetch_uri
-from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.cli import main
 from trainium_operator.profiler.manifest import (
     MANIFEST_NAME,

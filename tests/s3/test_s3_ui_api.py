@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from s3_server import S3Bucket
+from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.analysis.loading import load_profile
 from trainium_operator.analysis.report import dashboard
-from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.profiler.s3 import parse_s3_uri, upload_profile
 from trainium_operator.ui.app import create_app
 from trainium_operator.ui.profiles import JobInfo

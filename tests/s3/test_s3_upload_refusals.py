@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from s3_server import S3Bucket
-from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
+from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.profiler.manifest import MANIFEST_NAME
 from trainium_operator.profiler.s3 import ExitCode, main
 

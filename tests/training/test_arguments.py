@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from training.training_helpers import PRETRAIN, REPO, child_env, run
-from trainium_operator.api import training_flags
+from trainium_operator.contract import training_flags
 from trainium_training.arguments import PRECISION_ENV, build_parser, parse_arguments
 
 pytestmark = pytest.mark.training
@@ -152,7 +152,8 @@ def test_what_the_script_imports_from_the_operator_package_needs_no_third_party_
     probe = (
         "import sys\n"
         "before = set(sys.modules)\n"
-        "import trainium_operator.api.training_flags, trainium_operator.api.workload_env\n"
+        "import trainium_operator.contract.training_flags\n"
+        "import trainium_operator.contract.workload_env\n"
         "import trainium_operator.profiler\n"
         "tops = {m.split('.')[0] for m in set(sys.modules) - before}\n"
         "print(sorted(t for t in tops if t not in sys.stdlib_module_names))\n"

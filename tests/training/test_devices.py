@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainium_operator.api import workload_env
+from trainium_operator.contract import workload_env
 from trainium_training import checkpoints, devices
 from trainium_training.pretrain import resolve_precision
 

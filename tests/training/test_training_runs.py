@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from training.training_helpers import PRETRAIN, RUN_TIMEOUT_S, child_env, run, torchrun_argv
-from trainium_operator.api.training_flags import (
+from trainium_operator.contract.training_flags import (
     DATA_DIR_FLAG,
     OUTPUT_DIR_FLAG,
     RESUME_FLAG,

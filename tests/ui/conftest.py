@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
+from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.ui.app import create_app
 from trainium_operator.ui.profiles import JobInfo
 from ui_serving import serving

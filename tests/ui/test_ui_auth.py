@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner
 
-from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
+from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.cli import main
 from trainium_operator.k8s.reviews import (
     AccessReviewResult,

@@ -5,12 +5,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from trainium_operator.api import workload_env
 from trainium_operator.api.spec import TrainingJobSpec
-from trainium_operator.api.workload_env import WorkloadEnv, read_workload_env
 from trainium_operator.builders import pods
 from trainium_operator.builders.job import Stage
 from trainium_operator.builders.upload import UploadPodSettings, upload_pod
+from trainium_operator.contract import workload_env
+from trainium_operator.contract.workload_env import WorkloadEnv, read_workload_env
 from trainium_operator.lifecycle.parse import parse_job
 from unit.jobs import UID, job_document, job_ref
 

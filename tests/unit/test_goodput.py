@@ -7,11 +7,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from trainium_operator.api.status import validated_status
+from trainium_operator.contract.channel import ProgressMessage, parse_message
 from trainium_operator.lifecycle.policies.goodput import PARTS, figures_at, with_goodput
 from trainium_operator.lifecycle.policies.progress import progress_figures
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.profiler.channel import ChannelConfig, Reporter
-from trainium_operator.profiler.channel_contract import ProgressMessage, parse_message
 from unit.jobs import job_ref
 from unit.test_reconciler_writes import KEY, NAME, end_pod, running_gang
 from unit.test_reconciler_writes import NOW as RECONCILER_NOW

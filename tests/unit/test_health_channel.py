@@ -17,13 +17,13 @@ import pytest
 
 from trainium_operator.builders import pods
 from trainium_operator.builders.job import Stage
+from trainium_operator.contract import channel as contract
+from trainium_operator.contract.channel import ProgressMessage, parse_message
 from trainium_operator.controller.cache import ClusterCache
+from trainium_operator.controller.channel_auth import TokenIdentity, authorize
 from trainium_operator.controller.health_server import HealthChannel, ProgressStore, TokenCache
 from trainium_operator.k8s.informer import WatchEvent
-from trainium_operator.lifecycle.channel_auth import TokenIdentity, authorize
-from trainium_operator.profiler import channel_contract as contract
 from trainium_operator.profiler.channel import ChannelConfig, Reporter
-from trainium_operator.profiler.channel_contract import ProgressMessage, parse_message
 from unit.jobs import UID, job_document, job_ref
 
 URL = "http://trainium-operator-health.trainium-system.svc:8090/v1/progress"

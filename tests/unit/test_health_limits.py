@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 
-from trainium_operator.controller import health_server
+from trainium_operator.contract import channel as contract
+from trainium_operator.contract.channel import batch_json, parse_messages
+from trainium_operator.controller import channel_limits, health_server
+from trainium_operator.controller.channel_auth import TokenIdentity, authorize
+from trainium_operator.controller.channel_limits import TokenBucket, token_claims
 from trainium_operator.controller.health_server import (
     HealthChannel,
     ProgressStore,
@@ -21,14 +25,9 @@ from trainium_operator.controller.health_server import (
     ServerThread,
     TokenCache,
 )
-from trainium_operator.lifecycle import channel_limits
-from trainium_operator.lifecycle.channel_auth import TokenIdentity, authorize
-from trainium_operator.lifecycle.channel_limits import TokenBucket, token_claims
 from trainium_operator.lifecycle.policies import on_demand_profile as profile_on_demand
 from trainium_operator.lifecycle.policies import stalls
 from trainium_operator.lifecycle.ranks import RankSample
-from trainium_operator.profiler import channel_contract as contract
-from trainium_operator.profiler.channel_contract import batch_json, parse_messages
 from unit.jobs import job_document, job_ref
 from unit.test_health_channel import (
     _cache_with,

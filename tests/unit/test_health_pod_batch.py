@@ -19,8 +19,8 @@ import pytest
 
 from trainium_operator.builders import pods
 from trainium_operator.builders.job import Stage
+from trainium_operator.contract import channel as contract
 from trainium_operator.controller.health_server import HealthChannel, TokenCache
-from trainium_operator.profiler import channel_contract as contract
 from trainium_operator.profiler import pod_samples
 from trainium_operator.profiler.channel import ChannelConfig, Reporter
 from unit.jobs import UID, job_document, job_ref

@@ -13,7 +13,6 @@ import yaml
 from click.testing import CliRunner
 from pydantic import ValidationError
 
-from trainium_operator.api import neff_cache
 from trainium_operator.api.crd import training_job_crd
 from trainium_operator.api.instance_types import (
     INSTANCE_TYPES,
@@ -24,6 +23,7 @@ from trainium_operator.api.status import TrainingJobStatus
 from trainium_operator.builders import pods
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.cli import main
+from trainium_operator.contract import neff_cache
 from trainium_operator.lifecycle.observed import pod_view
 from unit.jobs import decide, job_ref
 from unit.test_lifecycle import observed, pod

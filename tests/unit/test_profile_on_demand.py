@@ -16,6 +16,7 @@ import pytest
 
 from trainium_operator.api.status import validated_status
 from trainium_operator.builders.job import JobRef
+from trainium_operator.contract import channel as contract
 from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.policies.on_demand_profile import (
@@ -30,7 +31,6 @@ from trainium_operator.lifecycle.policies.profile_upload import UploadDefaults
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.snapshot import PassSettings
 from trainium_operator.profiler import capture, channel
-from trainium_operator.profiler import channel_contract as contract
 from trainium_operator.profiler.channel import ChannelConfig, Reporter
 from trainium_operator.profiler.events import EventKind
 from trainium_operator.profiler.format import RankFileReader

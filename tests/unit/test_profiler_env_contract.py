@@ -9,7 +9,7 @@ from typing import Any
 
 from trainium_operator.builders import pods
 from trainium_operator.builders.job import Stage
-from trainium_operator.profiler import env_contract
+from trainium_operator.contract import profiler_env
 from trainium_operator.profiler.config import ProfilerConfig, StepWindow
 from unit.jobs import job_ref
 
@@ -49,17 +49,17 @@ def test_every_name_the_operator_sets_for_the_profiler_is_in_the_contract() -> N
         e["name"]
         for e in pods.pod(job, Stage.TRAIN, attempt=0, rank=0)["spec"]["containers"][0]["env"]
     }
-    from trainium_operator.api import workload_env
+    from trainium_operator.contract import workload_env
 
-    # Every TRAINIUM_ name is either the workload contract's (api/workload_env.py) or the
+    # Every TRAINIUM_ name is either the workload contract's (contract/workload_env.py) or the
     # profiler's, and the profiler's all reach the pod.
     ours = {n for n in names if n.startswith("TRAINIUM_")}
     assert ours - set(workload_env.WORKLOAD_ENV_NAMES) == {
-        env_contract.ENABLE,
-        env_contract.DIR,
-        env_contract.STEPS,
+        profiler_env.ENABLE,
+        profiler_env.DIR,
+        profiler_env.STEPS,
     }
-    assert set(env_contract.OPERATOR_SET) <= ours
+    assert set(profiler_env.OPERATOR_SET) <= ours
 
 
 def test_profiling_is_off_in_pods_of_unprofiled_jobs_and_compile_pods() -> None:
@@ -67,15 +67,3 @@ def test_profiling_is_off_in_pods_of_unprofiled_jobs_and_compile_pods() -> None:
     assert not ProfilerConfig.from_env(pod_environment(unprofiled, "n", 0, 1)).enabled
     compile_pod = pods.pod(job_ref(profile={"enabled": True}), Stage.COMPILE, attempt=0, rank=0)
     assert not ProfilerConfig.from_env(pod_environment(compile_pod, "n", 0, 1)).enabled
-
-
-def test_the_identity_names_the_profiler_reads_are_the_workload_contracts() -> None:
-    """The profiler imports nothing outside its package (it runs alone in training pods), so it
-    repeats five names of api/workload_env.py; they must be the same names."""
-    from trainium_operator.api import workload_env
-
-    assert env_contract.JOB_NAME == workload_env.JOB_NAME
-    assert env_contract.JOB_NAMESPACE == workload_env.JOB_NAMESPACE
-    assert env_contract.JOB_UID == workload_env.JOB_UID
-    assert env_contract.ATTEMPT == workload_env.ATTEMPT
-    assert env_contract.NODE == workload_env.NODE_NAME

@@ -10,6 +10,8 @@ import pytest
 
 from trainium_operator.api.spec import HealthSpec
 from trainium_operator.builders.job import JobRef, Stage
+from trainium_operator.contract import channel as contract
+from trainium_operator.contract.channel import ProgressMessage
 from trainium_operator.controller.health_server import ProgressStore, step_started
 from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import NodeView, Observed, PodGroupView, PodView
@@ -20,8 +22,6 @@ from trainium_operator.lifecycle.policies.stalls import (
     stopped_first,
 )
 from trainium_operator.lifecycle.ranks import RankSample
-from trainium_operator.profiler import channel_contract as contract
-from trainium_operator.profiler.channel_contract import ProgressMessage
 from unit.jobs import UID, decide, job_ref
 
 T0 = datetime(2026, 12, 3, 8, 0, tzinfo=UTC)

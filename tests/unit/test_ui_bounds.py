@@ -19,8 +19,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.analysis.s3store import group_profiles
-from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.k8s.reviews import (
     AccessReviewResult,
     ResourceQuestion,

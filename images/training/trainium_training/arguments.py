@@ -2,7 +2,7 @@
 
 Names and defaults follow the reference tutorial's script where it has them (batch 8,
 accumulation 64, 28,125 steps, 2,000 warmup steps, lr 4e-4, seed 12349). The flags the
-operator appends come from `trainium_operator.api.training_flags`, so both sides share one
+operator appends come from `trainium_operator.contract.training_flags`, so both sides share one
 spelling.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from trainium_operator.api.training_flags import (
+from trainium_operator.contract.training_flags import (
     DATA_DIR_FLAG,
     OUTPUT_DIR_FLAG,
     RESUME_FLAG,

@@ -7,7 +7,7 @@ complete checkpoint or none; a writer killed mid-way leaves only a temporary fil
 next writer removes. Older checkpoints are pruned only after the new one is in place.
 
 Under the operator each training attempt writes `<root>/attempt-<N>/checkpoints/` (the layout
-is `trainium_operator.api.workload_env`'s), and a resuming gang starts from the newest complete
+is `trainium_operator.contract.workload_env`'s), and a resuming gang starts from the newest complete
 checkpoint of the attempts before it (`newest_of_earlier_attempts`), which it first `adopt`s
 into its own directory: an earlier gang that still runs (its node was only partitioned) may go
 on writing and pruning there, but cannot change or remove what the new gang reads.
@@ -29,7 +29,7 @@ from typing import IO, Any, Final
 
 import torch
 
-from trainium_operator.api import workload_env
+from trainium_operator.contract import workload_env
 
 log = logging.getLogger(__name__)
 

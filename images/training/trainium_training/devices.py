@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainium_operator.api import workload_env
+from trainium_operator.contract import workload_env
 from trainium_training import checkpoints
 
 log = logging.getLogger(__name__)

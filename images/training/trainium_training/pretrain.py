@@ -43,8 +43,8 @@ import torch
 from torch import nn
 
 from trainium_operator import profiler
-from trainium_operator.api import workload_env
-from trainium_operator.api.training_flags import OUTPUT_DIR_FLAG
+from trainium_operator.contract import workload_env
+from trainium_operator.contract.training_flags import OUTPUT_DIR_FLAG
 from trainium_training import checkpoints, data_stream, devices, metrics, shards
 from trainium_training.arguments import TrainingArguments, parse_arguments
 from trainium_training.model_configs import MODEL_CONFIGS, build_model

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainium_operator.api.workload_env import NEURON_STACKS
+from trainium_operator.contract.workload_env import NEURON_STACKS
 
 NEURON_RESOURCE = "aws.amazon.com/neuron"
 NEURON_DEVICE_RESOURCE = "aws.amazon.com/neurondevice"
@@ -61,7 +61,7 @@ class InstanceType:
     memory_gib: int
     lnc_options: tuple[int, ...] = (1,)  # logical NeuronCore configs the runtime accepts
     default_lnc: int = 1
-    # The Neuron PyTorch stacks that run on it (api/workload_env.NEURON_STACKS), default first.
+    # The Neuron PyTorch stacks that run on it (contract/workload_env.NEURON_STACKS), default first.
     neuron_stacks: tuple[str, ...] = TRN1_STACKS
     # Facts of this row no source confirmed (field names), shown by the docs and `unconfirmed`.
     unconfirmed: tuple[str, ...] = field(default=())

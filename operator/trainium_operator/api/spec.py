@@ -27,7 +27,7 @@ from trainium_operator.api.instance_types import (
     InstanceType,
 )
 from trainium_operator.api.model_base import ApiModel
-from trainium_operator.api.workload_env import NEURON_STACKS
+from trainium_operator.contract.workload_env import NEURON_STACKS
 
 GROUP = "trainium.dev"
 VERSION = "v1alpha1"
@@ -625,7 +625,7 @@ PROTECTED_CONTAINER_FIELDS: dict[str, str] = {
 }
 PROTECTED_LABEL_PREFIXES = ("trainium.dev/", "app.kubernetes.io/")
 PROTECTED_ANNOTATIONS = ("scheduling.k8s.io/group-name",)
-# The health channel's token volume is profiler/channel_contract.TOKEN_VOLUME (api imports no
+# The health channel's token volume is contract/channel.TOKEN_VOLUME (api imports no
 # profiler module; tests/unit/test_health_channel.py keeps the two equal).
 HEALTH_TOKEN_VOLUME = "trainium-health-token"
 HEALTH_TOKEN_DIR = "/var/run/secrets/trainium.dev/health"

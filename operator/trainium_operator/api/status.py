@@ -100,7 +100,7 @@ class StageStatus(ApiModel):
 
 class CompileCacheStatus(ApiModel):
     """What the native stack's compile stage left in the persistent NEFF cache, as each compile
-    pod reported it in its termination message after its steps (api/neff_cache.py). The
+    pod reported it in its termination message after its steps (contract/neff_cache.py). The
     operator does not read the volume: figures of pods that did not report are missing, never
     guessed, and nodesReported says how many did."""
 
@@ -375,11 +375,11 @@ class StragglersStatus(ApiModel):
 
 class GoodputStatus(ApiModel):
     """Where the job's wall time went (lifecycle/policies/goodput.py): every second since
-    startTime is in exactly one of queued, compiling, training, restarting, suspended or lost, so they sum
-    to wallSeconds. Accumulated from the stored status at each status write the job gets anyway
-    (never one only to move asOf), so an operator restart neither loses nor counts twice any
-    time. The figures are as of asOf, however old: from asOf to now the job was in the stored
-    phase, and that time belongs to its part (what the next write adds)."""
+    startTime is in exactly one of queued, compiling, training, restarting, suspended or lost,
+    so they sum to wallSeconds. Accumulated from the stored status at each status write the job
+    gets anyway (never one only to move asOf), so an operator restart neither loses nor counts
+    twice any time. The figures are as of asOf, however old: from asOf to now the job was in
+    the stored phase, and that time belongs to its part (what the next write adds)."""
 
     percent: float | None = None
     """Goodput: trainingSeconds over wall time less suspendedSeconds, in percent. An upper

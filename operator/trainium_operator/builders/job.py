@@ -10,9 +10,9 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from trainium_operator.api import neff_cache, workload_env
 from trainium_operator.api import spec as spec_model
 from trainium_operator.api.spec import TrainingJobSpec
+from trainium_operator.contract import neff_cache, workload_env
 
 APP_NAME = "trainium-operator"
 LABEL_JOB_NAME = "trainium.dev/job-name"
@@ -47,7 +47,7 @@ class JobRef:
 
     @property
     def health_channel(self) -> bool:
-        """Whether training pods report progress to the operator (profiler/channel_contract)."""
+        """Whether training pods report progress to the operator (contract/channel)."""
         return self.health_url is not None and self.spec.health.enabled
 
     # -- names -------------------------------------------------------------------------
@@ -110,11 +110,11 @@ class JobRef:
     @property
     def compiler_key(self) -> str:
         """What keys the native NEFF cache by compiler: spec.neuron.compilerVersion, else the
-        image (api/neff_cache.image_cache_key)."""
+        image (contract/neff_cache.image_cache_key)."""
         return self.spec.neuron.compiler_version or neff_cache.image_cache_key(self.spec.image)
 
     def native_cache_dir(self, rank: int) -> str:
-        """The native stack's cache of node rank `rank` (api/neff_cache.native_cache_dir)."""
+        """The native stack's cache of node rank `rank` (contract/neff_cache.native_cache_dir)."""
         lnc = self.spec.effective_lnc or 1  # the native stack runs only where LNC exists
         return neff_cache.native_cache_dir(
             self.cache_root, self.cache_set, rank, self.compiler_key, lnc

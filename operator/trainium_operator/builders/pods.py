@@ -7,7 +7,6 @@ import re
 from decimal import Decimal
 from typing import Any
 
-from trainium_operator.api import neff_cache, workload_env
 from trainium_operator.api.instance_types import (
     EFA_RESOURCE,
     INSTANCE_TYPE_LABEL,
@@ -32,10 +31,11 @@ from trainium_operator.builders.job import (
     JobRef,
     Stage,
 )
-from trainium_operator.profiler import channel_contract
-from trainium_operator.profiler.channel_contract import channel_env, stacks_dir
-from trainium_operator.profiler.env_contract import profiling_env
-from trainium_operator.profiler.neuron_env_contract import neuron_inspect_env
+from trainium_operator.contract import channel as channel_contract
+from trainium_operator.contract import neff_cache, workload_env
+from trainium_operator.contract.channel import channel_env, stacks_dir
+from trainium_operator.contract.neuron_env import neuron_inspect_env
+from trainium_operator.contract.profiler_env import profiling_env
 
 Obj = dict[str, Any]
 
@@ -297,7 +297,7 @@ def _operator_env(
         {"name": "NEURON_RT_RESET_CORES", "value": "1"},
         *_cache_env(job, stage, rank),
         {"name": "HF_HOME", "value": job.transformers_cache_dir(rank)},
-        # The workload contract (api/workload_env.py): what the script may read.
+        # The workload contract (contract/workload_env.py): what the script may read.
         {"name": workload_env.JOB_NAME, "value": job.name},
         {"name": workload_env.JOB_NAMESPACE, "value": job.namespace},
         {"name": workload_env.JOB_UID, "value": job.uid},

@@ -28,7 +28,7 @@ from importlib import metadata as package_metadata
 from typing import Any
 
 from trainium_operator.builders.job import LABEL_JOB_NAME, LABEL_STAGE, JobRef
-from trainium_operator.profiler import channel_contract
+from trainium_operator.contract import channel as channel_contract
 
 Obj = dict[str, Any]
 

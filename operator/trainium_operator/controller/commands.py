@@ -15,8 +15,8 @@ import yaml
 from trainium_operator.api.crd import training_job_crd
 from trainium_operator.api.reference import api_reference
 from trainium_operator.builders.job import Stage
+from trainium_operator.contract.channel import PATH
 from trainium_operator.lifecycle.render import parse_manifest, render_stages, rendered_text
-from trainium_operator.profiler.channel_contract import PATH
 
 Obj = dict[str, Any]
 

@@ -1,6 +1,6 @@
 """The operator's end of the health channel: an HTTP endpoint the training ranks POST their
-progress to (profiler/channel_contract.py has the contract, lifecycle/channel_auth.py the
-rule deciding who may report what, lifecycle/channel_limits.py how much).
+progress to (contract/channel.py has the contract, controller/channel_auth.py the
+rule deciding who may report what, controller/channel_limits.py how much).
 
 It runs on its own thread and event loop, never kopf's: a flood of messages slows the channel,
 not the reconcile passes. A message is answered in this order, the cheapest refusal first:
@@ -33,9 +33,10 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
+from trainium_operator.contract import channel as contract
+from trainium_operator.contract.channel import ProgressMessage, parse_messages
 from trainium_operator.controller.cache import ClusterCache
-from trainium_operator.k8s.reviews import Reviews
-from trainium_operator.lifecycle.channel_auth import (
+from trainium_operator.controller.channel_auth import (
     JobShape,
     TokenIdentity,
     Verdict,
@@ -43,19 +44,18 @@ from trainium_operator.lifecycle.channel_auth import (
     check_shape,
     job_shape,
 )
-from trainium_operator.lifecycle.channel_limits import (
+from trainium_operator.controller.channel_limits import (
     Limiter,
     PodClaims,
     job_rate,
     pod_rate,
     token_claims,
 )
+from trainium_operator.k8s.reviews import Reviews
 from trainium_operator.lifecycle.parse import parse_job
 from trainium_operator.lifecycle.policies.on_demand_profile import capture_requests_for
 from trainium_operator.lifecycle.policies.stalls import requests_for
 from trainium_operator.lifecycle.ranks import RankSample
-from trainium_operator.profiler import channel_contract as contract
-from trainium_operator.profiler.channel_contract import ProgressMessage, parse_messages
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]

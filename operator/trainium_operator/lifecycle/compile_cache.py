@@ -1,6 +1,6 @@
 """status.compile.cache: what the native compile stage's pods said their NEFF caches hold.
 
-Each compile pod ends with a summary in its termination message (api/neff_cache.py); this
+Each compile pod ends with a summary in its termination message (contract/neff_cache.py); this
 adds them up. A pod without one (an older image path, a message the kubelet could not keep,
 a cache it could not list) is counted as not reported, so the figures never claim more than
 was read.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainium_operator.api import neff_cache
 from trainium_operator.builders.job import JobRef
+from trainium_operator.contract import neff_cache
 from trainium_operator.lifecycle.observed import PodView
 
 RANK_PLACEHOLDER = "<rank>"

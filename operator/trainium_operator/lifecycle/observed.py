@@ -69,7 +69,7 @@ class PodView:
     # period included); a pod still there well after it has a kubelet that does not confirm.
     deletion_due: datetime | None = None
     # The training container's termination message, once it ended (the native compile stage's
-    # NEFF cache summary, api/neff_cache.py).
+    # NEFF cache summary, contract/neff_cache.py).
     termination_message: str | None = None
 
     @property

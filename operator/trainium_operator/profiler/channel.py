@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainium_operator.profiler import channel_contract as contract
-from trainium_operator.profiler import env_contract, pod_samples
+from trainium_operator.contract import channel as contract
+from trainium_operator.contract import profiler_env
+from trainium_operator.profiler import pod_samples
 
 SEND_TIMEOUT_S = 2.0
 MAX_BACKOFF_S = 60.0
@@ -80,10 +81,10 @@ class ChannelConfig:
                 url=url,
                 token_file=env.get(contract.TOKEN_FILE) or contract.TOKEN_PATH,
                 interval_s=min(max(interval, 0.05), 300.0),
-                job=env[env_contract.JOB_NAME],
-                namespace=env[env_contract.JOB_NAMESPACE],
-                uid=env[env_contract.JOB_UID],
-                attempt=int(env.get(env_contract.ATTEMPT) or 0),
+                job=env[profiler_env.JOB_NAME],
+                namespace=env[profiler_env.JOB_NAMESPACE],
+                uid=env[profiler_env.JOB_UID],
+                attempt=int(env.get(profiler_env.ATTEMPT) or 0),
                 rank=int(env.get("RANK") or 0),
                 node_rank=int(env.get("GROUP_RANK") or 0),
                 world_size=int(env.get("WORLD_SIZE") or 1),

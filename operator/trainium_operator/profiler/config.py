@@ -30,22 +30,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainium_operator.profiler import env_contract
+from trainium_operator.contract import profiler_env
 
 # The names come from the contract module the operator's pod builder imports too.
-ENV_ENABLE = env_contract.ENABLE
-ENV_DIR = env_contract.DIR
-ENV_STEPS = env_contract.STEPS
-ENV_NODE = env_contract.NODE
-ENV_SOURCES = env_contract.SOURCES
-ENV_RING_EVENTS = env_contract.RING_EVENTS
-ENV_FLUSH_MS = env_contract.FLUSH_MS
-ENV_SAMPLE_MS = env_contract.SAMPLE_MS
-ENV_SYNC_S = env_contract.SYNC_S
-ENV_JOB_NAME = env_contract.JOB_NAME
-ENV_JOB_NAMESPACE = env_contract.JOB_NAMESPACE
-ENV_JOB_UID = env_contract.JOB_UID
-ENV_ATTEMPT = env_contract.ATTEMPT
+ENV_ENABLE = profiler_env.ENABLE
+ENV_DIR = profiler_env.DIR
+ENV_STEPS = profiler_env.STEPS
+ENV_NODE = profiler_env.NODE
+ENV_SOURCES = profiler_env.SOURCES
+ENV_RING_EVENTS = profiler_env.RING_EVENTS
+ENV_FLUSH_MS = profiler_env.FLUSH_MS
+ENV_SAMPLE_MS = profiler_env.SAMPLE_MS
+ENV_SYNC_S = profiler_env.SYNC_S
+ENV_JOB_NAME = profiler_env.JOB_NAME
+ENV_JOB_NAMESPACE = profiler_env.JOB_NAMESPACE
+ENV_JOB_UID = profiler_env.JOB_UID
+ENV_ATTEMPT = profiler_env.ATTEMPT
 
 KNOWN_SOURCES = frozenset({"torch", "neuron"})
 DEFAULT_SOURCES = frozenset({"torch", "neuron"})

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainium_operator.profiler import channel_contract as contract
+from trainium_operator.contract import channel as contract
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
 

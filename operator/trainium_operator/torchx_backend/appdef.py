@@ -15,10 +15,11 @@ from typing import Any
 
 from torchx import specs
 
-from trainium_operator.api import instance_types, workload_env
+from trainium_operator.api import instance_types
 from trainium_operator.api import spec as spec_model
 from trainium_operator.api.instance_types import INSTANCE_TYPES
 from trainium_operator.api.spec import MAX_JOB_NAME_LENGTH
+from trainium_operator.contract import workload_env
 
 Obj = dict[str, Any]
 

@@ -25,9 +25,9 @@ import yaml
 from torchx import specs
 from torchx.schedulers.api import DescribeAppResponse, ListAppResponse, Scheduler, Stream
 
-from trainium_operator.api import workload_env
 from trainium_operator.api.spec import TRAINING_CONTAINER
 from trainium_operator.builders.job import LABEL_ATTEMPT, LABEL_JOB_NAME, LABEL_NODE_RANK, Stage
+from trainium_operator.contract import workload_env
 from trainium_operator.k8s.client import Cluster, load_api_client
 from trainium_operator.lifecycle.render import render_stages
 from trainium_operator.torchx_backend.appdef import (

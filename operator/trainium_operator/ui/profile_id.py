@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from trainium_operator.api.object_names import LABEL_PATTERN
 from trainium_operator.api.spec import JOB_NAME_PATTERN, MAX_JOB_NAME_LENGTH
-from trainium_operator.profiler.channel_contract import ON_DEMAND_SUBDIR, valid_request_id
+from trainium_operator.contract.channel import ON_DEMAND_SUBDIR, valid_request_id
 
 MAX_ID_CHARS = 512
 MAX_ID_PARTS = 16  # the directory search depth (8) with room for on-demand captures below it

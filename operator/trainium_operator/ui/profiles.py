@@ -30,7 +30,7 @@ from trainium_operator.analysis.loading import LoadedProfile, load_profile, read
 from trainium_operator.analysis.report import dashboard
 from trainium_operator.analysis.s3store import S3Profile, S3ProfileSource
 from trainium_operator.analysis.timeline import TimelineIndex
-from trainium_operator.profiler.channel_contract import ON_DEMAND_SUBDIR, valid_request_id
+from trainium_operator.contract.channel import ON_DEMAND_SUBDIR, valid_request_id
 from trainium_operator.profiler.manifest import MANIFEST_NAME, discover_rank_files
 from trainium_operator.profiler.s3 import is_s3_uri, parse_s3_uri
 from trainium_operator.ui.live import JobLive

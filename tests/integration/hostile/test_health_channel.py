@@ -28,7 +28,7 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
-from trainium_operator.profiler import channel_contract as contract
+from trainium_operator.contract import channel as contract
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 

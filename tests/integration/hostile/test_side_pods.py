@@ -30,8 +30,8 @@ from integration.operator_harness import (
     wait_phase,
 )
 from s3_server import S3Bucket
+from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_devcluster.sim import simulate_pod_outcome
-from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.api.status import UploadReason
 from trainium_operator.builders.upload import PROFILE_MOUNT_PATH
 from trainium_operator.lifecycle.policies.profile_upload import REASON_MESSAGES

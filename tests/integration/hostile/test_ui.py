@@ -21,8 +21,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from kubernetes import client
 
+from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_devcluster import testing
-from trainium_operator.analysis.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.ui.app import create_app
 from trainium_operator.ui.auth import kubernetes_access
 from trainium_operator.ui.guards import CSRF_HEADER

@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 from trainium_operator.api.status import Phase
 from trainium_operator.builders.job import JobRef
+from trainium_operator.contract import channel as contract
 from trainium_operator.lifecycle.decision import Decision, EventRecord
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.status_edit import timestamp
-from trainium_operator.profiler import channel_contract as contract
 
 if TYPE_CHECKING:
     from trainium_operator.lifecycle.snapshot import Pass

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from trainium_operator.api.spec import HealthSpec, StallAction
 from trainium_operator.api.status import ConditionType, FailureClass, Phase
 from trainium_operator.builders.job import JobRef, Stage
+from trainium_operator.contract import channel as contract
 from trainium_operator.lifecycle.cleanup import cleanup_on_finish
 from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj
 from trainium_operator.lifecycle.failures import Failure
@@ -45,7 +46,6 @@ from trainium_operator.lifecycle.policies.progress import recent_p50_ms
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.restarts import count_restart, restart_counts, restart_gang
 from trainium_operator.lifecycle.status_edit import StatusEdit, timestamp
-from trainium_operator.profiler import channel_contract as contract
 
 if TYPE_CHECKING:
     from trainium_operator.lifecycle.snapshot import Pass

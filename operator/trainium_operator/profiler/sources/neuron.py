@@ -47,7 +47,7 @@ it) when present, else a shared `exec_id`, else the latest unlinked `nrt_execute
 NeuronCore that started before the execution (a heuristic).
 
 Device profiles (the native stack). With `NEURON_RT_INSPECT_DEVICE_PROFILE=session` (what
-`neuron_env_contract.neuron_inspect_env(..., stack="native", device_profile=True)` sets; the
+`neuron_env.neuron_inspect_env(..., stack="native", device_profile=True)` sets; the
 docs require `session` on PJRT runtimes such as TorchNeuron) the capture directory also holds
 `.ntff` files. Their raw format is not documented; Neuron Explorer's Perfetto export is
 (`neuron-explorer view -d <dir> --output-format perfetto` writes
@@ -81,7 +81,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from trainium_operator.profiler import neuron_env_contract
+from trainium_operator.contract import neuron_env
 from trainium_operator.profiler.clock import ClockSyncPoint, WallToMonotonic
 from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind
 from trainium_operator.profiler.format import (
@@ -97,7 +97,7 @@ from trainium_operator.profiler.sources.base import ActivitySource, SourceBatch,
 log = logging.getLogger("trainium_operator.profiler")
 
 SOURCE_NAME = "neuron"
-NEURON_SUBDIR = neuron_env_contract.NEURON_SUBDIR
+NEURON_SUBDIR = neuron_env.NEURON_SUBDIR
 SYSTEM_PROFILE_JSON = "system_profile.json"
 FRAMEWORK_EVENT_TYPE = 99999
 FLOW_ID_BASE = 1 << 31  # keeps these flows apart from the torch source's (which count from 1)
@@ -625,7 +625,7 @@ def merge_profile_dir(
             "neuron_device_profile_events": str(len(device.events)),
             "neuron_device_time_base": device.time_base,
         }
-        neff_cache = os.environ.get(neuron_env_contract.NEFF_CACHE_DIR)
+        neff_cache = os.environ.get(neuron_env.NEFF_CACHE_DIR)
         if neff_cache:
             # The NEFFs a device profile needs to be opened in Neuron Explorer.
             extra["neuron_neff_cache_dir"] = neff_cache
@@ -683,11 +683,9 @@ class NeuronRuntimeSource:
 
 def create(context: SourceContext) -> ActivitySource | None:
     """The Neuron source when the runtime is capturing into this rank's node directory."""
-    if os.environ.get(neuron_env_contract.INSPECT_ENABLE, "0") != "1":
+    if os.environ.get(neuron_env.INSPECT_ENABLE, "0") != "1":
         return None
-    out = os.environ.get(
-        neuron_env_contract.INSPECT_OUTPUT_DIR, neuron_env_contract.DEFAULT_OUTPUT_DIR
-    )
+    out = os.environ.get(neuron_env.INSPECT_OUTPUT_DIR, neuron_env.DEFAULT_OUTPUT_DIR)
     return NeuronRuntimeSource(context, Path(out))
 
 

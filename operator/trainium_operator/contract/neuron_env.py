@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from trainium_operator.contract import neff_cache, workload_env
+
 INSPECT_ENABLE: Final = "NEURON_RT_INSPECT_ENABLE"
 INSPECT_OUTPUT_DIR: Final = "NEURON_RT_INSPECT_OUTPUT_DIR"
 INSPECT_SYSTEM_PROFILE: Final = "NEURON_RT_INSPECT_SYSTEM_PROFILE"
@@ -39,7 +41,7 @@ INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC: Final = "NEURON_RT_INSPECT_SYS_TRACE_MAX_EV
 # the NEFF it ran, so the source records this directory beside the capture. The operator's
 # compile stage owns its value (the persistent cache on the shared volume); profiling never
 # changes it.
-NEFF_CACHE_DIR: Final = "TORCH_NEURONX_NEFF_CACHE_DIR"
+NEFF_CACHE_DIR: Final = neff_cache.NEFF_CACHE_DIR_ENV
 DEFAULT_OUTPUT_DIR: Final = "./output"  # the runtime's default when the variable is unset
 
 DEVICE_PROFILE_OFF: Final = "0"
@@ -47,9 +49,9 @@ DEVICE_PROFILE_PER_MODEL: Final = "1"  # the XLA stack's value (also spelt "mode
 DEVICE_PROFILE_SESSION: Final = "session"  # required on PJRT runtimes (PyTorch native)
 
 NEURON_SUBDIR: Final = "neuron"  # <profile dir>/<node>/neuron: the runtime's output dir
-NODE_REFERENCE: Final = "$(TRAINIUM_NODE_NAME)"  # a pod-spec dependent-variable reference
+NODE_REFERENCE: Final = f"$({workload_env.NODE_NAME})"  # a pod-spec dependent-variable reference
 
-STACKS: Final = ("xla", "native")  # the values of workload_env.NEURON_STACKS
+STACKS: Final = workload_env.NEURON_STACKS
 
 
 def capture_output_dir(profile_dir: str, node: str = NODE_REFERENCE) -> str:

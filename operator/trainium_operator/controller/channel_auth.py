@@ -32,8 +32,8 @@ from trainium_operator.builders.job import (
     LABEL_STAGE,
     Stage,
 )
-from trainium_operator.profiler import channel_contract as contract
-from trainium_operator.profiler.channel_contract import ProgressMessage
+from trainium_operator.contract import channel as contract
+from trainium_operator.contract.channel import ProgressMessage
 
 Obj = dict[str, Any]
 

@@ -1,4 +1,4 @@
-"""A synthetic multi-node profile for tests, benchmarks and UI demos.
+"""A synthetic multi-node profile for tests and benchmarks (not part of the operator's wheel).
 
 It is written with the real rank-file writer and manifest, so everything downstream (loader,
 statistics, export, UI) runs on exactly what a training job produces. The shape follows a

@@ -1,5 +1,5 @@
 """The health channel's contract: what a rank sends the operator, where, and how it proves who
-it is. One module both sides import (as `env_contract.py` is for the profiler's environment):
+it is. One module both sides import (as `profiler_env.py` is for the profiler's environment):
 the pod builder writes the env and the token volume, the profiler's reporter
 (`profiler/channel.py`) reads them and sends messages, the operator's endpoint
 (`controller/health_server.py`) parses them with `parse_message`.

@@ -17,8 +17,8 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass
 
-from trainium_operator.lifecycle.channel_auth import JobShape
-from trainium_operator.profiler import channel_contract as contract
+from trainium_operator.contract import channel as contract
+from trainium_operator.controller.channel_auth import JobShape
 
 # A pod's regular report plus the immediate answers one request brings (capturing, captured,
 # a stack dump), each costing all its ranks once the pod sends one message for them.

@@ -1,27 +1,25 @@
 """The profiler's environment contract: the names the operator sets in training pods and the
-profiler reads there, in one module both sides import (as `api/training_flags.py` does for the
+profiler reads there, in one module both sides import (as `training_flags.py` does for the
 script's flags). `builders/pods.py` writes them with `profiling_env` / `identity_env`;
 `profiler/config.py` reads them in `ProfilerConfig.from_env`; a round-trip test builds a pod
 and reads its env back, so the two cannot drift apart.
-
-It lives in the profiler package because the training image carries only the profiler (and
-the training package), and builders may import it (the import layers allow it).
 """
 
 from __future__ import annotations
+
+from trainium_operator.contract import workload_env
 
 # Set by the operator (builders/pods.py) on every training pod of a profiled job.
 ENABLE = "TRAINIUM_PROFILE"  # "1" turns profiling on
 DIR = "TRAINIUM_PROFILE_DIR"  # <mountPath>/profiles/<namespace>/<job>/<attempt>
 STEPS = "TRAINIUM_PROFILE_STEPS"  # "<first>:<last>", the detailed window (inclusive)
-# Set on every pod (the job's identity; the profiler records it in profile.json). These are
-# names of the workload contract (api/workload_env.py), repeated because the profiler imports
-# nothing outside its package; a unit test keeps them equal.
-NODE = "TRAINIUM_NODE_NAME"  # downward API spec.nodeName: the node directory of the rank files
-JOB_NAME = "TRAINIUM_JOB_NAME"
-JOB_NAMESPACE = "TRAINIUM_JOB_NAMESPACE"
-JOB_UID = "TRAINIUM_JOB_UID"
-ATTEMPT = "TRAINIUM_ATTEMPT"
+# Set on every pod by the workload contract: the job's identity (the profiler records it in
+# profile.json) and the node (downward API spec.nodeName: the node directory of the rank files).
+NODE = workload_env.NODE_NAME
+JOB_NAME = workload_env.JOB_NAME
+JOB_NAMESPACE = workload_env.JOB_NAMESPACE
+JOB_UID = workload_env.JOB_UID
+ATTEMPT = workload_env.ATTEMPT
 # Tuning knobs a job may set through spec.env (the operator never sets them).
 SOURCES = "TRAINIUM_PROFILE_SOURCES"
 RING_EVENTS = "TRAINIUM_PROFILE_RING_EVENTS"
