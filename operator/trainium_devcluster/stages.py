@@ -221,6 +221,21 @@ def node_stages() -> list[dict[str, Any]]:
 
 # --- pod stages -------------------------------------------------------------------------------
 
+
+def _ip_fields(addresses: str, field: str) -> str:
+    """`<field>` (the first address) and `<field>s` (all of them) from the template variable
+    $<addresses>, when it has any."""
+    return (
+        "{{ with $" + addresses + " }}\n"
+        f"{field}: {{{{ index . 0 | Quote }}}}\n"
+        f"{field}s:\n"
+        "{{ range . }}\n"
+        "- ip: {{ . | Quote }}\n"
+        "{{ end }}\n"
+        "{{ end }}\n"
+    )
+
+
 # A ready pod's Ready and ContainersReady conditions, after `conditions:`.
 _POD_READY_CONDITIONS = """\
 - lastTransitionTime: {{ $now | Quote }}
@@ -278,22 +293,14 @@ initContainerStatuses:
   {{ end }}
 {{ end }}
 {{ $hostIPs := NodeIPsWith .spec.nodeName }}
-{{ with $hostIPs }}
-hostIP: {{ index . 0 | Quote }}
-hostIPs:
-{{ range . }}
-- ip: {{ . | Quote }}
-{{ end }}
-{{ end }}
+"""
+    + _ip_fields("hostIPs", "hostIP")
+    + """\
 {{ $podIPs := PodIPsWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" )\
  ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
-{{ with $podIPs }}
-podIP: {{ index . 0 | Quote }}
-podIPs:
-{{ range . }}
-- ip: {{ . | Quote }}
-{{ end }}
-{{ end }}
+"""
+    + _ip_fields("podIPs", "podIP")
+    + """\
 phase: Running
 startTime: {{ $now | Quote }}
 """
