@@ -79,26 +79,24 @@ def component_digest(component: versions.GoComponent) -> str:
 
 
 def component_dir(component: versions.GoComponent) -> Path:
-    return paths.bin_root() / f"{component.name}-{component.version}-{component_digest(component)}"
+    return paths.bin_root() / _component_key(component)
+
+
+def _component_key(component: versions.GoComponent) -> str:
+    """Names what is built or copied from a component: a new version or module graph, a new
+    name."""
+    return f"{component.name}-{component.version}-{component_digest(component)}"
 
 
 def volcano_crd_dir() -> Path:
     """Volcano's own CRD manifests, copied from the module the binaries are built from."""
-    volcano = versions.GO_COMPONENTS["volcano"]
-    return (
-        paths.cache_root()
-        / "crds"
-        / f"volcano-{versions.VOLCANO_VERSION}-{component_digest(volcano)}"
-    )
+    return paths.cache_root() / "crds" / _component_key(versions.GO_COMPONENTS["volcano"])
 
 
 def kubeflow_manifest_dir() -> Path:
     """Kubeflow training-operator's PyTorchJob CRD and ClusterRole, from its pinned module."""
-    kubeflow = versions.OPT_IN_GO_COMPONENTS["kubeflow"]
     return (
-        paths.cache_root()
-        / "manifests"
-        / f"kubeflow-{kubeflow.version}-{component_digest(kubeflow)}"
+        paths.cache_root() / "manifests" / _component_key(versions.OPT_IN_GO_COMPONENTS["kubeflow"])
     )
 
 
@@ -224,6 +222,15 @@ def _publish(staging: Path, final: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _go_work_dir(component: versions.GoComponent) -> Path:
+    """A scratch copy of the component's wrapper module (go.mod, go.sum) to run `go` in."""
+    work = paths.work_root() / f"{component.name}-{component_digest(component)}"
+    work.mkdir(parents=True, exist_ok=True)
+    for file_name in ("go.mod", "go.sum"):
+        shutil.copyfile(wrapper_dir(component) / file_name, work / file_name)
+    return work
+
+
 def build_go_component(component: versions.GoComponent, *, jobs: int, echo: Echo) -> BuildResult:
     final = component_dir(component)
     if all(os.access(final / binary.name, os.X_OK) for binary in component.binaries):
@@ -231,10 +238,7 @@ def build_go_component(component: versions.GoComponent, *, jobs: int, echo: Echo
     _require_go()
     echo(f"building {component.name} {component.version} (go build -p {jobs}) ...")
     started = time.monotonic()
-    work = paths.work_root() / f"{component.name}-{component_digest(component)}"
-    work.mkdir(parents=True, exist_ok=True)
-    for file_name in ("go.mod", "go.sum"):
-        shutil.copyfile(wrapper_dir(component) / file_name, work / file_name)
+    work = _go_work_dir(component)
     final.parent.mkdir(parents=True, exist_ok=True)
     with _staging_dir(final) as staging:
         _run_logged(
@@ -286,10 +290,7 @@ def _copy_from_module(
     echo(f"installing {name} from {module}@{component.version} ...")
     started = time.monotonic()
     # Inside the wrapper's copy, so go.sum verifies the module zip we read the manifests from.
-    work = paths.work_root() / f"{component.name}-{component_digest(component)}"
-    work.mkdir(parents=True, exist_ok=True)
-    for file_name in ("go.mod", "go.sum"):
-        shutil.copyfile(wrapper_dir(component) / file_name, work / file_name)
+    work = _go_work_dir(component)
     source = _module_source_dir(module, component.version, cwd=work)
     manifests = pick(source)
     if not manifests:

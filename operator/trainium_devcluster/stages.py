@@ -70,7 +70,9 @@ def _stage(name: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
 # again after a node loss (the binary runtime gives no NodeIP; the Hostname is kept) lost
 # every address, and the API server could no longer reach it for `kubectl logs`.
 
-NODE_INITIALIZE_TEMPLATE = """\
+# The parts both node templates share: the node's conditions, its NodeIP and NodeName addresses
+# and the kubelet's port.
+_NODE_CONDITIONS = """\
 {{ $now := Now }}
 {{ $lastTransitionTime := or .metadata.creationTimestamp $now }}
 conditions:
@@ -80,8 +82,41 @@ conditions:
   message: {{ .message | Quote }}
   reason: {{ .reason | Quote }}
   status: {{ .status | Quote }}
-  type: {{ .type  | Quote}}
+  type: {{ .type | Quote }}
 {{ end }}
+"""
+_NODE_IP_ADDRESS = """\
+{{ with NodeIP }}
+- address: {{ . | Quote }}
+  type: InternalIP
+{{ end }}
+"""
+_NODE_NAME_ADDRESS = """\
+{{ with NodeName }}
+- address: {{ . | Quote }}
+  type: Hostname
+{{ end }}
+"""
+_DAEMON_ENDPOINTS = """\
+{{ with NodePort }}
+daemonEndpoints:
+  kubeletEndpoint:
+    Port: {{ . }}
+{{ end }}
+"""
+# After `{{ with .status.<field> }}`: the node's own resources, else KWOK's defaults.
+_RESOURCES_OR_DEFAULT = """\
+{{ YAML . 1 }}
+{{ else }}
+  cpu: 1k
+  memory: 1Ti
+  pods: 1M
+{{ end }}
+"""
+
+NODE_INITIALIZE_TEMPLATE = (
+    _NODE_CONDITIONS
+    + """\
 {{ $hasInternalIP := false }}
 {{ $hasHostname := false }}
 {{ range .status.addresses }}
@@ -100,38 +135,28 @@ addresses:
 {{ end }}
 {{ end }}
 {{ if not $hasInternalIP }}
-{{ with NodeIP }}
-- address: {{ . | Quote }}
-  type: InternalIP
-{{ end }}
+"""
+    + _NODE_IP_ADDRESS
+    + """\
 {{ end }}
 {{ if not $hasHostname }}
-{{ with NodeName }}
-- address: {{ . | Quote }}
-  type: Hostname
+"""
+    + _NODE_NAME_ADDRESS
+    + """\
 {{ end }}
-{{ end }}
-{{ with NodePort }}
-daemonEndpoints:
-  kubeletEndpoint:
-    Port: {{ . }}
-{{ end }}
+"""
+    + _DAEMON_ENDPOINTS
+    + """\
 allocatable:
 {{ with .status.allocatable }}
-{{ YAML . 1 }}
-{{ else }}
-  cpu: 1k
-  memory: 1Ti
-  pods: 1M
-{{ end }}
+"""
+    + _RESOURCES_OR_DEFAULT
+    + """\
 capacity:
 {{ with .status.capacity }}
-{{ YAML . 1 }}
-{{ else }}
-  cpu: 1k
-  memory: 1Ti
-  pods: 1M
-{{ end }}
+"""
+    + _RESOURCES_OR_DEFAULT
+    + """\
 {{ $nodeInfo := .status.nodeInfo }}
 {{ $kwokVersion := printf "kwok-%s" Version }}
 nodeInfo:
@@ -147,38 +172,23 @@ nodeInfo:
   systemUUID: {{ or $nodeInfo.systemUUID `""` }}
 phase: Running
 """
+)
 
-NODE_HEARTBEAT_TEMPLATE = """\
-{{ $now := Now }}
-{{ $lastTransitionTime := or .metadata.creationTimestamp $now }}
-conditions:
-{{ range NodeConditions }}
-- lastHeartbeatTime: {{ $now | Quote }}
-  lastTransitionTime: {{ $lastTransitionTime | Quote }}
-  message: {{ .message | Quote }}
-  reason: {{ .reason | Quote }}
-  status: {{ .status | Quote }}
-  type: {{ .type | Quote }}
-{{ end }}
+NODE_HEARTBEAT_TEMPLATE = (
+    _NODE_CONDITIONS
+    + """\
 addresses:
 {{ with .status.addresses }}
 {{ YAML . 1 }}
 {{ else }}
-{{ with NodeIP }}
-- address: {{ . | Quote }}
-  type: InternalIP
-{{ end }}
-{{ with NodeName }}
-- address: {{ . | Quote }}
-  type: Hostname
-{{ end }}
-{{ end }}
-{{ with NodePort }}
-daemonEndpoints:
-  kubeletEndpoint:
-    Port: {{ . }}
+"""
+    + _NODE_IP_ADDRESS
+    + _NODE_NAME_ADDRESS
+    + """\
 {{ end }}
 """
+    + _DAEMON_ENDPOINTS
+)
 
 
 def node_stages() -> list[dict[str, Any]]:
@@ -211,18 +221,41 @@ def node_stages() -> list[dict[str, Any]]:
 
 # --- pod stages -------------------------------------------------------------------------------
 
-POD_READY_TEMPLATE = """\
-{{ $now := Now }}
-conditions:
-- lastTransitionTime: {{ $now | Quote }}
-  status: "True"
-  type: Initialized
+
+def _ip_fields(addresses: str, field: str) -> str:
+    """`<field>` (the first address) and `<field>s` (all of them) from the template variable
+    $<addresses>, when it has any."""
+    return (
+        "{{ with $" + addresses + " }}\n"
+        f"{field}: {{{{ index . 0 | Quote }}}}\n"
+        f"{field}s:\n"
+        "{{ range . }}\n"
+        "- ip: {{ . | Quote }}\n"
+        "{{ end }}\n"
+        "{{ end }}\n"
+    )
+
+
+# A ready pod's Ready and ContainersReady conditions, after `conditions:`.
+_POD_READY_CONDITIONS = """\
 - lastTransitionTime: {{ $now | Quote }}
   status: "True"
   type: Ready
 - lastTransitionTime: {{ $now | Quote }}
   status: "True"
   type: ContainersReady
+"""
+
+POD_READY_TEMPLATE = (
+    """\
+{{ $now := Now }}
+conditions:
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: Initialized
+"""
+    + _POD_READY_CONDITIONS
+    + """\
 {{ range .spec.readinessGates }}
 - lastTransitionTime: {{ $now | Quote }}
   status: "True"
@@ -260,38 +293,28 @@ initContainerStatuses:
   {{ end }}
 {{ end }}
 {{ $hostIPs := NodeIPsWith .spec.nodeName }}
-{{ with $hostIPs }}
-hostIP: {{ index . 0 | Quote }}
-hostIPs:
-{{ range . }}
-- ip: {{ . | Quote }}
-{{ end }}
-{{ end }}
+"""
+    + _ip_fields("hostIPs", "hostIP")
+    + """\
 {{ $podIPs := PodIPsWith .spec.nodeName ( or .spec.hostNetwork false ) ( or .metadata.uid "" )\
  ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}
-{{ with $podIPs }}
-podIP: {{ index . 0 | Quote }}
-podIPs:
-{{ range . }}
-- ip: {{ . | Quote }}
-{{ end }}
-{{ end }}
+"""
+    + _ip_fields("podIPs", "podIP")
+    + """\
 phase: Running
 startTime: {{ $now | Quote }}
 """
+)
 
 # A running pod whose Ready condition was cleared (the node lifecycle controller does this when a
 # node stops heartbeating) becomes ready again once its node is back, as a kubelet would report.
-POD_READY_AGAIN_TEMPLATE = """\
+POD_READY_AGAIN_TEMPLATE = (
+    """\
 {{ $now := Now }}
 conditions:
-- lastTransitionTime: {{ $now | Quote }}
-  status: "True"
-  type: Ready
-- lastTransitionTime: {{ $now | Quote }}
-  status: "True"
-  type: ContainersReady
 """
+    + _POD_READY_CONDITIONS
+)
 
 
 def _pod_outcome_template(*, phase: str, default_exit_code: int, default_reason: str) -> str:

@@ -8,7 +8,11 @@ byte for byte by a test (regenerate with `trainium-operator render --crd`).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
+
+from pydantic import BaseModel
+from pydantic.json_schema import JsonSchemaMode
 
 from trainium_operator.api import spec as spec_model
 from trainium_operator.api import status as status_model
@@ -63,22 +67,39 @@ def _inline(schema: JsonSchema, defs: dict[str, JsonSchema]) -> JsonSchema:
     return out
 
 
-def _strip_object_defaults(schema: JsonSchema) -> JsonSchema:
+def _each_schema(schema: JsonSchema, edit: Callable[[JsonSchema], None]) -> JsonSchema:
+    """Edits `schema` and every schema nested in its properties and items, outermost first."""
+    edit(schema)
+    for sub in schema.get("properties", {}).values():
+        _each_schema(sub, edit)
+    if isinstance(schema.get("items"), dict):
+        _each_schema(schema["items"], edit)
+    return schema
+
+
+def _structural_schema(model: type[BaseModel], mode: JsonSchemaMode) -> JsonSchema:
+    raw = model.model_json_schema(by_alias=True, mode=mode)
+    defs = raw.pop("$defs", {})
+    return _inline(raw, defs)
+
+
+def _empty_object_default(schema: JsonSchema) -> None:
     """Object defaults become `{}` so nested field defaults apply (the API server defaults
     recursively) and the schema states each default once, at its field."""
     if schema.get("type") == "object" and isinstance(schema.get("default"), dict):
         schema["default"] = {}
-    for sub in schema.get("properties", {}).values():
-        _strip_object_defaults(sub)
-    if isinstance(schema.get("items"), dict):
-        _strip_object_defaults(schema["items"])
-    return schema
+
+
+def _no_default(schema: JsonSchema) -> None:
+    """Status carries no defaults: the API server would otherwise write them into every stored
+    status, and a status field's absence means "not observed yet"."""
+    schema.pop("default", None)
 
 
 def spec_schema() -> JsonSchema:
-    raw = spec_model.TrainingJobSpec.model_json_schema(by_alias=True, mode="validation")
-    defs = raw.pop("$defs", {})
-    schema = _strip_object_defaults(_inline(raw, defs))
+    schema = _each_schema(
+        _structural_schema(spec_model.TrainingJobSpec, "validation"), _empty_object_default
+    )
     for name in spec_model.IMMUTABLE_SPEC_FIELDS:
         schema["properties"][name].setdefault("x-kubernetes-validations", []).append(
             {"rule": "self == oldSelf", "message": f"spec.{name} is immutable"}
@@ -96,21 +117,10 @@ def spec_schema() -> JsonSchema:
     return schema
 
 
-def _strip_defaults(schema: JsonSchema) -> JsonSchema:
-    """Status carries no defaults: the API server would otherwise write them into every stored
-    status, and a status field's absence means "not observed yet"."""
-    schema.pop("default", None)
-    for sub in schema.get("properties", {}).values():
-        _strip_defaults(sub)
-    if isinstance(schema.get("items"), dict):
-        _strip_defaults(schema["items"])
-    return schema
-
-
 def status_schema() -> JsonSchema:
-    raw = status_model.TrainingJobStatus.model_json_schema(by_alias=True, mode="serialization")
-    defs = raw.pop("$defs", {})
-    schema = _strip_defaults(_inline(raw, defs))
+    schema = _each_schema(
+        _structural_schema(status_model.TrainingJobStatus, "serialization"), _no_default
+    )
     phase = schema["properties"]["phase"]
     phase["description"] = "Where the job is: " + ", ".join(PHASES) + "."
     return schema

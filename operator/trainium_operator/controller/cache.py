@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from trainium_operator.builders.job import LABEL_JOB_NAME
 from trainium_operator.k8s.informer import WatchEvent
@@ -27,6 +27,7 @@ from trainium_operator.k8s.informer import WatchEvent
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, job name)
 EXPECTATION_SECONDS = 30.0
+StoreKey = TypeVar("StoreKey")
 RECENT_VERSIONS = 16  # a job's own write may be followed by others before it is expected
 
 
@@ -35,6 +36,16 @@ def _job_of(obj: Obj) -> Key | None:
     name = (meta.get("labels") or {}).get(LABEL_JOB_NAME)
     namespace = meta.get("namespace")
     return (namespace, name) if name and namespace else None
+
+
+def _apply(store: dict[StoreKey, Obj], key: StoreKey, event: WatchEvent) -> Obj | None:
+    """Applies a watch event to `store` at `key` (the caller holds the lock); returns the
+    object that was there before."""
+    if event.type == "DELETED":
+        return store.pop(key, None)
+    before = store.get(key)
+    store[key] = event.obj
+    return before
 
 
 def _queue_state(queue: Obj) -> str | None:
@@ -144,21 +155,14 @@ class ClusterCache:
         """A child kept by its own name (one per job): stores it; returns its job."""
         meta = event.obj["metadata"]
         with self._lock:
-            if event.type == "DELETED":
-                store.pop((meta["namespace"], meta["name"]), None)
-            else:
-                store[(meta["namespace"], meta["name"])] = event.obj
+            _apply(store, (meta["namespace"], meta["name"]), event)
         return _job_of(event.obj)
 
     def on_node(self, event: WatchEvent) -> list[Key]:
         """Stores the node; returns the jobs with pods on it when its readiness changed."""
         name = event.obj["metadata"]["name"]
         with self._lock:
-            before = self._nodes.get(name)
-            if event.type == "DELETED":
-                self._nodes.pop(name, None)
-            else:
-                self._nodes[name] = event.obj
+            before = _apply(self._nodes, name, event)
             was_ready = before is not None and _ready(before)
             is_ready = event.type != "DELETED" and _ready(event.obj)
             if was_ready == is_ready and before is not None:
@@ -170,11 +174,7 @@ class ClusterCache:
         changed state (not on Volcano's frequent updates of its counts)."""
         name = event.obj["metadata"]["name"]
         with self._lock:
-            before = self._queues.get(name)
-            if event.type == "DELETED":
-                self._queues.pop(name, None)
-            else:
-                self._queues[name] = event.obj
+            before = _apply(self._queues, name, event)
             state = None if event.type == "DELETED" else _queue_state(event.obj)
             if before is not None and event.type != "DELETED" and _queue_state(before) == state:
                 return []

@@ -30,17 +30,11 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Final, ParamSpec, TypeVar
 
-from trainium_operator.contract import channel as contract
 from trainium_operator.profiler import channel
+from trainium_operator.profiler import channel_contract as contract
 from trainium_operator.profiler import sampler as sampler_mod
 from trainium_operator.profiler.clock import take_sync_point
-from trainium_operator.profiler.config import (
-    ENV_DIR,
-    ENV_ENABLE,
-    ENV_STEPS,
-    ProfilerConfig,
-    ProfilerConfigError,
-)
+from trainium_operator.profiler.config import ProfilerConfig, ProfilerConfigError
 from trainium_operator.profiler.events import HOST_DEVICE, EventKind
 from trainium_operator.profiler.format import (
     ProfileFormatError,
@@ -508,7 +502,13 @@ def on_demand_config(
     """The settings of an on-demand capture: the pod's own profiler settings (identity,
     sources, intervals) with profiling on, `directory` and the window `first`..`first+steps-1`."""
     env = dict(os.environ if environ is None else environ)
-    env.update({ENV_ENABLE: "1", ENV_DIR: directory, ENV_STEPS: f"{first}:{first + steps - 1}"})
+    env.update(
+        {
+            profiler_env.ENABLE: "1",
+            profiler_env.DIR: directory,
+            profiler_env.STEPS: f"{first}:{first + steps - 1}",
+        }
+    )
     return ProfilerConfig.from_env(env)
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 # Readings whose monotonic bracket is wider than this were preempted between the two clock
 # reads; a few retries almost always find a tight pair.
@@ -50,58 +51,56 @@ def take_sync_point() -> ClockSyncPoint:
     return best
 
 
-class MonotonicToWall:
-    """Maps a rank's monotonic times to wall-clock times through its sync points.
+class _SyncInterpolation:
+    """Maps times on one clock to the other through a rank's sync points.
 
     Between two sync points the offset is interpolated linearly, which absorbs clock drift
     (tens of ppm) over long captures; outside them the nearest point's offset is used.
     """
 
-    __slots__ = ("_monos", "_offsets")
+    __slots__ = ("_offsets", "_times")
+    # +1 adds the wall-minus-monotonic offset (monotonic to wall), -1 subtracts it.
+    _SIGN: ClassVar[int] = 1
 
-    def __init__(self, points: Sequence[ClockSyncPoint]) -> None:
+    def __init__(
+        self, points: Sequence[ClockSyncPoint], time_of: Callable[[ClockSyncPoint], int], clock: str
+    ) -> None:
         if not points:
-            raise ValueError("at least one clock sync point is needed to map monotonic time")
-        ordered = sorted(points, key=lambda p: p.monotonic_ns)
-        self._monos = [p.monotonic_ns for p in ordered]
+            raise ValueError(f"at least one clock sync point is needed to map {clock} time")
+        ordered = sorted(points, key=time_of)
+        self._times = [time_of(p) for p in ordered]
         self._offsets = [p.offset_ns for p in ordered]
 
-    def __call__(self, monotonic_ns: int) -> int:
-        monos = self._monos
+    def __call__(self, time_ns: int) -> int:
+        times = self._times
         offsets = self._offsets
-        i = bisect.bisect_right(monos, monotonic_ns)
+        i = bisect.bisect_right(times, time_ns)
         if i == 0:
-            return monotonic_ns + offsets[0]
-        if i == len(monos):
-            return monotonic_ns + offsets[-1]
-        m0, m1 = monos[i - 1], monos[i]
-        o0, o1 = offsets[i - 1], offsets[i]
-        offset = o0 + (o1 - o0) * (monotonic_ns - m0) // (m1 - m0)
-        return monotonic_ns + offset
+            offset = offsets[0]
+        elif i == len(times):
+            offset = offsets[-1]
+        else:
+            t0, t1 = times[i - 1], times[i]
+            o0, o1 = offsets[i - 1], offsets[i]
+            offset = o0 + (o1 - o0) * (time_ns - t0) // (t1 - t0)
+        return time_ns + self._SIGN * offset
 
 
-class WallToMonotonic:
+class MonotonicToWall(_SyncInterpolation):
+    """Maps a rank's monotonic times to wall-clock times through its sync points."""
+
+    __slots__ = ()
+
+    def __init__(self, points: Sequence[ClockSyncPoint]) -> None:
+        super().__init__(points, lambda p: p.monotonic_ns, "monotonic")
+
+
+class WallToMonotonic(_SyncInterpolation):
     """The inverse of MonotonicToWall: places wall-clock times (e.g. from another profiler
     that reports Unix nanoseconds) on a rank's monotonic clock."""
 
-    __slots__ = ("_offsets", "_walls")
+    __slots__ = ()
+    _SIGN = -1
 
     def __init__(self, points: Sequence[ClockSyncPoint]) -> None:
-        if not points:
-            raise ValueError("at least one clock sync point is needed to map wall-clock time")
-        ordered = sorted(points, key=lambda p: p.wall_ns)
-        self._walls = [p.wall_ns for p in ordered]
-        self._offsets = [p.offset_ns for p in ordered]
-
-    def __call__(self, wall_ns: int) -> int:
-        walls = self._walls
-        offsets = self._offsets
-        i = bisect.bisect_right(walls, wall_ns)
-        if i == 0:
-            return wall_ns - offsets[0]
-        if i == len(walls):
-            return wall_ns - offsets[-1]
-        w0, w1 = walls[i - 1], walls[i]
-        o0, o1 = offsets[i - 1], offsets[i]
-        offset = o0 + (o1 - o0) * (wall_ns - w0) // (w1 - w0)
-        return wall_ns - offset
+        super().__init__(points, lambda p: p.wall_ns, "wall-clock")

@@ -25,27 +25,15 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from trainium_operator.contract import profiler_env
 
-# The names come from the contract module the operator's pod builder imports too.
-ENV_ENABLE = profiler_env.ENABLE
-ENV_DIR = profiler_env.DIR
-ENV_STEPS = profiler_env.STEPS
-ENV_NODE = profiler_env.NODE
-ENV_SOURCES = profiler_env.SOURCES
-ENV_RING_EVENTS = profiler_env.RING_EVENTS
-ENV_FLUSH_MS = profiler_env.FLUSH_MS
-ENV_SAMPLE_MS = profiler_env.SAMPLE_MS
-ENV_SYNC_S = profiler_env.SYNC_S
-ENV_JOB_NAME = profiler_env.JOB_NAME
-ENV_JOB_NAMESPACE = profiler_env.JOB_NAMESPACE
-ENV_JOB_UID = profiler_env.JOB_UID
-ENV_ATTEMPT = profiler_env.ATTEMPT
+# Variable names come from contract.profiler_env, which the operator's pod builder imports too.
+NumberT = TypeVar("NumberT", int, float)
 
 KNOWN_SOURCES = frozenset({"torch", "neuron"})
 DEFAULT_SOURCES = frozenset({"torch", "neuron"})
@@ -126,67 +114,64 @@ class ProfilerConfig:
         env = os.environ if environ is None else environ
         problems: list[str] = []
 
-        def get_int(name: str, default: int) -> int:
+        def get_number(name: str, default: NumberT, parse: Callable[[str], NumberT]) -> NumberT:
             raw = env.get(name, "").strip()
             if not raw:
                 return default
             try:
-                return int(raw)
+                return parse(raw)
             except ValueError:
-                problems.append(f"{name}={raw!r} is not an integer")
+                kind = "an integer" if parse is int else "a number"
+                problems.append(f"{name}={raw!r} is not {kind}")
                 return default
+
+        def get_int(name: str, default: int) -> int:
+            return get_number(name, default, int)
 
         def get_float(name: str, default: float) -> float:
-            raw = env.get(name, "").strip()
-            if not raw:
-                return default
-            try:
-                return float(raw)
-            except ValueError:
-                problems.append(f"{name}={raw!r} is not a number")
-                return default
+            return get_number(name, default, float)
 
-        flag = env.get(ENV_ENABLE, "").strip().lower()
+        flag = env.get(profiler_env.ENABLE, "").strip().lower()
         if flag not in _TRUE | _FALSE:
-            problems.append(f"{ENV_ENABLE}={flag!r} is not 1/0/true/false")
+            problems.append(f"{profiler_env.ENABLE}={flag!r} is not 1/0/true/false")
         enabled = flag in _TRUE
         if not enabled and not problems:
             # Profiling is off: the rest of the environment is not our business.
             return cls(enabled=False)
 
         steps = None
-        raw_steps = env.get(ENV_STEPS, "").strip()
+        raw_steps = env.get(profiler_env.STEPS, "").strip()
         if raw_steps:
             try:
                 steps = StepWindow.parse(raw_steps)
             except ValueError as exc:
-                problems.append(f"{ENV_STEPS}: {exc}")
+                problems.append(f"{profiler_env.STEPS}: {exc}")
 
-        raw_dir = env.get(ENV_DIR, "").strip()
+        raw_dir = env.get(profiler_env.DIR, "").strip()
         output_dir = Path(raw_dir) if raw_dir else None
         path_ns, path_job, path_attempt = _identity_from_dir(output_dir)
 
-        raw_sources = env.get(ENV_SOURCES)
+        raw_sources = env.get(profiler_env.SOURCES)
         sources = DEFAULT_SOURCES if raw_sources is None else parse_sources(raw_sources, problems)
 
         values: dict[str, Any] = {
             "enabled": enabled,
             "output_dir": output_dir,
             "steps": steps,
-            "node": env.get(ENV_NODE, "").strip() or socket.gethostname(),
+            "node": env.get(profiler_env.NODE, "").strip() or socket.gethostname(),
             "rank": get_int("RANK", 0),
             "local_rank": get_int("LOCAL_RANK", 0),
             "group_rank": get_int("GROUP_RANK", 0),
             "world_size": get_int("WORLD_SIZE", 1),
-            "job_name": env.get(ENV_JOB_NAME, "").strip() or path_job,
-            "namespace": env.get(ENV_JOB_NAMESPACE, "").strip() or path_ns,
-            "job_uid": env.get(ENV_JOB_UID, "").strip(),
-            "attempt": get_int(ENV_ATTEMPT, path_attempt),
+            "job_name": env.get(profiler_env.JOB_NAME, "").strip() or path_job,
+            "namespace": env.get(profiler_env.JOB_NAMESPACE, "").strip() or path_ns,
+            "job_uid": env.get(profiler_env.JOB_UID, "").strip(),
+            "attempt": get_int(profiler_env.ATTEMPT, path_attempt),
             "sources": sources,
-            "ring_events": get_int(ENV_RING_EVENTS, DEFAULT_RING_EVENTS),
-            "flush_interval_s": get_float(ENV_FLUSH_MS, 1000.0) / 1000.0,
-            "sample_interval_s": get_float(ENV_SAMPLE_MS, 200.0) / 1000.0,
-            "sync_interval_s": get_float(ENV_SYNC_S, 10.0),
+            "ring_events": get_int(profiler_env.RING_EVENTS, DEFAULT_RING_EVENTS),
+            "flush_interval_s": get_float(profiler_env.FLUSH_MS, 1000.0) / 1000.0,
+            "sample_interval_s": get_float(profiler_env.SAMPLE_MS, 200.0) / 1000.0,
+            "sync_interval_s": get_float(profiler_env.SYNC_S, 10.0),
         }
         try:
             config = cls(**values)
@@ -204,7 +189,8 @@ def parse_sources(text: str, problems: list[str]) -> frozenset[str]:
     unknown = names - KNOWN_SOURCES
     if unknown:
         problems.append(
-            f"{ENV_SOURCES}: unknown source(s) {sorted(unknown)}; known: {sorted(KNOWN_SOURCES)}"
+            f"{profiler_env.SOURCES}: unknown source(s) {sorted(unknown)}; "
+            f"known: {sorted(KNOWN_SOURCES)}"
         )
     return frozenset(names & KNOWN_SOURCES)
 
@@ -222,7 +208,7 @@ def _identity_from_dir(output_dir: Path | None) -> tuple[str, str, int]:
 def _problems(config: ProfilerConfig) -> list[str]:
     problems = []
     if config.enabled and config.output_dir is None:
-        problems.append(f"profiling is on but no output directory is set ({ENV_DIR})")
+        problems.append(f"profiling is on but no output directory is set ({profiler_env.DIR})")
     if config.world_size < 1:
         problems.append(f"world size {config.world_size} must be >= 1")
     if not 0 <= config.rank < max(config.world_size, 1):

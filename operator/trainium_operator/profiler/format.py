@@ -81,7 +81,7 @@ MAX_RANK: Final = 1 << 20
 MAX_VARINT_BITS: Final = 64
 """Every varint field is a 64-bit quantity; a longer one is corruption (and a run of
 continuation bytes would otherwise build an ever larger integer, quadratically)."""
-_INT64_MAX: Final = (1 << 63) - 1
+INT64_MAX: Final = (1 << 63) - 1
 
 _FILE_PREFIX = struct.Struct("<8sHHII")
 _BLOCK_HEADER = struct.Struct("<2sBBIII")
@@ -192,14 +192,16 @@ def header_to_json(header: RankHeader) -> dict[str, Any]:
     return data
 
 
-def _int_field(name: str, value: Any, low: int = 0, high: int = _INT64_MAX) -> int:
+def int_field(name: str, value: Any, low: int = 0, high: int = INT64_MAX) -> int:
+    """`value` if it is an integer in [low, high]; raises ValueError naming the field."""
     # bool is an int subclass; JSON true is not a rank.
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise ValueError(f"{name} must be an integer in [{low}, {high}], not {value!r:.80}")
     return value
 
 
-def _str_field(name: str, value: Any) -> str:
+def str_field(name: str, value: Any) -> str:
+    """`value` if it is a string; raises ValueError naming the field."""
     if not isinstance(value, str):
         raise ValueError(f"{name} must be a string, not {type(value).__name__}")
     return value
@@ -220,33 +222,33 @@ def header_from_json(data: Any) -> RankHeader:
     values: dict[str, Any] = {}
     for name in ("rank", "world_size", "local_rank", "group_rank"):
         if name in data:
-            values[name] = _int_field(name, data[name], 0, MAX_RANK)
+            values[name] = int_field(name, data[name], 0, MAX_RANK)
     if "rank" not in values:
         raise ValueError("header has no rank")
     for name in ("pid", "attempt", "dropped_events", "event_count"):
         if name in data:
-            values[name] = _int_field(name, data[name])
+            values[name] = int_field(name, data[name])
     for name in ("node", "hostname", "job_name", "namespace", "job_uid"):
         if name in data:
-            values[name] = _str_field(name, data[name])
+            values[name] = str_field(name, data[name])
     window = data.get("step_window")
     if window is not None:
         first, last = _list_field("step_window", window, 2)
         values["step_window"] = (
-            _int_field("step_window", first, -_INT64_MAX),
-            _int_field("step_window", last, -_INT64_MAX),
+            int_field("step_window", first, -INT64_MAX),
+            int_field("step_window", last, -INT64_MAX),
         )
     values["clock_sync"] = tuple(
         ClockSyncPoint(
             *(
-                _int_field("clock_sync", number, -_INT64_MAX)
+                int_field("clock_sync", number, -INT64_MAX)
                 for number in _list_field("clock_sync point", point, 3)
             )
         )
         for point in _list_field("clock_sync", data.get("clock_sync", []))
     )
     values["sources"] = tuple(
-        _str_field("sources", source) for source in _list_field("sources", data.get("sources", []))
+        str_field("sources", source) for source in _list_field("sources", data.get("sources", []))
     )
     if "complete" in data:
         if not isinstance(data["complete"], bool):
@@ -254,13 +256,13 @@ def header_from_json(data: Any) -> RankHeader:
         values["complete"] = data["complete"]
     major, minor = _list_field("format_version", data.get("format_version", [*FORMAT_VERSION]), 2)
     values["format_version"] = (
-        _int_field("format_version", major, 0, 0xFFFF),
-        _int_field("format_version", minor, 0, 0xFFFF),
+        int_field("format_version", major, 0, 0xFFFF),
+        int_field("format_version", minor, 0, 0xFFFF),
     )
     extra = data.get("extra", {})
     if not isinstance(extra, Mapping):
         raise ValueError("extra must be a JSON object")
-    values["extra"] = {str(key): _str_field(f"extra[{key!r:.40}]", v) for key, v in extra.items()}
+    values["extra"] = {str(key): str_field(f"extra[{key!r:.40}]", v) for key, v in extra.items()}
     return RankHeader(**values)
 
 
@@ -838,15 +840,15 @@ class RankFileReader:
         end = json.loads(payload)
         if not isinstance(end, dict):
             raise ValueError("END block is not a JSON object")
-        self.dropped_events = _int_field("dropped_events", end.get("dropped_events", 0))
-        self.end_event_count = _int_field("event_count", end.get("event_count", self.events_read))
+        self.dropped_events = int_field("dropped_events", end.get("dropped_events", 0))
+        self.end_event_count = int_field("event_count", end.get("event_count", self.events_read))
         self.complete = True
 
     def _decode_sync(self, payload: bytes) -> None:
         cur = _Cursor(payload)
         for _ in range(cur.count("sync points", _MIN_SYNC_POINT_BYTES, len(payload))):
             point = ClockSyncPoint(cur.varint(), cur.varint(), cur.varint())
-            if max(point.monotonic_ns, point.wall_ns, point.uncertainty_ns) > _INT64_MAX:
+            if max(point.monotonic_ns, point.wall_ns, point.uncertainty_ns) > INT64_MAX:
                 raise ValueError("clock sync point outside the 64-bit range")
             self.clock_sync.append(point)
 

@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from trainium_operator.profiler.clock import ClockSyncPoint
-from trainium_operator.profiler.format import FORMAT_VERSION, RANK_FILE_SUFFIX
+from trainium_operator.profiler.format import (
+    FORMAT_VERSION,
+    INT64_MAX,
+    RANK_FILE_SUFFIX,
+    int_field,
+    str_field,
+)
 
 MANIFEST_NAME = "profile.json"
 MANIFEST_SCHEMA = 1
@@ -129,7 +135,7 @@ class ProfileManifest:
             attempt=_number(data, "attempt"),
             created=_text(data, "created"),
             world_size=_number(data, "world_size"),
-            nodes=tuple(_as_text("nodes", n) for n in _optional_list(data, "nodes")),
+            nodes=tuple(str_field("nodes", n) for n in _optional_list(data, "nodes")),
             ranks=tuple(_rank(r) for r in _optional_list(data, "ranks")),
             step_window=(_as_number("step_window", window[0]), _as_number("step_window", window[1]))
             if window
@@ -144,19 +150,8 @@ class ProfileManifest:
         )
 
 
-_INT64 = 1 << 63
-
-
 def _as_number(name: str, value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not -_INT64 < value < _INT64:
-        raise ValueError(f"{name} must be a 64-bit integer, not {value!r:.80}")
-    return value
-
-
-def _as_text(name: str, value: Any) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{name} must be a string, not {type(value).__name__}")
-    return value
+    return int_field(name, value, -INT64_MAX)
 
 
 def _number(data: Mapping[str, Any], name: str) -> int:
@@ -164,7 +159,7 @@ def _number(data: Mapping[str, Any], name: str) -> int:
 
 
 def _text(data: Mapping[str, Any], name: str) -> str:
-    return _as_text(name, data.get(name, ""))
+    return str_field(name, data.get(name, ""))
 
 
 def _optional_list(data: Mapping[str, Any], name: str) -> list[Any]:
@@ -194,7 +189,7 @@ def _rank(entry: Any) -> ManifestRank:
         raise ValueError(f"ranks[].file: {problem}")
     return ManifestRank(
         rank=_as_number("ranks[].rank", entry.get("rank")),
-        node=_as_text("ranks[].node", entry.get("node")),
+        node=str_field("ranks[].node", entry.get("node")),
         local_rank=_number(entry, "local_rank"),
         file=file,
     )

@@ -1,19 +1,6 @@
 """SageMaker Profiler's pre-December-2023 package name: `import ... smppy as smprof` works too."""
 
-from trainium_operator.profiler.smprof import (
-    Config,
-    SMProfiler,
-    annotate,
-    annotation_begin,
-    annotation_end,
-    install_aliases,
-)
+from trainium_operator.profiler import smprof
+from trainium_operator.profiler.smprof import *  # noqa: F403 - the same names as smprof
 
-__all__ = [
-    "Config",
-    "SMProfiler",
-    "annotate",
-    "annotation_begin",
-    "annotation_end",
-    "install_aliases",
-]
+__all__ = smprof.__all__

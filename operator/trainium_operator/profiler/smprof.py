@@ -29,15 +29,10 @@ from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable
-from types import ModuleType, TracebackType
-from typing import ParamSpec, TypeVar
+from types import ModuleType
 
 from trainium_operator.profiler import capture
 from trainium_operator.profiler.config import ProfilerConfig
-
-P = ParamSpec("P")
-R = TypeVar("R")
 
 _STEP_NAME = re.compile(r"^step[_\s#-]?(\d+)$", re.IGNORECASE)
 
@@ -80,31 +75,17 @@ class SMProfiler:
         capture.stop_profiling()
 
 
-class annotate:  # noqa: N801 - SageMaker's name
-    """`with smprof.annotate(name):` (also usable as a decorator)."""
+class annotate(capture.Annotation):  # noqa: N801 - SageMaker's name
+    """`with smprof.annotate(name):` (also usable as a decorator); `step_<n>` also marks step n."""
 
-    __slots__ = ("_inner",)
-
-    def __init__(self, name: str) -> None:
-        self._inner = capture.Annotation(name)
+    __slots__ = ()
 
     def __enter__(self) -> annotate:
-        number = step_number(self._inner.name)
+        number = step_number(self.name)
         if number is not None:
             capture.step(number)
-        self._inner.__enter__()
+        super().__enter__()
         return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._inner.__exit__(exc_type, exc, tb)
-
-    def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
-        return self._inner(fn)
 
 
 def annotation_begin(name: str) -> capture.AnnotationHandle:

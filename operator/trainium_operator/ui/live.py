@@ -17,8 +17,8 @@ One health state per job, the most urgent first:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from trainium_operator.api.status import TERMINAL_PHASES, ConditionType, Phase
@@ -83,6 +83,25 @@ def _float(value: Any) -> float | None:
 
 def _text(value: Any) -> str | None:
     return value[:MAX_TEXT] if isinstance(value, str) and value else None
+
+
+def _camel_case(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+_READ_OPTIONAL: dict[str, Callable[[Any], Any]] = {
+    "int | None": _int,
+    "float | None": _float,
+    "str | None": _text,
+}
+# Each optional column of JobLive is status.progress's field of the same name in camelCase
+# (step_time_p50_ms: stepTimeP50Ms), read by its type: (column, progress key, reader).
+_PROGRESS_COLUMNS = tuple(
+    (column.name, _camel_case(column.name), _READ_OPTIONAL[str(column.type)])
+    for column in fields(JobLive)
+    if str(column.type) in _READ_OPTIONAL
+)
 
 
 def _condition_true(status: Mapping[str, Any], kind: ConditionType) -> Mapping[str, Any] | None:
@@ -225,19 +244,7 @@ def job_live(status: Mapping[str, Any] | None) -> JobLive:
     return JobLive(
         health=health,
         health_reason=reason,
-        step=_int(progress.get("step")),
-        max_step=_int(progress.get("maxStep")),
-        total_steps=_int(progress.get("totalSteps")),
-        step_time_p50_ms=_float(progress.get("stepTimeP50Ms")),
-        steps_per_second=_float(progress.get("stepsPerSecond")),
-        samples_per_second=_float(progress.get("samplesPerSecond")),
-        tokens_per_second=_float(progress.get("tokensPerSecond")),
-        eta=_text(progress.get("eta")),
-        eta_summary=_text(progress.get("etaSummary")),
-        last_progress_time=_text(progress.get("lastProgressTime")),
-        update_time=_text(progress.get("updateTime")),
-        ranks_reporting=_int(progress.get("ranksReporting")),
-        world_size=_int(progress.get("worldSize")),
+        **{name: read(progress.get(key)) for name, key, read in _PROGRESS_COLUMNS},
         restarts=restart_counts(status),
         stragglers=straggler_rows(status),
     )
