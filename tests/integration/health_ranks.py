@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from integration.operator_harness import (
     ROOT,
     OperatorProcess,
     create_job,
+    free_port,
     job_manifest,
     supervised,
     wait_gang_running,
@@ -72,12 +72,6 @@ print(json.dumps({"sent": reporter.sent, "error": reporter.last_error,
                   "stacks": reporter.stacks_written}))
 profiler.stop_profiling()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
