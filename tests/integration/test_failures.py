@@ -6,6 +6,7 @@ Each test is one numbered scenario: it failed against the operator before the fi
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,21 @@ def attempts_alive(clients: Any, namespace: str, name: str) -> set[str]:
         for p in job_pods(clients, namespace, name)
         if p.status.phase not in ("Succeeded", "Failed")
     }
+
+
+def wait_next_gang_alone(clients: Any, namespace: str, name: str) -> list[Any]:
+    """The job's attempt-1 gang once both its pods run, asserting that no two attempts' pods
+    were alive at once on any look while it waited."""
+    seen: list[set[str]] = []
+
+    def restarted() -> list[Any]:
+        seen.append(attempts_alive(clients, namespace, name))
+        fresh = job_pods(clients, namespace, name, "train", 1)
+        return fresh if len(fresh) == 2 and all(p.status.phase == "Running" for p in fresh) else []
+
+    new: list[Any] = wait_for(restarted, timeout=90, description="attempt 1 gang Running")
+    assert all(len(alive) <= 1 for alive in seen), seen
+    return new
 
 
 def test_operator_restarts_never_restart_a_running_gang(
@@ -87,19 +103,11 @@ def test_a_force_deleted_training_pod_restarts_the_whole_gang_not_one_rank(
     pods = training_job(clients, namespace, "gone")
     clients.core.delete_namespaced_pod(pods[1].metadata.name, namespace, grace_period_seconds=0)
 
-    seen: list[set[str]] = []
-
-    def restarted() -> list[Any]:
-        seen.append(attempts_alive(clients, namespace, "gone"))
-        fresh = job_pods(clients, namespace, "gone", "train", 1)
-        return fresh if len(fresh) == 2 and all(p.status.phase == "Running" for p in fresh) else []
-
-    new = wait_for(restarted, timeout=90, description="attempt 1 gang Running")
-    # Rank 1 of attempt 0 was never re-created, and two attempts were never alive at once.
+    # Two attempts were never alive at once, and rank 1 of attempt 0 was never re-created.
+    new = wait_next_gang_alone(clients, namespace, "gone")
     assert all(
         p.metadata.name != pods[1].metadata.name for p in job_pods(clients, namespace, "gone")
     )
-    assert all(len(alive) <= 1 for alive in seen), seen
     job = wait_phase(clients, namespace, "gone", "Training")
     # The watch may show the pod terminating before it is gone (PodDeleted) or only its removal
     # (PodVanished); either way the whole gang restarts, charged to infrastructure.
@@ -115,20 +123,13 @@ def test_a_restart_never_runs_two_attempts_at_once_and_counts_once(
     """Scenario 2: the new attempt is recorded first and starts after the old gang is gone."""
     clients = dev_cluster.clients
     pods = start_training(clients, namespace, "once")
-    seen: list[set[str]] = []
     finish_pods(clients, namespace, pods[:1], succeeded=False, exit_code=1)
     # The operator dies right after it decided the restart, and comes back.
     wait_attempt(clients, namespace, "once", 1)
     own_operator.kill()
     own_operator.start()
 
-    def second_gang() -> list[Any]:
-        seen.append(attempts_alive(clients, namespace, "once"))
-        fresh = job_pods(clients, namespace, "once", "train", 1)
-        return fresh if len(fresh) == 2 and all(p.status.phase == "Running" for p in fresh) else []
-
-    new = wait_for(second_gang, timeout=90, description="attempt 1 gang Running")
-    assert all(len(alive) <= 1 for alive in seen), seen
+    new = wait_next_gang_alone(clients, namespace, "once")
     assert not job_pods(clients, namespace, "once", "train", 2)
     job = wait_phase(clients, namespace, "once", "Training")
     assert job["status"]["restarts"] == {"total": 1, "application": 1, "infrastructure": 0}
@@ -278,36 +279,6 @@ def test_a_resource_quota_refusal_is_held_until_the_quota_changes(
     )
 
 
-def test_an_invalid_pass_through_field_fails_the_job_with_the_api_servers_reason(
-    dev_cluster: Any, namespace: str, operator: OperatorView
-) -> None:
-    clients = dev_cluster.clients
-    manifest = job_manifest("badlabel", podMetadata={"labels": {"team": "not a valid value!"}})
-    create_job(clients, namespace, manifest)
-    job = wait_phase(clients, namespace, "badlabel", "Failed", timeout=60)
-    assert job["status"]["reason"] == "InvalidPodSpec"
-    assert "metadata.labels" in job["status"]["message"]
-
-
-def test_a_missing_claim_is_named_then_fails_the_job_after_the_startup_timeout(
-    dev_cluster: Any, namespace: str, operator: OperatorView
-) -> None:
-    """Scenario 5: Volcano's own words about the claim become the job's reason."""
-    clients = dev_cluster.clients
-    manifest = job_manifest(
-        "noclaim",
-        storage={"claimName": "no-such-claim"},
-        runPolicy={"startupTimeoutSeconds": 20},
-    )
-    create_job(clients, namespace, manifest)
-    job = wait_reason(clients, namespace, "noclaim", "ClaimNotFound")
-    assert job["status"]["phase"] == "Pending"
-    assert "'no-such-claim' does not exist" in job["status"]["message"]
-    failed = wait_phase(clients, namespace, "noclaim", "Failed", timeout=60)
-    assert failed["status"]["reason"] == "ClaimNotFound"
-    assert "startupTimeoutSeconds (20s)" in failed["status"]["message"]
-
-
 def test_a_recreated_job_waits_for_its_predecessors_terminating_pod_instead_of_adopting_it(
     dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
@@ -450,26 +421,80 @@ def test_a_restart_force_deletes_an_old_pod_stuck_terminating_on_a_ready_node_na
     assert get_job(clients, namespace, "stuck")["status"]["restarts"]["total"] == 1
 
 
-def test_an_unrelated_service_of_the_jobs_name_fails_the_job_naming_it_and_is_kept(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+FOREIGN_SERVICE = {
+    "metadata": {"name": "clash"},
+    "spec": {"clusterIP": "None", "selector": {"app": "other"}, "ports": [{"port": 80}]},
+}
+
+
+@dataclass(frozen=True)
+class CannotStart:
+    """A job that cannot start: `waiting`, the reason and words of the Pending job before it
+    fails, if it waits first; `failed`, the reason and words it fails with; `service`, a
+    Service created before the job, kept as it was."""
+
+    manifest: dict[str, Any]
+    waiting: tuple[str, str] | None
+    failed: tuple[str, str]
+    service: dict[str, Any] | None = None
+
+
+CANNOT_START = [
+    pytest.param(
+        CannotStart(
+            job_manifest("badlabel", podMetadata={"labels": {"team": "not a valid value!"}}),
+            None,
+            ("InvalidPodSpec", "metadata.labels"),
+            None,
+        ),
+        id="invalid-pass-through-field-with-the-api-servers-reason",
+    ),
+    # Scenario 5: Volcano's own words about the claim become the job's reason.
+    pytest.param(
+        CannotStart(
+            job_manifest(
+                "noclaim",
+                storage={"claimName": "no-such-claim"},
+                runPolicy={"startupTimeoutSeconds": 20},
+            ),
+            ("ClaimNotFound", "'no-such-claim' does not exist"),
+            ("ClaimNotFound", "startupTimeoutSeconds (20s)"),
+            None,
+        ),
+        id="missing-claim-named-then-failed-after-the-startup-timeout",
+    ),
+    # Issue 19 (7): a job used to wait forever behind a Service of its name that no
+    # TrainingJob owns; that Service is kept.
+    pytest.param(
+        CannotStart(
+            job_manifest(
+                "clash", compile={"enabled": False}, runPolicy={"nodeLostGracePeriodSeconds": 0}
+            ),
+            ("WaitingForNameConflict", "Service {namespace}/clash"),
+            ("NameConflict", "delete or rename that Service"),
+            FOREIGN_SERVICE,
+        ),
+        id="unrelated-service-of-the-jobs-name-named-and-kept",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CANNOT_START)
+def test_a_job_that_cannot_start_fails_naming_its_cause(
+    dev_cluster: Any, namespace: str, operator: OperatorView, case: CannotStart
 ) -> None:
-    """Issue 19 (7): a job used to wait forever behind a Service of its name that no
-    TrainingJob owns."""
     clients = dev_cluster.clients
-    service = {
-        "metadata": {"name": "clash"},
-        "spec": {"clusterIP": "None", "selector": {"app": "other"}, "ports": [{"port": 80}]},
-    }
-    clients.core.create_namespaced_service(namespace, service)
-    manifest = job_manifest(
-        "clash", compile={"enabled": False}, runPolicy={"nodeLostGracePeriodSeconds": 0}
-    )
-    create_job(clients, namespace, manifest)
-    waiting = wait_reason(clients, namespace, "clash", "WaitingForNameConflict", timeout=30)
-    assert f"Service {namespace}/clash" in waiting["status"]["message"]
-    job = wait_phase(clients, namespace, "clash", "Failed", timeout=40)
-    assert job["status"]["reason"] == "NameConflict"
-    assert "delete or rename that Service" in job["status"]["message"]
-    assert clients.core.read_namespaced_service("clash", namespace).spec.selector == {
-        "app": "other"
-    }
+    name = case.manifest["metadata"]["name"]
+    if case.service is not None:
+        clients.core.create_namespaced_service(namespace, case.service)
+    create_job(clients, namespace, case.manifest)
+    if case.waiting is not None:
+        job = wait_reason(clients, namespace, name, case.waiting[0])
+        assert job["status"]["phase"] == "Pending"
+        assert case.waiting[1].format(namespace=namespace) in job["status"]["message"]
+    job = wait_phase(clients, namespace, name, "Failed", timeout=60)
+    assert job["status"]["reason"] == case.failed[0]
+    assert case.failed[1] in job["status"]["message"]
+    if case.service is not None:
+        kept = clients.core.read_namespaced_service(case.service["metadata"]["name"], namespace)
+        assert kept.spec.selector == case.service["spec"]["selector"]
