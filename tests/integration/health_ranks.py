@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,9 +20,11 @@ from integration.operator_harness import (
     ROOT,
     OperatorProcess,
     create_job,
+    free_port,
     job_manifest,
     supervised,
     wait_gang_running,
+    wait_phase,
 )
 from trainium_operator.contract import channel as contract
 
@@ -72,12 +73,6 @@ print(json.dumps({"sent": reporter.sent, "error": reporter.last_error,
                   "stacks": reporter.stacks_written}))
 profiler.stop_profiling()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
@@ -193,19 +188,40 @@ def outcome(process: subprocess.Popen[str], timeout: float = 60) -> dict[str, An
     return result
 
 
-def one_rank_reporting_job(
-    clients: Any, namespace: str, name: str, tmp_path: Path
+def reporting_job(
+    clients: Any,
+    namespace: str,
+    name: str,
+    tmp_path: Path,
+    *,
+    processes: int = 1,
+    health: dict[str, Any] | None = None,
+    **spec: Any,
 ) -> tuple[Any, Path]:
-    """A one-node job that reports every 0.2 s, its training pod running, and that pod's
-    pod-bound token written to a file (as the kubelet projects it)."""
-    health = {"reportIntervalSeconds": 0.2}
-    create_job(
-        clients,
-        namespace,
-        job_manifest(name, nodes=1, processesPerNode=1, compile={"enabled": False}, health=health),
+    """A one-node job of `processes` ranks on the health channel (`health`: its spec.health, by
+    default a report every 0.2 s; `spec`: more of its spec), Training, and its pod's pod-bound
+    token written to a file of the test's (as the kubelet projects it)."""
+    manifest = job_manifest(
+        name,
+        nodes=1,
+        processesPerNode=processes,
+        compile={"enabled": False},
+        health=health or {"reportIntervalSeconds": 0.2},
+        **spec,
     )
+    create_job(clients, namespace, manifest)
     (pod,) = wait_gang_running(clients, namespace, name, "train", 0, nodes=1)
+    wait_phase(clients, namespace, name, "Training")
     wait_account(clients, namespace)
-    token = tmp_path / "token"
+    token = tmp_path / f"{name}-token"
     token.write_text(pod_token(clients, pod))
     return pod, token
+
+
+def ranks_with_a_straggler(pod: Any, token: Path, steps: int) -> list[subprocess.Popen[str]]:
+    """The pod's three ranks reporting `steps` steps, rank 2 30 % slower than the others
+    (0.065 s a step against 0.05 s)."""
+    return [
+        start_rank(rank_env(pod, token, rank, 3), steps, 0.065 if rank == 2 else 0.05)
+        for rank in range(3)
+    ]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,7 +248,7 @@ def patch_job(clients: Any, namespace: str, name: str, patch: dict[str, Any]) ->
 
 
 def wait_status(
-    clients: Any, namespace: str, name: str, *, key: str, value: str, timeout: float
+    clients: Any, namespace: str, name: str, *, key: str, value: object, timeout: float
 ) -> dict[str, Any]:
     """The job once `status.<key>` is `value`."""
     return wait_for(
@@ -300,12 +302,41 @@ def wait_gang_running(
     )
 
 
+def start_training(clients: Any, namespace: str, name: str, **spec: Any) -> list[Any]:
+    """Creates a job of `spec` (without a compile stage unless `spec` has one) and returns its
+    attempt-0 training gang once every pod runs."""
+    create_job(clients, namespace, job_manifest(name, **{"compile": {"enabled": False}, **spec}))
+    return wait_gang_running(clients, namespace, name, "train", 0, nodes=spec.get("nodes", 2))
+
+
 def training_job(clients: Any, namespace: str, name: str) -> list[Any]:
     """Creates a job without a compile stage and returns its gang once it trains."""
-    create_job(clients, namespace, job_manifest(name, compile={"enabled": False}))
-    pods = wait_gang_running(clients, namespace, name, "train", 0)
+    pods = start_training(clients, namespace, name)
     wait_phase(clients, namespace, name, "Training")
     return pods
+
+
+def wait_attempt(clients: Any, namespace: str, name: str, attempt: int) -> dict[str, Any]:
+    """The job once its status records attempt `attempt` (a restart decided)."""
+    return wait_status(clients, namespace, name, key="attempt", value=attempt, timeout=90)
+
+
+def finish_job(clients: Any, namespace: str, name: str, pods: list[Any]) -> dict[str, Any]:
+    """Every pod of the gang `pods` exits 0; returns the job once it has Succeeded."""
+    finish_pods(clients, namespace, pods)
+    return wait_phase(clients, namespace, name, "Succeeded")
+
+
+def wait_running_gone(clients: Any, namespace: str, name: str, description: str) -> None:
+    """Waits until none of the job's pods is alive (deleted, or terminating)."""
+    wait_for(
+        lambda: [
+            p for p in job_pods(clients, namespace, name) if not p.metadata.deletion_timestamp
+        ],
+        until=lambda pods: not pods,
+        timeout=60,
+        description=description,
+    )
 
 
 def finish_pods(
@@ -362,6 +393,21 @@ def ensure_shared_claim(clients: Any, namespace: str) -> None:
         timeout=30,
         description=f"{namespace}/fsx-claim Bound",
     )
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def metric(port: int, name: str) -> float:
+    """The value of the operator's unlabelled metric `name`, read from its /metrics on `port`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        for line in reply.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+    raise AssertionError(f"no {name} on /metrics")
 
 
 def kubectl(dev_cluster: Any, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -16,9 +16,9 @@ import yaml
 
 from integration.health_ranks import (
     free_port,
-    one_rank_reporting_job,
     outcome,
     rank_env,
+    reporting_job,
     start_rank,
 )
 from integration.operator_harness import (
@@ -141,7 +141,7 @@ def test_the_charts_account_reviews_a_ranks_pod_bound_token_and_accepts_its_prog
     operator.extra_args = ("--health-port", str(port))
     operator.start()
     try:
-        pod, token = one_rank_reporting_job(clients, namespace, "beat", tmp_path)
+        pod, token = reporting_job(clients, namespace, "beat", tmp_path)
         result = outcome(start_rank(rank_env(pod, token, 0, 1), 10, 0.1))
         operator.assert_alive()
     finally:

@@ -6,6 +6,7 @@ Each test is one numbered scenario: it failed against the operator before the fi
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +17,18 @@ from integration.operator_harness import (
     OperatorView,
     create_job,
     eventually,
+    finish_job,
     finish_pods,
+    free_port,
     get_job,
     job_events,
     job_manifest,
     job_pods,
+    metric,
     running_operator,
+    start_training,
     training_job,
+    wait_attempt,
     wait_gang_running,
     wait_phase,
     wait_reason,
@@ -40,23 +46,53 @@ def attempts_alive(clients: Any, namespace: str, name: str) -> set[str]:
     }
 
 
+def wait_next_gang_alone(clients: Any, namespace: str, name: str) -> list[Any]:
+    """The job's attempt-1 gang once both its pods run, asserting that no two attempts' pods
+    were alive at once on any look while it waited."""
+    seen: list[set[str]] = []
+
+    def restarted() -> list[Any]:
+        seen.append(attempts_alive(clients, namespace, name))
+        fresh = job_pods(clients, namespace, name, "train", 1)
+        return fresh if len(fresh) == 2 and all(p.status.phase == "Running" for p in fresh) else []
+
+    new: list[Any] = wait_for(restarted, timeout=90, description="attempt 1 gang Running")
+    assert all(len(alive) <= 1 for alive in seen), seen
+    return new
+
+
 def test_operator_restarts_never_restart_a_running_gang(
-    dev_cluster: Any, namespace: str, own_operator: OperatorProcess
+    dev_cluster: Any, namespace: str, tmp_path: Path
 ) -> None:
     """Scenario 1: right after a start the node cache is empty; that is not node loss."""
     clients = dev_cluster.clients
-    pods = training_job(clients, namespace, "steady")
-    uids = {p.metadata.uid for p in pods}
-    for _ in range(3):
-        own_operator.kill()
-        own_operator.start()
-        time.sleep(4)  # the new process's first reconciles, with the node watch still filling
-    job = get_job(clients, namespace, "steady")
-    assert job["status"]["restarts"]["total"] == 0
-    assert job["status"]["attempt"] == 0
-    assert {p.metadata.uid for p in job_pods(clients, namespace, "steady")} == uids
-    finish_pods(clients, namespace, pods)
-    wait_phase(clients, namespace, "steady", "Succeeded")
+    port = free_port()
+    with running_operator(
+        dev_cluster, namespace, tmp_path, extra_args=("--metrics-port", str(port))
+    ) as operator:
+        pods = training_job(clients, namespace, "steady")
+        uids = {p.metadata.uid for p in pods}
+        passes = "trainium_operator_reconciles_total"
+        for _ in range(3):
+            operator.kill()
+            operator.start()
+            # The new process's first pass over the job, with the node watch still filling, has
+            # ended once a second one starts (a job's passes run one at a time); a pod event
+            # asks for that second pass.
+            wait_for(lambda: metric(port, passes), timeout=30, description="a first pass")
+            poke = {"metadata": {"annotations": {"test.trainium.dev/poke": str(operator.starts)}}}
+            clients.core.patch_namespaced_pod(pods[0].metadata.name, namespace, poke)
+            wait_for(
+                lambda: metric(port, passes),
+                until=lambda n: n >= 2,
+                timeout=30,
+                description="a second pass of the restarted operator",
+            )
+        job = get_job(clients, namespace, "steady")
+        assert job["status"]["restarts"]["total"] == 0
+        assert job["status"]["attempt"] == 0
+        assert {p.metadata.uid for p in job_pods(clients, namespace, "steady")} == uids
+        finish_job(clients, namespace, "steady", pods)
 
 
 def test_a_force_deleted_training_pod_restarts_the_whole_gang_not_one_rank(
@@ -67,27 +103,18 @@ def test_a_force_deleted_training_pod_restarts_the_whole_gang_not_one_rank(
     pods = training_job(clients, namespace, "gone")
     clients.core.delete_namespaced_pod(pods[1].metadata.name, namespace, grace_period_seconds=0)
 
-    seen: list[set[str]] = []
-
-    def restarted() -> list[Any]:
-        seen.append(attempts_alive(clients, namespace, "gone"))
-        fresh = job_pods(clients, namespace, "gone", "train", 1)
-        return fresh if len(fresh) == 2 and all(p.status.phase == "Running" for p in fresh) else []
-
-    new = wait_for(restarted, timeout=90, description="attempt 1 gang Running")
-    # Rank 1 of attempt 0 was never re-created, and two attempts were never alive at once.
+    # Two attempts were never alive at once, and rank 1 of attempt 0 was never re-created.
+    new = wait_next_gang_alone(clients, namespace, "gone")
     assert all(
         p.metadata.name != pods[1].metadata.name for p in job_pods(clients, namespace, "gone")
     )
-    assert all(len(alive) <= 1 for alive in seen), seen
     job = wait_phase(clients, namespace, "gone", "Training")
     # The watch may show the pod terminating before it is gone (PodDeleted) or only its removal
     # (PodVanished); either way the whole gang restarts, charged to infrastructure.
     assert job["status"]["lastFailure"]["reason"] in ("PodVanished", "PodDeleted")
     assert job["status"]["restarts"] == {"total": 1, "application": 0, "infrastructure": 1}
     assert "--resume" in new[0].spec.containers[0].command
-    finish_pods(clients, namespace, new)
-    wait_phase(clients, namespace, "gone", "Succeeded")
+    finish_job(clients, namespace, "gone", new)
 
 
 def test_a_restart_never_runs_two_attempts_at_once_and_counts_once(
@@ -95,32 +122,18 @@ def test_a_restart_never_runs_two_attempts_at_once_and_counts_once(
 ) -> None:
     """Scenario 2: the new attempt is recorded first and starts after the old gang is gone."""
     clients = dev_cluster.clients
-    create_job(clients, namespace, job_manifest("once", compile={"enabled": False}))
-    pods = wait_gang_running(clients, namespace, "once", "train", 0)
-    seen: list[set[str]] = []
+    pods = start_training(clients, namespace, "once")
     finish_pods(clients, namespace, pods[:1], succeeded=False, exit_code=1)
     # The operator dies right after it decided the restart, and comes back.
-    wait_for(
-        lambda: get_job(clients, namespace, "once"),
-        until=lambda j: (j.get("status") or {}).get("attempt") == 1,
-        timeout=30,
-        description="attempt 1 recorded",
-    )
+    wait_attempt(clients, namespace, "once", 1)
     own_operator.kill()
     own_operator.start()
 
-    def second_gang() -> list[Any]:
-        seen.append(attempts_alive(clients, namespace, "once"))
-        fresh = job_pods(clients, namespace, "once", "train", 1)
-        return fresh if len(fresh) == 2 and all(p.status.phase == "Running" for p in fresh) else []
-
-    new = wait_for(second_gang, timeout=90, description="attempt 1 gang Running")
-    assert all(len(alive) <= 1 for alive in seen), seen
+    new = wait_next_gang_alone(clients, namespace, "once")
     assert not job_pods(clients, namespace, "once", "train", 2)
     job = wait_phase(clients, namespace, "once", "Training")
     assert job["status"]["restarts"] == {"total": 1, "application": 1, "infrastructure": 0}
-    finish_pods(clients, namespace, new)
-    wait_phase(clients, namespace, "once", "Succeeded")
+    finish_job(clients, namespace, "once", new)
 
 
 def test_a_kubelet_admission_rejection_is_charged_as_infrastructure(
@@ -128,9 +141,7 @@ def test_a_kubelet_admission_rejection_is_charged_as_infrastructure(
 ) -> None:
     """Scenario 8: OutOf<resource> is the node's doing, not the script's backoffLimit."""
     clients = dev_cluster.clients
-    manifest = job_manifest("refused", compile={"enabled": False}, runPolicy={"backoffLimit": 0})
-    create_job(clients, namespace, manifest)
-    pods = wait_gang_running(clients, namespace, "refused", "train", 0)
+    pods = start_training(clients, namespace, "refused", runPolicy={"backoffLimit": 0})
     simulate_pod_outcome(
         clients.core,
         namespace,
@@ -146,34 +157,21 @@ def test_a_kubelet_admission_rejection_is_charged_as_infrastructure(
     job = get_job(clients, namespace, "refused")
     assert job["status"]["restarts"] == {"total": 1, "application": 0, "infrastructure": 1}
     assert job["status"]["phase"] != "Failed"
-    finish_pods(clients, namespace, new)
-    wait_phase(clients, namespace, "refused", "Succeeded")
+    finish_job(clients, namespace, "refused", new)
 
 
 def test_a_deleted_job_is_forgotten_by_the_work_queue(
     dev_cluster: Any, namespace: str, tmp_path: Path
 ) -> None:
     """Scenario 7: its pods' deletion events do not bring it back for every resync."""
-    import socket
-    import urllib.request
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     clients = dev_cluster.clients
+    port = free_port()
     with running_operator(
         dev_cluster, namespace, tmp_path, extra_args=("--metrics-port", str(port))
     ):
-
-        def known_jobs() -> int:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as reply:
-                text = reply.read().decode()
-            (line,) = [x for x in text.splitlines() if x.startswith("trainium_operator_known_jobs")]
-            return int(float(line.split()[-1]))
-
-        create_job(clients, namespace, job_manifest("brief", compile={"enabled": False}))
-        wait_gang_running(clients, namespace, "brief", "train", 0)
-        assert wait_for(known_jobs, until=lambda n: n == 1, timeout=30, description="1 job")
+        start_training(clients, namespace, "brief")
+        known = "trainium_operator_known_jobs"
+        wait_for(lambda: metric(port, known), until=lambda n: n == 1, timeout=30, description="1")
         clients.custom.delete_namespaced_custom_object(
             "trainium.dev", "v1alpha1", namespace, "trainingjobs", "brief"
         )
@@ -183,8 +181,11 @@ def test_a_deleted_job_is_forgotten_by_the_work_queue(
             timeout=60,
             description="the job's pods garbage-collected",
         )
-        time.sleep(2)
-        assert known_jobs() == 0
+        # The pod watch delivers in order: once the operator has seen a later job's pods run,
+        # it has handled every deletion event of the old job's pods.
+        start_training(clients, namespace, "later", nodes=1)
+        wait_phase(clients, namespace, "later", "Training")
+        assert metric(port, known) == 1, "the deleted job came back with its pods' events"
 
 
 HELD = "held until the spec"
@@ -204,12 +205,7 @@ def test_a_missing_priority_class_is_reported_then_the_job_starts_once_the_class
     class_name = f"later-{namespace}"
     scheduling = {"queue": "test", "priorityClassName": class_name}
     create_job(clients, namespace, job_manifest("noclass", scheduling=scheduling))
-    job = wait_for(
-        lambda: get_job(clients, namespace, "noclass"),
-        until=lambda j: (j.get("status") or {}).get("reason") == "PriorityClassNotFound",
-        timeout=60,
-        description="TrainingJob noclass PriorityClassNotFound",
-    )
+    job = wait_reason(clients, namespace, "noclass", "PriorityClassNotFound")
     assert job["status"]["phase"] == "Pending"
     assert f"no PriorityClass with name {class_name}" in job["status"]["message"]
     (admitted,) = [c for c in job["status"]["conditions"] if c["type"] == "Admitted"]
@@ -260,12 +256,7 @@ def test_a_resource_quota_refusal_is_held_until_the_quota_changes(
         description="quota status",
     )
     create_job(clients, namespace, job_manifest("quota", compile={"enabled": False}))
-    job = wait_for(
-        lambda: get_job(clients, namespace, "quota"),
-        until=lambda j: (j.get("status") or {}).get("reason") == "QuotaExceeded",
-        timeout=60,
-        description="TrainingJob quota QuotaExceeded",
-    )
+    job = wait_reason(clients, namespace, "quota", "QuotaExceeded")
     assert "exceeded quota: two-pods" in job["status"]["message"]
     # The first pod's admission changes the quota's usage (one more try); then it is quiet.
     time.sleep(4)
@@ -283,44 +274,9 @@ def test_a_resource_quota_refusal_is_held_until_the_quota_changes(
         timeout=30,
         description="quota pods created after the quota was raised",
     )
-    pods = wait_gang_running(clients, namespace, "quota", "train", 0)
-    finish_pods(clients, namespace, pods)
-    wait_phase(clients, namespace, "quota", "Succeeded")
-
-
-def test_an_invalid_pass_through_field_fails_the_job_with_the_api_servers_reason(
-    dev_cluster: Any, namespace: str, operator: OperatorView
-) -> None:
-    clients = dev_cluster.clients
-    manifest = job_manifest("badlabel", podMetadata={"labels": {"team": "not a valid value!"}})
-    create_job(clients, namespace, manifest)
-    job = wait_phase(clients, namespace, "badlabel", "Failed", timeout=60)
-    assert job["status"]["reason"] == "InvalidPodSpec"
-    assert "metadata.labels" in job["status"]["message"]
-
-
-def test_a_missing_claim_is_named_then_fails_the_job_after_the_startup_timeout(
-    dev_cluster: Any, namespace: str, operator: OperatorView
-) -> None:
-    """Scenario 5: Volcano's own words about the claim become the job's reason."""
-    clients = dev_cluster.clients
-    manifest = job_manifest(
-        "noclaim",
-        storage={"claimName": "no-such-claim"},
-        runPolicy={"startupTimeoutSeconds": 20},
+    finish_job(
+        clients, namespace, "quota", wait_gang_running(clients, namespace, "quota", "train", 0)
     )
-    create_job(clients, namespace, manifest)
-    job = wait_for(
-        lambda: get_job(clients, namespace, "noclaim"),
-        until=lambda j: (j.get("status") or {}).get("reason") == "ClaimNotFound",
-        timeout=60,
-        description="TrainingJob noclaim ClaimNotFound",
-    )
-    assert job["status"]["phase"] == "Pending"
-    assert "'no-such-claim' does not exist" in job["status"]["message"]
-    failed = wait_phase(clients, namespace, "noclaim", "Failed", timeout=60)
-    assert failed["status"]["reason"] == "ClaimNotFound"
-    assert "startupTimeoutSeconds (20s)" in failed["status"]["message"]
 
 
 def test_a_recreated_job_waits_for_its_predecessors_terminating_pod_instead_of_adopting_it(
@@ -328,8 +284,7 @@ def test_a_recreated_job_waits_for_its_predecessors_terminating_pod_instead_of_a
 ) -> None:
     """A 409 AlreadyExists is success only for our own child."""
     clients = dev_cluster.clients
-    create_job(clients, namespace, job_manifest("twin", compile={"enabled": False}))
-    old = wait_gang_running(clients, namespace, "twin", "train", 0)
+    old = start_training(clients, namespace, "twin")
     held = old[0].metadata.name
     hold = {"metadata": {"finalizers": ["sim.trainium.dev/hold"]}}
     clients.core.patch_namespaced_pod(held, namespace, hold)
@@ -360,8 +315,7 @@ def test_a_recreated_job_waits_for_its_predecessors_terminating_pod_instead_of_a
     new = wait_gang_running(clients, namespace, "twin", "train", 0, nodes=1)
     new_uid = get_job(clients, namespace, "twin")["metadata"]["uid"]
     assert all(p.metadata.owner_references[0].uid == new_uid for p in new)
-    finish_pods(clients, namespace, new)
-    wait_phase(clients, namespace, "twin", "Succeeded")
+    finish_job(clients, namespace, "twin", new)
 
 
 def test_foreground_deletion_with_a_lost_node_does_not_hang(
@@ -371,11 +325,7 @@ def test_foreground_deletion_with_a_lost_node_does_not_hang(
     from trainium_devcluster.sim import node_is_ready, restore_node, simulate_node_loss
 
     clients = dev_cluster.clients
-    manifest = job_manifest(
-        "fg", compile={"enabled": False}, runPolicy={"nodeLostGracePeriodSeconds": 3600}
-    )
-    create_job(clients, namespace, manifest)
-    pods = wait_gang_running(clients, namespace, "fg", "train", 0)
+    pods = start_training(clients, namespace, "fg", runPolicy={"nodeLostGracePeriodSeconds": 3600})
     lost = pods[1].spec.node_name
     simulate_node_loss(clients.core, lost)
     try:
@@ -425,8 +375,7 @@ def test_the_first_training_gang_after_a_compile_restart_starts_fresh(
         assert "--resume" not in pod.spec.containers[0].command
     job = get_job(clients, namespace, "fresh")
     assert job["status"]["restarts"] == {"total": 1, "application": 0, "infrastructure": 1}
-    finish_pods(clients, namespace, train)
-    wait_phase(clients, namespace, "fresh", "Succeeded")
+    finish_job(clients, namespace, "fresh", train)
 
 
 def test_a_restart_force_deletes_an_old_pod_stuck_terminating_on_a_ready_node_naming_it(
@@ -435,14 +384,13 @@ def test_a_restart_force_deletes_an_old_pod_stuck_terminating_on_a_ready_node_na
     """Issue 19 (7): a restart used to wait forever for an old pod whose kubelet never confirmed
     its deletion (here a finalizer keeps it Terminating on a Ready node)."""
     clients = dev_cluster.clients
-    manifest = job_manifest(
+    pods = start_training(
+        clients,
+        namespace,
         "stuck",
-        compile={"enabled": False},
         runPolicy={"nodeLostGracePeriodSeconds": 0},
         podTemplate={"spec": {"terminationGracePeriodSeconds": 1}},
     )
-    create_job(clients, namespace, manifest)
-    pods = wait_gang_running(clients, namespace, "stuck", "train", 0)
     held = pods[1].metadata.name
     clients.core.patch_namespaced_pod(
         held, namespace, {"metadata": {"finalizers": ["sim.trainium.dev/hold"]}}
@@ -473,26 +421,80 @@ def test_a_restart_force_deletes_an_old_pod_stuck_terminating_on_a_ready_node_na
     assert get_job(clients, namespace, "stuck")["status"]["restarts"]["total"] == 1
 
 
-def test_an_unrelated_service_of_the_jobs_name_fails_the_job_naming_it_and_is_kept(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+FOREIGN_SERVICE = {
+    "metadata": {"name": "clash"},
+    "spec": {"clusterIP": "None", "selector": {"app": "other"}, "ports": [{"port": 80}]},
+}
+
+
+@dataclass(frozen=True)
+class CannotStart:
+    """A job that cannot start: `waiting`, the reason and words of the Pending job before it
+    fails, if it waits first; `failed`, the reason and words it fails with; `service`, a
+    Service created before the job, kept as it was."""
+
+    manifest: dict[str, Any]
+    waiting: tuple[str, str] | None
+    failed: tuple[str, str]
+    service: dict[str, Any] | None = None
+
+
+CANNOT_START = [
+    pytest.param(
+        CannotStart(
+            job_manifest("badlabel", podMetadata={"labels": {"team": "not a valid value!"}}),
+            None,
+            ("InvalidPodSpec", "metadata.labels"),
+            None,
+        ),
+        id="invalid-pass-through-field-with-the-api-servers-reason",
+    ),
+    # Scenario 5: Volcano's own words about the claim become the job's reason.
+    pytest.param(
+        CannotStart(
+            job_manifest(
+                "noclaim",
+                storage={"claimName": "no-such-claim"},
+                runPolicy={"startupTimeoutSeconds": 20},
+            ),
+            ("ClaimNotFound", "'no-such-claim' does not exist"),
+            ("ClaimNotFound", "startupTimeoutSeconds (20s)"),
+            None,
+        ),
+        id="missing-claim-named-then-failed-after-the-startup-timeout",
+    ),
+    # Issue 19 (7): a job used to wait forever behind a Service of its name that no
+    # TrainingJob owns; that Service is kept.
+    pytest.param(
+        CannotStart(
+            job_manifest(
+                "clash", compile={"enabled": False}, runPolicy={"nodeLostGracePeriodSeconds": 0}
+            ),
+            ("WaitingForNameConflict", "Service {namespace}/clash"),
+            ("NameConflict", "delete or rename that Service"),
+            FOREIGN_SERVICE,
+        ),
+        id="unrelated-service-of-the-jobs-name-named-and-kept",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CANNOT_START)
+def test_a_job_that_cannot_start_fails_naming_its_cause(
+    dev_cluster: Any, namespace: str, operator: OperatorView, case: CannotStart
 ) -> None:
-    """Issue 19 (7): a job used to wait forever behind a Service of its name that no
-    TrainingJob owns."""
     clients = dev_cluster.clients
-    service = {
-        "metadata": {"name": "clash"},
-        "spec": {"clusterIP": "None", "selector": {"app": "other"}, "ports": [{"port": 80}]},
-    }
-    clients.core.create_namespaced_service(namespace, service)
-    manifest = job_manifest(
-        "clash", compile={"enabled": False}, runPolicy={"nodeLostGracePeriodSeconds": 0}
-    )
-    create_job(clients, namespace, manifest)
-    waiting = wait_reason(clients, namespace, "clash", "WaitingForNameConflict", timeout=30)
-    assert f"Service {namespace}/clash" in waiting["status"]["message"]
-    job = wait_phase(clients, namespace, "clash", "Failed", timeout=40)
-    assert job["status"]["reason"] == "NameConflict"
-    assert "delete or rename that Service" in job["status"]["message"]
-    assert clients.core.read_namespaced_service("clash", namespace).spec.selector == {
-        "app": "other"
-    }
+    name = case.manifest["metadata"]["name"]
+    if case.service is not None:
+        clients.core.create_namespaced_service(namespace, case.service)
+    create_job(clients, namespace, case.manifest)
+    if case.waiting is not None:
+        job = wait_reason(clients, namespace, name, case.waiting[0])
+        assert job["status"]["phase"] == "Pending"
+        assert case.waiting[1].format(namespace=namespace) in job["status"]["message"]
+    job = wait_phase(clients, namespace, name, "Failed", timeout=60)
+    assert job["status"]["reason"] == case.failed[0]
+    assert case.failed[1] in job["status"]["message"]
+    if case.service is not None:
+        kept = clients.core.read_namespaced_service(case.service["metadata"]["name"], namespace)
+        assert kept.spec.selector == case.service["spec"]["selector"]

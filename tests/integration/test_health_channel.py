@@ -18,10 +18,10 @@ import pytest
 
 from integration.health_ranks import (
     free_port,
-    one_rank_reporting_job,
     outcome,
     pod_token,
     rank_env,
+    reporting_job,
     start_rank,
     wait_account,
 )
@@ -112,18 +112,7 @@ def test_the_ranks_of_one_pod_report_as_one_message_sent_by_local_rank_0(
     port, metrics = free_port(), free_port()
     args = ("--health-port", str(port), "--metrics-port", str(metrics))
     with running_operator(dev_cluster, namespace, tmp_path, extra_args=args) as operator:
-        health = {"reportIntervalSeconds": 0.2}
-        create_job(
-            clients,
-            namespace,
-            job_manifest(
-                "pair", nodes=1, processesPerNode=2, compile={"enabled": False}, health=health
-            ),
-        )
-        (pod,) = wait_gang_running(clients, namespace, "pair", "train", 0, nodes=1)
-        wait_account(clients, namespace)
-        token = tmp_path / "token"
-        token.write_text(pod_token(clients, pod))
+        pod, token = reporting_job(clients, namespace, "pair", tmp_path, processes=2)
         ranks = [start_rank(rank_env(pod, token, r, 2, local=(r, 2)), 15, 0.1) for r in (0, 1)]
         leader, other = (outcome(r) for r in ranks)
         operator.assert_alive()
@@ -146,7 +135,7 @@ def test_ranks_keep_training_and_resume_reporting_across_an_operator_restart(
     with running_operator(
         dev_cluster, namespace, tmp_path, extra_args=("--health-port", str(port))
     ) as operator:
-        pod, token = one_rank_reporting_job(clients, namespace, "gamma", tmp_path)
+        pod, token = reporting_job(clients, namespace, "gamma", tmp_path)
         steps, step_s = 120, 0.05  # 6 s of training
         started = time.monotonic()
         rank = start_rank(rank_env(pod, token, 0, 1), steps, step_s)

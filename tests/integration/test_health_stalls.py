@@ -23,6 +23,8 @@ from integration.health_ranks import (
     outcome,
     pod_token,
     rank_env,
+    ranks_with_a_straggler,
+    reporting_job,
     start_freezing_rank,
     start_rank,
     wait_account,
@@ -186,22 +188,8 @@ def test_a_rank_30_percent_slower_is_named_a_straggler_in_the_status_and_an_even
 ) -> None:
     clients = dev_cluster.clients
     health = {"reportIntervalSeconds": INTERVAL_S}
-    create_job(
-        clients,
-        namespace,
-        job_manifest(
-            "slow", nodes=1, processesPerNode=3, compile={"enabled": False}, health=health
-        ),
-    )
-    (pod,) = wait_gang_running(clients, namespace, "slow", "train", 0, nodes=1)
-    wait_phase(clients, namespace, "slow", "Training")
-    wait_account(clients, namespace)
-    token = tmp_path / "token"
-    token.write_text(pod_token(clients, pod))
-    ranks = [
-        start_rank(rank_env(pod, token, rank, 3), 160, 0.065 if rank == 2 else 0.05)
-        for rank in range(3)
-    ]
+    pod, token = reporting_job(clients, namespace, "slow", tmp_path, processes=3, health=health)
+    ranks = ranks_with_a_straggler(pod, token, 160)
     try:
         named = wait_for(
             lambda: (get_job(clients, namespace, "slow").get("status") or {}).get("stragglers"),
@@ -246,25 +234,11 @@ def test_a_persistent_straggler_has_its_node_cordoned_and_the_gang_restarts_on_a
             # The job's own budget has room: the operator's cluster-wide one holds it below.
             "maxStragglerReplacements": 3,
         }
-        manifest = job_manifest(
-            "replace",
-            nodes=1,
-            processesPerNode=3,
-            compile={"enabled": False},
-            health=health,
-            affinity=affinity,
+        pod, token = reporting_job(
+            clients, namespace, "replace", tmp_path, processes=3, health=health, affinity=affinity
         )
-        create_job(clients, namespace, manifest)
-        (pod,) = wait_gang_running(clients, namespace, "replace", "train", 0, nodes=1)
-        wait_phase(clients, namespace, "replace", "Training")
-        wait_account(clients, namespace)
-        token = tmp_path / "token"
-        token.write_text(pod_token(clients, pod))
         slow_node = pod.spec.node_name
-        ranks = [
-            start_rank(rank_env(pod, token, rank, 3), 200, 0.065 if rank == 2 else 0.05)
-            for rank in range(3)
-        ]
+        ranks = ranks_with_a_straggler(pod, token, 200)
         try:
             restarted = wait_for(
                 lambda: get_job(clients, namespace, "replace"),

@@ -22,21 +22,17 @@ from integration.health_ranks import (
     fast_health_operator,
     local_stacks,
     outcome,
-    pod_token,
     rank_env,
+    ranks_with_a_straggler,
+    reporting_job,
     start_rank,
-    wait_account,
 )
 from integration.operator_harness import (
     OperatorProcess,
-    create_job,
     eventually,
     get_job,
     job_events,
-    job_manifest,
     kubectl,
-    wait_gang_running,
-    wait_phase,
 )
 from integration.test_profile_upload import play_upload_pod
 from s3_server import S3Bucket
@@ -92,20 +88,15 @@ def test_profile_now_makes_every_rank_capture_the_next_n_steps_named_in_the_stat
 ) -> None:
     clients = dev_cluster.clients
     name = "ondemand"
-    manifest = job_manifest(
+    pod, token = reporting_job(
+        clients,
+        namespace,
         name,
-        nodes=1,
-        processesPerNode=2,  # the two local ranks below: the channel binds them to the spec
-        compile={"enabled": False},
+        tmp_path,
+        processes=2,  # the two local ranks below: the channel binds them to the spec
         health={"reportIntervalSeconds": INTERVAL_S},
         profile={"s3Uri": s3.uri("profiles")},
     )
-    create_job(clients, namespace, manifest)
-    (pod,) = wait_gang_running(clients, namespace, name, "train", 0, nodes=1)
-    wait_phase(clients, namespace, name, "Training")
-    wait_account(clients, namespace)
-    token = tmp_path / "token"
-    token.write_text(pod_token(clients, pod))
     volume = tmp_path / "volume"
     ranks: list[subprocess.Popen[str]] = []
     for number in (0, 1):
@@ -214,22 +205,8 @@ def test_without_the_operators_cordon_budget_a_replace_job_only_reports_its_stra
         "onStraggler": "Replace",
         "stragglerPersistenceSeconds": 1,
     }
-    create_job(
-        clients,
-        namespace,
-        job_manifest(
-            "replace", nodes=1, processesPerNode=3, compile={"enabled": False}, health=health
-        ),
-    )
-    (pod,) = wait_gang_running(clients, namespace, "replace", "train", 0, nodes=1)
-    wait_phase(clients, namespace, "replace", "Training")
-    wait_account(clients, namespace)
-    token = tmp_path / "token"
-    token.write_text(pod_token(clients, pod))
-    ranks = [
-        start_rank(rank_env(pod, token, rank, 3), 200, 0.065 if rank == 2 else 0.05)
-        for rank in range(3)
-    ]
+    pod, token = reporting_job(clients, namespace, "replace", tmp_path, processes=3, health=health)
+    ranks = ranks_with_a_straggler(pod, token, 200)
     try:
         record = wait_for(
             lambda: (get_job(clients, namespace, "replace").get("status") or {}).get(

@@ -11,9 +11,6 @@ becomes the pod's outcome (the operator reads nothing else of it).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +28,8 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
+from integration.upload_pods import play_upload_pod, upload_pod, write_profile
 from s3_server import S3Bucket
-from support.synthetic import SyntheticSpec, write_synthetic_profile
-from trainium_devcluster.sim import simulate_pod_outcome
 from trainium_operator.analysis.s3store import S3ProfileSource
 from trainium_operator.lifecycle.policies.profile_upload import ENV_DEFAULT_S3_URI
 from trainium_operator.profiler.s3 import ExitCode, parse_s3_uri
@@ -54,49 +50,12 @@ def profiled_job(name: str, s3_uri: str) -> dict[str, Any]:
 def train_and_record_profile(clients: Any, namespace: str, name: str, shared: Path) -> Path:
     """The training gang runs, writes its profile on the 'claim', and succeeds."""
     pods = wait_gang_running(clients, namespace, name, "train", 0)
-    env = {e.name: e.value for e in pods[0].spec.containers[0].env if e.value is not None}
-    profile_dir = shared / env["TRAINIUM_PROFILE_DIR"].removeprefix(MOUNT + "/")
-    spec = SyntheticSpec(
-        nodes=2, ranks_per_node=2, steps=6, detailed_steps=(1, 4), kernels_per_step=8,
-        job_name=name, namespace=namespace,
+    profile_dir = write_profile(
+        pods, shared, MOUNT, nodes=2, ranks_per_node=2, steps=6, detailed_steps=(1, 4),
+        kernels_per_step=8,
     )  # fmt: skip
-    write_synthetic_profile(profile_dir, spec)
     finish_pods(clients, namespace, pods)
     return profile_dir
-
-
-def upload_pod(clients: Any, namespace: str, name: str) -> Any:
-    def running() -> Any:
-        pods = clients.core.list_namespaced_pod(
-            namespace,
-            label_selector=f"trainium.dev/job-name={name},trainium.dev/stage=profile-upload",
-        ).items
-        return pods[0] if pods and pods[0].status.phase == "Running" else None
-
-    return eventually(running, timeout=60, description=f"{name}'s upload pod Running")
-
-
-def play_upload_pod(
-    clients: Any, namespace: str, pod: Any, shared: Path
-) -> subprocess.CompletedProcess[str]:
-    """Runs the pod's command here (its /data is `shared`), then ends the pod the same way."""
-    container = pod.spec.containers[0]
-    command = list(container.command)
-    assert command[:3] == ["python3", "-m", "trainium_operator.profiler.s3"]
-    (mount,) = [m for m in container.volume_mounts if m.sub_path]
-    local = [sys.executable, *command[1:]]
-    local = [str(shared / mount.sub_path) if a == mount.mount_path else a for a in local]
-    result = subprocess.run(
-        local, env=dict(os.environ), capture_output=True, text=True, check=False
-    )
-    simulate_pod_outcome(
-        clients.core,
-        namespace,
-        pod.metadata.name,
-        succeeded=result.returncode == 0,
-        exit_code=result.returncode or None,
-    )
-    return result
 
 
 def profile_condition(job: dict[str, Any]) -> dict[str, Any] | None:
@@ -210,13 +169,10 @@ def test_an_attempt_replaced_by_a_restart_is_uploaded_while_the_next_one_trains(
     base = s3.uri("runs")
     create_job(clients, namespace, profiled_job(name, base))
     pods = wait_gang_running(clients, namespace, name, "train", 0)
-    env = {e.name: e.value for e in pods[0].spec.containers[0].env if e.value is not None}
-    profile_dir = shared / env["TRAINIUM_PROFILE_DIR"].removeprefix(MOUNT + "/")
-    spec = SyntheticSpec(
-        nodes=2, ranks_per_node=1, steps=4, detailed_steps=(1, 2), kernels_per_step=4,
-        job_name=name, namespace=namespace,
+    write_profile(
+        pods, shared, MOUNT, nodes=2, ranks_per_node=1, steps=4, detailed_steps=(1, 2),
+        kernels_per_step=4,
     )  # fmt: skip
-    write_synthetic_profile(profile_dir, spec)
     finish_pods(clients, namespace, pods[:1], succeeded=False, exit_code=1)
     wait_gang_running(clients, namespace, name, "train", 1)
     pod = upload_pod(clients, namespace, name)

@@ -32,9 +32,7 @@ import copy
 import json
 import os
 import re
-import socket
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -51,9 +49,11 @@ from integration.operator_harness import (
     OperatorProcess,
     create_job,
     delete_job_now,
+    free_port,
     get_job,
     job_manifest,
     job_pods,
+    metric,
     publish_report,
     running_operator,
     wait_gang_running,
@@ -709,20 +709,6 @@ def model_problems(spec: dict[str, Any]) -> str | None:
     except ValidationError as error:
         return str(error)
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
-        for line in reply.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[-1])
-    raise AssertionError(f"no {name} on /metrics")
 
 
 class FailedPasses:

@@ -30,8 +30,9 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Final, ParamSpec, TypeVar
 
+from trainium_operator.contract import channel as contract
+from trainium_operator.contract import profiler_env
 from trainium_operator.profiler import channel
-from trainium_operator.profiler import channel_contract as contract
 from trainium_operator.profiler import sampler as sampler_mod
 from trainium_operator.profiler.clock import take_sync_point
 from trainium_operator.profiler.config import ProfilerConfig, ProfilerConfigError

@@ -12,9 +12,6 @@ folder standing in for the claim at the pod's mount path, against the local S3 s
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +26,8 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
+from integration.upload_pods import play_upload_pod, upload_pod, write_profile
 from s3_server import S3Bucket
-from support.synthetic import SyntheticSpec, write_synthetic_profile
-from trainium_devcluster.sim import simulate_pod_outcome
 from trainium_operator.api.status import UploadReason
 from trainium_operator.builders.upload import PROFILE_MOUNT_PATH
 from trainium_operator.lifecycle.policies.profile_upload import REASON_MESSAGES
@@ -60,17 +56,6 @@ def test_a_claim_mounted_over_a_system_directory_is_refused_naming_the_field(
         assert "spec.storage.mountPath" in body, body
 
 
-def _upload_pod(clients: Any, namespace: str, name: str) -> Any:
-    def running() -> Any:
-        pods = clients.core.list_namespaced_pod(
-            namespace,
-            label_selector=f"trainium.dev/job-name={name},trainium.dev/stage=profile-upload",
-        ).items
-        return pods[0] if pods and pods[0].status.phase == "Running" else None
-
-    return eventually(running, timeout=60, description=f"{name}'s upload pod Running")
-
-
 @pytest.mark.usefixtures("operator")
 def test_the_upload_pod_mounts_only_its_profile_read_only_and_refuses_a_planted_symlink(
     dev_cluster: Any, namespace: str, tmp_path: Path, s3: S3Bucket, hostile_report: Any
@@ -87,13 +72,10 @@ def test_the_upload_pod_mounts_only_its_profile_read_only_and_refuses_a_planted_
     )
     create_job(clients, namespace, manifest)
     pods = wait_gang_running(clients, namespace, name, "train", 0)
-    env = {e.name: e.value for e in pods[0].spec.containers[0].env if e.value is not None}
-    profile_dir = claim / env["TRAINIUM_PROFILE_DIR"].removeprefix(mount + "/")
-    spec = SyntheticSpec(
-        nodes=1, ranks_per_node=2, steps=4, detailed_steps=(1, 2), kernels_per_step=4,
-        job_name=name, namespace=namespace,
+    profile_dir = write_profile(
+        pods, claim, mount, nodes=1, ranks_per_node=2, steps=4, detailed_steps=(1, 2),
+        kernels_per_step=4,
     )  # fmt: skip
-    write_synthetic_profile(profile_dir, spec)
     # The tenant's code plants a rank file that names the upload pod's projected token.
     secret = tmp_path / "token"
     secret.write_text(TOKEN)
@@ -103,7 +85,7 @@ def test_the_upload_pod_mounts_only_its_profile_read_only_and_refuses_a_planted_
     finish_pods(clients, namespace, pods)
     wait_phase(clients, namespace, name, "Succeeded")
 
-    pod = _upload_pod(clients, namespace, name)
+    pod = upload_pod(clients, namespace, name)
     (container,) = pod.spec.containers
     mounts = [(m.mount_path, m.sub_path, m.read_only) for m in container.volume_mounts]
     claim_volume = next(v for v in pod.spec.volumes if v.persistent_volume_claim)
@@ -116,20 +98,9 @@ def test_the_upload_pod_mounts_only_its_profile_read_only_and_refuses_a_planted_
     carried = [*container.command, *(e.value or "" for e in container.env or [])]
     assert not [a for a in carried if mount in a], carried
 
-    # The pod's own command, with the claim's subPath at its mount path.
-    local = [sys.executable, *container.command[1:]]
-    local = [str(claim / mounts[0][1]) if a == PROFILE_MOUNT_PATH else a for a in local]
-    result = subprocess.run(
-        local, env={**os.environ, **s3.env}, capture_output=True, text=True, check=False
-    )
-    simulate_pod_outcome(
-        clients.core,
-        namespace,
-        pod.metadata.name,
-        succeeded=result.returncode == 0,
-        exit_code=result.returncode or None,
-        message=f"{TOKEN}\n{result.stderr}",  # whatever the pod said: never read
-    )
+    # The pod's own command, with the claim's subPath at its mount path; whatever the pod
+    # says it printed is never read.
+    result = play_upload_pod(clients, namespace, pod, claim, env=s3.env, message=TOKEN)
 
     def decided() -> dict[str, Any] | None:
         job = get_job(clients, namespace, name)

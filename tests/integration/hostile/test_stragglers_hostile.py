@@ -16,19 +16,15 @@ import pytest
 from integration.health_ranks import (
     fast_health_operator,
     outcome,
-    pod_token,
     rank_env,
+    ranks_with_a_straggler,
+    reporting_job,
     start_rank,
-    wait_account,
 )
 from integration.operator_harness import (
     OperatorProcess,
-    create_job,
     get_job,
     job_events,
-    job_manifest,
-    wait_gang_running,
-    wait_phase,
 )
 from trainium_devcluster.sim import wait_for
 
@@ -49,24 +45,9 @@ def test_ranks_claiming_numbers_outside_the_jobs_world_are_never_named_straggler
     dev_cluster: Any, namespace: str, operator: Any, tmp_path: Path, hostile_report: Any
 ) -> None:
     clients = dev_cluster.clients
-    health = {"reportIntervalSeconds": 0.2}
-    create_job(
-        clients,
-        namespace,
-        job_manifest(
-            "forged", nodes=1, processesPerNode=3, compile={"enabled": False}, health=health
-        ),
-    )
-    (pod,) = wait_gang_running(clients, namespace, "forged", "train", 0, nodes=1)
-    wait_phase(clients, namespace, "forged", "Training")
-    wait_account(clients, namespace)
-    token = tmp_path / "token"
-    token.write_text(pod_token(clients, pod))
+    pod, token = reporting_job(clients, namespace, "forged", tmp_path, processes=3)
     # The job's world is 1 node x 3 processes; rank 2 is really slow.
-    honest = [
-        start_rank(rank_env(pod, token, rank, 3), 160, 0.065 if rank == 2 else 0.05)
-        for rank in range(3)
-    ]
+    honest = ranks_with_a_straggler(pod, token, 160)
     forged = {
         (rank, world): start_rank(rank_env(pod, token, rank, world), 160, 0.5)
         for rank, world in ((5000, 3), (5000, 5001))
