@@ -29,7 +29,11 @@ from chart.chart_harness import (
 )
 from trainium_operator.api.instance_types import INSTANCE_TYPES
 from trainium_operator.builders.job import LABEL_JOB_NAME
-from trainium_operator.controller.reconciler import ENV_JOB_NETWORK_POLICY
+from trainium_operator.controller.settings import (
+    ENV_JOB_NETWORK_POLICY,
+    ENV_PROFILE_S3_URI,
+    ENV_PROFILE_UPLOAD_SERVICE_ACCOUNT,
+)
 
 # The operator and the tenancy admission policy that checks TrainingJob authors.
 DEFAULT_KINDS = {
@@ -455,14 +459,9 @@ def test_profile_ui_mounts_the_shared_claim_read_only(tmp_path: Path) -> None:
 def test_profile_upload_default_and_its_irsa_service_account(tmp_path: Path) -> None:
     values = {**SWITCHES["profile-upload"], "workloadNamespace": "jobs"}
     manifests = render(values, tmp_path)
-    from trainium_operator.lifecycle.policies.profile_upload import (
-        ENV_DEFAULT_S3_URI,
-        ENV_UPLOAD_SERVICE_ACCOUNT,
-    )
-
     env = {e["name"]: e.get("value") for e in operator_container(manifests)["env"]}
-    assert env[ENV_DEFAULT_S3_URI] == "s3://my-profiles/trainium", "the name the operator reads"
-    assert env[ENV_UPLOAD_SERVICE_ACCOUNT] == f"{FULLNAME}-profile-upload"
+    assert env[ENV_PROFILE_S3_URI] == "s3://my-profiles/trainium", "the name the operator reads"
+    assert env[ENV_PROFILE_UPLOAD_SERVICE_ACCOUNT] == f"{FULLNAME}-profile-upload"
     account = one(manifests, "ServiceAccount", f"{FULLNAME}-profile-upload")
     assert account["metadata"]["namespace"] == "jobs"
     assert account["metadata"]["annotations"] == {

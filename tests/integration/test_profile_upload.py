@@ -31,7 +31,7 @@ from integration.operator_harness import (
 from integration.upload_pods import play_upload_pod, upload_pod, write_profile
 from s3_server import S3Bucket
 from trainium_operator.analysis.s3store import S3ProfileSource
-from trainium_operator.lifecycle.policies.profile_upload import ENV_DEFAULT_S3_URI
+from trainium_operator.controller.settings import ENV_PROFILE_S3_URI
 from trainium_operator.profiler.s3 import ExitCode, parse_s3_uri
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
@@ -201,7 +201,7 @@ def test_the_chart_wide_default_uploads_jobs_that_name_no_s3_uri(
     manifest = job_manifest(
         name, compile={"enabled": False}, profile={"enabled": True, "startStep": 1, "endStep": 2}
     )
-    env = {ENV_DEFAULT_S3_URI: default}  # what the chart's profileUpload.s3Uri sets
+    env = {ENV_PROFILE_S3_URI: default}  # what the chart's profileUpload.s3Uri sets
     with running_operator(dev_cluster, namespace, tmp_path, env=env):
         create_job(clients, namespace, manifest)
         train_and_record_profile(clients, namespace, name, shared)

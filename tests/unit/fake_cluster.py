@@ -1,4 +1,5 @@
-"""An in-memory stand-in for `k8s.client.Cluster`, for the reconciler's write-order tier.
+"""An in-memory `k8s.client.ClusterAPI` (what `Cluster` is to the API server), for the
+reconciler's write-order tier.
 
 It is the seam the Reconciler writes through: every write lands in `writes` in the order it was
 made, and, like a watch that delivers at once, reaches the reconciler's cache. Failures are
@@ -109,7 +110,7 @@ class FakeCluster:
     def of(self, verb: str) -> list[Write]:
         return [w for w in self.writes if w.verb == verb]
 
-    # -- the Cluster interface the Reconciler uses ----------------------------------------
+    # -- k8s.client.ClusterAPI: what the Reconciler calls ------------------------------------
     def create(self, obj: Obj) -> bool:
         kind, name = obj["kind"], obj["metadata"]["name"]
         self.fail_if_refused("create", kind)
@@ -155,17 +156,6 @@ class FakeCluster:
         if obj is not None:
             self._deliver("DELETED", obj)
 
-    def remove_training_job_annotation(
-        self, namespace: str, name: str, key: str, value: str
-    ) -> None:
-        self.writes.append(Write("annotate", "TrainingJob", name))
-        job = self.objects.get(("TrainingJob", name))
-        annotations = (job or {}).get("metadata", {}).get("annotations") or {}
-        if job is not None and annotations.get(key) == value:
-            del annotations[key]
-            job["metadata"]["resourceVersion"] = self._next_version()
-            self._deliver("MODIFIED", job)
-
     def cordon_node(self, name: str, patch: Obj) -> bool:
         self.fail_if_refused("patch", "Node")
         self.writes.append(Write("patch", "Node", name))
@@ -175,26 +165,40 @@ class FakeCluster:
         obj = self.objects.get(("TrainingJob", name))
         return copy.deepcopy(obj) if obj is not None else None
 
-    def replace_training_job_status(self, body: Obj, status: Obj) -> Obj | None:
-        name = body["metadata"]["name"]
+    def replace_training_job_status(self, job: Obj, status: Obj) -> Obj | None:
+        name = job["metadata"]["name"]
         self.fail_if_refused("status", "TrainingJob")
-        job = self.objects.get(("TrainingJob", name))
-        if job is None:
+        stored = self.objects.get(("TrainingJob", name))
+        if stored is None:
             return None
-        version = body["metadata"].get("resourceVersion")
-        if version and version != job["metadata"]["resourceVersion"]:
+        version = job["metadata"].get("resourceVersion")
+        if version and version != stored["metadata"]["resourceVersion"]:
             raise api_error(409, f"Operation cannot be fulfilled on trainingjobs {name!r}")
-        job["status"] = copy.deepcopy(status)
-        job["metadata"]["resourceVersion"] = self._next_version()
+        stored["status"] = copy.deepcopy(status)
+        stored["metadata"]["resourceVersion"] = self._next_version()
         self.writes.append(Write("status", "TrainingJob", name, str(status.get("phase"))))
-        self._deliver("MODIFIED", job)
-        return copy.deepcopy(job)
+        self._deliver("MODIFIED", stored)
+        return copy.deepcopy(stored)
 
     def delete_training_job(self, namespace: str, name: str, uid: str | None = None) -> None:
         self.writes.append(Write("delete-job", "TrainingJob", name))
         obj = self.objects.pop(("TrainingJob", name), None)
         if obj is not None:
             self._deliver("DELETED", obj)
+
+    def remove_training_job_annotation(
+        self, namespace: str, name: str, key: str, value: str
+    ) -> bool:
+        self.fail_if_refused("patch", "TrainingJob")
+        job = self.objects.get(("TrainingJob", name))
+        annotations = (job or {}).get("metadata", {}).get("annotations") or {}
+        if job is None or annotations.get(key) != value:
+            return False  # the JSON patch's test failed: another value, or gone
+        del annotations[key]
+        job["metadata"]["resourceVersion"] = self._next_version()
+        self.writes.append(Write("patch", "TrainingJob", name, f"-{key}"))
+        self._deliver("MODIFIED", job)
+        return True
 
     # -- the instant watch -------------------------------------------------------------------
     def _next_version(self) -> str:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from trainium_operator.controller.handlers import Runtime, _job_changed, job_gone
+from trainium_operator.controller.admission_holds import AdmissionHolds
+from trainium_operator.controller.cache import ClusterCache
+from trainium_operator.controller.wiring import JobTracker
 from trainium_operator.controller.workqueue import Key, WorkQueue
 from trainium_operator.k8s.informer import WatchEvent
 from unit.jobs import job_document
@@ -12,13 +14,14 @@ from unit.jobs import job_document
 KEY: Key = ("team-a", "bert")
 
 
-def run_one_pass(runtime: Runtime, during: list[str]) -> list[Key]:
+def run_one_pass(during: list[str]) -> tuple[list[Key], JobTracker]:
     """Runs one pass of KEY that finds its job gone, with watch events (DELETED / ADDED)
-    arriving while it runs; returns the keys the queue hands out next."""
+    arriving while it runs; returns the keys the queue hands out next, and the tracker."""
     processed: list[Key] = []
+    jobs = JobTracker(WorkQueue(), ClusterCache(), AdmissionHolds())
 
     async def scenario() -> None:
-        queue = runtime.queue = WorkQueue()
+        queue = jobs.queue
         queue.add(KEY)
 
         async def process(key: Key) -> float | None:
@@ -28,11 +31,11 @@ def run_one_pass(runtime: Runtime, during: list[str]) -> list[Key]:
                     body = job_document()
                     body["metadata"]["uid"] = f"uid-{event}-{len(processed)}"
                     if event == "ADDED":
-                        runtime.cache.on_job(WatchEvent("ADDED", body))
+                        jobs.cache.on_job(WatchEvent("ADDED", body))
                     else:
-                        runtime.cache.on_job(WatchEvent("DELETED", body))
-                    _job_changed(runtime, KEY, event, (body["metadata"]["uid"], 1, None))
-                job_gone(runtime, key)  # what the handler does on JobGoneError
+                        jobs.cache.on_job(WatchEvent("DELETED", body))
+                    jobs.job_changed(KEY, event, (body["metadata"]["uid"], 1, None))
+                jobs.job_gone(key)  # what a worker does on JobGoneError
             return None
 
         worker = asyncio.create_task(queue.run_worker(process))
@@ -40,20 +43,16 @@ def run_one_pass(runtime: Runtime, during: list[str]) -> list[Key]:
         worker.cancel()
 
     asyncio.run(scenario())
-    return processed
+    return processed, jobs
 
 
 def test_a_job_recreated_during_a_pass_that_found_it_gone_gets_its_own_pass() -> None:
-    runtime = Runtime()
-    processed = run_one_pass(runtime, during=["DELETED", "ADDED"])
+    processed, jobs = run_one_pass(during=["DELETED", "ADDED"])
     assert processed == [KEY, KEY], "the new job was never reconciled"
-    assert runtime.queue is not None
-    assert KEY in runtime.queue.known
+    assert KEY in jobs.queue.known
 
 
 def test_a_job_that_is_really_gone_is_forgotten() -> None:
-    runtime = Runtime()
-    processed = run_one_pass(runtime, during=["DELETED"])
+    processed, jobs = run_one_pass(during=["DELETED"])
     assert processed == [KEY]
-    assert runtime.queue is not None
-    assert KEY not in runtime.queue.known
+    assert KEY not in jobs.queue.known

@@ -162,23 +162,10 @@ def test_the_upload_pod_meets_pod_security_restricted_with_limits() -> None:
     assert set(container["resources"]["requests"]) >= {"cpu", "memory"}
 
 
-def test_upload_defaults_come_from_the_deployments_env_and_default_to_the_operator_image() -> None:
-    defaults = UploadDefaults.from_env(
-        {
-            "TRAINIUM_OPERATOR_IMAGE": "reg/op@sha256:abc",
-            "TRAINIUM_OPERATOR_IMAGE_PULL_POLICY": "Always",
-            "TRAINIUM_OPERATOR_IMAGE_PULL_SECRETS": "a, b,",
-            "TRAINIUM_PROFILE_UPLOAD_SERVICE_ACCOUNT": "trn-profile-upload",
-        }
-    )
-    assert defaults.pod_settings() == UploadPodSettings(
-        image="reg/op@sha256:abc",
-        image_pull_policy="Always",
-        image_pull_secrets=("a", "b"),
-        service_account="trn-profile-upload",
-    )
-    # Outside the chart: the chart's default image of this version, never the job's.
-    assert UploadDefaults.from_env({}).pod_settings().image == "trainium-operator:0.1.0"
+def test_upload_pods_default_to_the_operator_image_of_this_version() -> None:
+    # Outside the chart: the chart's default image of this version, never the job's. (The
+    # chart's settings reach UploadDefaults through `run`'s flags: test_operator_settings.)
+    assert UploadDefaults().pod_settings().image == "trainium-operator:0.1.0"
     decision, _ = run(finished_status(), [])
     (pod,) = decision.side_create
     assert pod["spec"]["containers"][0]["image"] == "trainium-operator:0.1.0"

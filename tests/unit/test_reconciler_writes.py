@@ -58,7 +58,7 @@ def new_world(*, isolate_jobs: bool = True, **spec: Any) -> tuple[FakeCluster, R
     cache.on_queue(WatchEvent("ADDED", open_queue("default")))
     cluster.add_job(job_document(compile={"enabled": False}, **spec))
     reconciler = Reconciler(
-        cluster,  # type: ignore[arg-type]
+        cluster,
         cache,
         synced=lambda: True,
         clock=lambda: NOW,
@@ -377,7 +377,7 @@ def test_an_unrelated_service_of_the_jobs_name_fails_the_job_after_a_bound_and_i
     cluster.add_job(job_document(compile={"enabled": False}))
     clock = [NOW]
     reconciler = Reconciler(
-        cluster,  # type: ignore[arg-type]
+        cluster,
         cache,
         synced=lambda: True,
         clock=lambda: clock[0],

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from trainium_operator.controller.handlers import RunningPasses
+from trainium_operator.controller.wiring import RunningPasses
 
 
 def blocked_pass(passes: RunningPasses, name: str) -> tuple[threading.Thread, threading.Event]:

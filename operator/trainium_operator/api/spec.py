@@ -8,13 +8,12 @@ Descriptions here become the CRD's OpenAPI descriptions, so `kubectl explain` te
 from __future__ import annotations
 
 import enum
-import os
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, ValidationInfo, model_validator
 
 from trainium_operator.api import object_names, pod_fields
 from trainium_operator.api.instance_types import (
@@ -68,16 +67,21 @@ MAX_JOB_NAME_LENGTH = 40
 JOB_NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
-# The chart's own ServiceAccounts (operator, profile UI, profile upload), comma-separated, as the
-# chart passes them to the operator: a job's pods never run as one of them. The chart's
-# admission policy refuses them too; this is the operator's own check for when it is not there.
-RESERVED_SERVICE_ACCOUNTS_ENV = "TRAINIUM_RESERVED_SERVICE_ACCOUNTS"
+# The validation context key for the ServiceAccount names no TrainingJob may run as (the
+# chart's own accounts, which `trainium-operator run` is given; none outside the chart). The
+# chart's admission policy refuses them too; this is the operator's own check for when it is
+# not there.
+RESERVED_SERVICE_ACCOUNTS = "reservedServiceAccounts"
 
 
-def reserved_service_accounts(environ: Mapping[str, str] | None = None) -> frozenset[str]:
-    """The ServiceAccount names no TrainingJob may run as (none outside the chart)."""
-    listed = (os.environ if environ is None else environ).get(RESERVED_SERVICE_ACCOUNTS_ENV, "")
-    return frozenset(name.strip() for name in listed.split(",") if name.strip())
+def validation_context(reserved_service_accounts: Iterable[str] = ()) -> dict[str, Any]:
+    """The context `TrainingJobSpec.model_validate` takes: what the operator was configured with."""
+    return {RESERVED_SERVICE_ACCOUNTS: frozenset(reserved_service_accounts)}
+
+
+def _reserved_service_accounts(info: ValidationInfo) -> frozenset[str]:
+    context = info.context if isinstance(info.context, dict) else {}
+    return frozenset(context.get(RESERVED_SERVICE_ACCOUNTS) or ())
 
 
 # Changing these under a running gang would mix two different jobs; runPolicy, profile and
@@ -901,7 +905,7 @@ class TrainingJobSpec(ApiModel):
     command, names, the labels it selects on) are refused with the field to use."""
 
     @model_validator(mode="after")
-    def _check_cross_fields(self) -> TrainingJobSpec:
+    def _check_cross_fields(self, info: ValidationInfo) -> TrainingJobSpec:
         # Mirrors _CROSS_FIELD_RULES so `render` and the operator reject what the API
         # server would, with the same messages.
         problems: list[str] = []
@@ -935,7 +939,7 @@ class TrainingJobSpec(ApiModel):
         output = self.profile.output_dir
         if output is not None and not output.startswith(self.storage.mount_path + "/"):
             problems.append(_PROFILE_ON_CLAIM["message"])
-        if self.service_account_name in reserved_service_accounts():
+        if self.service_account_name in _reserved_service_accounts(info):
             problems.append(
                 f"spec.serviceAccountName: {self.service_account_name} is an account of the "
                 "trainium-operator itself (operator, profile UI or profile upload); no job may "

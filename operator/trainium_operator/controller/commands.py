@@ -15,7 +15,20 @@ import yaml
 from trainium_operator.api.crd import training_job_crd
 from trainium_operator.api.reference import api_reference
 from trainium_operator.builders.job import Stage
-from trainium_operator.contract.channel import PATH
+from trainium_operator.controller.settings import (
+    ENV_JOB_NETWORK_POLICY,
+    ENV_OPERATOR_IMAGE,
+    ENV_OPERATOR_IMAGE_PULL_POLICY,
+    ENV_OPERATOR_IMAGE_PULL_SECRETS,
+    ENV_PROFILE_S3_URI,
+    ENV_PROFILE_UPLOAD_SERVICE_ACCOUNT,
+    ENV_RESERVED_SERVICE_ACCOUNTS,
+    HealthSettings,
+    OperatorSettings,
+    PeeringSettings,
+    name_list,
+)
+from trainium_operator.lifecycle.policies.profile_upload import UploadDefaults
 from trainium_operator.lifecycle.render import parse_manifest, render_stages, rendered_text
 
 Obj = dict[str, Any]
@@ -82,6 +95,57 @@ Obj = dict[str, Any]
     "its ranks report, so taking nodes out of the cluster is the operator admin's opt-in.",
 )
 @click.option("--workers", type=int, default=4, show_default=True, help="Concurrent reconciles.")
+@click.option(
+    "--job-network-policy/--no-job-network-policy",
+    "isolate_jobs",
+    default=True,
+    show_default=True,
+    envvar=ENV_JOB_NETWORK_POLICY,
+    help="Give each job a NetworkPolicy admitting only its own pods (the chart's "
+    f"networkPolicy.jobs). Env: {ENV_JOB_NETWORK_POLICY}.",
+)
+@click.option(
+    "--reserved-service-accounts",
+    default="",
+    envvar=ENV_RESERVED_SERVICE_ACCOUNTS,
+    help="Comma-separated ServiceAccounts no job may run as (the chart's own accounts). "
+    f"Env: {ENV_RESERVED_SERVICE_ACCOUNTS}.",
+)
+@click.option(
+    "--profile-s3-uri",
+    default="",
+    envvar=ENV_PROFILE_S3_URI,
+    help="Default spec.profile.s3Uri of profiled jobs (the chart's profileUpload.s3Uri). "
+    f"Env: {ENV_PROFILE_S3_URI}.",
+)
+@click.option(
+    "--profile-upload-service-account",
+    default="",
+    envvar=ENV_PROFILE_UPLOAD_SERVICE_ACCOUNT,
+    help="ServiceAccount of every upload pod; default: the namespace's `default`, never the "
+    f"job's own. Env: {ENV_PROFILE_UPLOAD_SERVICE_ACCOUNT}.",
+)
+@click.option(
+    "--operator-image",
+    default="",
+    envvar=ENV_OPERATOR_IMAGE,
+    help="The image upload pods run; default: the chart's image of this version. "
+    f"Env: {ENV_OPERATOR_IMAGE}.",
+)
+@click.option(
+    "--operator-image-pull-policy",
+    default="",
+    envvar=ENV_OPERATOR_IMAGE_PULL_POLICY,
+    help="Upload pods' imagePullPolicy; default: IfNotPresent. "
+    f"Env: {ENV_OPERATOR_IMAGE_PULL_POLICY}.",
+)
+@click.option(
+    "--operator-image-pull-secrets",
+    default="",
+    envvar=ENV_OPERATOR_IMAGE_PULL_SECRETS,
+    help="Comma-separated imagePullSecrets of upload pods (they must exist in the jobs' "
+    f"namespaces). Env: {ENV_OPERATOR_IMAGE_PULL_SECRETS}.",
+)
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-format", type=click.Choice(["plain", "json"]), default="plain")
 @click.option("--verbose", is_flag=True)
@@ -98,42 +162,52 @@ def run(
     progress_interval: float,
     straggler_cordon_budget: int,
     workers: int,
+    isolate_jobs: bool,
+    reserved_service_accounts: str,
+    profile_s3_uri: str,
+    profile_upload_service_account: str,
+    operator_image: str,
+    operator_image_pull_policy: str,
+    operator_image_pull_secrets: str,
     kubeconfig: str | None,
     log_format: str,
     verbose: bool,
 ) -> None:
     """Run the operator (watches TrainingJobs, their pods and nodes)."""
-    import kopf
+    from trainium_operator.controller import wiring
 
-    from trainium_operator.controller import handlers
-
-    kopf.configure(
-        verbose=verbose,
-        log_format=kopf.LogFormat.JSON if log_format == "json" else kopf.LogFormat.PLAIN,
-    )
-    if peering is not None and priority is None:
-        priority = secrets.randbelow(1_000_000) + 1
-    runtime = handlers.Runtime(
-        kubeconfig=kubeconfig,
-        workers=workers,
-        metrics_port=metrics_port,
-        health_port=health_port,
-        progress_interval=progress_interval,
-        straggler_cordon_budget=straggler_cordon_budget,
-        health_url=health_url or (f"http://127.0.0.1:{health_port}{PATH}" if health_port else None),
-        peering=peering,
-        priority=priority or 0,
-        peering_lifetime=peering_lifetime,
-        namespaces=namespaces,
-    )
-    kopf.run(
-        standalone=peering is None,
-        peering_name=peering,
-        priority=priority or 0,
-        namespaces=list(namespaces),
-        clusterwide=not namespaces,
-        liveness_endpoint=liveness_endpoint,
-        memo=kopf.Memo(runtime=runtime),
+    wiring.run_operator(
+        OperatorSettings(
+            kubeconfig=kubeconfig,
+            workers=workers,
+            namespaces=namespaces,
+            peering=(
+                PeeringSettings(
+                    peering,
+                    # Random by default, so two replicas never tie (kopf lets both work).
+                    priority if priority is not None else secrets.randbelow(1_000_000) + 1,
+                    peering_lifetime,
+                )
+                if peering is not None
+                else None
+            ),
+            liveness_endpoint=liveness_endpoint,
+            metrics_port=metrics_port,
+            health=HealthSettings.local(health_port, health_url) if health_port else None,
+            progress_interval=progress_interval,
+            straggler_cordon_budget=straggler_cordon_budget,
+            isolate_jobs=isolate_jobs,
+            reserved_service_accounts=frozenset(name_list(reserved_service_accounts)),
+            upload=UploadDefaults(
+                s3_uri=profile_s3_uri.strip() or None,
+                service_account=profile_upload_service_account.strip() or None,
+                image=operator_image.strip() or None,
+                image_pull_policy=operator_image_pull_policy.strip() or "IfNotPresent",
+                image_pull_secrets=name_list(operator_image_pull_secrets),
+            ),
+            log_format=log_format,
+            verbose=verbose,
+        )
     )
 
 

@@ -15,7 +15,6 @@ operator's own writes.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -33,7 +32,7 @@ from trainium_operator.controller.admission_holds import AdmissionHolds, Mark
 from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.k8s.client import (
     AdmissionRejection,
-    Cluster,
+    ClusterAPI,
     EventPoster,
     admission_rejection,
     api_error_message,
@@ -63,8 +62,6 @@ from trainium_operator.lifecycle.snapshot import PassSettings, Snapshot
 Obj = dict[str, Any]
 log = logging.getLogger(__name__)
 CREATE_CONCURRENCY = 8
-# "false" turns off the per-job NetworkPolicy (the chart's networkPolicy.jobs).
-ENV_JOB_NETWORK_POLICY = "TRAINIUM_JOB_NETWORK_POLICY"
 
 
 class _CreateError(Exception):
@@ -175,7 +172,7 @@ class CordonReservations:
 class Reconciler:
     def __init__(
         self,
-        cluster: Cluster,
+        cluster: ClusterAPI,
         cache: ClusterCache,
         synced: Callable[[], bool],
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
@@ -184,8 +181,9 @@ class Reconciler:
         health_url: str | None = None,
         progress: Callable[[tuple[str, str]], list[RankSample]] | None = None,
         progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
-        isolate_jobs: bool | None = None,
+        isolate_jobs: bool = True,
         straggler_cordon_budget: int = 0,
+        reserved_service_accounts: frozenset[str] = frozenset(),
     ):
         self.cluster = cluster
         # Nodes onStraggler: Replace may keep cordoned at once, cluster-wide; 0: none.
@@ -201,14 +199,12 @@ class Reconciler:
         # node is unknown, not gone.
         self.synced = synced
         # S3 profile uploads (lifecycle.policies.profile_upload): the chart-wide defaults.
-        self.upload_defaults = upload_defaults or UploadDefaults.from_env(os.environ)
+        self.upload_defaults = upload_defaults or UploadDefaults()
         # Each job gets a NetworkPolicy admitting only its own pods (the chart's
-        # networkPolicy.jobs; on unless the Deployment's env turns it off).
-        self.isolate_jobs = (
-            isolate_jobs
-            if isolate_jobs is not None
-            else os.environ.get(ENV_JOB_NETWORK_POLICY, "true").strip().lower() != "false"
-        )
+        # networkPolicy.jobs).
+        self.isolate_jobs = isolate_jobs
+        # The chart's own ServiceAccounts: a job naming one is an invalid spec.
+        self.reserved_service_accounts = reserved_service_accounts
         self.pass_settings = PassSettings(self.upload_defaults, progress_interval)
         self.events = EventPoster(cluster)
         self.clock = clock
@@ -362,7 +358,9 @@ class Reconciler:
         status: Obj = body.get("status") or {}
         created = parse_time(meta.get("creationTimestamp"))
         nodes = self.cache.nodes()
-        parsed = parse_job(body, self.health_url)
+        parsed = parse_job(
+            body, self.health_url, reserved_service_accounts=self.reserved_service_accounts
+        )
         if isinstance(parsed, list):
             observed = observe(pods=[], podgroups=[], service_exists=False, nodes=[], now=now)
             return Snapshot(

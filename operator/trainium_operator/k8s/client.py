@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import urllib3.connection
 import urllib3.exceptions
@@ -542,6 +542,47 @@ class Cluster:
                 raise
 
 
+class EventsAPI(Protocol):
+    """The one CoreV1Api call made outside `Cluster`'s methods: EventPoster's create."""
+
+    def create_namespaced_event(self, namespace: str, body: Obj) -> object: ...
+
+
+class ClusterAPI(Protocol):
+    """What a reconcile pass calls on the cluster (the Reconciler and its EventPoster):
+    `Cluster` over the API server, or the unit tier's in-memory fake."""
+
+    @property
+    def counter(self) -> RequestCounter: ...
+
+    @property
+    def core(self) -> EventsAPI: ...
+
+    def get_training_job(self, namespace: str, name: str) -> Obj | None: ...
+
+    def replace_training_job_status(self, job: Obj, status: Obj) -> Obj | None: ...
+
+    def delete_training_job(self, namespace: str, name: str, uid: str | None = None) -> None: ...
+
+    def remove_training_job_annotation(
+        self, namespace: str, name: str, key: str, value: str
+    ) -> bool: ...
+
+    def create(self, obj: Obj) -> bool: ...
+
+    def read_child(self, kind: str, namespace: str, name: str) -> Obj | None: ...
+
+    def delete_service(self, namespace: str, name: str) -> None: ...
+
+    def delete_network_policy(self, namespace: str, name: str) -> None: ...
+
+    def delete_pod(self, namespace: str, name: str, *, force: bool) -> None: ...
+
+    def delete_podgroup(self, namespace: str, name: str) -> None: ...
+
+    def cordon_node(self, name: str, patch: Obj) -> bool: ...
+
+
 def event_name(involved: Obj) -> str:
     """`<object>.<nanoseconds, hex>` as client-go's recorder names events, plus a random tail, so
     the API server (which lists by name) returns a job's events in the order they happened."""
@@ -556,7 +597,7 @@ def event_micro_time(moment: datetime) -> str:
 class EventPoster:
     """Posts core/v1 Events about a TrainingJob (what `kubectl describe tj` shows)."""
 
-    def __init__(self, cluster: Cluster, component: str = "trainium-operator"):
+    def __init__(self, cluster: ClusterAPI, component: str = "trainium-operator"):
         self.cluster = cluster
         self.component = component
 

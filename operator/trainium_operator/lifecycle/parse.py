@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainium_operator.api import object_names, pod_fields
-from trainium_operator.api.spec import TrainingJobSpec
+from trainium_operator.api.spec import TrainingJobSpec, validation_context
 from trainium_operator.builders.job import JobRef
 
 Obj = dict[str, Any]
@@ -55,8 +55,14 @@ def without_refused_pod_fields(spec: Obj) -> tuple[Obj, list[str]]:
     return {**spec, "podTemplate": {**template, "spec": kept}}, dropped
 
 
-def parse_job(body: Obj, health_url: str | None = None) -> JobRef | list[str]:
+def parse_job(
+    body: Obj,
+    health_url: str | None = None,
+    *,
+    reserved_service_accounts: frozenset[str] = frozenset(),
+) -> JobRef | list[str]:
     """The job's identity and validated spec, or the list of problems with its spec.
+    `reserved_service_accounts`: the names no job may run as (the operator's settings).
 
     A job the operator ran before (it has a status phase) and that carries pod fields the
     allowlist now refuses (it was admitted by an older operator and CRD) is not failed for
@@ -78,7 +84,9 @@ def parse_job(body: Obj, health_url: str | None = None) -> JobRef | list[str]:
     if isinstance(spec_body, dict) and (body.get("status") or {}).get("phase"):
         spec_body, dropped = without_refused_pod_fields(spec_body)
     try:
-        spec = TrainingJobSpec.model_validate(spec_body)
+        spec = TrainingJobSpec.model_validate(
+            spec_body, context=validation_context(reserved_service_accounts)
+        )
     except ValidationError as error:
         return too_large + validation_problems(error)
     except (TypeError, AttributeError, KeyError) as error:

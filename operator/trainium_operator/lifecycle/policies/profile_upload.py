@@ -24,7 +24,6 @@ they left; they know nothing about it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,13 +52,6 @@ if TYPE_CHECKING:
     from trainium_operator.lifecycle.snapshot import Pass
 
 Obj = dict[str, Any]
-ENV_DEFAULT_S3_URI = "TRAINIUM_PROFILE_S3_URI"
-ENV_UPLOAD_SERVICE_ACCOUNT = "TRAINIUM_PROFILE_UPLOAD_SERVICE_ACCOUNT"
-# The operator's own image, as the chart's Deployment runs it (upload pods run it too).
-ENV_OPERATOR_IMAGE = "TRAINIUM_OPERATOR_IMAGE"
-ENV_OPERATOR_IMAGE_PULL_POLICY = "TRAINIUM_OPERATOR_IMAGE_PULL_POLICY"
-# Comma-separated names of the chart's imagePullSecrets (they must exist in the job's namespace).
-ENV_OPERATOR_IMAGE_PULL_SECRETS = "TRAINIUM_OPERATOR_IMAGE_PULL_SECRETS"
 DONE_STATES = frozenset({"Succeeded", "Failed", "NoProfile"})
 # status.profileUploads keeps the newest records; older ones are counted in
 # status.profileUploadsOlder. A crash loop or suspend/resume cycles end an attempt each, and
@@ -95,29 +87,17 @@ REASON_MESSAGES: dict[str, str] = {
 
 @dataclass(frozen=True)
 class UploadDefaults:
-    """Chart-wide settings: the operator's `--profile-s3-uri` / `TRAINIUM_PROFILE_S3_URI`, the
-    ServiceAccount of every upload pod (the chart's S3 upload account; None: the namespace's
-    `default`, never the job's own account), and the operator's image and pull secrets, which
-    upload pods run (None: the chart's default image of this version)."""
+    """Chart-wide settings (flags of `trainium-operator run`, controller.settings): the default
+    S3 URI of profiled jobs, the ServiceAccount of every upload pod (the chart's S3 upload
+    account; None: the namespace's `default`, never the job's own account), and the operator's
+    image and pull secrets, which upload pods run (None: the chart's default image of this
+    version)."""
 
     s3_uri: str | None = None
     service_account: str | None = None
     image: str | None = None
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str]) -> UploadDefaults:
-        """From the operator Deployment's env (the chart's image and profileUpload values)."""
-        secrets = environ.get(ENV_OPERATOR_IMAGE_PULL_SECRETS, "")
-        return cls(
-            s3_uri=environ.get(ENV_DEFAULT_S3_URI, "").strip() or None,
-            service_account=environ.get(ENV_UPLOAD_SERVICE_ACCOUNT, "").strip() or None,
-            image=environ.get(ENV_OPERATOR_IMAGE, "").strip() or None,
-            image_pull_policy=environ.get(ENV_OPERATOR_IMAGE_PULL_POLICY, "").strip()
-            or "IfNotPresent",
-            image_pull_secrets=tuple(n.strip() for n in secrets.split(",") if n.strip()),
-        )
 
     def pod_settings(self) -> UploadPodSettings:
         return UploadPodSettings(

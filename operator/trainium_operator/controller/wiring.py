@@ -1,0 +1,404 @@
+"""Wiring: the operator's live state, built from its settings in one place, and started.
+
+TrainingJobs and their pods, PodGroups and Services are watched by our own reflectors
+(`k8s.informer`) with server-side label selectors, into one cache (`controller.cache`) the
+reconciler reads; nodes too, and a node's change wakes only the jobs with pods on it. Workers
+run the reconciler in threads. kopf runs the process (`controller.handlers`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, TypeVar
+
+from trainium_operator.api import spec as spec_model
+from trainium_operator.builders.job import LABEL_JOB_NAME
+from trainium_operator.controller import health_server, metrics
+from trainium_operator.controller.admission_holds import AdmissionHolds
+from trainium_operator.controller.cache import ClusterCache
+from trainium_operator.controller.health_server import (
+    HealthChannel,
+    ProgressStore,
+    TokenCache,
+    reviewer,
+)
+from trainium_operator.controller.peering import PeeringGate
+from trainium_operator.controller.reconciler import (
+    JobGoneError,
+    PermissionDeniedError,
+    Reconciler,
+)
+from trainium_operator.controller.settings import OperatorSettings
+from trainium_operator.controller.watch_scope import watch_scope
+from trainium_operator.controller.workqueue import Key, RetryableError, WorkQueue
+from trainium_operator.k8s.client import (
+    NETWORK_POLICIES,
+    PODGROUPS,
+    QUEUES,
+    Cluster,
+    is_conflict,
+    is_transient,
+    load_api_client,
+)
+from trainium_operator.k8s.informer import Reflector, WatchEvent
+from trainium_operator.k8s.reviews import Reviews
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+RESYNC_SECONDS = 120.0
+URGENT_TICK_SECONDS = 0.25  # how soon a rank's answer to a request wakes its job
+# On SIGTERM, passes already running get this long to finish their writes; then they are
+# abandoned (every pass is idempotent and records a restart before its side effects, so the
+# next replica repeats what one left half done, as after a crash). Kubernetes waits 30 s
+# between SIGTERM and SIGKILL; a standby replica takes over sooner the earlier we exit.
+SHUTDOWN_GRACE_SECONDS = 2.0
+CONFLICT_RETRY_SECONDS = 0.2
+PEERING_RECHECK_SECONDS = 5.0
+PERMISSION_RETRY_SECONDS = 30.0  # until someone fixes the RBAC
+
+
+class RunningPasses:
+    """The reconcile passes (and peering reads) running in worker threads right now: they
+    outlive a cancelled asyncio task, so a shutdown waits for them, with a bound."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._keys: Counter[Key] = Counter()
+
+    def run(self, key: Key, call: Callable[[], T]) -> T:
+        with self._lock:
+            self._keys[key] += 1
+        try:
+            return call()
+        finally:
+            with self._lock:
+                self._keys[key] -= 1
+                if not self._keys[key]:
+                    del self._keys[key]
+
+    def keys(self) -> list[Key]:
+        with self._lock:
+            return sorted(self._keys)
+
+    async def wait(self, seconds: float) -> list[Key]:
+        """Waits up to `seconds` for the running passes to end; returns those still running."""
+        deadline = time.monotonic() + seconds
+        while self.keys() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return self.keys()
+
+
+@dataclass
+class JobTracker:
+    """Which jobs the operator knows, and what a job's own watch events do to the queue."""
+
+    queue: WorkQueue
+    cache: ClusterCache
+    holds: AdmissionHolds
+    health: HealthChannel | None = None  # None: no health channel
+    seen_generations: dict[Key, tuple[Any, ...]] = field(default_factory=dict)
+
+    def job_gone(self, key: Key) -> None:
+        """A pass found its job gone. The key is forgotten only if no job of that name exists
+        now: a job deleted and created again under the same name during the pass is a new job,
+        and its own event (queued while the pass ran) must still wake it."""
+        if self.cache.job(key) is not None:
+            return
+        self.queue.forget(key)
+        self.seen_generations.pop(key, None)
+
+    def job_changed(self, key: Key, event_type: str, revision: tuple[Any, ...]) -> None:
+        if event_type == "DELETED":
+            self.queue.forget(key)
+            if self.health is not None:
+                self.health.forget(key)
+            self.seen_generations.pop(key, None)
+            self.holds.release(key)
+            return
+        # Our own status writes come back as events; only spec changes (a new generation),
+        # deletion and first sight need a pass. Pod and node events cover the rest.
+        if self.seen_generations.get(key) != revision:
+            self.seen_generations[key] = revision
+            self.holds.release(key)  # a new spec may fix an admission refusal
+            self.queue.add(key)
+
+    def wake(self, keys: list[Key]) -> None:
+        for key in keys:
+            self.queue.touch(key)
+
+    def wake_held(self, keys: list[Key]) -> None:
+        # A job held after an admission refusal still owes a pass to its own pods and to a
+        # node going (a rank failed, a node lost): the refusal must never stand between a
+        # running gang and its restart. Its refused create is retried once in that pass.
+        for key in keys:
+            self.holds.release(key)
+            self.queue.touch(key)
+
+
+@dataclass
+class Operator:
+    """The running operator: its settings and its live state (shared by the kopf handlers)."""
+
+    settings: OperatorSettings
+    cluster: Cluster
+    cache: ClusterCache
+    queue: WorkQueue
+    reconciler: Reconciler
+    jobs: JobTracker
+    progress: ProgressStore | None  # None: no health channel
+    health: HealthChannel | None
+    gate: PeeringGate | None  # None: standalone (no peering)
+    reflectors: list[Reflector] = field(default_factory=list)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    counts: metrics.PassCounts = field(default_factory=metrics.PassCounts)
+    passes: RunningPasses = field(default_factory=RunningPasses)
+
+    def metrics_text(self) -> str:
+        return metrics.metrics_text(
+            self.counts, len(self.queue.known), self.cluster.counter, self.health
+        )
+
+
+def build_operator(settings: OperatorSettings) -> Operator:
+    """The operator's live state from its settings; nothing runs until `start`."""
+    cluster = Cluster(load_api_client(settings.kubeconfig))
+    cache = ClusterCache()
+    queue = WorkQueue()
+    reflectors: list[Reflector] = []
+
+    def synced() -> bool:
+        return all(r.synced.is_set() for r in reflectors)
+
+    health_settings = settings.health
+    progress = ProgressStore() if health_settings is not None else None
+    reconciler = Reconciler(
+        cluster,
+        cache,
+        synced=synced,
+        upload_defaults=settings.upload,
+        health_url=health_settings.url if health_settings is not None else None,
+        progress=progress.samples if progress is not None else None,
+        progress_interval=settings.progress_interval,
+        isolate_jobs=settings.isolate_jobs,
+        straggler_cordon_budget=settings.straggler_cordon_budget,
+        reserved_service_accounts=settings.reserved_service_accounts,
+    )
+    health = None
+    if progress is not None:
+        reviews = Reviews(cluster.api_client, cluster.counter)
+        health = HealthChannel(cache, TokenCache(reviewer(reviews)), store=progress, synced=synced)
+    peering = settings.peering
+    gate = (
+        PeeringGate(cluster, peering.name, peering.priority, not settings.namespaces)
+        if peering is not None
+        else None
+    )
+    return Operator(
+        settings=settings,
+        cluster=cluster,
+        cache=cache,
+        queue=queue,
+        reconciler=reconciler,
+        jobs=JobTracker(queue, cache, reconciler.holds, health),
+        progress=progress,
+        health=health,
+        gate=gate,
+        reflectors=reflectors,
+    )
+
+
+def start(operator: Operator) -> None:
+    """Starts the workers, the watches and the servers on the running event loop."""
+    settings, queue = operator.settings, operator.queue
+    tasks = operator.tasks
+    for _index in range(settings.workers):
+        tasks.append(asyncio.create_task(queue.run_worker(partial(_process, operator))))
+    tasks.append(asyncio.create_task(_resync(queue)))
+    _start_watches(operator, asyncio.get_running_loop())
+    if settings.metrics_port:
+        tasks.append(
+            asyncio.create_task(metrics.serve(operator.metrics_text, settings.metrics_port))
+        )
+    health, progress = operator.health, operator.progress
+    if settings.health is not None and health is not None and progress is not None:
+        tasks.append(
+            asyncio.create_task(health_server.serve(health, "0.0.0.0", settings.health.port))
+        )
+        tasks.append(
+            asyncio.create_task(_wake_on_progress(progress, queue, settings.progress_interval))
+        )
+
+
+async def stop(operator: Operator) -> list[Key]:
+    """Stops the watches and tasks; returns the passes still running after the grace."""
+    for reflector in operator.reflectors:
+        reflector.stop()
+    for task in operator.tasks:
+        task.cancel()
+    await asyncio.gather(*operator.tasks, return_exceptions=True)
+    return await operator.passes.wait(SHUTDOWN_GRACE_SECONDS)
+
+
+async def _process(operator: Operator, key: Key) -> float | None:
+    gate, passes, counts = operator.gate, operator.passes, operator.counts
+    if gate is not None:
+        try:
+            may_work = await asyncio.to_thread(passes.run, key, lambda: gate.may_work(key[0]))
+        except Exception as error:
+            if is_transient(error):
+                raise RetryableError(f"peering unreadable ({error!r})") from error
+            raise
+        if not may_work:
+            return PEERING_RECHECK_SECONDS  # another replica works; keep the key warm
+    counts.reconciles += 1
+    try:
+        requeue_after = await asyncio.to_thread(
+            passes.run, key, lambda: operator.reconciler.reconcile(*key)
+        )
+    except JobGoneError:
+        operator.jobs.job_gone(key)
+        return None
+    except PermissionDeniedError as error:
+        counts.errors += 1
+        log.error("%s/%s: permission denied: %s", *key, error)
+        return PERMISSION_RETRY_SECONDS
+    except Exception as error:
+        if is_conflict(error):
+            # Our view was stale; the next pass reads the fresh object.
+            log.info("%s/%s changed during reconcile; re-reading", *key)
+            return CONFLICT_RETRY_SECONDS
+        counts.errors += 1
+        if is_transient(error):
+            raise RetryableError(f"the API server is unavailable ({error!r})") from error
+        raise
+    return requeue_after
+
+
+def _start_watches(operator: Operator, loop: asyncio.AbstractEventLoop) -> None:
+    """One reflector per kind (and watched namespace); each updates the cache in its own
+    thread and hands the job keys to wake to the event loop."""
+    cluster, cache, jobs = operator.cluster, operator.cache, operator.jobs
+
+    def on_job(event: WatchEvent) -> None:
+        key = cache.on_job(event)
+        meta = event.obj["metadata"]
+        revision = (meta.get("uid"), meta.get("generation"), meta.get("deletionTimestamp"))
+        loop.call_soon_threadsafe(jobs.job_changed, key, event.type, revision)
+
+    def child(
+        update: Callable[[WatchEvent], Key | None],
+        *,
+        release: Callable[[WatchEvent], bool] = lambda _: False,
+    ) -> Callable[[WatchEvent], None]:
+        def on_event(event: WatchEvent) -> None:
+            key = update(event)
+            if key is not None:
+                loop.call_soon_threadsafe(jobs.wake_held if release(event) else jobs.wake, [key])
+
+        return on_event
+
+    def several(
+        update: Callable[[WatchEvent], list[Key]], *, release: bool = False
+    ) -> Callable[[WatchEvent], None]:
+        def on_event(event: WatchEvent) -> None:
+            keys = update(event)
+            if keys:
+                loop.call_soon_threadsafe(jobs.wake_held if release else jobs.wake, keys)
+
+        return on_event
+
+    handlers: dict[str, Callable[[WatchEvent], None]] = {
+        spec_model.PLURAL: on_job,
+        "pods": child(cache.on_pod, release=_pod_ended),
+        "services": child(cache.on_service),
+        NETWORK_POLICIES: child(cache.on_network_policy),
+        PODGROUPS: child(cache.on_podgroup),
+    }
+    # Only the operator's children, selected by the API server: nothing else is held.
+    selectors = {spec_model.PLURAL: None}
+    scope = watch_scope(operator.settings.namespaces)
+    reflectors = operator.reflectors
+    for namespace in scope.sources:
+        for resource, call in cluster.watch_sources(namespace).items():
+            reflectors.append(
+                Reflector(
+                    resource,
+                    call,
+                    handlers[resource],
+                    label_selector=selectors.get(resource, LABEL_JOB_NAME),
+                    counter=cluster.counter,
+                    accepts_namespace=scope.accepts,
+                )
+            )
+    counter = cluster.counter
+    reflectors += [
+        # A node's readiness changed: the jobs with pods on it (a lost node restarts them).
+        Reflector(
+            "nodes", cluster.node_source(), several(cache.on_node, release=True), counter=counter
+        ),
+        Reflector(QUEUES, cluster.queue_source(), several(cache.on_queue), counter=counter),
+    ]
+    for reflector in reflectors:
+        reflector.start()
+
+
+def _pod_ended(event: WatchEvent) -> bool:
+    """A pod gone, going or finished: its job may owe a restart even while it is held."""
+    if event.type == "DELETED" or event.obj["metadata"].get("deletionTimestamp"):
+        return True
+    return (event.obj.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+async def _wake_on_progress(store: ProgressStore, queue: WorkQueue, interval: float) -> None:
+    # Progress reaches the status through the job's own pass (one writer of the status), once
+    # per interval for the jobs whose ranks reported: however many ranks, one pass each. A
+    # rank's answer to a request (a stalled gang's stacks) wakes its job within a tick.
+    tick = min(interval, URGENT_TICK_SECONDS)
+    waited = 0.0
+    while True:
+        await asyncio.sleep(tick)
+        waited += tick
+        for key in store.take_urgent():
+            queue.touch(key)
+        if waited + 1e-9 >= interval:
+            waited = 0.0
+            for key in store.take_changed():
+                queue.touch(key)
+
+
+async def _resync(queue: WorkQueue) -> None:
+    # A safety net for anything a watch missed; reconciles are idempotent.
+    while True:
+        await asyncio.sleep(RESYNC_SECONDS)
+        for key in list(queue.known):
+            queue.add(key)
+
+
+def run_operator(settings: OperatorSettings) -> None:
+    """Builds the operator and runs it under kopf until the process is told to stop."""
+    import kopf
+
+    # Importing the handlers registers them with kopf.
+    importlib.import_module("trainium_operator.controller.handlers")
+    kopf.configure(
+        verbose=settings.verbose,
+        log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.PLAIN,
+    )
+    peering = settings.peering
+    kopf.run(
+        standalone=peering is None,
+        peering_name=peering.name if peering is not None else None,
+        priority=peering.priority if peering is not None else 0,
+        namespaces=list(settings.namespaces),
+        clusterwide=not settings.namespaces,
+        liveness_endpoint=settings.liveness_endpoint,
+        memo=kopf.Memo(operator=build_operator(settings)),
+    )
