@@ -1,14 +1,35 @@
-"""A job's status being edited by one pass: transitions and conditions recorded once each."""
+"""A job's status being edited by one pass: the one editor every policy uses.
+
+Transitions and conditions are recorded once each (`transition`, `condition`: the one setter
+of every condition type), `lastFailure` only from a `Failure` (`record_failure`), and each
+section of the status is read and written as its typed model (`section`, `set_section`, or the
+properties named after the sections). The mapping underneath is the status as the API server
+stores it; `validated` checks it against the model once, at the end of a pass.
+"""
 
 from __future__ import annotations
 
 import copy
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
+from trainium_operator.api.model_base import ApiModel
 from trainium_operator.api.status import (
+    CompileStageStatus,
     ConditionType,
+    GoodputStatus,
+    LastFailure,
+    OnDemandProfile,
     Phase,
+    ProfileStatus,
+    ProfileUpload,
+    ProfileUploadCounts,
+    ProgressStatus,
+    Restarts,
+    StageStatus,
+    StallStatus,
+    StragglersStatus,
+    Workers,
     known_fields,
     validated_status,
 )
@@ -18,6 +39,15 @@ from trainium_operator.lifecycle.observed import PodView
 
 if TYPE_CHECKING:
     from trainium_operator.lifecycle.failures import Failure
+
+
+Section = TypeVar("Section", bound=ApiModel)
+
+
+def dump(model: ApiModel) -> Obj:
+    """A status section as stored: camelCase, only the fields it was given (a read-modify-write
+    round-trips byte for byte)."""
+    return model.model_dump(by_alias=True, exclude_unset=True, mode="json")
 
 
 def timestamp(moment: datetime) -> str:
@@ -51,6 +81,120 @@ class StatusEdit:
     def validated(self) -> Obj:
         return validated_status(self.data)
 
+    # -- typed sections ----------------------------------------------------------------------
+    def section(self, key: str, model: type[Section]) -> Section | None:
+        """status.<key> as its model; None when the status has none."""
+        value = self.data.get(key)
+        return model.model_validate(value) if value is not None else None
+
+    def set_section(self, key: str, value: ApiModel | None) -> None:
+        """status.<key> replaced by `value` (None removes it)."""
+        if value is None:
+            self.data.pop(key, None)
+        else:
+            self.data[key] = dump(value)
+
+    def sections(self, key: str, model: type[Section]) -> list[Section]:
+        """A list section (status.profileUploads) as its models."""
+        return [model.model_validate(v) for v in self.data.get(key) or []]
+
+    def set_sections(self, key: str, values: list[Section]) -> None:
+        self.data[key] = [dump(v) for v in values]
+
+    @property
+    def stall(self) -> StallStatus | None:
+        return self.section("stall", StallStatus)
+
+    @stall.setter
+    def stall(self, value: StallStatus | None) -> None:
+        self.set_section("stall", value)
+
+    @property
+    def stragglers(self) -> StragglersStatus | None:
+        return self.section("stragglers", StragglersStatus)
+
+    @stragglers.setter
+    def stragglers(self, value: StragglersStatus | None) -> None:
+        self.set_section("stragglers", value)
+
+    @property
+    def progress(self) -> ProgressStatus | None:
+        return self.section("progress", ProgressStatus)
+
+    @progress.setter
+    def progress(self, value: ProgressStatus | None) -> None:
+        self.set_section("progress", value)
+
+    @property
+    def goodput(self) -> GoodputStatus | None:
+        return self.section("goodput", GoodputStatus)
+
+    @goodput.setter
+    def goodput(self, value: GoodputStatus | None) -> None:
+        self.set_section("goodput", value)
+
+    @property
+    def on_demand_profile(self) -> OnDemandProfile | None:
+        return self.section("onDemandProfile", OnDemandProfile)
+
+    @on_demand_profile.setter
+    def on_demand_profile(self, value: OnDemandProfile | None) -> None:
+        self.set_section("onDemandProfile", value)
+
+    @property
+    def profile(self) -> ProfileStatus | None:
+        return self.section("profile", ProfileStatus)
+
+    @profile.setter
+    def profile(self, value: ProfileStatus | None) -> None:
+        self.set_section("profile", value)
+
+    @property
+    def profile_uploads(self) -> list[ProfileUpload]:
+        return self.sections("profileUploads", ProfileUpload)
+
+    @profile_uploads.setter
+    def profile_uploads(self, values: list[ProfileUpload]) -> None:
+        self.set_sections("profileUploads", values)
+
+    @property
+    def profile_uploads_older(self) -> ProfileUploadCounts | None:
+        return self.section("profileUploadsOlder", ProfileUploadCounts)
+
+    @profile_uploads_older.setter
+    def profile_uploads_older(self, value: ProfileUploadCounts | None) -> None:
+        self.set_section("profileUploadsOlder", value)
+
+    @property
+    def restarts(self) -> Restarts:
+        return self.section("restarts", Restarts) or Restarts()
+
+    @restarts.setter
+    def restarts(self, value: Restarts) -> None:
+        self.set_section("restarts", value)
+
+    @property
+    def workers(self) -> Workers | None:
+        return self.section("workers", Workers)
+
+    @workers.setter
+    def workers(self, value: Workers | None) -> None:
+        self.set_section("workers", value)
+
+    @property
+    def compile(self) -> CompileStageStatus | None:
+        return self.section("compile", CompileStageStatus)
+
+    @property
+    def training(self) -> StageStatus | None:
+        return self.section("training", StageStatus)
+
+    @property
+    def last_failure(self) -> LastFailure | None:
+        """Written only by `record_failure`."""
+        return self.section("lastFailure", LastFailure)
+
+    # -- stages ------------------------------------------------------------------------------
     def stage_time(self, stage: Stage, key: str) -> str | None:
         value = self.data.get(_section(stage), {}).get(key)
         return str(value) if value else None
