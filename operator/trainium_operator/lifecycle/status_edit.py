@@ -33,7 +33,7 @@ from trainium_operator.api.status import (
     known_fields,
     validated_status,
 )
-from trainium_operator.builders.job import Stage
+from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj
 from trainium_operator.lifecycle.observed import PodView
 
@@ -167,7 +167,10 @@ class StatusEdit:
 
     @property
     def restarts(self) -> Restarts:
-        return self.section("restarts", Restarts) or Restarts()
+        """status.restarts; a job that never restarted has these three counts at 0."""
+        return self.section("restarts", Restarts) or Restarts(
+            total=0, application=0, infrastructure=0
+        )
 
     @restarts.setter
     def restarts(self, value: Restarts) -> None:
@@ -256,13 +259,18 @@ class StatusEdit:
         self.condition(ConditionType.RESTARTING, False, reason, message)
 
 
-def workers_view(gang: dict[int, PodView], total: int) -> Obj:
+def workers_view(gang: dict[int, PodView], total: int) -> Workers:
     """status.workers of the current stage's gang."""
     ready = sum(1 for p in gang.values() if p.phase == "Running" and p.ready and not p.deleting)
-    return {
-        "ready": ready,
-        "total": total,
-        "succeeded": sum(1 for p in gang.values() if p.phase == "Succeeded"),
-        "failed": sum(1 for p in gang.values() if p.phase == "Failed"),
-        "summary": f"{ready}/{total}",
-    }
+    return Workers(
+        ready=ready,
+        total=total,
+        succeeded=sum(1 for p in gang.values() if p.phase == "Succeeded"),
+        failed=sum(1 for p in gang.values() if p.phase == "Failed"),
+        summary=f"{ready}/{total}",
+    )
+
+
+def profile_view(job: JobRef, attempt: int) -> ProfileStatus:
+    """status.profile of a profiled training attempt: where its ranks write."""
+    return ProfileStatus(path=job.profile_dir(attempt), claim_name=job.spec.storage.claim_name)

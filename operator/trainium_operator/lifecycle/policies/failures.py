@@ -56,13 +56,5 @@ def failures(p: Pass) -> None:
             found = [overdue]
     if not found:
         return
-    handle_failures(
-        job,
-        status=p.status,
-        decision=p.plan,
-        observed=observed,
-        stage=stage,
-        attempt=attempt,
-        failures=found,
-    )
+    handle_failures(p, found)
     p.settle()

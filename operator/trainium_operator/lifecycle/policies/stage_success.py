@@ -36,7 +36,7 @@ def stage_success(p: Pass) -> None:
         return
     status.mark_stage(stage, "completionTime")
     if stage is Stage.TRAIN:
-        status.data["workers"] = workers_view(gang, job.spec.nodes)
+        status.workers = workers_view(gang, job.spec.nodes)
         status.finish(
             Phase.SUCCEEDED, "TrainingSucceeded", f"all {job.spec.nodes} training pods succeeded"
         )

@@ -41,10 +41,10 @@ from trainium_operator.contract import channel as contract
 from trainium_operator.lifecycle.cleanup import cleanup_on_finish
 from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj
 from trainium_operator.lifecycle.failures import Failure
-from trainium_operator.lifecycle.observed import Observed, parse_time
+from trainium_operator.lifecycle.observed import parse_time
 from trainium_operator.lifecycle.policies.progress import recent_p50_ms
 from trainium_operator.lifecycle.ranks import RankSample
-from trainium_operator.lifecycle.restarts import count_restart, restart_counts, restart_gang
+from trainium_operator.lifecycle.restarts import restart_for
 from trainium_operator.lifecycle.status_edit import StatusEdit, timestamp
 
 if TYPE_CHECKING:
@@ -156,16 +156,8 @@ def stall(p: Pass) -> None:
     """The stall rule over the training gang's reports: detect, capture stacks, act."""
     if p.snapshot.ranks is None:
         return
-    _policy(p.job, p.status, p.plan, p.observed, list(p.snapshot.ranks))
-
-
-def _policy(
-    job: JobRef,
-    status: StatusEdit,
-    decision: Decision,
-    observed: Observed,
-    ranks: list[RankSample],
-) -> None:
+    job, status, decision, observed = p.job, p.status, p.plan, p.observed
+    ranks = list(p.snapshot.ranks)
     if status.phase is not Phase.TRAINING:
         return
     attempt, now = status.attempt, observed.now
@@ -178,7 +170,7 @@ def _policy(
         record = None
     gang = watch(job.spec.health, ranks, attempt, job.spec.world_size)
     if record is not None and not record.get("resolvedTime"):
-        _follow(job, status, decision, observed=observed, record=record, gang=gang)
+        _follow(p, record=record, gang=gang)
         return
     if gang is None:
         return
@@ -260,17 +252,9 @@ def _resumed(record: Obj, gang: Watch | None) -> bool:
     return gang.max_step > int(record.get("maxStep", 0)) or gang.step > int(record.get("step", 0))
 
 
-def _follow(
-    job: JobRef,
-    status: StatusEdit,
-    decision: Decision,
-    *,
-    observed: Observed,
-    record: Obj,
-    gang: Watch | None,
-) -> None:
+def _follow(p: Pass, *, record: Obj, gang: Watch | None) -> None:
     """A detected stall: resumed, still waiting for stacks, or acted on."""
-    now = observed.now
+    job, status, decision, now = p.job, p.status, p.plan, p.now
     stacks: Obj = record.get("stacks") or {}
     if _resumed(record, gang):
         assert gang is not None
@@ -293,7 +277,7 @@ def _follow(
             return
         _stacks_done(status, decision, stacks, gang, now)
     if record.get("action") is None:
-        _act(job, status, decision, observed, record)
+        _act(p, record)
 
 
 def _answered(gang: Watch | None, stacks: Obj) -> set[int]:
@@ -326,10 +310,9 @@ def _stacks_done(
     )
 
 
-def _act(
-    job: JobRef, status: StatusEdit, decision: Decision, observed: Observed, record: Obj
-) -> None:
+def _act(p: Pass, record: Obj) -> None:
     """spec.health.onStall, once."""
+    job, status, decision, observed = p.job, p.status, p.plan, p.observed
     action = job.spec.health.on_stall
     record["action"] = action.value
     record["actionTime"] = timestamp(observed.now)
@@ -341,7 +324,7 @@ def _act(
         status.finish(Phase.FAILED, "StallTimeout", f"{message}; spec.health.onStall is Fail")
         cleanup_on_finish(job, decision, observed)
         return
-    used = int(restart_counts(status.data).get("stall", 0))
+    used = status.restarts.stall
     limit = job.spec.health.max_stall_restarts
     if used >= limit:
         status.finish(
@@ -352,20 +335,13 @@ def _act(
         cleanup_on_finish(job, decision, observed)
         return
     attempt = int(record.get("attempt", status.attempt))
-    count_restart(status, "stall")
     first = (record.get("stoppedRanks") or [{}])[0]
-    status.record_failure(
-        Failure(FailureClass.STALL, Stage.TRAIN, "Stalled", message, node=first.get("node") or None)
-    )
-    restart_gang(
-        job,
-        status=status,
-        decision=decision,
-        observed=observed,
-        stage=Stage.TRAIN,
+    node = first.get("node") or None
+    restart_for(
+        p,
+        Failure(FailureClass.STALL, Stage.TRAIN, "Stalled", message, node=node),
+        "stall",
         attempt=attempt,
-        reason="Stalled",
-        message=message,
     )
     status.condition(
         ConditionType.STALLED,

@@ -62,7 +62,7 @@ from trainium_operator.lifecycle.observed import (
 )
 from trainium_operator.lifecycle.policies.progress import RECENT_STEPS, duration_text
 from trainium_operator.lifecycle.ranks import RankSample
-from trainium_operator.lifecycle.restarts import count_restart, restart_counts, restart_gang
+from trainium_operator.lifecycle.restarts import restart_for
 from trainium_operator.lifecycle.status_edit import timestamp
 
 if TYPE_CHECKING:
@@ -305,7 +305,7 @@ def _consider_replacing(
         return  # right after a start: every node would look gone
     target = due[0]
     node = str(target.get("node") or "")
-    used = int(restart_counts(edit.data).get("straggler", 0))
+    used = edit.restarts.straggler
     limit = health.max_straggler_replacements
     held = None
     if not node:
@@ -348,7 +348,7 @@ def _replace(
     attempt: int,
     gang: float,
 ) -> None:
-    job, status, decision, observed, now = p.job, p.status, p.plan, p.observed, p.now
+    job, status, decision, now = p.job, p.status, p.plan, p.now
     node = str(target["node"])
     since = parse_time(target.get("since")) or now
     persistence = job.spec.health.straggler_persistence_seconds
@@ -370,26 +370,19 @@ def _replace(
             "time": timestamp(now),
         },
     ]
-    count_restart(status, "straggler")
-    status.record_failure(
+    restart_for(
+        p,
         Failure(
-            klass=FailureClass.STRAGGLER,
-            stage=Stage.TRAIN,
+            FailureClass.STRAGGLER,
+            Stage.TRAIN,
+            "Straggler",
+            message,
             node=node,
             rank=int(target["rank"]),
-            reason="Straggler",
-            message=message,
-        )
-    )
-    restart_gang(
-        job,
-        status=status,
-        decision=decision,
-        observed=observed,
-        stage=Stage.TRAIN,
+        ),
+        "straggler",
         attempt=attempt,
         reason="StragglerReplaced",
-        message=message,
     )
     decision.events.append(EventRecord("Warning", "StragglerReplaced", message))
     decision.patch_nodes.append(cordon_patch(job, record["replacements"][-1]))

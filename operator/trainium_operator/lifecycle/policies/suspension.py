@@ -43,7 +43,7 @@ def _suspend(p: Pass) -> None:
     for section in ("compile", "training"):
         # Suspend removes the pods on purpose: their absence is not a vanished pod.
         status.data.get(section, {}).pop("fullGangAttempt", None)
-    status.data["workers"] = workers_view({}, p.job.spec.nodes)
+    status.workers = workers_view({}, p.job.spec.nodes)
 
 
 def _resume(p: Pass) -> None:
