@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from trainium_operator.api.model_base import ApiModel
 from trainium_operator.api.status import (
@@ -48,6 +48,21 @@ def dump(model: ApiModel) -> Obj:
     """A status section as stored: camelCase, only the fields it was given (a read-modify-write
     round-trips byte for byte)."""
     return model.model_dump(by_alias=True, exclude_unset=True, mode="json")
+
+
+class SectionOf(Generic[Section]):
+    """A status section as an attribute of the editor: read as its model (None when absent),
+    assigned a model (or None, which removes it)."""
+
+    def __init__(self, key: str, model: type[Section]):
+        self.key = key
+        self.model = model
+
+    def __get__(self, edit: StatusEdit, owner: type[StatusEdit]) -> Section | None:
+        return edit.section(self.key, self.model)
+
+    def __set__(self, edit: StatusEdit, value: Section | None) -> None:
+        edit.set_section(self.key, value)
 
 
 def timestamp(moment: datetime) -> str:
@@ -101,53 +116,16 @@ class StatusEdit:
     def set_sections(self, key: str, values: list[Section]) -> None:
         self.data[key] = [dump(v) for v in values]
 
-    @property
-    def stall(self) -> StallStatus | None:
-        return self.section("stall", StallStatus)
-
-    @stall.setter
-    def stall(self, value: StallStatus | None) -> None:
-        self.set_section("stall", value)
-
-    @property
-    def stragglers(self) -> StragglersStatus | None:
-        return self.section("stragglers", StragglersStatus)
-
-    @stragglers.setter
-    def stragglers(self, value: StragglersStatus | None) -> None:
-        self.set_section("stragglers", value)
-
-    @property
-    def progress(self) -> ProgressStatus | None:
-        return self.section("progress", ProgressStatus)
-
-    @progress.setter
-    def progress(self, value: ProgressStatus | None) -> None:
-        self.set_section("progress", value)
-
-    @property
-    def goodput(self) -> GoodputStatus | None:
-        return self.section("goodput", GoodputStatus)
-
-    @goodput.setter
-    def goodput(self, value: GoodputStatus | None) -> None:
-        self.set_section("goodput", value)
-
-    @property
-    def on_demand_profile(self) -> OnDemandProfile | None:
-        return self.section("onDemandProfile", OnDemandProfile)
-
-    @on_demand_profile.setter
-    def on_demand_profile(self, value: OnDemandProfile | None) -> None:
-        self.set_section("onDemandProfile", value)
-
-    @property
-    def profile(self) -> ProfileStatus | None:
-        return self.section("profile", ProfileStatus)
-
-    @profile.setter
-    def profile(self, value: ProfileStatus | None) -> None:
-        self.set_section("profile", value)
+    stall = SectionOf("stall", StallStatus)
+    stragglers = SectionOf("stragglers", StragglersStatus)
+    progress = SectionOf("progress", ProgressStatus)
+    goodput = SectionOf("goodput", GoodputStatus)
+    on_demand_profile = SectionOf("onDemandProfile", OnDemandProfile)
+    profile = SectionOf("profile", ProfileStatus)
+    profile_uploads_older = SectionOf("profileUploadsOlder", ProfileUploadCounts)
+    workers = SectionOf("workers", Workers)
+    compile = SectionOf("compile", CompileStageStatus)
+    training = SectionOf("training", StageStatus)
 
     @property
     def profile_uploads(self) -> list[ProfileUpload]:
@@ -156,14 +134,6 @@ class StatusEdit:
     @profile_uploads.setter
     def profile_uploads(self, values: list[ProfileUpload]) -> None:
         self.set_sections("profileUploads", values)
-
-    @property
-    def profile_uploads_older(self) -> ProfileUploadCounts | None:
-        return self.section("profileUploadsOlder", ProfileUploadCounts)
-
-    @profile_uploads_older.setter
-    def profile_uploads_older(self, value: ProfileUploadCounts | None) -> None:
-        self.set_section("profileUploadsOlder", value)
 
     @property
     def restarts(self) -> Restarts:
@@ -175,22 +145,6 @@ class StatusEdit:
     @restarts.setter
     def restarts(self, value: Restarts) -> None:
         self.set_section("restarts", value)
-
-    @property
-    def workers(self) -> Workers | None:
-        return self.section("workers", Workers)
-
-    @workers.setter
-    def workers(self, value: Workers | None) -> None:
-        self.set_section("workers", value)
-
-    @property
-    def compile(self) -> CompileStageStatus | None:
-        return self.section("compile", CompileStageStatus)
-
-    @property
-    def training(self) -> StageStatus | None:
-        return self.section("training", StageStatus)
 
     @property
     def last_failure(self) -> LastFailure | None:
