@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import random
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from trainium_operator.api.spec import HealthSpec
+from trainium_operator.api.status import StragglerRank
 from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import (
     CORDONED_BY_ANNOTATION,
@@ -23,6 +25,7 @@ from trainium_operator.lifecycle.policies.stragglers import (
     stragglers,
 )
 from trainium_operator.lifecycle.ranks import RankSample
+from trainium_operator.lifecycle.status_edit import dump
 from unit.jobs import job_ref, run_policy
 from unit.stragglers_quadratic import quadratic_stragglers
 
@@ -71,7 +74,7 @@ def test_a_rank_30_percent_slower_than_the_others_is_named_with_one_warning() ->
 
 def test_in_a_two_rank_gang_the_slow_rank_is_compared_with_the_other_only() -> None:
     slow, _ = slow_ranks([rank(0, 50), rank(1, 65)], 0.2)
-    assert [s["rank"] for s in slow] == [1]
+    assert [s.rank for s in slow] == [1]
 
 
 def test_under_the_threshold_or_a_short_window_or_not_training_names_no_one() -> None:
@@ -251,6 +254,14 @@ def test_replace_needs_the_health_channel() -> None:
         HealthSpec.model_validate({"onStraggler": "Replace", "enabled": False})
 
 
+def stored(
+    verdict: tuple[list[StragglerRank], float | None],
+) -> tuple[list[dict[str, Any]], float | None]:
+    """slow_ranks' stragglers as status.stragglers.ranks stores them (the reference's form)."""
+    slow, median = verdict
+    return [dump(s) for s in slow], median
+
+
 def gang_of(times: list[float]) -> list[RankSample]:
     return [rank(number, ms) for number, ms in enumerate(times)]
 
@@ -278,8 +289,8 @@ def test_the_check_flags_the_same_stragglers_as_the_quadratic_reference(
 ) -> None:
     gang = gang_of(times)
     verdict, median = slow_ranks(gang, 0.2)
-    assert [s["rank"] for s in verdict] == slow
-    assert (verdict, median) == quadratic_stragglers(gang, 0.2)
+    assert [s.rank for s in verdict] == slow
+    assert stored((verdict, median)) == quadratic_stragglers(gang, 0.2)
 
 
 def test_random_gangs_get_the_reference_verdict_rank_for_rank() -> None:
@@ -289,7 +300,7 @@ def test_random_gangs_get_the_reference_verdict_rank_for_rank() -> None:
             # Coarse values: many ties, where removing "one" rank's time must not matter.
             times = [float(generator.choice([40, 50, 50, 55, 61, 70, 90])) for _ in range(size)]
             gang = gang_of(times)
-            assert slow_ranks(gang, 0.2) == quadratic_stragglers(gang, 0.2), times
+            assert stored(slow_ranks(gang, 0.2)) == quadratic_stragglers(gang, 0.2), times
 
 
 def test_ranks_outside_the_specs_world_size_are_ignored() -> None:

@@ -34,12 +34,23 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
+
 from trainium_operator.api.spec import HealthSpec, StallAction
-from trainium_operator.api.status import ConditionType, FailureClass, Phase
-from trainium_operator.builders.job import JobRef, Stage
+from trainium_operator.api.status import (
+    Condition,
+    ConditionType,
+    FailureClass,
+    Phase,
+    StallStacks,
+    StallStatus,
+    StoppedRank,
+    known_fields,
+)
+from trainium_operator.builders.job import Stage
 from trainium_operator.contract import channel as contract
 from trainium_operator.lifecycle.cleanup import cleanup_on_finish
-from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj
+from trainium_operator.lifecycle.decision import EventRecord, Obj
 from trainium_operator.lifecycle.failures import Failure
 from trainium_operator.lifecycle.observed import parse_time
 from trainium_operator.lifecycle.policies.progress import recent_p50_ms
@@ -136,12 +147,25 @@ def stack_request_id(attempt: int, now: datetime) -> str:
 def stack_request(status: Obj, attempt: int) -> str | None:
     """The stack request the operator's replies carry to this attempt's ranks, if any: the
     health channel's endpoint reads it from the job's status (its one source of truth)."""
-    record = status.get("stall") or {}
-    stacks = record.get("stacks") or {}
-    if record.get("attempt") == attempt and stacks.get("state") == "Requested":
-        request_id = stacks.get("requestId")
-        return request_id if contract.valid_request_id(request_id) else None
+    record = _stored_stall(status)
+    stacks = record.stacks if record is not None else None
+    if record is None or stacks is None or record.attempt != attempt:
+        return None
+    if stacks.state == "Requested" and contract.valid_request_id(stacks.request_id):
+        return stacks.request_id
     return None
+
+
+def _stored_stall(status: Obj) -> StallStatus | None:
+    """status.stall of a job body as the API server holds it (the health channel's cache), or
+    None when it has none or none this operator can read."""
+    raw = status.get("stall")
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return StallStatus.model_validate(known_fields(raw, StallStatus))
+    except ValidationError:
+        return None
 
 
 def requests_for(job: Obj | None, attempt: int, answered: str) -> dict[str, str]:
@@ -154,23 +178,19 @@ def requests_for(job: Obj | None, attempt: int, answered: str) -> dict[str, str]
 
 def stall(p: Pass) -> None:
     """The stall rule over the training gang's reports: detect, capture stacks, act."""
-    if p.snapshot.ranks is None:
+    if p.snapshot.ranks is None or p.status.phase is not Phase.TRAINING:
         return
-    job, status, decision, observed = p.job, p.status, p.plan, p.observed
-    ranks = list(p.snapshot.ranks)
-    if status.phase is not Phase.TRAINING:
-        return
-    attempt, now = status.attempt, observed.now
-    record: Obj | None = status.data.get("stall")
-    if record is not None and record.get("attempt") != attempt:
+    edit, attempt, now = p.status, p.status.attempt, p.now
+    record = edit.stall
+    if record is not None and record.attempt != attempt:
         # An earlier attempt's stall (the gang restarted for it or for another reason).
-        stalled = status.find_condition(ConditionType.STALLED)
-        if stalled is not None and stalled.get("status") == "True":
-            status.condition(ConditionType.STALLED, False, "NewAttempt", f"attempt {attempt} runs")
+        stalled = _stalled_condition(edit)
+        if stalled is not None and stalled.status == "True":
+            edit.condition(ConditionType.STALLED, False, "NewAttempt", f"attempt {attempt} runs")
         record = None
-    gang = watch(job.spec.health, ranks, attempt, job.spec.world_size)
-    if record is not None and not record.get("resolvedTime"):
-        _follow(p, record=record, gang=gang)
+    gang = watch(p.job.spec.health, list(p.snapshot.ranks), attempt, p.job.spec.world_size)
+    if record is not None and not record.resolved_time:
+        _follow(p, record, gang)
         return
     if gang is None:
         return
@@ -179,9 +199,14 @@ def stall(p: Pass) -> None:
     if stalled_for < due:
         # A gang whose ranks all went silent wakes no pass: this one does, when it is due (to
         # the tenth of a second: the lead is all the slack the bound has).
-        decision.requeue(due - stalled_for, minimum=REQUEUE_MINIMUM_SECONDS)
+        p.plan.requeue(due - stalled_for, minimum=REQUEUE_MINIMUM_SECONDS)
         return
-    _detect(job, status, decision, gang=gang, attempt=attempt, stalled_for=stalled_for, now=now)
+    _detect(p, gang, stalled_for=stalled_for)
+
+
+def _stalled_condition(edit: StatusEdit) -> Condition | None:
+    found = edit.find_condition(ConditionType.STALLED)
+    return Condition.model_validate(found) if found is not None else None
 
 
 def _rank_text(rank: RankSample) -> str:
@@ -191,16 +216,14 @@ def _rank_text(rank: RankSample) -> str:
     )
 
 
-def _detect(
-    job: JobRef,
-    status: StatusEdit,
-    decision: Decision,
-    *,
-    gang: Watch,
-    attempt: int,
-    stalled_for: float,
-    now: datetime,
-) -> None:
+def _stopped_rank(rank: RankSample) -> StoppedRank:
+    """A rank that stopped first, its node named only when it is known."""
+    stopped = StoppedRank(rank=rank.rank, step=rank.step, step_start_time=timestamp(rank.started))
+    return stopped.model_copy(update={"node": rank.node}) if rank.node else stopped
+
+
+def _detect(p: Pass, gang: Watch, *, stalled_for: float) -> None:
+    job, attempt, now = p.job, p.status.attempt, p.now
     named, more = stopped_first(gang.ranks)
     request_id = stack_request_id(attempt, now)
     path = f"{contract.stacks_dir(job.profile_dir(attempt))}/{request_id}"
@@ -214,119 +237,113 @@ def _detect(
         f"no rank of attempt {attempt} entered a new step for {stalled_for:.0f}s (bound "
         f"{gang.bound:g}s, {source}); slowest step {gang.step}; stopped first: {stopped}"
     )
-    status.data["stall"] = {
-        "attempt": attempt,
-        "step": gang.step,
-        "maxStep": gang.max_step,
-        "lastProgressTime": timestamp(gang.last_progress),
-        "detectedTime": timestamp(now),
-        "boundSeconds": round(gang.bound, 3),
-        "stoppedRanks": [
-            {
-                "rank": r.rank,
-                **({"node": r.node} if r.node else {}),
-                "step": r.step,
-                "stepStartTime": timestamp(r.started),
-            }
-            for r in named
-        ],
-        "moreStoppedRanks": more,
-        "stacks": {
-            "requestId": request_id,
-            "requestedTime": timestamp(now),
-            "path": path,
-            "state": "Requested",
-            "ranksExpected": len(gang.world),
-        },
-    }
-    status.condition(ConditionType.STALLED, True, "NoProgress", message)
-    decision.events.append(
+    p.status.stall = StallStatus(
+        attempt=attempt,
+        step=gang.step,
+        max_step=gang.max_step,
+        last_progress_time=timestamp(gang.last_progress),
+        detected_time=timestamp(now),
+        bound_seconds=round(gang.bound, 3),
+        stopped_ranks=[_stopped_rank(r) for r in named],
+        more_stopped_ranks=more,
+        stacks=StallStacks(
+            request_id=request_id,
+            requested_time=timestamp(now),
+            path=path,
+            state="Requested",
+            ranks_expected=len(gang.world),
+        ),
+    )
+    p.status.condition(ConditionType.STALLED, True, "NoProgress", message)
+    p.plan.events.append(
         EventRecord("Warning", "Stalled", f"{message}; asking every rank for its stacks ({path})")
     )
-    decision.requeue(stack_wait_seconds(job.spec.health))
+    p.plan.requeue(stack_wait_seconds(job.spec.health))
 
 
-def _resumed(record: Obj, gang: Watch | None) -> bool:
+def _resumed(record: StallStatus, gang: Watch | None) -> bool:
     if gang is None:
         return False
-    return gang.max_step > int(record.get("maxStep", 0)) or gang.step > int(record.get("step", 0))
+    return gang.max_step > (record.max_step or 0) or gang.step > (record.step or 0)
 
 
-def _follow(p: Pass, *, record: Obj, gang: Watch | None) -> None:
+def _follow(p: Pass, record: StallStatus, gang: Watch | None) -> None:
     """A detected stall: resumed, still waiting for stacks, or acted on."""
-    job, status, decision, now = p.job, p.status, p.plan, p.now
-    stacks: Obj = record.get("stacks") or {}
+    now = p.now
+    stacks = (
+        record.stacks if record.stacks is not None and record.stacks.state == "Requested" else None
+    )
     if _resumed(record, gang):
         assert gang is not None
-        if stacks.get("state") == "Requested":
-            _stacks_done(status, decision, stacks, gang, now)
-        record["resolvedTime"] = timestamp(now)
-        message = (
-            f"a rank entered step {gang.max_step} after the stall at step {record.get('step')}"
-        )
-        status.condition(ConditionType.STALLED, False, "ProgressResumed", message)
-        decision.events.append(EventRecord("Normal", "ProgressResumed", message))
+        if stacks is not None:
+            record = record.model_copy(update={"stacks": _stacks_done(p, stacks, gang)})
+        p.status.stall = record.model_copy(update={"resolved_time": timestamp(now)})
+        message = f"a rank entered step {gang.max_step} after the stall at step {record.step}"
+        p.status.condition(ConditionType.STALLED, False, "ProgressResumed", message)
+        p.plan.events.append(EventRecord("Normal", "ProgressResumed", message))
         return
-    if stacks.get("state") == "Requested":
-        requested = parse_time(stacks.get("requestedTime")) or now
-        until = requested + timedelta(seconds=stack_wait_seconds(job.spec.health))
+    if stacks is not None:
+        requested = parse_time(stacks.requested_time) or now
+        until = requested + timedelta(seconds=stack_wait_seconds(p.job.spec.health))
         answered = _answered(gang, stacks)
         expected = gang.world if gang is not None else set()
         if (not expected or not expected <= answered) and now < until:
-            decision.requeue((until - now).total_seconds())
+            p.plan.requeue((until - now).total_seconds())
             return
-        _stacks_done(status, decision, stacks, gang, now)
-    if record.get("action") is None:
+        record = record.model_copy(update={"stacks": _stacks_done(p, stacks, gang)})
+        p.status.stall = record
+    if record.action is None:
         _act(p, record)
 
 
-def _answered(gang: Watch | None, stacks: Obj) -> set[int]:
+def _answered(gang: Watch | None, stacks: StallStacks) -> set[int]:
     if gang is None:
         return set()
-    return {r.rank for r in gang.ranks if r.stacks_dumped == stacks.get("requestId")}
+    return {r.rank for r in gang.ranks if r.stacks_dumped == stacks.request_id}
 
 
-def _stacks_done(
-    status: StatusEdit, decision: Decision, stacks: Obj, gang: Watch | None, now: datetime
-) -> None:
+def _stacks_done(p: Pass, stacks: StallStacks, gang: Watch | None) -> StallStacks:
+    """The requested stacks as far as they came, with one event saying so."""
     expected = gang.world if gang is not None else set()
     answered = _answered(gang, stacks) & expected
     missing = sorted(expected - answered)
     state = "Captured" if not missing and answered else "Partial" if answered else "Missing"
-    stacks.update(
-        state=state,
-        ranksExpected=len(expected),
-        ranksCaptured=len(answered),
-        missingRanks=missing[:LISTED_MISSING],
-        completeTime=timestamp(now),
-    )
-    message = f"{len(answered)}/{len(expected)} ranks wrote their Python stacks to {stacks['path']}"
+    message = f"{len(answered)}/{len(expected)} ranks wrote their Python stacks to {stacks.path}"
     if missing:
         listed = ", ".join(map(str, missing[:LISTED_MISSING]))
         more = f" and {len(missing) - LISTED_MISSING} more" if len(missing) > LISTED_MISSING else ""
         message += f"; no answer from rank {listed}{more}"
-    decision.events.append(
+    p.plan.events.append(
         EventRecord("Normal" if state == "Captured" else "Warning", "StacksCaptured", message)
+    )
+    return stacks.model_copy(
+        update={
+            "state": state,
+            "ranks_expected": len(expected),
+            "ranks_captured": len(answered),
+            "missing_ranks": missing[:LISTED_MISSING],
+            "complete_time": timestamp(p.now),
+        }
     )
 
 
-def _act(p: Pass, record: Obj) -> None:
+def _act(p: Pass, record: StallStatus) -> None:
     """spec.health.onStall, once."""
     job, status, decision, observed = p.job, p.status, p.plan, p.observed
     action = job.spec.health.on_stall
-    record["action"] = action.value
-    record["actionTime"] = timestamp(observed.now)
+    status.stall = record.model_copy(
+        update={"action": action.value, "action_time": timestamp(observed.now)}
+    )
     if action is StallAction.REPORT:
         return
-    condition = status.find_condition(ConditionType.STALLED) or {}
-    message = str(condition.get("message") or "the gang stalled")
+    condition = _stalled_condition(status)
+    message = (condition.message if condition is not None else None) or "the gang stalled"
     if action is StallAction.FAIL:
         status.finish(Phase.FAILED, "StallTimeout", f"{message}; spec.health.onStall is Fail")
         cleanup_on_finish(job, decision, observed)
         return
-    used = status.restarts.stall
     limit = job.spec.health.max_stall_restarts
-    if used >= limit:
+    if status.restarts.stall >= limit:
         status.finish(
             Phase.FAILED,
             "StallRestartLimitExceeded",
@@ -334,15 +351,10 @@ def _act(p: Pass, record: Obj) -> None:
         )
         cleanup_on_finish(job, decision, observed)
         return
-    attempt = int(record.get("attempt", status.attempt))
-    first = (record.get("stoppedRanks") or [{}])[0]
-    node = first.get("node") or None
-    restart_for(
-        p,
-        Failure(FailureClass.STALL, Stage.TRAIN, "Stalled", message, node=node),
-        "stall",
-        attempt=attempt,
-    )
+    attempt = record.attempt if record.attempt is not None else status.attempt
+    first = record.stopped_ranks[0].node if record.stopped_ranks else None
+    failure = Failure(FailureClass.STALL, Stage.TRAIN, "Stalled", message, node=first or None)
+    restart_for(p, failure, "stall", attempt=attempt)
     status.condition(
         ConditionType.STALLED,
         False,

@@ -47,7 +47,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from trainium_operator.api.spec import StragglerAction
-from trainium_operator.api.status import FailureClass, Phase
+from trainium_operator.api.status import (
+    FailureClass,
+    Phase,
+    StragglerRank,
+    StragglerReplacement,
+    StragglersStatus,
+)
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle.decision import EventRecord, NodePatch, Obj
 from trainium_operator.lifecycle.failures import Failure
@@ -143,7 +149,9 @@ def rank_step_time_ms(rank: RankSample) -> float | None:
     return _median(sorted(recent)) if len(recent) >= MIN_STEP_TIMES else None
 
 
-def slow_ranks(ranks: list[RankSample], threshold: float) -> tuple[list[Obj], float | None]:
+def slow_ranks(
+    ranks: list[RankSample], threshold: float
+) -> tuple[list[StragglerRank], float | None]:
     """The stragglers (slowest first) and the gang's median step time: each rank's time against
     the median of the others', read from one sorted copy of the gang's times."""
     times = {r.rank: t for r in ranks if (t := rank_step_time_ms(r)) is not None}
@@ -152,20 +160,25 @@ def slow_ranks(ranks: list[RankSample], threshold: float) -> tuple[list[Obj], fl
     nodes = {r.rank: r.node for r in ranks}
     ordered = sorted(times.values())
     position = {t: i for i, t in enumerate(ordered)}  # any index of an equal value will do
-    slow: list[Obj] = []
+    slow: list[tuple[float, int, float]] = []  # (ratio, rank, step time)
     for number, own in times.items():
         others = _median_without(ordered, position[own])
         if others > 0 and own > (1 + threshold) * others:
-            slow.append(
-                {
-                    "rank": number,
-                    **({"node": nodes[number]} if nodes.get(number) else {}),
-                    "stepTimeMs": round(own, 3),
-                    "ratio": round(own / others, 3),
-                }
-            )
-    slow.sort(key=lambda s: (-float(s["ratio"]), int(s["rank"])))
-    return slow[:LISTED], _median(ordered)
+            slow.append((round(own / others, 3), number, own))
+    slow.sort(key=lambda s: (-s[0], s[1]))
+    named = [
+        _straggler(number, nodes.get(number), step_time_ms=round(own, 3), ratio=ratio)
+        for ratio, number, own in slow[:LISTED]
+    ]
+    return named, _median(ordered)
+
+
+def _straggler(
+    number: int, node: str | None, *, step_time_ms: float, ratio: float
+) -> StragglerRank:
+    """A straggler's entry, its node named only when it is known."""
+    entry = StragglerRank(rank=number, step_time_ms=step_time_ms, ratio=ratio)
+    return entry.model_copy(update={"node": node}) if node else entry
 
 
 def stragglers(p: Pass) -> None:
@@ -173,89 +186,90 @@ def stragglers(p: Pass) -> None:
     onStraggler: Replace, proposes the cordon of a persistent one's node."""
     if p.snapshot.ranks is None:
         return
-    job, edit, decision, observed = p.job, p.status, p.plan, p.observed
-    ranks = list(p.snapshot.ranks)
+    job, edit = p.job, p.status
     threshold = job.spec.health.straggler_threshold
     if threshold is None:
         return
     if _keep_cordoned(p):
         return  # the new gang has no pods: not training, no straggler to judge
-    status = edit.data
-    if status.get("phase") != Phase.TRAINING.value:
+    if edit.phase is not Phase.TRAINING:
         return
-    attempt = int(status.get("attempt") or 0)
+    attempt = edit.attempt
     world = job.spec.nodes * job.spec.effective_processes_per_node
-    current = [r for r in ranks if r.attempt == attempt and not r.final and 0 <= r.rank < world]
-    slow, gang = slow_ranks(current, threshold)
-    previous: Obj = status.get("stragglers") or {}
-    before: dict[int, Obj] = (
-        {int(s["rank"]): s for s in previous.get("ranks", [])}
-        if previous.get("attempt") == attempt
+    current = [
+        r for r in p.snapshot.ranks if r.attempt == attempt and not r.final and 0 <= r.rank < world
+    ]
+    found, gang = slow_ranks(current, threshold)
+    previous = edit.stragglers
+    before: dict[int, StragglerRank] = (
+        {s.rank: s for s in previous.ranks}
+        if previous is not None and previous.attempt == attempt
         else {}
     )
     if gang is None:
         return
     steps = {r.rank: r.step for r in current}
-    for entry in slow:
-        kept = before.get(int(entry["rank"])) or {}
-        entry["since"] = kept.get("since") or timestamp(observed.now)
-        entry["sinceStep"] = kept.get("sinceStep", steps[int(entry["rank"])])
-    now_slow = {s["rank"] for s in slow}
-    dated = all(before[r].get("since") for r in now_slow if r in before)
+    slow = [_dated(entry, before.get(entry.rank), steps[entry.rank], p.now) for entry in found]
+    now_slow = {s.rank for s in slow}
+    dated = all(before[r].since for r in now_slow if r in before)
     if now_slow != set(before) or not dated:
-        _record(p, previous, slow, before, attempt=attempt, gang=gang)
-        if not slow:
-            return
+        _record(p, previous, slow, bool(before), attempt=attempt, gang=gang)
         for entry in slow:
-            if entry["rank"] in before:
-                continue
-            decision.events.append(
-                EventRecord(
-                    "Warning",
-                    "Straggler",
-                    f"rank {entry['rank']} on {entry.get('node') or 'an unknown node'} steps in "
-                    f"{entry['stepTimeMs']:.0f} ms, {100 * (entry['ratio'] - 1):.0f} % slower "
-                    f"than the other ranks' median (spec.health.stragglerThreshold "
-                    f"{threshold:g})",
+            if entry.rank not in before:
+                p.plan.events.append(
+                    EventRecord(
+                        "Warning",
+                        "Straggler",
+                        f"{_slowness(entry)} (spec.health.stragglerThreshold {threshold:g})",
+                    )
                 )
-            )
     if job.spec.health.on_straggler is StragglerAction.REPLACE and slow:
         _consider_replacing(p, slow, steps, attempt=attempt, gang=gang)
 
 
+def _dated(
+    entry: StragglerRank, kept: StragglerRank | None, step: int, now: datetime
+) -> StragglerRank:
+    """`entry` with when (and at which step) it became a straggler: kept from the previous
+    pass while it stayed one, else now."""
+    since = kept.since if kept is not None and kept.since else timestamp(now)
+    since_step = kept.since_step if kept is not None and kept.since_step is not None else step
+    return entry.model_copy(update={"since": since, "since_step": since_step})
+
+
 def _record(
     p: Pass,
-    previous: Obj,
-    slow: list[Obj],
-    before: dict[int, Obj],
+    previous: StragglersStatus | None,
+    slow: list[StragglerRank],
+    had_stragglers: bool,
     *,
     attempt: int,
     gang: float,
 ) -> None:
-    edit, decision, now = p.status, p.plan, p.now
-    record: Obj = {
-        "attempt": attempt,
-        "gangStepTimeMs": round(gang, 3),
-        "ranks": slow,
-        "updateTime": timestamp(now),
-    }
+    record = StragglersStatus(
+        attempt=attempt,
+        gang_step_time_ms=round(gang, 3),
+        ranks=slow,
+        update_time=timestamp(p.now),
+    )
     # Replacements are the job's history (across attempts); `held` names a current straggler.
-    if previous.get("replacements"):
-        record["replacements"] = previous["replacements"]
-    if previous.get("held") and slow:
-        record["held"] = previous["held"]
-    edit.data["stragglers"] = record
-    if before and not slow:
-        decision.events.append(
+    if previous is not None and previous.replacements:
+        record = record.model_copy(update={"replacements": previous.replacements})
+    if previous is not None and previous.held and slow:
+        record = record.model_copy(update={"held": previous.held})
+    p.status.stragglers = record
+    if had_stragglers and not slow:
+        p.plan.events.append(
             EventRecord("Normal", "StragglersRecovered", "no rank is slower than the threshold")
         )
 
 
-def persistent(entry: Obj, step: int, persistence: float, now: datetime) -> float:
+def persistent(entry: StragglerRank, step: int, persistence: float, now: datetime) -> float:
     """Seconds until `entry` (a straggler since entry.since, at entry.sinceStep) may be
     replaced: 0 when it may now; inf while its window of newer steps is not full yet."""
-    since = parse_time(entry.get("since")) or now
-    if step - int(entry.get("sinceStep", step)) < RECENT_STEPS:
+    since = parse_time(entry.since) or now
+    since_step = entry.since_step if entry.since_step is not None else step
+    if step - since_step < RECENT_STEPS:
         return float("inf")
     return max(persistence - (now - since).total_seconds(), 0.0)
 
@@ -271,17 +285,17 @@ def spare_nodes(job: JobRef, observed: Observed, node: str) -> list[str]:
     )
 
 
-def _slowness(entry: Obj) -> str:
+def _slowness(entry: StragglerRank) -> str:
     return (
-        f"rank {entry['rank']} on {entry.get('node') or 'an unknown node'} steps in "
-        f"{float(entry['stepTimeMs']):.0f} ms, {100 * (float(entry['ratio']) - 1):.0f} % slower "
+        f"rank {entry.rank} on {entry.node or 'an unknown node'} steps in "
+        f"{entry.step_time_ms or 0.0:.0f} ms, {100 * ((entry.ratio or 0.0) - 1):.0f} % slower "
         "than the other ranks' median"
     )
 
 
 def _consider_replacing(
     p: Pass,
-    slow: list[Obj],
+    slow: list[StragglerRank],
     steps: dict[int, int],
     *,
     attempt: int,
@@ -291,10 +305,7 @@ def _consider_replacing(
     within the cluster-wide cordon budget as the snapshot shows it."""
     job, edit, decision, observed = p.job, p.status, p.plan, p.observed
     health, now, budget = job.spec.health, p.now, p.snapshot.cordon_budget
-    waits = [
-        persistent(e, steps[int(e["rank"])], health.straggler_persistence_seconds, now)
-        for e in slow
-    ]
+    waits = [persistent(e, steps[e.rank], health.straggler_persistence_seconds, now) for e in slow]
     due = [e for e, wait in zip(slow, waits, strict=True) if wait == 0]
     if not due:
         timed = [w for w in waits if w != float("inf")]
@@ -304,7 +315,7 @@ def _consider_replacing(
     if not observed.nodes_known:
         return  # right after a start: every node would look gone
     target = due[0]
-    node = str(target.get("node") or "")
+    node = target.node or ""
     used = edit.restarts.straggler
     limit = health.max_straggler_replacements
     held = None
@@ -330,82 +341,82 @@ def _consider_replacing(
     if held is not None:
         _hold(p, held)
         return
-    _replace(p, target, attempt=attempt, gang=gang)
+    _replace(p, target, node, attempt=attempt, gang=gang)
+
+
+def _stored_record(p: Pass) -> StragglersStatus:
+    """status.stragglers, which a pass that names a straggler has written or kept."""
+    return p.status.stragglers or StragglersStatus()
 
 
 def _hold(p: Pass, held: str) -> None:
     """status.stragglers.held and one Warning, once per reason."""
-    record = p.status.data["stragglers"]
-    if record.get("held") != held:
-        p.status.data["stragglers"] = {**record, "held": held}
+    record = _stored_record(p)
+    if record.held != held:
+        p.status.stragglers = record.model_copy(update={"held": held})
         p.plan.events.append(EventRecord("Warning", "StragglerNotReplaced", held))
+
+
+def _without_held(record: StragglersStatus) -> StragglersStatus:
+    """`record` as if `held` had never been set (model_copy can only add fields)."""
+    kept = {name: getattr(record, name) for name in record.model_fields_set - {"held"}}
+    return StragglersStatus.model_construct(set(kept), **kept)
 
 
 def _replace(
     p: Pass,
-    target: Obj,
+    target: StragglerRank,
+    node: str,
     *,
     attempt: int,
     gang: float,
 ) -> None:
     job, status, decision, now = p.job, p.status, p.plan, p.now
-    node = str(target["node"])
-    since = parse_time(target.get("since")) or now
+    since = parse_time(target.since) or now
     persistence = job.spec.health.straggler_persistence_seconds
     message = (
         f"{_slowness(target)} ({gang:.0f} ms) for {duration_text((now - since).total_seconds())}"
         f" (spec.health.stragglerPersistenceSeconds {persistence:g}); cordoning {node} and "
         "restarting the gang without it"
     )
-    record: Obj = status.data["stragglers"]
-    record.pop("held", None)
-    record["replacements"] = [
-        *record.get("replacements", []),
-        {
-            "attempt": attempt,
-            "rank": int(target["rank"]),
-            "node": node,
-            "stepTimeMs": target["stepTimeMs"],
-            "ratio": target["ratio"],
-            "time": timestamp(now),
-        },
-    ]
-    restart_for(
-        p,
-        Failure(
-            FailureClass.STRAGGLER,
-            Stage.TRAIN,
-            "Straggler",
-            message,
-            node=node,
-            rank=int(target["rank"]),
-        ),
-        "straggler",
+    replacement = StragglerReplacement(
         attempt=attempt,
-        reason="StragglerReplaced",
+        rank=target.rank,
+        node=node,
+        step_time_ms=target.step_time_ms,
+        ratio=target.ratio,
+        time=timestamp(now),
     )
+    record = _without_held(_stored_record(p))
+    status.stragglers = record.model_copy(
+        update={"replacements": [*record.replacements, replacement]}
+    )
+    failure = Failure(
+        FailureClass.STRAGGLER, Stage.TRAIN, "Straggler", message, node=node, rank=target.rank
+    )
+    restart_for(p, failure, "straggler", attempt=attempt, reason="StragglerReplaced")
     decision.events.append(EventRecord("Warning", "StragglerReplaced", message))
-    decision.patch_nodes.append(cordon_patch(job, record["replacements"][-1]))
+    decision.patch_nodes.append(cordon_patch(job, replacement))
 
 
-def cordon_patch(job: JobRef, replacement: Obj) -> NodePatch:
+def cordon_patch(job: JobRef, replacement: StragglerReplacement) -> NodePatch:
     """The cordon of a replaced straggler's node: a JSON merge patch, the same on every pass
     (re-asserting it changes nothing)."""
     reason = (
-        f"straggler: rank {replacement['rank']} of TrainingJob {job.namespace}/{job.name} "
-        f"(attempt {replacement['attempt']}) stepped in {float(replacement['stepTimeMs']):.0f} "
-        f"ms, {float(replacement['ratio']):.2f}x the other ranks' median; the gang restarted "
+        f"straggler: rank {replacement.rank} of TrainingJob {job.namespace}/{job.name} "
+        f"(attempt {replacement.attempt}) stepped in {replacement.step_time_ms or 0.0:.0f} "
+        f"ms, {replacement.ratio or 0.0:.2f}x the other ranks' median; the gang restarted "
         "without this node (spec.health.onStraggler: Replace). `kubectl uncordon` returns it"
     )
     return NodePatch(
-        name=str(replacement["node"]),
+        name=replacement.node,
         body={
             "metadata": {
                 "labels": {CORDONED_LABEL: CORDONED_FOR_STRAGGLER},
                 "annotations": {
                     CORDONED_BY_ANNOTATION: f"{job.namespace}/{job.name}",
                     CORDON_REASON_ANNOTATION: reason,
-                    CORDON_TIME_ANNOTATION: str(replacement.get("time") or ""),
+                    CORDON_TIME_ANNOTATION: replacement.time or "",
                 },
             },
             "spec": {"unschedulable": True},
@@ -421,21 +432,23 @@ def _keep_cordoned(p: Pass) -> bool:
     admin's `kubectl uncordon` stands. Nothing either once the new gang has pods. True: the
     gang is between a replacement and its new pods (nothing else to judge)."""
     job, edit, observed, budget = p.job, p.status, p.observed, p.snapshot.cordon_budget
-    status = edit.data
-    record: Obj = status.get("stragglers") or {}
-    replacements = record.get("replacements") or []
-    attempt = int(status.get("attempt") or 0)
-    if not replacements or int(replacements[-1]["attempt"]) != attempt - 1:
+    record = edit.stragglers
+    attempt = edit.attempt
+    if record is None or not record.replacements:
         return False
-    last: Obj = replacements[-1]
-    if last.get("cordonSeen") or observed.gang(Stage.TRAIN, attempt):
+    last = record.replacements[-1]
+    if last.attempt != attempt - 1:
         return False
-    node = observed.nodes.get(str(last["node"]))
+    if last.cordon_seen or observed.gang(Stage.TRAIN, attempt):
+        return False
+    node = observed.nodes.get(last.node)
     if node is None:
         return False
     if node.unschedulable or _carries_cordon(job, node, last):
-        seen = {**last, "cordonSeen": timestamp(observed.now)}
-        edit.data["stragglers"] = {**record, "replacements": [*replacements[:-1], seen]}
+        seen = last.model_copy(update={"cordon_seen": timestamp(observed.now)})
+        edit.stragglers = record.model_copy(
+            update={"replacements": [*record.replacements[:-1], seen]}
+        )
         return False
     if budget.limit <= 0:
         return False
@@ -444,9 +457,9 @@ def _keep_cordoned(p: Pass) -> bool:
     return True
 
 
-def _carries_cordon(job: JobRef, node: NodeView, replacement: Obj) -> bool:
+def _carries_cordon(job: JobRef, node: NodeView, replacement: StragglerReplacement) -> bool:
     """The node's annotations name this replacement: its cordon landed, even if the node was
     uncordoned before any pass saw it cordoned."""
-    return node.cordoned_by == f"{job.namespace}/{job.name}" and node.cordoned_at == str(
-        replacement.get("time") or ""
+    return node.cordoned_by == f"{job.namespace}/{job.name}" and node.cordoned_at == (
+        replacement.time or ""
     )
