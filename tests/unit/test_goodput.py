@@ -11,6 +11,7 @@ from trainium_operator.contract.channel import ProgressMessage, parse_message
 from trainium_operator.lifecycle.policies.goodput import PARTS, figures_at, with_goodput
 from trainium_operator.lifecycle.policies.progress import progress_figures
 from trainium_operator.lifecycle.ranks import RankSample
+from trainium_operator.lifecycle.status_edit import dump
 from trainium_operator.profiler.channel import ChannelConfig, Reporter
 from unit.jobs import job_ref
 from unit.test_reconciler_writes import KEY, NAME, end_pod, running_gang
@@ -231,10 +232,10 @@ def test_the_checkpoint_step_travels_in_the_message_and_progress_takes_the_lowes
     ranks = [sample(0, 10), sample(1, 8), sample(2, None)]
     shown = progress_figures(job_ref(), ranks, None, 0, now)
     assert shown is not None
-    assert shown["lastCheckpointStep"] == 8
+    assert shown.last_checkpoint_step == 8
     quiet = progress_figures(job_ref(), [sample(0, None)], None, 0, now)
     assert quiet is not None
-    assert "lastCheckpointStep" not in quiet
+    assert "lastCheckpointStep" not in dump(quiet)
 
 
 def _fields(message: ProgressMessage) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from trainium_operator.lifecycle.observed import Observed
 from trainium_operator.lifecycle.policies.progress import duration_text, progress, progress_figures
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.snapshot import PassSettings
+from trainium_operator.lifecycle.status_edit import dump
 from unit.jobs import job_ref, run_policy
 
 NOW = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
@@ -35,34 +36,35 @@ def test_progress_names_the_slowest_and_fastest_rank_and_the_gangs_rate_and_eta(
     figures = progress_figures(job, ranks, None, 0, NOW)
     assert figures is not None
     assert (
-        figures["step"],
-        figures["slowestRank"],
-        figures["maxStep"],
-        figures["fastestRank"],
+        figures.step,
+        figures.slowest_rank,
+        figures.max_step,
+        figures.fastest_rank,
     ) == (
         98,
         1,
         101,
         2,
     )
-    assert figures["stepTimeP50Ms"] == 500.0
-    assert figures["stepsPerSecond"] == 2.0
-    assert figures["samplesPerSecond"] == 32.0  # two reporting ranks of 8 samples a step
-    assert figures["tokensPerSecond"] == 2048.0
-    assert figures["eta"] == "2026-12-02T12:07:31Z"  # 902 steps x 0.5 s
-    assert (figures["stepSummary"], figures["rateSummary"], figures["etaSummary"]) == (
+    assert figures.step_time_p50_ms == 500.0
+    assert figures.steps_per_second == 2.0
+    assert figures.samples_per_second == 32.0  # two reporting ranks of 8 samples a step
+    assert figures.tokens_per_second == 2048.0
+    assert figures.eta == "2026-12-02T12:07:31Z"  # 902 steps x 0.5 s
+    assert (figures.step_summary, figures.rate_summary, figures.eta_summary) == (
         "98/1000",
         "2 steps/s",
         "7m",
     )
-    assert figures["ranksReporting"] == 3
-    validated_status({"progress": figures})
+    assert figures.ranks_reporting == 3
+    validated_status({"progress": dump(figures)})
 
 
 def test_without_a_total_there_is_no_eta_and_without_step_times_no_rate() -> None:
     fresh = RankSample(rank=0, attempt=0, world_size=1, step=0, step_times_ms=(), received=NOW)
-    figures = progress_figures(job_ref(), [fresh], None, 0, NOW)
-    assert figures is not None
+    shown = progress_figures(job_ref(), [fresh], None, 0, NOW)
+    assert shown is not None
+    figures = dump(shown)
     assert "eta" not in figures
     assert "rateSummary" not in figures
     assert figures["stepSummary"] == "0"
