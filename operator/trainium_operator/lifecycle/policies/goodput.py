@@ -124,19 +124,19 @@ def accounted(
 ) -> GoodputStatus:
     """`ledger` (stored with `previous`) brought up to `now`, `status` being the new status."""
     # A ledger an older operator wrote may miss fields: those of a new one stand in.
-    out = opened(now, 0).model_copy(update=ledger.model_dump(exclude_unset=True))
-    as_of = parse_time(out.as_of) or _whole_seconds(now)
-    start = parse_time(out.start_time) or as_of
+    ledger = opened(now, 0).model_copy(update=ledger.model_dump(exclude_unset=True))
+    as_of = parse_time(ledger.as_of) or _whole_seconds(now)
+    start = parse_time(ledger.start_time) or as_of
     # Never backwards: a new operator whose clock is behind the last one's adds nothing.
     end = max(as_of, _whole_seconds(now))
     elapsed = (end - as_of).total_seconds()
     before, attempt = previous.phase or Phase.PENDING, previous.attempt
-    if out.attempt != attempt:
-        out = out.model_copy(update={"attempt": attempt, "attempt_training_seconds": 0.0})
     bucket = BUCKETS.get(before, "queued_seconds")
-    out = out.model_copy(update={bucket: getattr(out, bucket) + elapsed})
-    training, lost, lost_unknown = out.training_seconds, out.lost_seconds, out.lost_unknown
-    attempt_training = out.attempt_training_seconds + (elapsed if before is Phase.TRAINING else 0)
+    ledger = ledger.model_copy(update={bucket: getattr(ledger, bucket) + elapsed})
+    training, lost, lost_unknown = ledger.training_seconds, ledger.lost_seconds, ledger.lost_unknown
+    attempt_training = ledger.attempt_training_seconds if ledger.attempt == attempt else 0.0
+    if before is Phase.TRAINING:
+        attempt_training += elapsed
     if status.phase in STOPPING and before not in STOPPING and attempt_training > 0:
         # This pass's progress: as fresh as the stored one, or fresher.
         charged = lost_work_seconds(status.progress or previous.progress, attempt)
@@ -147,19 +147,16 @@ def accounted(
             training, lost = training - charged, lost + charged
         attempt_training = 0.0  # charged once: the next attempt starts afresh
     next_attempt = status.attempt or attempt
-    if next_attempt != out.attempt:
-        out = out.model_copy(update={"attempt": next_attempt})
+    if next_attempt != attempt:
         attempt_training = 0.0
-    out = out.model_copy(
-        update={"training_seconds": training, "lost_seconds": lost, "lost_unknown": lost_unknown}
-    )
+    parts = ledger.model_copy(update={"training_seconds": training, "lost_seconds": lost})
     figures = GoodputStatus(
-        **{name: round(float(getattr(out, name)), 1) for name in _PART_FIELDS},
+        **{name: round(float(getattr(parts, name)), 1) for name in _PART_FIELDS},
         wall_seconds=(end - start).total_seconds(),
         lost_unknown=lost_unknown,
-        attempt=out.attempt,
+        attempt=next_attempt,
         attempt_training_seconds=round(float(attempt_training), 1),
-        start_time=out.start_time,
+        start_time=ledger.start_time,
         as_of=timestamp(end),
     )
     counted = figures.wall_seconds - figures.suspended_seconds
