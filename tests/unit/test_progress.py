@@ -4,14 +4,14 @@ batching."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from trainium_operator.api.status import validated_status
 from trainium_operator.builders.job import JobRef
 from trainium_operator.lifecycle.observed import Observed
-from trainium_operator.lifecycle.policies.progress import duration_text, progress, progress_figures
+from trainium_operator.lifecycle.policies.progress import duration_text, progress
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.snapshot import PassSettings
-from trainium_operator.lifecycle.status_edit import dump
 from unit.jobs import job_ref, run_policy
 
 NOW = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
@@ -33,45 +33,44 @@ def rank(number: int, step: int, ms: float = 500.0, attempt: int = 0, **more: in
 def test_progress_names_the_slowest_and_fastest_rank_and_the_gangs_rate_and_eta() -> None:
     job = job_ref(health={"totalSteps": 1000})
     ranks = [rank(0, 100, samples=800, tokens=102400), rank(1, 98, samples=784), rank(2, 101)]
-    figures = progress_figures(job, ranks, None, 0, NOW)
+    figures = shown_progress(job, ranks)
     assert figures is not None
     assert (
-        figures.step,
-        figures.slowest_rank,
-        figures.max_step,
-        figures.fastest_rank,
+        figures["step"],
+        figures["slowestRank"],
+        figures["maxStep"],
+        figures["fastestRank"],
     ) == (
         98,
         1,
         101,
         2,
     )
-    assert figures.step_time_p50_ms == 500.0
-    assert figures.steps_per_second == 2.0
-    assert figures.samples_per_second == 32.0  # two reporting ranks of 8 samples a step
-    assert figures.tokens_per_second == 2048.0
-    assert figures.eta == "2026-12-02T12:07:31Z"  # 902 steps x 0.5 s
-    assert (figures.step_summary, figures.rate_summary, figures.eta_summary) == (
+    assert figures["stepTimeP50Ms"] == 500.0
+    assert figures["stepsPerSecond"] == 2.0
+    assert figures["samplesPerSecond"] == 32.0  # two reporting ranks of 8 samples a step
+    assert figures["tokensPerSecond"] == 2048.0
+    assert figures["eta"] == "2026-12-02T12:07:31Z"  # 902 steps x 0.5 s
+    assert (figures["stepSummary"], figures["rateSummary"], figures["etaSummary"]) == (
         "98/1000",
         "2 steps/s",
         "7m",
     )
-    assert figures.ranks_reporting == 3
-    validated_status({"progress": dump(figures)})
+    assert figures["ranksReporting"] == 3
+    validated_status({"progress": figures})
 
 
 def test_without_a_total_there_is_no_eta_and_without_step_times_no_rate() -> None:
     fresh = RankSample(rank=0, attempt=0, world_size=1, step=0, step_times_ms=(), received=NOW)
-    shown = progress_figures(job_ref(), [fresh], None, 0, NOW)
-    assert shown is not None
-    figures = dump(shown)
+    figures = shown_progress(job_ref(), [fresh])
+    assert figures is not None
     assert "eta" not in figures
     assert "rateSummary" not in figures
     assert figures["stepSummary"] == "0"
 
 
 def test_ranks_of_an_earlier_gang_are_not_the_current_progress() -> None:
-    assert progress_figures(job_ref(), [rank(0, 500, attempt=0)], None, 1, NOW) is None
+    assert shown_progress(job_ref(), [rank(0, 500, attempt=0)], attempt=1) is None
 
 
 def with_progress(
@@ -86,6 +85,15 @@ def with_progress(
     settings = PassSettings(progress_interval=interval)
     plan = run_policy(progress, job, status, seen, ranks=tuple(ranks), settings=settings)
     return plan.status
+
+
+def shown_progress(
+    job: JobRef, ranks: list[RankSample], attempt: int = 0, now: datetime = NOW
+) -> Any:
+    """status.progress after one pass of a training job's gang `attempt` with these reports
+    (None: the pass wrote none)."""
+    status = with_progress(job, {"phase": "Training", "attempt": attempt}, ranks, now)
+    return status.get("progress")
 
 
 def _training(**progress_figures: object) -> dict[str, object]:

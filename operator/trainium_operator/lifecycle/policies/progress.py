@@ -19,11 +19,10 @@ a minute per job (7.5 at the default 10 s; the operator's timer wakes the job ev
 from __future__ import annotations
 
 import statistics
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from trainium_operator.api.status import Phase, ProgressStatus
-from trainium_operator.builders.job import JobRef
 from trainium_operator.lifecycle.observed import parse_time
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.status_edit import timestamp as format_time
@@ -61,21 +60,17 @@ def _rate(per_step: list[float], steps_per_second: float | None) -> float | None
     return round(sum(per_step) * steps_per_second, 3)
 
 
-def known(**fields: Any) -> dict[str, Any]:
+def _known(**fields: Any) -> dict[str, Any]:
     """The fields whose value is known, to build a status model from: one left out stays
     unset, so it is absent from the stored status (not null)."""
     return {name: value for name, value in fields.items() if value is not None}
 
 
-def progress_figures(
-    job: JobRef,
-    ranks: list[RankSample],
-    previous: ProgressStatus | None,
-    attempt: int,
-    now: datetime,
-) -> ProgressStatus | None:
-    """The new status.progress, or None when there is nothing (new) to say."""
-    current = [r for r in ranks if r.attempt == attempt and r.step >= 0]
+def progress_figures(p: Pass) -> ProgressStatus | None:
+    """The new status.progress from the ranks' reports, or None when there is nothing (new)
+    to say."""
+    previous, attempt, now = p.status.progress, p.status.attempt, p.now
+    current = [r for r in p.snapshot.ranks or () if r.attempt == attempt and r.step >= 0]
     if not current:
         return None
     slowest = min(current, key=lambda r: (r.step, r.rank))
@@ -86,7 +81,7 @@ def progress_figures(
             return None  # a late message of a restarted rank: keep what was said
         if previous.step == slowest.step:
             last_progress = previous.last_progress_time or last_progress
-    total = job.spec.health.total_steps or None
+    total = p.job.spec.health.total_steps or None
     p50 = recent_p50_ms(current)
     rate = 1000.0 / p50 if p50 else None  # steps per second
     left = max(total - slowest.step, 0) * p50 / 1000.0 if total and p50 and rate else None
@@ -104,7 +99,7 @@ def progress_figures(
         last_progress_time=last_progress,
         update_time=format_time(now),
         step_summary=f"{slowest.step}/{total}" if total else str(slowest.step),
-        **known(
+        **_known(
             total_steps=total,
             step_time_p50_ms=round(p50, 3) if p50 and rate else None,
             steps_per_second=round(rate, 4) if rate else None,
@@ -125,13 +120,12 @@ def progress(p: Pass) -> None:
     if p.snapshot.ranks is None or p.status.phase is not Phase.TRAINING:
         return
     previous = p.status.progress
-    attempt = p.status.attempt
-    if previous is not None and previous.attempt == attempt:
+    if previous is not None and previous.attempt == p.status.attempt:
         updated = parse_time(previous.update_time)
         # 0.8: the pass the operator's timer wakes every `interval` must not just miss it.
         interval = p.snapshot.settings.progress_interval
         if updated is not None and (p.now - updated).total_seconds() < 0.8 * interval:
             return
-    figures = progress_figures(p.job, list(p.snapshot.ranks), previous, attempt, p.now)
+    figures = progress_figures(p)
     if figures is not None:
         p.status.progress = figures
