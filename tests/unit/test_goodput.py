@@ -9,10 +9,10 @@ from typing import Any
 from trainium_operator.api.status import validated_status
 from trainium_operator.contract.channel import ProgressMessage, parse_message
 from trainium_operator.lifecycle.policies.goodput import PARTS, figures_at, with_goodput
-from trainium_operator.lifecycle.policies.progress import progress_figures
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.profiler.channel import ChannelConfig, Reporter
 from unit.jobs import job_ref
+from unit.test_progress import shown_progress
 from unit.test_reconciler_writes import KEY, NAME, end_pod, running_gang
 from unit.test_reconciler_writes import NOW as RECONCILER_NOW
 
@@ -229,10 +229,10 @@ def test_the_checkpoint_step_travels_in_the_message_and_progress_takes_the_lowes
         )
 
     ranks = [sample(0, 10), sample(1, 8), sample(2, None)]
-    shown = progress_figures(job_ref(), ranks, None, 0, now)
+    shown = shown_progress(job_ref(), ranks, now=now)
     assert shown is not None
     assert shown["lastCheckpointStep"] == 8
-    quiet = progress_figures(job_ref(), [sample(0, None)], None, 0, now)
+    quiet = shown_progress(job_ref(), [sample(0, None)], now=now)
     assert quiet is not None
     assert "lastCheckpointStep" not in quiet
 

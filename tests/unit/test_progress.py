@@ -4,11 +4,12 @@ batching."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from trainium_operator.api.status import validated_status
 from trainium_operator.builders.job import JobRef
 from trainium_operator.lifecycle.observed import Observed
-from trainium_operator.lifecycle.policies.progress import duration_text, progress, progress_figures
+from trainium_operator.lifecycle.policies.progress import duration_text, progress
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.snapshot import PassSettings
 from unit.jobs import job_ref, run_policy
@@ -32,7 +33,7 @@ def rank(number: int, step: int, ms: float = 500.0, attempt: int = 0, **more: in
 def test_progress_names_the_slowest_and_fastest_rank_and_the_gangs_rate_and_eta() -> None:
     job = job_ref(health={"totalSteps": 1000})
     ranks = [rank(0, 100, samples=800, tokens=102400), rank(1, 98, samples=784), rank(2, 101)]
-    figures = progress_figures(job, ranks, None, 0, NOW)
+    figures = shown_progress(job, ranks)
     assert figures is not None
     assert (
         figures["step"],
@@ -61,7 +62,7 @@ def test_progress_names_the_slowest_and_fastest_rank_and_the_gangs_rate_and_eta(
 
 def test_without_a_total_there_is_no_eta_and_without_step_times_no_rate() -> None:
     fresh = RankSample(rank=0, attempt=0, world_size=1, step=0, step_times_ms=(), received=NOW)
-    figures = progress_figures(job_ref(), [fresh], None, 0, NOW)
+    figures = shown_progress(job_ref(), [fresh])
     assert figures is not None
     assert "eta" not in figures
     assert "rateSummary" not in figures
@@ -69,7 +70,7 @@ def test_without_a_total_there_is_no_eta_and_without_step_times_no_rate() -> Non
 
 
 def test_ranks_of_an_earlier_gang_are_not_the_current_progress() -> None:
-    assert progress_figures(job_ref(), [rank(0, 500, attempt=0)], None, 1, NOW) is None
+    assert shown_progress(job_ref(), [rank(0, 500, attempt=0)], attempt=1) is None
 
 
 def with_progress(
@@ -84,6 +85,15 @@ def with_progress(
     settings = PassSettings(progress_interval=interval)
     plan = run_policy(progress, job, status, seen, ranks=tuple(ranks), settings=settings)
     return plan.status
+
+
+def shown_progress(
+    job: JobRef, ranks: list[RankSample], attempt: int = 0, now: datetime = NOW
+) -> Any:
+    """status.progress after one pass of a training job's gang `attempt` with these reports
+    (None: the pass wrote none)."""
+    status = with_progress(job, {"phase": "Training", "attempt": attempt}, ranks, now)
+    return status.get("progress")
 
 
 def _training(**progress_figures: object) -> dict[str, object]:

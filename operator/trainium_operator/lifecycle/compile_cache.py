@@ -8,8 +8,7 @@ was read.
 
 from __future__ import annotations
 
-from typing import Any
-
+from trainium_operator.api.status import CompileCacheStatus
 from trainium_operator.builders.job import JobRef
 from trainium_operator.contract import neff_cache
 from trainium_operator.lifecycle.observed import PodView
@@ -34,25 +33,20 @@ def cache_path(job: JobRef) -> str:
     )
 
 
-def compile_cache_view(job: JobRef, gang: dict[int, PodView]) -> dict[str, Any]:
-    """status.compile.cache from the succeeded compile gang's termination messages."""
+def compile_cache_view(job: JobRef, gang: dict[int, PodView]) -> CompileCacheStatus:
+    """status.compile.cache from the succeeded compile gang's termination messages; figures
+    nobody reported stay unset (absent), never zero."""
     summaries = [neff_cache.parse_summary(pod.termination_message) for pod in gang.values()]
     readable = [s for s in summaries if s is not None and s.readable]
-    view: dict[str, Any] = {
-        "path": cache_path(job),
-        "nodesReported": len(readable),
-        "nodes": job.spec.nodes,
-    }
+    nodes = job.spec.nodes
+    view = CompileCacheStatus(path=cache_path(job), nodes_reported=len(readable), nodes=nodes)
     if readable:
         programs = sum(s.programs or 0 for s in readable)
         size = sum(s.bytes or 0 for s in readable)
-        view["programs"] = programs
-        view["bytes"] = size
-        summary = f"{programs} programs, {size_text(size)}"
-        if len(readable) < job.spec.nodes:
-            summary += f" ({len(readable)} of {job.spec.nodes} nodes)"
-        view["summary"] = summary
-    missing = job.spec.nodes - len(readable)
+        partial = f" ({len(readable)} of {nodes} nodes)" if len(readable) < nodes else ""
+        summary = f"{programs} programs, {size_text(size)}{partial}"
+        view = view.model_copy(update={"programs": programs, "bytes": size, "summary": summary})
+    missing = nodes - len(readable)
     if missing:
         unlisted = sum(1 for s in summaries if s is not None and not s.readable)
         reasons = []
@@ -62,8 +56,9 @@ def compile_cache_view(job: JobRef, gang: dict[int, PodView]) -> dict[str, Any]:
             reasons.append(
                 f"{missing - unlisted} left no cache summary in their termination message"
             )
-        view["message"] = (
-            f"{missing} of {job.spec.nodes} compile pods did not report their NEFF cache: "
+        message = (
+            f"{missing} of {nodes} compile pods did not report their NEFF cache: "
             + "; ".join(reasons)
         )
+        view = view.model_copy(update={"message": message})
     return view

@@ -26,32 +26,61 @@ now exactly as the next write will (`figures_at`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from trainium_operator.api.status import TERMINAL_PHASES, Phase
+from trainium_operator.api.status import (
+    TERMINAL_PHASES,
+    GoodputStatus,
+    Phase,
+    ProgressStatus,
+    known_fields,
+)
 from trainium_operator.lifecycle.observed import parse_time
-from trainium_operator.lifecycle.status_edit import timestamp
+from trainium_operator.lifecycle.status_edit import Section, dump, timestamp
 
 if TYPE_CHECKING:
     from trainium_operator.lifecycle.snapshot import Pass
 
 Obj = dict[str, Any]
+# The part of the wall time each phase's seconds go to (GoodputStatus's field names).
 BUCKETS = {
-    Phase.PENDING: "queuedSeconds",
-    Phase.COMPILING: "compilingSeconds",
-    Phase.TRAINING: "trainingSeconds",
-    Phase.RESTARTING: "restartingSeconds",
-    Phase.SUSPENDED: "suspendedSeconds",
+    Phase.PENDING: "queued_seconds",
+    Phase.COMPILING: "compiling_seconds",
+    Phase.TRAINING: "training_seconds",
+    Phase.RESTARTING: "restarting_seconds",
+    Phase.SUSPENDED: "suspended_seconds",
 }
-PARTS = (*BUCKETS.values(), "lostSeconds")
+_PART_FIELDS = (*BUCKETS.values(), "lost_seconds")
+# The parts as stored (camelCase): they sum to wallSeconds.
+PARTS = tuple(GoodputStatus.model_fields[name].alias or name for name in _PART_FIELDS)
 # Entering one of these stops the gang; the next resumes from the newest checkpoint.
 STOPPING = frozenset({Phase.RESTARTING, Phase.SUSPENDED})
 
 
-def _phase(status: Obj) -> Phase | None:
-    value = status.get("phase")
-    return Phase(value) if value else None
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """What the ledger reads of a status: the phase, the gang attempt and its progress."""
+
+    phase: Phase | None
+    attempt: int  # 0 when unset
+    progress: ProgressStatus | None
+
+    @classmethod
+    def of(cls, status: Obj) -> JobState:
+        phase, progress = status.get("phase"), status.get("progress")
+        return cls(
+            Phase(phase) if phase else None,
+            int(status.get("attempt") or 0),
+            _read(ProgressStatus, progress) if progress else None,
+        )
+
+
+def _read(model: type[Section], stored: Obj) -> Section:
+    """A section of a status as stored, without the fields another operator version wrote that
+    this one does not know (as `StatusEdit` reads the rest)."""
+    return model.model_validate(known_fields(stored, model))
 
 
 def _whole_seconds(moment: datetime) -> datetime:
@@ -61,74 +90,81 @@ def _whole_seconds(moment: datetime) -> datetime:
     return parsed
 
 
-def lost_work_seconds(progress: Obj | None, attempt: int) -> float | None:
+def lost_work_seconds(progress: ProgressStatus | None, attempt: int) -> float | None:
     """The work a stopped gang of `attempt` loses: its steps after the last complete
     checkpoint (up to the one in progress) at the recent p50 step time; None: not known."""
-    if not progress or progress.get("attempt") != attempt:
+    if progress is None or progress.attempt != attempt:
         return None
-    step = progress.get("step")
-    checkpoint = progress.get("lastCheckpointStep")
-    p50_ms = progress.get("stepTimeP50Ms")
+    step, checkpoint, p50_ms = (
+        progress.step,
+        progress.last_checkpoint_step,
+        progress.step_time_p50_ms,
+    )
     if step is None or checkpoint is None or not p50_ms:
         return None
-    return max(int(step) - int(checkpoint), 0) * float(p50_ms) / 1000.0
+    return max(step - checkpoint, 0) * p50_ms / 1000.0
 
 
-def opened(start: datetime, attempt: int) -> Obj:
+def opened(start: datetime, attempt: int) -> GoodputStatus:
     """A ledger with nothing accounted yet, beginning at `start`."""
     moment = timestamp(start)
-    return {
-        **dict.fromkeys(PARTS, 0.0),
-        "wallSeconds": 0.0,
-        "lostUnknown": 0,
-        "attempt": attempt,
-        "attemptTrainingSeconds": 0.0,
-        "startTime": moment,
-        "asOf": moment,
-    }
+    return GoodputStatus(
+        **dict.fromkeys(_PART_FIELDS, 0.0),
+        wall_seconds=0.0,
+        lost_unknown=0,
+        attempt=attempt,
+        attempt_training_seconds=0.0,
+        start_time=moment,
+        as_of=moment,
+    )
 
 
-def accounted(ledger: Obj, previous: Obj, status: Obj, now: datetime) -> Obj:
+def accounted(
+    ledger: GoodputStatus, previous: JobState, status: JobState, now: datetime
+) -> GoodputStatus:
     """`ledger` (stored with `previous`) brought up to `now`, `status` being the new status."""
-    out = {**opened(now, 0), **ledger}
-    as_of = parse_time(out["asOf"]) or _whole_seconds(now)
-    start = parse_time(out["startTime"]) or as_of
+    # A ledger an older operator wrote may miss fields: those of a new one stand in.
+    ledger = opened(now, 0).model_copy(update=ledger.model_dump(exclude_unset=True))
+    as_of = parse_time(ledger.as_of) or _whole_seconds(now)
+    start = parse_time(ledger.start_time) or as_of
     # Never backwards: a new operator whose clock is behind the last one's adds nothing.
     end = max(as_of, _whole_seconds(now))
     elapsed = (end - as_of).total_seconds()
-    before = _phase(previous) or Phase.PENDING
-    attempt = int(previous.get("attempt") or 0)
-    if out["attempt"] != attempt:
-        out["attempt"], out["attemptTrainingSeconds"] = attempt, 0.0
-    out[BUCKETS.get(before, "queuedSeconds")] += elapsed
+    before, attempt = previous.phase or Phase.PENDING, previous.attempt
+    bucket = BUCKETS.get(before, "queued_seconds")
+    ledger = ledger.model_copy(update={bucket: getattr(ledger, bucket) + elapsed})
+    training, lost, lost_unknown = ledger.training_seconds, ledger.lost_seconds, ledger.lost_unknown
+    attempt_training = ledger.attempt_training_seconds if ledger.attempt == attempt else 0.0
     if before is Phase.TRAINING:
-        out["attemptTrainingSeconds"] += elapsed
-    after = _phase(status)
-    if after in STOPPING and before not in STOPPING and out["attemptTrainingSeconds"] > 0:
+        attempt_training += elapsed
+    if status.phase in STOPPING and before not in STOPPING and attempt_training > 0:
         # This pass's progress: as fresh as the stored one, or fresher.
-        lost = lost_work_seconds(status.get("progress") or previous.get("progress"), attempt)
-        if lost is None:
-            out["lostUnknown"] += 1
+        charged = lost_work_seconds(status.progress or previous.progress, attempt)
+        if charged is None:
+            lost_unknown += 1
         else:
-            lost = min(lost, out["attemptTrainingSeconds"], out["trainingSeconds"])
-            out["trainingSeconds"] -= lost
-            out["lostSeconds"] += lost
-        out["attemptTrainingSeconds"] = 0.0  # charged once: the next attempt starts afresh
-    next_attempt = int(status.get("attempt") or attempt)
-    if next_attempt != out["attempt"]:
-        out["attempt"], out["attemptTrainingSeconds"] = next_attempt, 0.0
-    for key in (*PARTS, "attemptTrainingSeconds"):
-        out[key] = round(float(out[key]), 1)
-    out["wallSeconds"] = (end - start).total_seconds()
-    out["asOf"] = timestamp(end)
-    counted = out["wallSeconds"] - out["suspendedSeconds"]
-    out.pop("percent", None)
-    out.pop("summary", None)
-    if counted > 0:
-        percent = round(100.0 * out["trainingSeconds"] / counted, 1)
-        out["percent"] = percent
-        out["summary"] = f"{'<=' if out['lostUnknown'] else ''}{percent:.1f}%"
-    return out
+            charged = min(charged, attempt_training, training)
+            training, lost = training - charged, lost + charged
+        attempt_training = 0.0  # charged once: the next attempt starts afresh
+    next_attempt = status.attempt or attempt
+    if next_attempt != attempt:
+        attempt_training = 0.0
+    parts = ledger.model_copy(update={"training_seconds": training, "lost_seconds": lost})
+    figures = GoodputStatus(
+        **{name: round(float(getattr(parts, name)), 1) for name in _PART_FIELDS},
+        wall_seconds=(end - start).total_seconds(),
+        lost_unknown=lost_unknown,
+        attempt=next_attempt,
+        attempt_training_seconds=round(float(attempt_training), 1),
+        start_time=ledger.start_time,
+        as_of=timestamp(end),
+    )
+    counted = figures.wall_seconds - figures.suspended_seconds
+    if counted <= 0:
+        return figures  # no percent yet: nothing to divide by
+    percent = round(100.0 * figures.training_seconds / counted, 1)
+    summary = f"{'<=' if lost_unknown else ''}{percent:.1f}%"
+    return figures.model_copy(update={"percent": percent, "summary": summary})
 
 
 def figures_at(status: Obj, now: datetime) -> Obj | None:
@@ -136,34 +172,51 @@ def figures_at(status: Obj, now: datetime) -> Obj | None:
     time since in the stored phase, what a status write at `now` would store; a finished job's
     as they are; None without a ledger."""
     stored: Obj | None = status.get("goodput")
-    if stored is None or _phase(status) in TERMINAL_PHASES:
+    state = JobState.of(status)
+    if stored is None or state.phase in TERMINAL_PHASES:
         return stored
-    return accounted(stored, status, status, now)
+    return dump(accounted(_read(GoodputStatus, stored), state, state, now))
 
 
 def goodput(p: Pass) -> None:
     """status.goodput brought up to now when this pass writes the status anyway."""
-    p.status.data = with_goodput(p.snapshot.status, p.status.data, p.now, p.snapshot.created)
+    ledger = goodput_of(p.snapshot.status, p.status.data, p.now, p.snapshot.created)
+    if ledger is not None:
+        p.status.goodput = ledger
 
 
 def with_goodput(previous: Obj, status: Obj, now: datetime, created: datetime | None) -> Obj:
-    """`status` (this pass's new status; `previous` is the stored one) with status.goodput
-    brought up to `now` when the pass writes the status anyway; otherwise with the stored
-    figures, unchanged (no write only to move asOf). `created`: the job's
+    """`status` (this pass's new status; `previous` is the stored one) with its status.goodput
+    as `goodput_of` says."""
+    ledger = goodput_of(previous, status, now, created)
+    return status if ledger is None else {**status, "goodput": dump(ledger)}
+
+
+def goodput_of(
+    previous: Obj, status: Obj, now: datetime, created: datetime | None
+) -> GoodputStatus | None:
+    """The status.goodput of `status` (this pass's new status; `previous` is the stored one):
+    brought up to `now` when the pass writes the status anyway; otherwise the stored figures,
+    unchanged (no write only to move asOf); None: the job has none (it finished before goodput
+    was accounted: its history is unknown). `created`: the job's
     metadata.creationTimestamp, where a new job's accounting begins."""
-    stored: Obj | None = previous.get("goodput")
-    before = _phase(previous)
-    if stored is None:
-        if before in TERMINAL_PHASES:
-            return status  # finished before goodput was accounted: its history is unknown
+    stored_figures: Obj | None = previous.get("goodput")
+    before = JobState.of(previous)
+    if stored_figures is None:
+        if before.phase in TERMINAL_PHASES:
+            return None
         # A new job counts from its creation (the time before the operator first saw it was
         # queued); one an older operator already ran counts from now.
-        start = created if before is None and created is not None else now
-        stored = opened(min(start, now), int(previous.get("attempt") or 0))
-    elif before in TERMINAL_PHASES:
-        return {**status, "goodput": stored}  # accounted up to the end, once
+        start = created if before.phase is None and created is not None else now
+        stored = opened(min(start, now), before.attempt)
     else:
-        others = {k: v for k, v in status.items() if k != "goodput"}
-        if others == {k: v for k, v in previous.items() if k != "goodput"}:
-            return {**status, "goodput": stored}
-    return {**status, "goodput": accounted(stored, previous, status, now)}
+        stored = _read(GoodputStatus, stored_figures)
+        if before.phase in TERMINAL_PHASES:
+            return stored  # accounted up to the end, once
+        if _without_goodput(status) == _without_goodput(previous):
+            return stored
+    return accounted(stored, before, JobState.of(status), now)
+
+
+def _without_goodput(status: Obj) -> Obj:
+    return {key: value for key, value in status.items() if key != "goodput"}

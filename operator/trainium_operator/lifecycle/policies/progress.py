@@ -19,11 +19,10 @@ a minute per job (7.5 at the default 10 s; the operator's timer wakes the job ev
 from __future__ import annotations
 
 import statistics
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from trainium_operator.api.status import Phase
-from trainium_operator.builders.job import JobRef
+from trainium_operator.api.status import Phase, ProgressStatus
 from trainium_operator.lifecycle.observed import parse_time
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.status_edit import timestamp as format_time
@@ -31,7 +30,6 @@ from trainium_operator.lifecycle.status_edit import timestamp as format_time
 if TYPE_CHECKING:
     from trainium_operator.lifecycle.snapshot import Pass
 
-Obj = dict[str, Any]
 RECENT_STEPS = 16
 
 
@@ -62,75 +60,72 @@ def _rate(per_step: list[float], steps_per_second: float | None) -> float | None
     return round(sum(per_step) * steps_per_second, 3)
 
 
-def progress_figures(
-    job: JobRef, ranks: list[RankSample], previous: Obj | None, attempt: int, now: datetime
-) -> Obj | None:
-    """The new status.progress, or None when there is nothing (new) to say."""
-    current = [r for r in ranks if r.attempt == attempt and r.step >= 0]
+def _known(**fields: Any) -> dict[str, Any]:
+    """The fields whose value is known, to build a status model from: one left out stays
+    unset, so it is absent from the stored status (not null)."""
+    return {name: value for name, value in fields.items() if value is not None}
+
+
+def progress_figures(p: Pass) -> ProgressStatus | None:
+    """The new status.progress from the ranks' reports, or None when there is nothing (new)
+    to say."""
+    previous, attempt, now = p.status.progress, p.status.attempt, p.now
+    current = [r for r in p.snapshot.ranks or () if r.attempt == attempt and r.step >= 0]
     if not current:
         return None
     slowest = min(current, key=lambda r: (r.step, r.rank))
     fastest = max(current, key=lambda r: (r.step, -r.rank))
+    last_progress = format_time(max(r.received for r in current))
+    if previous is not None and previous.attempt == attempt:
+        if (previous.step if previous.step is not None else -1) > slowest.step:
+            return None  # a late message of a restarted rank: keep what was said
+        if previous.step == slowest.step:
+            last_progress = previous.last_progress_time or last_progress
+    total = p.job.spec.health.total_steps or None
     p50 = recent_p50_ms(current)
-    steps_per_second = 1000.0 / p50 if p50 else None
+    rate = 1000.0 / p50 if p50 else None  # steps per second
+    left = max(total - slowest.step, 0) * p50 / 1000.0 if total and p50 and rate else None
     samples = [r.samples / max(r.step, 1) for r in current if r.samples is not None]
     tokens = [r.tokens / max(r.step, 1) for r in current if r.tokens is not None]
-    total = job.spec.health.total_steps
-    out: Obj = {
-        "attempt": attempt,
-        "step": slowest.step,
-        "maxStep": fastest.step,
-        "slowestRank": slowest.rank,
-        "fastestRank": fastest.rank,
-        "ranksReporting": len(current),
-        "worldSize": max(r.world_size for r in current),
-        "lastProgressTime": format_time(max(r.received for r in current)),
-        "updateTime": format_time(now),
-        "stepSummary": f"{slowest.step}/{total}" if total else str(slowest.step),
-    }
-    if previous and previous.get("attempt") == attempt and previous.get("step", -1) > slowest.step:
-        return None  # a late message of a restarted rank: keep what was said
-    if previous and previous.get("attempt") == attempt and previous.get("step") == slowest.step:
-        out["lastProgressTime"] = previous.get("lastProgressTime", out["lastProgressTime"])
-    if total:
-        out["totalSteps"] = total
-    if p50 is not None and steps_per_second is not None:
-        out["stepTimeP50Ms"] = round(p50, 3)
-        out["stepsPerSecond"] = round(steps_per_second, 4)
-        out["rateSummary"] = f"{steps_per_second:.3g} steps/s"
-        if total:
-            left = max(total - slowest.step, 0) * p50 / 1000.0
-            out["eta"] = format_time(now + timedelta(seconds=left))
-            out["etaSummary"] = duration_text(left)
     checkpoints = [r.last_checkpoint_step for r in current if r.last_checkpoint_step is not None]
-    if checkpoints:
-        # The gang resumes from a checkpoint every reporting rank has completed.
-        out["lastCheckpointStep"] = min(checkpoints)
-    for key, value in (
-        ("samplesPerSecond", _rate(samples, steps_per_second)),
-        ("tokensPerSecond", _rate(tokens, steps_per_second)),
-    ):
-        if value is not None:
-            out[key] = value
-    return out
+    return ProgressStatus(
+        attempt=attempt,
+        step=slowest.step,
+        max_step=fastest.step,
+        slowest_rank=slowest.rank,
+        fastest_rank=fastest.rank,
+        ranks_reporting=len(current),
+        world_size=max(r.world_size for r in current),
+        last_progress_time=last_progress,
+        update_time=format_time(now),
+        step_summary=f"{slowest.step}/{total}" if total else str(slowest.step),
+        **_known(
+            total_steps=total,
+            step_time_p50_ms=round(p50, 3) if p50 and rate else None,
+            steps_per_second=round(rate, 4) if rate else None,
+            rate_summary=f"{rate:.3g} steps/s" if rate else None,
+            eta=format_time(now + timedelta(seconds=left)) if left is not None else None,
+            eta_summary=duration_text(left) if left is not None else None,
+            # The gang resumes from a checkpoint every reporting rank has completed.
+            last_checkpoint_step=min(checkpoints, default=None),
+            samples_per_second=_rate(samples, rate),
+            tokens_per_second=_rate(tokens, rate),
+        ),
+    )
 
 
 def progress(p: Pass) -> None:
     """status.progress brought up to date, at most once per the operator's progress interval.
     Only a training job's progress moves; a finished or restarting job keeps its last figures."""
-    if p.snapshot.ranks is None:
+    if p.snapshot.ranks is None or p.status.phase is not Phase.TRAINING:
         return
-    status = p.status.data
-    if status.get("phase") != Phase.TRAINING.value:
-        return
-    previous = status.get("progress")
-    attempt = int(status.get("attempt") or 0)
-    if previous and previous.get("attempt") == attempt:
-        updated = parse_time(previous.get("updateTime"))
+    previous = p.status.progress
+    if previous is not None and previous.attempt == p.status.attempt:
+        updated = parse_time(previous.update_time)
         # 0.8: the pass the operator's timer wakes every `interval` must not just miss it.
         interval = p.snapshot.settings.progress_interval
         if updated is not None and (p.now - updated).total_seconds() < 0.8 * interval:
             return
-    figures = progress_figures(p.job, list(p.snapshot.ranks), previous, attempt, p.now)
+    figures = progress_figures(p)
     if figures is not None:
-        status["progress"] = figures
+        p.status.progress = figures

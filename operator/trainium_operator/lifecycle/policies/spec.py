@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainium_operator.api.status import ConditionType, Phase
+from trainium_operator.api.status import Condition, ConditionType, Phase
 from trainium_operator.lifecycle.decision import EventRecord
 
 if TYPE_CHECKING:
@@ -31,8 +31,9 @@ def spec(p: Pass) -> None:
             + "; ".join(problems)
             + "; its pods are left alone and nothing new is created until the spec is edited"
         )
-        held = status.find_condition(ConditionType.BLOCKED)
-        if not (held and held["status"] == "True" and held["reason"] == SPEC_REFUSED_AFTER_UPGRADE):
+        found = status.find_condition(ConditionType.BLOCKED)
+        held = Condition.model_validate(found) if found is not None else None
+        if not (held and held.status == "True" and held.reason == SPEC_REFUSED_AFTER_UPGRADE):
             p.plan.events.append(EventRecord("Warning", SPEC_REFUSED_AFTER_UPGRADE, message))
         status.condition(ConditionType.BLOCKED, True, SPEC_REFUSED_AFTER_UPGRADE, message)
         return

@@ -11,7 +11,7 @@ from trainium_operator.builders.job import Stage
 from trainium_operator.lifecycle.cleanup import cleanup_on_finish
 from trainium_operator.lifecycle.compile_cache import compile_cache_view
 from trainium_operator.lifecycle.decision import EventRecord
-from trainium_operator.lifecycle.status_edit import workers_view
+from trainium_operator.lifecycle.status_edit import dump, workers_view
 
 if TYPE_CHECKING:
     from trainium_operator.lifecycle.snapshot import Pass
@@ -46,8 +46,8 @@ def stage_success(p: Pass) -> None:
     message = COMPILED_MESSAGES[job.spec.effective_neuron_stack]
     if job.spec.effective_neuron_stack is NeuronStack.NATIVE:
         cache = compile_cache_view(job, gang)
-        status.data.setdefault("compile", {})["cache"] = cache
-        message += f": {cache.get('summary') or cache.get('message')}"
+        status.data.setdefault("compile", {})["cache"] = dump(cache)
+        message += f": {cache.summary or cache.message}"
     status.condition(ConditionType.COMPILED, True, "CompileSucceeded", message)
     p.plan.events.append(
         EventRecord("Normal", "CompileSucceeded", "compile stage finished; starting training")
