@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from trainium_operator.api.status import TERMINAL_PHASES, Condition, ConditionType, Phase
+from trainium_operator.api.status import TERMINAL_PHASES, ConditionType, Phase
 from trainium_operator.lifecycle.decision import PodDeletion
 from trainium_operator.lifecycle.observed import NodeView, Obj, parse_time
 from trainium_operator.lifecycle.status_edit import StatusEdit, timestamp
@@ -67,8 +67,7 @@ def blocker_view(obj: Obj, nodes: dict[str, NodeView], *, nodes_known: bool = Tr
 
 
 def _waiting_since(status: StatusEdit, now: datetime) -> datetime:
-    found = status.find_condition(ConditionType.BLOCKED)
-    cond = Condition.model_validate(found) if found is not None else None
+    cond = status.condition_of(ConditionType.BLOCKED)
     if cond is not None and cond.status == "True":
         return parse_time(cond.last_transition_time) or now
     return now

@@ -10,9 +10,9 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
-from trainium_operator.api.status import FailureClass
+from trainium_operator.api.status import FailureClass, LastFailure
 from trainium_operator.builders.job import JobRef, Stage
-from trainium_operator.lifecycle.decision import Decision, Obj
+from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import Observed, PodView
 from trainium_operator.lifecycle.status_edit import StatusEdit, timestamp
 
@@ -65,18 +65,19 @@ class Failure:
             exit_code=exit_code,
         )
 
-    def as_status(self, now: datetime) -> Obj:
-        out: Obj = {"class": self.klass.value, "stage": self.stage.value}
+    def as_status(self, now: datetime) -> LastFailure:
+        """status.lastFailure: this failure, at `now`."""
+        fields: dict[str, object] = {"class_": self.klass, "stage": self.stage.value}
         if self.pod:
-            out["pod"] = self.pod
+            fields["pod"] = self.pod
         if self.rank is not None:
-            out["rank"] = self.rank
-        out.update(reason=self.reason, message=self.message, time=timestamp(now))
+            fields["rank"] = self.rank
+        fields.update(reason=self.reason, message=self.message, time=timestamp(now))
         if self.node:
-            out["node"] = self.node
+            fields["node"] = self.node
         if self.exit_code is not None:
-            out["exitCode"] = self.exit_code
-        return out
+            fields["exit_code"] = self.exit_code
+        return LastFailure.model_validate(fields)
 
 
 def failure_of(pod: PodView, observed: Observed, grace: float) -> Failure | None:

@@ -96,7 +96,7 @@ def restart_gang(p: Pass, *, stage: Stage, attempt: int, reason: str, message: s
     job, status, observed = p.job, p.status, p.observed
     count_restart(status, "total")
     new_attempt = attempt + 1
-    status.data["attempt"] = new_attempt
+    status.attempt = new_attempt
     # torchrun ranks cannot rejoin alone: stop the whole gang. Keep this attempt's failed
     # pods for their logs; drop failed pods of older attempts.
     old = [

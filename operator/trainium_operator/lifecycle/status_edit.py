@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Generic, TypeVar
 from trainium_operator.api.model_base import ApiModel
 from trainium_operator.api.status import (
     CompileStageStatus,
+    Condition,
     ConditionType,
     GoodputStatus,
     LastFailure,
@@ -48,6 +49,27 @@ def dump(model: ApiModel) -> Obj:
     """A status section as stored: camelCase, only the fields it was given (a read-modify-write
     round-trips byte for byte)."""
     return model.model_dump(by_alias=True, exclude_unset=True, mode="json")
+
+
+Value = TypeVar("Value", str, int)
+
+
+class FieldOf(Generic[Value]):
+    """A top-level scalar of the status (reason, message, observedGeneration, the start and
+    completion times) as an attribute of the editor; None when absent."""
+
+    def __init__(self, key: str):
+        self.key = key
+
+    def __get__(self, edit: StatusEdit, owner: type[StatusEdit]) -> Value | None:
+        value: Value | None = edit.data.get(self.key)
+        return value
+
+    def __set__(self, edit: StatusEdit, value: Value | None) -> None:
+        if value is None:
+            edit.data.pop(self.key, None)
+        else:
+            edit.data[self.key] = value
 
 
 class SectionOf(Generic[Section]):
@@ -92,6 +114,21 @@ class StatusEdit:
     @property
     def attempt(self) -> int:
         return int(self.data.get("attempt", 0))
+
+    @attempt.setter
+    def attempt(self, value: int) -> None:
+        self.data["attempt"] = value
+
+    reason = FieldOf[str]("reason")
+    message = FieldOf[str]("message")
+    observed_generation = FieldOf[int]("observedGeneration")
+    start_time = FieldOf[str]("startTime")
+    completion_time = FieldOf[str]("completionTime")
+
+    def condition_of(self, ctype: ConditionType) -> Condition | None:
+        """The condition of `ctype` as its model; None when the status has none."""
+        found = self.find_condition(ctype)
+        return Condition.model_validate(found) if found is not None else None
 
     def validated(self) -> Obj:
         return validated_status(self.data)
@@ -200,7 +237,7 @@ class StatusEdit:
 
     def record_failure(self, failure: Failure) -> None:
         """status.lastFailure: only ever from a `Failure`."""
-        self.data["lastFailure"] = failure.as_status(self.now)
+        self.set_section("lastFailure", failure.as_status(self.now))
 
     def finish(self, phase: Phase, reason: str, message: str) -> None:
         self.transition(phase, reason, message, warning=phase is Phase.FAILED)

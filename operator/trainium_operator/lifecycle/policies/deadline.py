@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 def deadline(p: Pass) -> None:
     limit = p.job.spec.run_policy.active_deadline_seconds
-    started = parse_time(p.status.data.get("startTime"))
+    started = parse_time(p.status.start_time)
     if limit is None or started is None:
         return
     remaining = limit - (p.now - started).total_seconds()

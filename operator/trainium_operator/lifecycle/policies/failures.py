@@ -25,7 +25,7 @@ def failures(p: Pass) -> None:
     highest = max((pod.attempt for pod in p.observed.pods), default=p.attempt)
     if highest > p.attempt:
         p.attempt = highest
-        p.status.data["attempt"] = highest
+        p.status.attempt = highest
     job, observed, run_policy = p.job, p.observed, p.job.spec.run_policy
     stage, attempt = p.stage, p.attempt
     gang = observed.gang(stage, attempt)

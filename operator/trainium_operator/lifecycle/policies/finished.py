@@ -19,7 +19,7 @@ def finished(p: Pass) -> None:
     p.settle()
     cleanup_on_finish(p.job, p.plan, p.observed)
     ttl = p.job.spec.run_policy.ttl_seconds_after_finished
-    completed = parse_time(p.status.data.get("completionTime"))
+    completed = parse_time(p.status.completion_time)
     if ttl is not None and completed is not None:
         remaining = ttl - (p.now - completed).total_seconds()
         if remaining <= 0:

@@ -101,7 +101,7 @@ def _run_gang(p: Pass, gang: dict[int, PodView]) -> None:
     # whose pods all still run while their readiness blinks (a kubelet or API server restart).
     ran = (
         status.phase is STAGE_PHASE[stage]
-        and status.data.get("reason") == "GangRunning"
+        and status.reason == "GangRunning"
         and len(gang) == job.spec.nodes
         and all(pod.phase in ("Running", "Succeeded") and not pod.deleting for pod in gang.values())
     )

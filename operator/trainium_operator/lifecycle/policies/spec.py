@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from trainium_operator.api.status import Condition, ConditionType, Phase
+from trainium_operator.api.status import ConditionType, Phase
 from trainium_operator.lifecycle.decision import EventRecord
 
 if TYPE_CHECKING:
@@ -18,12 +18,12 @@ SPEC_REFUSED_AFTER_UPGRADE = "SpecRefusedAfterUpgrade"
 def spec(p: Pass) -> None:
     status, generation = p.status, p.snapshot.generation
     if p.snapshot.job is not None:
-        status.data["observedGeneration"] = generation
+        status.observed_generation = generation
         return
     p.settle()
     problems = p.snapshot.problems
     accepted_before = status.phase not in (None, Phase.SUCCEEDED, Phase.FAILED) and (
-        status.data.get("observedGeneration") == generation
+        status.observed_generation == generation
     )
     if accepted_before:
         message = (
@@ -31,13 +31,12 @@ def spec(p: Pass) -> None:
             + "; ".join(problems)
             + "; its pods are left alone and nothing new is created until the spec is edited"
         )
-        found = status.find_condition(ConditionType.BLOCKED)
-        held = Condition.model_validate(found) if found is not None else None
+        held = status.condition_of(ConditionType.BLOCKED)
         if not (held and held.status == "True" and held.reason == SPEC_REFUSED_AFTER_UPGRADE):
             p.plan.events.append(EventRecord("Warning", SPEC_REFUSED_AFTER_UPGRADE, message))
         status.condition(ConditionType.BLOCKED, True, SPEC_REFUSED_AFTER_UPGRADE, message)
         return
     message = "invalid spec: " + "; ".join(problems)
-    if status.phase is not Phase.FAILED or status.data.get("message") != message:
+    if status.phase is not Phase.FAILED or status.message != message:
         status.finish(Phase.FAILED, "InvalidSpec", message)
-    status.data["observedGeneration"] = generation
+    status.observed_generation = generation

@@ -38,7 +38,6 @@ from pydantic import ValidationError
 
 from trainium_operator.api.spec import HealthSpec, StallAction
 from trainium_operator.api.status import (
-    Condition,
     ConditionType,
     FailureClass,
     Phase,
@@ -56,7 +55,7 @@ from trainium_operator.lifecycle.observed import parse_time
 from trainium_operator.lifecycle.policies.progress import recent_p50_ms
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.restarts import restart_for
-from trainium_operator.lifecycle.status_edit import StatusEdit, timestamp
+from trainium_operator.lifecycle.status_edit import timestamp
 
 if TYPE_CHECKING:
     from trainium_operator.lifecycle.snapshot import Pass
@@ -184,7 +183,7 @@ def stall(p: Pass) -> None:
     record = edit.stall
     if record is not None and record.attempt != attempt:
         # An earlier attempt's stall (the gang restarted for it or for another reason).
-        stalled = _stalled_condition(edit)
+        stalled = edit.condition_of(ConditionType.STALLED)
         if stalled is not None and stalled.status == "True":
             edit.condition(ConditionType.STALLED, False, "NewAttempt", f"attempt {attempt} runs")
         record = None
@@ -202,11 +201,6 @@ def stall(p: Pass) -> None:
         p.plan.requeue(due - stalled_for, minimum=REQUEUE_MINIMUM_SECONDS)
         return
     _detect(p, gang, stalled_for=stalled_for)
-
-
-def _stalled_condition(edit: StatusEdit) -> Condition | None:
-    found = edit.find_condition(ConditionType.STALLED)
-    return Condition.model_validate(found) if found is not None else None
 
 
 def _rank_text(rank: RankSample) -> str:
@@ -336,7 +330,7 @@ def _act(p: Pass, record: StallStatus) -> None:
     )
     if action is StallAction.REPORT:
         return
-    condition = _stalled_condition(status)
+    condition = status.condition_of(ConditionType.STALLED)
     message = (condition.message if condition is not None else None) or "the gang stalled"
     if action is StallAction.FAIL:
         status.finish(Phase.FAILED, "StallTimeout", f"{message}; spec.health.onStall is Fail")

@@ -48,9 +48,9 @@ def _suspend(p: Pass) -> None:
 
 def _resume(p: Pass) -> None:
     status = p.status
-    if status.data.get("startTime"):
+    if status.start_time:
         p.attempt += 1
-        status.data["attempt"] = p.attempt
-    status.data["startTime"] = timestamp(p.now)
+        status.attempt = p.attempt
+    status.start_time = timestamp(p.now)
     status.condition(ConditionType.SUSPENDED, False, "Resumed", "spec.runPolicy.suspend is false")
     status.transition(Phase.PENDING, "Resumed", f"resuming the {p.stage.value} stage")
