@@ -197,10 +197,10 @@ def _request(p: Pass, value: str, record: OnDemandProfile | None) -> OnDemandPro
         request_id=request,
         attempt=attempt,
         steps=steps,
-        requested_time=timestamp(now),
         path=path,
         state="Requested",
         annotation=value,
+        requested_time=timestamp(now),
     )
 
 
