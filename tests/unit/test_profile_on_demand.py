@@ -274,6 +274,17 @@ def test_the_endpoint_asks_the_attempts_ranks_until_each_says_it_captured() -> N
     assert capture_requests_for(None, 0, "") == {}
 
 
+def test_the_endpoint_reads_a_request_past_unknown_fields_and_skips_an_unreadable_one() -> None:
+    status = run(training(), {ANNOTATION: "+7"}, []).status
+    record = status[STATUS_KEY]
+    newer = {"status": {**status, STATUS_KEY: {**record, "aFieldOfANewerOperator": 1}}}
+    asked = {contract.REQUEST_CAPTURE_STEPS: {"id": record["requestId"], "steps": 7}}
+    assert capture_requests_for(newer, 0, "") == asked
+    unreadable = {"status": {**status, STATUS_KEY: {**record, "steps": "seven"}}}
+    assert capture_requests_for(unreadable, 0, "") == {}
+    assert capture_requests_for({"status": {STATUS_KEY: "not an object"}}, 0, "") == {}
+
+
 def test_a_message_carries_the_ranks_capture_answers() -> None:
     message = contract.ProgressMessage(
         job="bert",

@@ -313,3 +313,22 @@ def test_the_last_attempt_is_uploaded_after_the_earlier_ones_and_mirrored_in_pro
         "s3://my-profiles/runs/team-a/bert/0",
         "s3://my-profiles/runs/team-a/bert/1",
     ]
+
+
+def test_a_stale_s3_uri_leaves_the_profile_while_its_attempt_uploads_absent_not_null() -> None:
+    status = finished_status()
+    status["profile"]["s3Uri"] = "s3://my-profiles/runs/team-a/bert/1"  # an earlier attempt's
+    _, status = run(status, [])
+    assert status["profile"]["upload"]["state"] == "Pending"
+    assert "s3Uri" not in status["profile"]
+
+
+def test_an_upload_record_an_older_operator_wrote_without_pod_or_destination_stays_as_it_is() -> (
+    None
+):
+    status = finished_status()
+    status["profileUploads"] = [{"attempt": 2, "state": "Succeeded"}]
+    decision, status = run(status, [])
+    assert status["profileUploads"] == [{"attempt": 2, "state": "Succeeded"}]
+    assert (decision.side_create, decision.events) == ([], [])
+    assert condition(status)["status"] == "True"

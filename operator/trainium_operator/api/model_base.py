@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Self
+
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
@@ -17,3 +19,9 @@ class ApiModel(BaseModel):
         frozen=True,
         use_attribute_docstrings=True,
     )
+
+    def without(self, *names: str) -> Self:
+        """This model with the fields `names` unset: absent from what is stored, where
+        `model_copy(update={name: None})` would store null."""
+        kept = self.model_dump(by_alias=True, exclude_unset=True, exclude=set(names))
+        return self.model_validate(kept)

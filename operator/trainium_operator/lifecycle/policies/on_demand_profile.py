@@ -34,21 +34,22 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from trainium_operator.api.status import Phase
+from pydantic import ValidationError
+
+from trainium_operator.api.status import OnDemandProfile, OnDemandProfileState, Phase, known_fields
 from trainium_operator.builders.job import JobRef
 from trainium_operator.contract import channel as contract
-from trainium_operator.lifecycle.decision import Decision, EventRecord
+from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.status_edit import timestamp
 
 if TYPE_CHECKING:
     from trainium_operator.lifecycle.snapshot import Pass
 
-Obj = dict[str, Any]
 ANNOTATION = "trainium.dev/profile-steps"
 STATUS_KEY = "onDemandProfile"
 MAX_STEPS = contract.MAX_CAPTURE_STEPS
-OPEN_STATES = frozenset({"Requested", "Capturing"})
+OPEN_STATES: frozenset[OnDemandProfileState | None] = frozenset({"Requested", "Capturing"})
 LISTED_MISSING = 16
 _VALUE = re.compile(r"^\+([0-9]{1,7})$")
 FIX = f"set it to +N, the number of steps to capture (1 <= N <= {MAX_STEPS}), e.g. +20"
@@ -80,20 +81,30 @@ def capture_path(job: JobRef, attempt: int, request: str) -> str:
     return contract.on_demand_dir(stacks, request)
 
 
-def capture_request(status: Obj, attempt: int) -> contract.CaptureRequest | None:
+def capture_request(record: OnDemandProfile | None, attempt: int) -> contract.CaptureRequest | None:
     """The capture the operator's replies carry to this attempt's ranks, if any (from the
     job's status, its one source of truth)."""
-    record = status.get(STATUS_KEY) or {}
-    if record.get("attempt") != attempt or record.get("state") not in OPEN_STATES:
+    if record is None or record.attempt != attempt or record.state not in OPEN_STATES:
         return None
-    return contract.CaptureRequest.from_json(
-        {"id": record.get("requestId"), "steps": record.get("steps")}
-    )
+    return contract.CaptureRequest.from_json({"id": record.request_id, "steps": record.steps})
+
+
+def _stored_record(job: Obj | None) -> OnDemandProfile | None:
+    """status.onDemandProfile of a job body as the API server returned it; None when it has
+    none or one this operator cannot read (no capture is asked for then)."""
+    status = (job or {}).get("status")
+    record = status.get(STATUS_KEY) if isinstance(status, dict) else None
+    if not isinstance(record, dict):
+        return None
+    try:
+        return OnDemandProfile.model_validate(known_fields(record, OnDemandProfile))
+    except ValidationError:
+        return None
 
 
 def capture_requests_for(job: Obj | None, attempt: int, captured: str) -> dict[str, Any]:
     """What the reply to a rank of `attempt` asks of it (`captured`: its last capture)."""
-    request = capture_request((job or {}).get("status") or {}, attempt)
+    request = capture_request(_stored_record(job), attempt)
     if request is None or request.request_id == captured:
         return {}
     return {contract.REQUEST_CAPTURE_STEPS: request.to_json()}
@@ -122,24 +133,19 @@ def _gang(ranks: list[RankSample], attempt: int, request: str, world_size: int) 
 
 def on_demand_profile(p: Pass) -> None:
     """The annotation's request recorded (or refused), and the capture followed."""
-    job, decision, now = p.job, p.plan, p.now
-    ranks = list(p.snapshot.ranks or ())
-    annotations = p.snapshot.annotations
-    status = p.status.data
-    record: Obj | None = status.get(STATUS_KEY)
-    if record is not None:
-        record = status[STATUS_KEY] = dict(record)
-    value = annotations.get(ANNOTATION)
+    record = p.status.on_demand_profile
+    value = p.snapshot.annotations.get(ANNOTATION)
     if value is None:
-        if record is not None and "annotation" in record:
-            del record["annotation"]  # its removal happened
-    elif record is not None and record.get("annotation") == value:
-        decision.remove_annotations.append((ANNOTATION, value))  # ours; removal retried
+        if record is not None and "annotation" in record.model_fields_set:
+            record = record.without("annotation")  # its removal happened
+    elif record is not None and record.annotation == value:
+        p.plan.remove_annotations.append((ANNOTATION, value))  # ours; removal retried
     else:
-        _request(job, decision, status, value, record=record, now=now)
-        record = status.get(STATUS_KEY)
-    if record is not None and record.get("state") in OPEN_STATES:
-        _follow(decision, status, record, ranks, now, job.spec.world_size)
+        record = _request(p, value, record) or record
+    if record is not None and record.state in OPEN_STATES:
+        record = _follow(p, record)
+    if record is not None:
+        p.status.on_demand_profile = record
 
 
 def _refuse(decision: Decision, value: str, message: str) -> None:
@@ -147,50 +153,37 @@ def _refuse(decision: Decision, value: str, message: str) -> None:
     decision.remove_annotations.append((ANNOTATION, value))
 
 
-def _request(
-    job: JobRef, decision: Decision, status: Obj, value: str, *, record: Obj | None, now: datetime
-) -> None:
+def _request(p: Pass, value: str, record: OnDemandProfile | None) -> OnDemandProfile | None:
+    """The new request `value` asks for, or None when it is refused."""
+    job, decision, now = p.job, p.plan, p.now
     try:
         steps = parse_profile_steps(value)
     except ValueError as error:
         _refuse(decision, value, f"{error}; the annotation was removed")
-        return
-    attempt = int(status.get("attempt", 0))
-    if status.get("phase") != Phase.TRAINING.value or not job.health_channel:
+        return None
+    attempt, phase = p.status.attempt, p.status.phase
+    if phase is not Phase.TRAINING or not job.health_channel:
         why = (
             "spec.health.enabled is false (the ranks have no channel to hear it)"
             if not job.health_channel
-            else f"the job is {status.get('phase') or 'not started'}, not Training"
+            else f"the job is {phase or 'not started'}, not Training"
         )
         _refuse(
             decision,
             value,
             f"{ANNOTATION}={value} ignored: {why}; annotate again while the job is Training",
         )
-        return
-    if (
-        record is not None
-        and record.get("state") in OPEN_STATES
-        and record.get("attempt") == attempt
-    ):
+        return None
+    if record is not None and record.state in OPEN_STATES and record.attempt == attempt:
         _refuse(
             decision,
             value,
-            f"{ANNOTATION}={value} ignored: capture {record.get('requestId')} is still "
-            f"{str(record.get('state')).lower()}; annotate again once it is Captured",
+            f"{ANNOTATION}={value} ignored: capture {record.request_id} is still "
+            f"{str(record.state).lower()}; annotate again once it is Captured",
         )
-        return
+        return None
     request = request_id(attempt, now)
     path = capture_path(job, attempt, request)
-    status[STATUS_KEY] = {
-        "requestId": request,
-        "attempt": attempt,
-        "steps": steps,
-        "requestedTime": timestamp(now),
-        "path": path,
-        "state": "Requested",
-        "annotation": value,
-    }
     decision.remove_annotations.append((ANNOTATION, value))
     decision.events.append(
         EventRecord(
@@ -200,62 +193,71 @@ def _request(
             f"(request {request}, {path})",
         )
     )
+    return OnDemandProfile(
+        request_id=request,
+        attempt=attempt,
+        steps=steps,
+        path=path,
+        state="Requested",
+        annotation=value,
+        requested_time=timestamp(now),
+    )
 
 
-def _follow(  # noqa: PLR0917 - one caller
-    decision: Decision,
-    status: Obj,
-    record: Obj,
-    ranks: list[RankSample],
-    now: datetime,
-    world_size: int,
-) -> None:
-    request = str(record.get("requestId"))
-    attempt = int(record.get("attempt", -1))
-    gang = _gang(ranks, attempt, request, world_size)
+def _follow(p: Pass, record: OnDemandProfile) -> OnDemandProfile:
+    """The open request as its attempt's ranks report it."""
+    attempt = record.attempt if record.attempt is not None else -1
+    ranks = list(p.snapshot.ranks or ())
+    gang = _gang(ranks, attempt, record.request_id, p.job.spec.world_size)
     captured = gang.captured
-    if attempt != int(status.get("attempt", 0)) or status.get("phase") != Phase.TRAINING.value:
+    if attempt != p.status.attempt or p.status.phase is not Phase.TRAINING:
         # The attempt is over: a rank's last message may still have said it captured.
-        state = "Captured" if gang.world and gang.world <= captured else "Incomplete"
-        _done(decision, record, state, captured, gang.world | captured, now)
-        return
+        state: OnDemandProfileState = (
+            "Captured" if gang.world and gang.world <= captured else "Incomplete"
+        )
+        return _done(p, record, state, captured, gang.world | captured)
     if gang.expected and gang.expected <= captured:
-        _done(decision, record, "Captured", captured, gang.expected, now)
-        return
-    if record.get("state") == "Requested" and (gang.capturing or captured):
-        record["state"] = "Capturing"
-    record["ranksExpected"] = len(gang.expected)
-    record["ranksCaptured"] = len(captured & gang.expected)
+        return _done(p, record, "Captured", captured, gang.expected)
+    # Open means the state is set: writing it back unchanged keeps the same status.
+    started = record.state == "Requested" and bool(gang.capturing or captured)
+    return record.model_copy(
+        update={
+            "state": "Capturing" if started else record.state,
+            "ranks_expected": len(gang.expected),
+            "ranks_captured": len(captured & gang.expected),
+        }
+    )
 
 
-def _done(  # noqa: PLR0917 - one call shape, three callers
-    decision: Decision,
-    record: Obj,
-    state: str,
+def _done(
+    p: Pass,
+    record: OnDemandProfile,
+    state: OnDemandProfileState,
     captured: set[int],
     expected: set[int],
-    now: datetime,
-) -> None:
+) -> OnDemandProfile:
     missing = sorted(expected - captured)
-    record.update(
-        state=state,
-        ranksExpected=len(expected),
-        ranksCaptured=len(captured & expected),
-        missingRanks=missing[:LISTED_MISSING],
-        completeTime=timestamp(now),
-    )
     message = (
         f"{len(captured & expected)}/{len(expected)} ranks wrote their profile of "
-        f"{record.get('steps')} steps to {record.get('path')} (request {record.get('requestId')})"
+        f"{record.steps} steps to {record.path} (request {record.request_id})"
     )
     if state == "Captured":
-        decision.events.append(EventRecord("Normal", "ProfileCaptured", message))
+        p.plan.events.append(EventRecord("Normal", "ProfileCaptured", message))
     else:
         listed = ", ".join(map(str, missing[:LISTED_MISSING])) or "none"
-        decision.events.append(
+        p.plan.events.append(
             EventRecord(
                 "Warning",
                 "ProfileIncomplete",
-                f"{message}; attempt {record.get('attempt')} ended first; missing rank {listed}",
+                f"{message}; attempt {record.attempt} ended first; missing rank {listed}",
             )
         )
+    return record.model_copy(
+        update={
+            "state": state,
+            "ranks_expected": len(expected),
+            "ranks_captured": len(captured & expected),
+            "missing_ranks": missing[:LISTED_MISSING],
+            "complete_time": timestamp(p.now),
+        }
+    )

@@ -31,7 +31,12 @@ from trainium_operator.api.status import (
     MAX_PROFILE_UPLOAD_RECORDS,
     TERMINAL_PHASES,
     ConditionType,
+    Phase,
+    ProfileUpload,
+    ProfileUploadCounts,
+    ProfileUploadSummary,
     UploadReason,
+    UploadState,
 )
 from trainium_operator.builders.job import JobRef
 from trainium_operator.builders.upload import (
@@ -44,20 +49,18 @@ from trainium_operator.builders.upload import (
     upload_pod,
     upload_pod_name,
 )
-from trainium_operator.lifecycle.decision import Decision, EventRecord, PodDeletion
+from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj, PodDeletion
 from trainium_operator.lifecycle.status_edit import StatusEdit
 from trainium_operator.profiler import s3 as uploader
 
 if TYPE_CHECKING:
     from trainium_operator.lifecycle.snapshot import Pass
 
-Obj = dict[str, Any]
-DONE_STATES = frozenset({"Succeeded", "Failed", "NoProfile"})
+DONE_STATES: frozenset[UploadState | None] = frozenset({"Succeeded", "Failed", "NoProfile"})
 # status.profileUploads keeps the newest records; older ones are counted in
 # status.profileUploadsOlder. A crash loop or suspend/resume cycles end an attempt each, and
 # the status must stay far below etcd's object size limit.
 MAX_UPLOAD_RECORDS = MAX_PROFILE_UPLOAD_RECORDS
-OLDER_KEY = "profileUploadsOlder"
 # Finished upload pods kept for `kubectl logs` (the newest); older ones are deleted once their
 # outcome is in the stored status.
 KEEP_FINISHED_UPLOAD_PODS = 3
@@ -115,14 +118,17 @@ def s3_uri_for(job: JobRef, defaults: UploadDefaults) -> str | None:
 
 
 @dataclass(frozen=True)
-class _PodOutcome:
-    state: str  # Pending | Running | Succeeded | Failed | NoProfile
-    reason: str = ""  # an UploadReason once the pod is over
+class PodOutcome:
+    """Where an upload pod is: Pending or Running with no reason, else Succeeded, Failed or
+    NoProfile with an UploadReason."""
+
+    state: UploadState
+    reason: UploadReason | None = None  # once the pod is over
 
 
 # The uploader's exit code -> (state, reason). Nothing else of the pod is read: its log and
 # termination message are text whoever wrote into the profile directory may have shaped.
-_BY_EXIT_CODE: dict[int, tuple[str, UploadReason]] = {
+_BY_EXIT_CODE: dict[int, tuple[UploadState, UploadReason]] = {
     uploader.ExitCode.UPLOADED: ("Succeeded", UploadReason.UPLOADED),
     uploader.ExitCode.FAILED: ("Failed", UploadReason.UPLOAD_FAILED),
     uploader.ExitCode.USAGE: ("Failed", UploadReason.UPLOAD_FAILED),
@@ -135,33 +141,27 @@ _BY_EXIT_CODE: dict[int, tuple[str, UploadReason]] = {
 }
 
 
-def _outcome(pod: Obj) -> _PodOutcome:
+def pod_outcome(pod: Obj) -> PodOutcome:
+    """An upload pod's outcome, from its phase and its uploader's exit code (never its text)."""
     status = pod.get("status") or {}
     phase = status.get("phase") or "Pending"
     if phase not in ("Succeeded", "Failed"):
-        return _PodOutcome("Running" if phase == "Running" else "Pending")
+        return PodOutcome("Running" if phase == "Running" else "Pending")
     if phase == "Succeeded":  # the kubelet's word: every container exited 0
-        return _PodOutcome("Succeeded", UploadReason.UPLOADED)
+        return PodOutcome("Succeeded", UploadReason.UPLOADED)
     if status.get("reason") == "DeadlineExceeded":  # activeDeadlineSeconds
-        return _PodOutcome("Failed", UploadReason.TIMEOUT)
+        return PodOutcome("Failed", UploadReason.TIMEOUT)
     exit_code: int | None = None
     for container in status.get("containerStatuses") or []:
         terminated = (container.get("state") or {}).get("terminated") or {}
         code = terminated.get("exitCode")
         if container.get("name") == CONTAINER_NAME and isinstance(code, int):
             exit_code = code
-    unknown = ("Failed", UploadReason.POD_FAILED)
+    unknown: tuple[UploadState, UploadReason] = ("Failed", UploadReason.POD_FAILED)
     state, reason = unknown if exit_code is None else _BY_EXIT_CODE.get(exit_code, unknown)
     if state == "Succeeded":  # a Failed pod whose uploader exited 0 (killed after it)
         state, reason = "Failed", UploadReason.POD_FAILED
-    return _PodOutcome(state, reason)
-
-
-def pod_outcome(pod: Obj) -> tuple[str, str]:
-    """(state, reason) of an upload pod: Pending or Running with no reason, else Succeeded,
-    Failed or NoProfile with an UploadReason, from its exit code (never its text)."""
-    outcome = _outcome(pod)
-    return outcome.state, outcome.reason
+    return PodOutcome(state, reason)
 
 
 def reason_message(reason: str) -> str:
@@ -169,20 +169,26 @@ def reason_message(reason: str) -> str:
     return REASON_MESSAGES.get(reason, "the upload pod failed")
 
 
-def ended_attempts(status: Obj) -> list[int]:
+def outcome_fields(outcome: PodOutcome) -> dict[str, Any]:
+    """An upload record's reason and the operator's sentence for it, once the pod is over
+    (absent before)."""
+    if outcome.reason is None:
+        return {}
+    return {"reason": outcome.reason, "message": reason_message(outcome.reason)}
+
+
+def ended_attempts(status: StatusEdit) -> list[int]:
     """Training attempts that are over, the newest MAX_UPLOAD_RECORDS of them: the attempts
     since the first training gang that a restart (or a suspension) replaced, and the last one
     once the job has finished. An older attempt is never uploaded."""
-    current = int(status.get("attempt", 0))
-    first = (status.get("training") or {}).get("firstAttempt")
+    current = status.attempt
+    training = status.training
+    first = training.first_attempt if training is not None else None
     ended = (
-        list(range(max(int(first), current - MAX_UPLOAD_RECORDS), current))
-        if first is not None
-        else []
+        list(range(max(first, current - MAX_UPLOAD_RECORDS), current)) if first is not None else []
     )
-    profile = status.get("profile")
-    finished = status.get("phase") in {p.value for p in TERMINAL_PHASES}
-    if finished and isinstance(profile, dict) and profile.get("path"):
+    profile = status.profile
+    if status.phase in TERMINAL_PHASES and profile is not None and profile.path:
         ended.append(current)
     return ended[-MAX_UPLOAD_RECORDS:]
 
@@ -199,53 +205,45 @@ def _find_pod(upload_pods: list[Obj], name: str, attempt: int) -> Obj | None:
     return None
 
 
-def _record(
-    job: JobRef,
-    attempt: int,
-    s3_uri: str,
-    *,
-    upload_pods: list[Obj],
-    decision: Decision,
-    defaults: UploadDefaults,
-) -> Obj:
+def _record(p: Pass, attempt: int, s3_uri: str) -> ProfileUpload:
     """The attempt's upload record, creating its pod when there is none yet."""
+    job, defaults = p.job, p.snapshot.settings.upload_defaults
     name = upload_pod_name(job, attempt)
-    pod = _find_pod(upload_pods, name, attempt)
+    pod = _find_pod(list(p.snapshot.upload_pods), name, attempt)
     if pod is not None:
-        outcome = _outcome(pod)
+        outcome = pod_outcome(pod)
     else:
         try:
-            decision.side_create.append(upload_pod(job, attempt, s3_uri, defaults.pod_settings()))
-            outcome = _PodOutcome("Pending")
+            p.plan.side_create.append(upload_pod(job, attempt, s3_uri, defaults.pod_settings()))
+            outcome = PodOutcome("Pending")
         except ValueError:  # spec validation refuses such a profile.outputDir first
-            outcome = _PodOutcome("Failed", UploadReason.NOT_ON_CLAIM)
-    record: Obj = {
-        "attempt": attempt,
-        "state": outcome.state,
-        "pod": name,
-        "destination": destination_uri(s3_uri, job, attempt),
-    }
-    if outcome.reason:
-        record["reason"] = outcome.reason
-        record["message"] = reason_message(outcome.reason)
+            outcome = PodOutcome("Failed", UploadReason.NOT_ON_CLAIM)
+    destination = destination_uri(s3_uri, job, attempt)
+    record = ProfileUpload(
+        attempt=attempt,
+        state=outcome.state,
+        pod=name,
+        destination=destination,
+        **outcome_fields(outcome),
+    )
     if outcome.state == "Succeeded":
-        record["s3Uri"] = record["destination"]
+        record = record.model_copy(update={"s3_uri": destination})
     return record
 
 
 def _report(
-    record: Obj, previous: Obj | None, phase: str | None, decision: Decision
+    record: ProfileUpload, previous: ProfileUpload | None, phase: Phase | None, decision: Decision
 ) -> tuple[bool, str, str] | None:
     """The condition (value, reason, message) for this record, plus its event once."""
-    attempt, destination, state = record["attempt"], record["destination"], record["state"]
-    changed = (previous or {}).get("state") != state
+    attempt, destination, state = record.attempt, record.destination, record.state
+    changed = (previous.state if previous is not None else None) != state
     if state == "Succeeded":
         message = f"profile of attempt {attempt} uploaded to {destination}"
         if changed:
             decision.events.append(EventRecord("Normal", "ProfileUploaded", message))
         return True, "Uploaded", message
     if state == "NoProfile":
-        message = f"attempt {attempt} wrote no profile to upload: {record.get('message', '')}"
+        message = f"attempt {attempt} wrote no profile to upload: {record.message or ''}"
         if changed:
             decision.events.append(EventRecord("Normal", "NoProfile", message))
         return False, "NoProfile", message
@@ -254,32 +252,29 @@ def _report(
         if changed:
             decision.events.append(EventRecord("Warning", "ProfileUploadFailed", message))
         return False, "UploadFailed", message
-    message = f"uploading the profile of attempt {attempt} to {destination} (pod {record['pod']})"
+    message = f"uploading the profile of attempt {attempt} to {destination} (pod {record.pod})"
     return False, "Uploading", message
 
 
-def _fold_older(status: Obj, records: dict[int, Obj]) -> list[Obj]:
+def _fold_older(status: StatusEdit, records: dict[int, ProfileUpload]) -> list[ProfileUpload]:
     """The newest MAX_UPLOAD_RECORDS records; the older ones counted, by state, in
     status.profileUploadsOlder."""
     ordered = [records[a] for a in sorted(records)]
     kept, older = ordered[-MAX_UPLOAD_RECORDS:], ordered[:-MAX_UPLOAD_RECORDS]
     if older:
-        counts = {"succeeded": 0, "failed": 0, "noProfile": 0, **(status.get(OLDER_KEY) or {})}
-        for record in older:
-            state = record.get("state")
-            key = (
-                "succeeded"
-                if state == "Succeeded"
-                else "noProfile"
-                if state == "NoProfile"
-                else "failed"
-            )
-            counts[key] = int(counts[key]) + 1
-        status[OLDER_KEY] = counts
+        counts = status.profile_uploads_older or ProfileUploadCounts()
+        states = [record.state for record in older]
+        succeeded = states.count("Succeeded")
+        no_profile = states.count("NoProfile")
+        status.profile_uploads_older = ProfileUploadCounts(
+            succeeded=counts.succeeded + succeeded,
+            failed=counts.failed + len(states) - succeeded - no_profile,
+            no_profile=counts.no_profile + no_profile,
+        )
     return kept
 
 
-def _finished_pods_to_delete(upload_pods: list[Obj], stored: dict[int, Obj]) -> list[str]:
+def _finished_pods_to_delete(upload_pods: list[Obj], stored: dict[int, ProfileUpload]) -> list[str]:
     """Upload pods of attempts whose outcome the stored status already holds (or that are
     older than every record and over), but the newest KEEP_FINISHED_UPLOAD_PODS: their
     outcome is written before they go, and a crash loop never piles pods up."""
@@ -289,7 +284,7 @@ def _finished_pods_to_delete(upload_pods: list[Obj], stored: dict[int, Obj]) -> 
         attempt = _attempt_of(pod)
         if attempt is None:
             continue
-        done = (stored.get(attempt) or {}).get("state") in DONE_STATES
+        done = attempt in stored and stored[attempt].state in DONE_STATES
         over = ((pod.get("status") or {}).get("phase")) in ("Succeeded", "Failed")
         if done or (attempt < oldest and over and attempt not in stored):
             finished.append((attempt, pod["metadata"]["name"]))
@@ -305,42 +300,38 @@ def profile_upload(p: Pass) -> None:
     `.s3Uri` mirror the last attempt's once the job has finished; the `ProfileUploaded`
     condition describes the newest upload. Finished upload pods beyond the newest few are
     deleted once their outcome is stored."""
-    job, decision, edit = p.job, p.plan, p.status
-    defaults = p.snapshot.settings.upload_defaults
-    upload_pods = list(p.snapshot.upload_pods)
-    s3_uri = s3_uri_for(job, defaults)
-    status = edit.data
+    job, decision, status = p.job, p.plan, p.status
+    s3_uri = s3_uri_for(job, p.snapshot.settings.upload_defaults)
     if not s3_uri or decision.delete_job:
         return
-    records = {int(r["attempt"]): r for r in status.get("profileUploads") or []}
+    records = {r.attempt: r for r in status.profile_uploads}
     stored = dict(records)
     latest: tuple[bool, str, str] | None = None
     for attempt in ended_attempts(status):
         previous = records.get(attempt)
-        if previous is not None and previous.get("state") in DONE_STATES:
+        if previous is not None and previous.state in DONE_STATES:
             record = previous  # decided once; its pod may be gone since (cleanup, TTL)
         else:
-            record = _record(
-                job, attempt, s3_uri, upload_pods=upload_pods, decision=decision, defaults=defaults
-            )
-        latest = _report(record, previous, status.get("phase"), decision) or latest
+            record = _record(p, attempt, s3_uri)
+        latest = _report(record, previous, status.phase, decision) or latest
         records[attempt] = record
     decision.delete_pods += [
-        PodDeletion(name, force=False) for name in _finished_pods_to_delete(upload_pods, stored)
+        PodDeletion(name, force=False)
+        for name in _finished_pods_to_delete(list(p.snapshot.upload_pods), stored)
     ]
     if latest is None:
         return
-    status["profileUploads"] = _fold_older(status, records)
-    edit.condition(ConditionType.PROFILE_UPLOADED, *latest)
-    profile = status.get("profile")
-    current = records.get(int(status.get("attempt", 0)))
-    if isinstance(profile, dict) and current is not None:
-        profile = status["profile"] = dict(profile)
-        profile["upload"] = _upload_view(current)
-        if current.get("s3Uri"):
-            profile["s3Uri"] = current["s3Uri"]
+    status.profile_uploads = _fold_older(status, records)
+    status.condition(ConditionType.PROFILE_UPLOADED, *latest)
+    profile = status.profile
+    current = records.get(status.attempt)
+    if profile is not None and current is not None:
+        profile = profile.model_copy(update={"upload": _upload_view(current)})
+        if current.s3_uri:
+            profile = profile.model_copy(update={"s3_uri": current.s3_uri})
         else:
-            profile.pop("s3Uri", None)
+            profile = profile.without("s3_uri")
+        status.profile = profile
 
 
 # The API server's refusal is quoted up to this many characters (a quota, a policy's message).
@@ -351,32 +342,37 @@ def upload_refused(edit: StatusEdit, attempt: int, pod: str, reason: str) -> Non
     """The upload of `attempt` recorded as Failed because the API server refused its pod (a
     quota, Pod Security, a missing ServiceAccount, a policy webhook), with its Warning. The
     upload is over (no retry until the job changes); the job's phase is untouched."""
-    status = edit.data
-    records = {int(r["attempt"]): dict(r) for r in status.get("profileUploads") or []}
-    record = records.setdefault(attempt, {"attempt": attempt, "pod": pod})
-    record["state"] = "Failed"
-    record["reason"] = UploadReason.POD_REFUSED
-    record["message"] = f"the upload pod {pod} was refused by the API server: {reason}"[
-        :MAX_REFUSAL_CHARS
-    ]
-    status["profileUploads"] = _fold_older(status, records)
-    profile = status.get("profile")
-    if isinstance(profile, dict) and int(status.get("attempt", 0)) == attempt:
-        status["profile"] = {**profile, "upload": _upload_view(record)}
-    message = _failed_message(record, status.get("phase"))
+    records = {r.attempt: r for r in edit.profile_uploads}
+    record = records.get(attempt) or ProfileUpload(attempt=attempt, pod=pod)
+    record = records[attempt] = record.model_copy(
+        update={
+            "state": "Failed",
+            "reason": UploadReason.POD_REFUSED,
+            "message": f"the upload pod {pod} was refused by the API server: {reason}"[
+                :MAX_REFUSAL_CHARS
+            ],
+        }
+    )
+    edit.profile_uploads = _fold_older(edit, records)
+    profile = edit.profile
+    if profile is not None and edit.attempt == attempt:
+        edit.profile = profile.model_copy(update={"upload": _upload_view(record)})
+    message = _failed_message(record, edit.phase)
     edit.condition(ConditionType.PROFILE_UPLOADED, False, "UploadFailed", message)
     edit.decision.events.append(EventRecord("Warning", "ProfileUploadFailed", message))
 
 
-def _upload_view(record: Obj) -> Obj:
+def _upload_view(record: ProfileUpload) -> ProfileUploadSummary:
     """An upload record as `status.profile.upload` shows it (the s3Uri is the profile's own)."""
-    return {k: v for k, v in record.items() if k != "s3Uri"}
+    return ProfileUploadSummary.model_validate(
+        record.model_dump(exclude_unset=True, exclude={"s3_uri"})
+    )
 
 
-def _failed_message(record: Obj, phase: str | None) -> str:
+def _failed_message(record: ProfileUpload, phase: Phase | None) -> str:
     job_state = f"the {phase.lower()} job" if phase else "training"
     return (
-        f"profile of attempt {record['attempt']} was not uploaded to "
-        f"{record.get('destination', 'S3')} ({job_state} is not affected): "
-        f"{record.get('message', '')}"
+        f"profile of attempt {record.attempt} was not uploaded to "
+        f"{record.destination or 'S3'} ({job_state} is not affected): "
+        f"{record.message or ''}"
     )
