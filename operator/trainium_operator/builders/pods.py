@@ -27,7 +27,9 @@ from trainium_operator.builders.job import (
     LABEL_ATTEMPT,
     LABEL_JOB_NAME,
     LABEL_NODE_RANK,
+    VOLCANO_GROUP,
     VOLCANO_GROUP_ANNOTATION,
+    VOLCANO_VERSION,
     JobRef,
     Stage,
 )
@@ -112,7 +114,7 @@ def podgroup(job: JobRef, stage: Stage) -> Obj:
     if job.spec.scheduling.priority_class_name:
         spec["priorityClassName"] = job.spec.scheduling.priority_class_name
     return {
-        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}",
         "kind": "PodGroup",
         "metadata": job.metadata(job.podgroup_name(stage), stage),
         "spec": spec,

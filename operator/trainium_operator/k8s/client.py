@@ -27,11 +27,10 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from trainium_operator.api import spec as spec_model
+from trainium_operator.builders.job import VOLCANO_GROUP, VOLCANO_VERSION
 
 Obj = dict[str, Any]
 
-VOLCANO_GROUP = "scheduling.volcano.sh"
-VOLCANO_VERSION = "v1beta1"
 PODGROUPS = "podgroups"
 QUEUES = "queues"
 NETWORK_POLICIES = "networkpolicies"
