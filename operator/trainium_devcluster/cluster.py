@@ -22,6 +22,7 @@ import yaml
 
 from trainium_devcluster import build, objects, paths, sim, stages, versions, volcano
 from trainium_devcluster.clients import Clients, clients_for, is_status
+from trainium_operator.builders.job import VOLCANO_GROUP, VOLCANO_VERSION
 
 Echo = Callable[[str], None]
 CREATE_TIMEOUT = "120s"
@@ -298,8 +299,8 @@ def install_volcano_api(clients: Clients, crd_dir: Path) -> None:
         _create_if_missing(
             functools.partial(
                 clients.custom.create_cluster_custom_object,
-                objects.VOLCANO_GROUP,
-                objects.VOLCANO_VERSION,
+                VOLCANO_GROUP,
+                VOLCANO_VERSION,
                 "queues",
                 queue,
             )
@@ -380,7 +381,7 @@ def wait_until_ready(clients: Clients, node_names: list[str], *, timeout: float 
     )
     sim.wait_for(
         lambda: clients.custom.get_cluster_custom_object(
-            objects.VOLCANO_GROUP, objects.VOLCANO_VERSION, "queues", objects.TUTORIAL_QUEUE
+            VOLCANO_GROUP, VOLCANO_VERSION, "queues", objects.TUTORIAL_QUEUE
         ).get("status", {}),
         until=lambda status: status.get("state") == "Open",
         timeout=timeout,
@@ -484,9 +485,7 @@ def status(name: str) -> ClusterStatus:
                     sim.node_is_ready(node_dict),
                 )
             )
-        queues = clients.custom.list_cluster_custom_object(
-            objects.VOLCANO_GROUP, objects.VOLCANO_VERSION, "queues"
-        )
+        queues = clients.custom.list_cluster_custom_object(VOLCANO_GROUP, VOLCANO_VERSION, "queues")
         for queue in queues.get("items", []):
             queue_status = queue.get("status") or {}
             counts = {

@@ -12,6 +12,7 @@ from typing import Any
 
 from trainium_operator.api import instance_types
 from trainium_operator.api.instance_types import InstanceType
+from trainium_operator.builders.job import VOLCANO_GROUP, VOLCANO_VERSION
 
 # KWOK manages nodes carrying this annotation (kwokctl's default manage-nodes selector).
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -33,10 +34,14 @@ FSX_CAPACITY = "1200Gi"  # the smallest FSx for Lustre SCRATCH_2/PERSISTENT file
 FSX_FILE_SYSTEM_ID = "fs-0123456789abcdef0"
 FSX_MOUNT_NAME = "fsxdev01"
 
-VOLCANO_GROUP = "scheduling.volcano.sh"
-VOLCANO_VERSION = "v1beta1"
 TUTORIAL_QUEUE = "test"
 DEFAULT_QUEUE = "default"
+
+
+def _object(
+    api_version: str, kind: str, metadata: dict[str, Any], spec: dict[str, Any]
+) -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec}
 
 
 def _node_prefix(instance_type: str) -> str:
@@ -153,12 +158,7 @@ def volcano_queue(
     spec: dict[str, Any] = {"weight": weight, "reclaimable": reclaimable}
     if capability:
         spec["capability"] = dict(capability)
-    return {
-        "apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}",
-        "kind": "Queue",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
+    return _object(f"{VOLCANO_GROUP}/{VOLCANO_VERSION}", "Queue", {"name": name}, spec)
 
 
 def volcano_queues() -> list[dict[str, Any]]:
@@ -172,16 +172,12 @@ def volcano_queues() -> list[dict[str, Any]]:
 
 def fsx_csi_driver() -> dict[str, Any]:
     """The CSIDriver object the FSx driver installs: no attach step, so no VolumeAttachments."""
-    return {
-        "apiVersion": "storage.k8s.io/v1",
-        "kind": "CSIDriver",
-        "metadata": {"name": FSX_CSI_DRIVER},
-        "spec": {
-            "attachRequired": False,
-            "podInfoOnMount": False,
-            "fsGroupPolicy": "ReadWriteOnceWithFSType",
-        },
+    spec = {
+        "attachRequired": False,
+        "podInfoOnMount": False,
+        "fsGroupPolicy": "ReadWriteOnceWithFSType",
     }
+    return _object("storage.k8s.io/v1", "CSIDriver", {"name": FSX_CSI_DRIVER}, spec)
 
 
 def csi_node(node: dict[str, Any]) -> dict[str, Any]:
@@ -191,56 +187,45 @@ def csi_node(node: dict[str, Any]) -> dict[str, Any]:
     a node without one has no room for any pod that mounts the FSx claim.
     """
     name = node["metadata"]["name"]
-    return {
-        "apiVersion": "storage.k8s.io/v1",
-        "kind": "CSINode",
-        "metadata": {
-            "name": name,
-            # As the kubelet creates it: owned by its Node, so it goes when the node goes.
-            "ownerReferences": [
-                {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
-            ],
-        },
-        "spec": {
-            "drivers": [{"name": FSX_CSI_DRIVER, "nodeID": name, "topologyKeys": [ZONE_LABEL]}]
-        },
+    metadata = {
+        "name": name,
+        # As the kubelet creates it: owned by its Node, so it goes when the node goes.
+        "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Node", "name": name, "uid": node["metadata"]["uid"]}
+        ],
     }
+    driver = {"name": FSX_CSI_DRIVER, "nodeID": name, "topologyKeys": [ZONE_LABEL]}
+    return _object("storage.k8s.io/v1", "CSINode", metadata, {"drivers": [driver]})
 
 
 def fsx_persistent_volume() -> dict[str, Any]:
     """A statically provisioned FSx for Lustre volume, as the FSx CSI driver's examples show it."""
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": FSX_PV_NAME},
-        "spec": {
-            "capacity": {"storage": FSX_CAPACITY},
-            "volumeMode": "Filesystem",
-            "accessModes": ["ReadWriteMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "mountOptions": ["flock"],
-            "csi": {
-                "driver": FSX_CSI_DRIVER,
-                "volumeHandle": FSX_FILE_SYSTEM_ID,
-                "volumeAttributes": {
-                    "dnsname": f"{FSX_FILE_SYSTEM_ID}.fsx.{DEFAULT_REGION}.amazonaws.com",
-                    "mountname": FSX_MOUNT_NAME,
-                },
-            },
+    csi = {
+        "driver": FSX_CSI_DRIVER,
+        "volumeHandle": FSX_FILE_SYSTEM_ID,
+        "volumeAttributes": {
+            "dnsname": f"{FSX_FILE_SYSTEM_ID}.fsx.{DEFAULT_REGION}.amazonaws.com",
+            "mountname": FSX_MOUNT_NAME,
         },
     }
+    spec = {
+        "capacity": {"storage": FSX_CAPACITY},
+        "volumeMode": "Filesystem",
+        "accessModes": ["ReadWriteMany"],
+        "persistentVolumeReclaimPolicy": "Retain",
+        "storageClassName": "",
+        "mountOptions": ["flock"],
+        "csi": csi,
+    }
+    return _object("v1", "PersistentVolume", {"name": FSX_PV_NAME}, spec)
 
 
 def fsx_persistent_volume_claim() -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": FSX_CLAIM_NAME, "namespace": FSX_CLAIM_NAMESPACE},
-        "spec": {
-            "accessModes": ["ReadWriteMany"],
-            "storageClassName": "",
-            "resources": {"requests": {"storage": FSX_CAPACITY}},
-            "volumeName": FSX_PV_NAME,
-        },
+    spec = {
+        "accessModes": ["ReadWriteMany"],
+        "storageClassName": "",
+        "resources": {"requests": {"storage": FSX_CAPACITY}},
+        "volumeName": FSX_PV_NAME,
     }
+    metadata = {"name": FSX_CLAIM_NAME, "namespace": FSX_CLAIM_NAMESPACE}
+    return _object("v1", "PersistentVolumeClaim", metadata, spec)

@@ -246,6 +246,22 @@ _POD_READY_CONDITIONS = """\
   type: ContainersReady
 """
 
+# A container's status once it started (in a list ranged over): ready, never restarted.
+_CONTAINER_READY = """\
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: true
+  restartCount: 0
+"""
+
+# A running container's (an app container's, or a sidecar init container's) state.
+_CONTAINER_RUNNING = """\
+  started: true
+  state:
+    running:
+      startedAt: {{ $now | Quote }}
+"""
+
 POD_READY_TEMPLATE = (
     """\
 {{ $now := Now }}
@@ -263,27 +279,18 @@ conditions:
 {{ end }}
 containerStatuses:
 {{ range .spec.containers }}
-- image: {{ .image | Quote }}
-  name: {{ .name | Quote }}
-  ready: true
-  started: true
-  restartCount: 0
-  state:
-    running:
-      startedAt: {{ $now | Quote }}
-{{ end }}
+"""
+    + _CONTAINER_READY
+    + _CONTAINER_RUNNING
+    + """{{ end }}
 initContainerStatuses:
 {{ range .spec.initContainers }}
-- image: {{ .image | Quote }}
-  name: {{ .name | Quote }}
-  ready: true
-  restartCount: 0
-  {{ if eq .restartPolicy "Always" }}
-  started: true
-  state:
-    running:
-      startedAt: {{ $now | Quote }}
-  {{ else }}
+"""
+    + _CONTAINER_READY
+    + """  {{ if eq .restartPolicy "Always" }}
+"""
+    + _CONTAINER_RUNNING
+    + """  {{ else }}
   state:
     terminated:
       exitCode: 0

@@ -17,6 +17,7 @@ from typing import Any
 
 from trainium_devcluster import build, cluster, objects, paths, sim, volcano
 from trainium_devcluster.clients import Clients, clients_for, is_status
+from trainium_operator.builders.job import VOLCANO_GROUP, VOLCANO_VERSION
 
 REUSE_ENV = "TRAINIUM_DEV_CLUSTER"
 NODES = 2
@@ -188,13 +189,13 @@ def release_namespace(dev_cluster: DevCluster, name: str, *, timeout: float = 30
         raise
     core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
     custom.delete_collection_namespaced_custom_object(
-        objects.VOLCANO_GROUP, objects.VOLCANO_VERSION, name, "podgroups"
+        VOLCANO_GROUP, VOLCANO_VERSION, name, "podgroups"
     )
 
     def released() -> bool:
         pods = core.list_namespaced_pod(name).items
         groups = custom.list_namespaced_custom_object(
-            objects.VOLCANO_GROUP, objects.VOLCANO_VERSION, name, "podgroups"
+            VOLCANO_GROUP, VOLCANO_VERSION, name, "podgroups"
         )["items"]
         return not pods and not groups
 

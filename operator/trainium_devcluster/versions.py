@@ -72,69 +72,67 @@ class GoComponent:
     ldflags_x: tuple[tuple[str, str], ...] = field(default=())
 
 
-GO_COMPONENTS: dict[str, GoComponent] = {
-    c.name: c
-    for c in (
-        GoComponent(
-            name="kubernetes",
-            version=KUBERNETES_VERSION,
-            wrapper="kubernetes",
-            binaries=tuple(
-                GoBinary(f"k8s.io/kubernetes/cmd/{cmd}", cmd)
-                for cmd in (
-                    "kube-apiserver",
-                    "kube-controller-manager",
-                    "kube-scheduler",
-                    "kubectl",
-                )
-            ),
-            # Upstream's KUBE_STATIC_BINARIES build: no cgo, these tags.
-            tags=("selinux", "notest"),
-            ldflags_x=_kube_version_ldflags(KUBERNETES_VERSION),
+def _by_name(*components: GoComponent) -> dict[str, GoComponent]:
+    return {c.name: c for c in components}
+
+
+GO_COMPONENTS: dict[str, GoComponent] = _by_name(
+    GoComponent(
+        name="kubernetes",
+        version=KUBERNETES_VERSION,
+        wrapper="kubernetes",
+        binaries=tuple(
+            GoBinary(f"k8s.io/kubernetes/cmd/{cmd}", cmd)
+            for cmd in (
+                "kube-apiserver",
+                "kube-controller-manager",
+                "kube-scheduler",
+                "kubectl",
+            )
         ),
-        GoComponent(
-            name="etcd",
-            version=ETCD_VERSION,
-            wrapper="etcd",
-            binaries=(GoBinary("go.etcd.io/etcd/server/v3", "etcd"),),
+        # Upstream's KUBE_STATIC_BINARIES build: no cgo, these tags.
+        tags=("selinux", "notest"),
+        ldflags_x=_kube_version_ldflags(KUBERNETES_VERSION),
+    ),
+    GoComponent(
+        name="etcd",
+        version=ETCD_VERSION,
+        wrapper="etcd",
+        binaries=(GoBinary("go.etcd.io/etcd/server/v3", "etcd"),),
+    ),
+    GoComponent(
+        name="kwok",
+        version=KWOK_VERSION,
+        wrapper="kwok",
+        binaries=(
+            GoBinary("sigs.k8s.io/kwok/cmd/kwok", "kwok"),
+            GoBinary("sigs.k8s.io/kwok/cmd/kwokctl", "kwokctl"),
         ),
-        GoComponent(
-            name="kwok",
-            version=KWOK_VERSION,
-            wrapper="kwok",
-            binaries=(
-                GoBinary("sigs.k8s.io/kwok/cmd/kwok", "kwok"),
-                GoBinary("sigs.k8s.io/kwok/cmd/kwokctl", "kwokctl"),
-            ),
+    ),
+    GoComponent(
+        name="volcano",
+        version=VOLCANO_VERSION,
+        wrapper="volcano",
+        # Named as Volcano's release images name them, so neither clashes with Kubernetes'.
+        binaries=(
+            GoBinary(f"{VOLCANO_MODULE}/cmd/scheduler", "vc-scheduler"),
+            GoBinary(f"{VOLCANO_MODULE}/cmd/controller-manager", "vc-controller-manager"),
         ),
-        GoComponent(
-            name="volcano",
-            version=VOLCANO_VERSION,
-            wrapper="volcano",
-            # Named as Volcano's release images name them, so neither clashes with Kubernetes'.
-            binaries=(
-                GoBinary(f"{VOLCANO_MODULE}/cmd/scheduler", "vc-scheduler"),
-                GoBinary(f"{VOLCANO_MODULE}/cmd/controller-manager", "vc-controller-manager"),
-            ),
-        ),
-    )
-}
+    ),
+)
 
 
 # Built only on request (`dev build --only <name>`, or a caller such as the benchmark).
-OPT_IN_GO_COMPONENTS: dict[str, GoComponent] = {
-    c.name: c
-    for c in (
-        GoComponent(
-            name="kubeflow",
-            version=KUBEFLOW_TRAINING_OPERATOR_VERSION,
-            wrapper="kubeflow",
-            binaries=(
-                GoBinary(
-                    f"{KUBEFLOW_TRAINING_OPERATOR_MODULE}/cmd/training-operator.v1",
-                    "training-operator",
-                ),
+OPT_IN_GO_COMPONENTS: dict[str, GoComponent] = _by_name(
+    GoComponent(
+        name="kubeflow",
+        version=KUBEFLOW_TRAINING_OPERATOR_VERSION,
+        wrapper="kubeflow",
+        binaries=(
+            GoBinary(
+                f"{KUBEFLOW_TRAINING_OPERATOR_MODULE}/cmd/training-operator.v1",
+                "training-operator",
             ),
         ),
-    )
-}
+    ),
+)

@@ -41,21 +41,14 @@ class Daemon:
     cluster: paths.ClusterPaths
 
     @property
-    def pid_file(self) -> Path:
-        return self.cluster.state_dir / f"{self.name}.pid"
+    def state_dir(self) -> Path:
+        return self.cluster.state_dir
 
-    @property
-    def port_file(self) -> Path:
-        return self.cluster.state_dir / f"{self.name}.healthz-port"
-
-    @property
-    def log(self) -> Path:
-        return self.cluster.state_dir / f"{self.name}.log"
-
-    @property
-    def schedule_period_file(self) -> Path:
-        """The period chosen at `dev up`, kept so a restarted scheduler runs with it again."""
-        return self.cluster.state_dir / f"{self.name}.schedule-period"
+    pid_file = paths.FileIn("state_dir", "{name}.pid")
+    port_file = paths.FileIn("state_dir", "{name}.healthz-port")
+    log = paths.FileIn("state_dir", "{name}.log")
+    # The period chosen at `dev up`, kept so a restarted scheduler runs with it again.
+    schedule_period_file = paths.FileIn("state_dir", "{name}.schedule-period")
 
     def schedule_period(self) -> str:
         try:

@@ -69,6 +69,7 @@ from trainium_operator.controller.health_server import (  # noqa: E402
     TokenCache,
 )
 from trainium_operator.k8s.informer import WatchEvent  # noqa: E402
+from trainium_operator.k8s.reviews import ReviewedUser  # noqa: E402
 from trainium_operator.lifecycle.observed import Observed  # noqa: E402
 from trainium_operator.lifecycle.policies.goodput import goodput  # noqa: E402
 from trainium_operator.lifecycle.policies.progress import progress  # noqa: E402
@@ -181,15 +182,9 @@ def _identity(token: str) -> TokenIdentity:
     """What the TokenReview answers for a bench token: its own pod claims, verified."""
     claims = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))
     pod = claims["kubernetes.io"]["pod"]
-    return TokenIdentity(
-        True,
-        username="system:serviceaccount:team-a:default",
-        audiences=(contract.AUDIENCE,),
-        extra=(
-            (contract.CLAIM_POD_NAME, (pod["name"],)),
-            (contract.CLAIM_POD_UID, (pod["uid"],)),
-        ),
-    )
+    extra = ((contract.CLAIM_POD_NAME, (pod["name"],)), (contract.CLAIM_POD_UID, (pod["uid"],)))
+    user = ReviewedUser("system:serviceaccount:team-a:default", extra=extra)
+    return TokenIdentity(True, user, audiences=(contract.AUDIENCE,))
 
 
 def _messages() -> list[tuple[str, bytes]]:

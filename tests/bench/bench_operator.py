@@ -84,11 +84,9 @@ from kubernetes.watch.watch import iter_resp_lines
 from trainium_devcluster import build, cluster, sim
 from trainium_devcluster.clients import Clients, clients_for, is_status
 from trainium_operator.api import spec as spec_model
-from trainium_operator.builders.job import VOLCANO_GROUP_ANNOTATION
+from trainium_operator.builders.job import VOLCANO_GROUP, VOLCANO_GROUP_ANNOTATION, VOLCANO_VERSION
 from trainium_operator.k8s.client import (
     PODGROUPS,
-    VOLCANO_GROUP,
-    VOLCANO_VERSION,
     Cluster,
     load_api_client,
 )

@@ -390,3 +390,29 @@ def test_the_schedule_period_chosen_at_up_is_kept_for_a_restarted_scheduler(
         schedule_period=scheduler.schedule_period(),
     )
     assert "--schedule-period=200ms" in argv
+
+
+def test_cluster_and_volcano_files_lie_in_kwokctls_directory_or_in_ours_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(paths.CACHE_DIR_ENV, str(tmp_path))
+    cluster = paths.ClusterPaths("dev")
+    kwok, ours = tmp_path / "kwok" / "clusters" / "dev", tmp_path / "clusters" / "dev"
+    assert (cluster.kwok_dir, cluster.state_dir) == (kwok, ours)
+    assert cluster.kubeconfig == kwok / "kubeconfig.yaml"
+    assert (cluster.kwokctl_config, cluster.kwokctl_log) == (
+        ours / "kwokctl-config.yaml",
+        ours / "kwokctl.log",
+    )
+    scheduler = volcano.Daemon("vc-scheduler", cluster)
+    assert [
+        scheduler.pid_file,
+        scheduler.port_file,
+        scheduler.log,
+        scheduler.schedule_period_file,
+    ] == [
+        ours / "vc-scheduler.pid",
+        ours / "vc-scheduler.healthz-port",
+        ours / "vc-scheduler.log",
+        ours / "vc-scheduler.schedule-period",
+    ]

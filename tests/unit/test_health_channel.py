@@ -23,6 +23,7 @@ from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.controller.channel_auth import TokenIdentity, authorize
 from trainium_operator.controller.health_server import HealthChannel, ProgressStore, TokenCache
 from trainium_operator.k8s.informer import WatchEvent
+from trainium_operator.k8s.reviews import ReviewedUser
 from trainium_operator.profiler.channel import ChannelConfig, Reporter
 from unit.jobs import UID, job_document, job_ref
 
@@ -92,14 +93,17 @@ def training_pod(name: str = "bert-train-0-1", **label_changes: str) -> dict[str
 
 
 def pod_identity(
-    pod: str = "bert-train-0-1", uid: str = "pod-uid-1", **changes: Any
+    pod: str = "bert-train-0-1",
+    uid: str = "pod-uid-1",
+    *,
+    username: str = "system:serviceaccount:team-a:default",
+    extra: tuple[tuple[str, tuple[str, ...]], ...] | None = None,
+    **changes: Any,
 ) -> TokenIdentity:
-    base = TokenIdentity(
-        True,
-        username="system:serviceaccount:team-a:default",
-        audiences=(contract.AUDIENCE,),
-        extra=((contract.CLAIM_POD_NAME, (pod,)), (contract.CLAIM_POD_UID, (uid,))),
-    )
+    """What a TokenReview says of a training pod's token (`changes`: of the review's result)."""
+    if extra is None:
+        extra = ((contract.CLAIM_POD_NAME, (pod,)), (contract.CLAIM_POD_UID, (uid,)))
+    base = TokenIdentity(True, ReviewedUser(username, extra=extra), audiences=(contract.AUDIENCE,))
     return dataclasses.replace(base, **changes)
 
 

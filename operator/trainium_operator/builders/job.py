@@ -21,6 +21,9 @@ LABEL_NODE_RANK = "trainium.dev/node-rank"
 LABEL_ATTEMPT = "trainium.dev/attempt"
 # Volcano reads this annotation to put a pod in its PodGroup.
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
+# The API group and version of Volcano's PodGroups and Queues.
+VOLCANO_GROUP = "scheduling.volcano.sh"
+VOLCANO_VERSION = "v1beta1"
 DEFAULT_DATA_SUBDIR = "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128"
 
 

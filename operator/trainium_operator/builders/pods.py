@@ -27,7 +27,9 @@ from trainium_operator.builders.job import (
     LABEL_ATTEMPT,
     LABEL_JOB_NAME,
     LABEL_NODE_RANK,
+    VOLCANO_GROUP,
     VOLCANO_GROUP_ANNOTATION,
+    VOLCANO_VERSION,
     JobRef,
     Stage,
 )
@@ -112,7 +114,7 @@ def podgroup(job: JobRef, stage: Stage) -> Obj:
     if job.spec.scheduling.priority_class_name:
         spec["priorityClassName"] = job.spec.scheduling.priority_class_name
     return {
-        "apiVersion": "scheduling.volcano.sh/v1beta1",
+        "apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}",
         "kind": "PodGroup",
         "metadata": job.metadata(job.podgroup_name(stage), stage),
         "spec": spec,
@@ -284,7 +286,7 @@ def _cache_env(job: JobRef, stage: Stage, rank: int) -> list[Obj]:
 
 
 def _operator_env(
-    job: JobRef, stage: Stage, rank: int, attempt: int, *, resume: bool, restarts: int
+    job: JobRef, stage: Stage, attempt: int, rank: int, *, resume: bool, restarts: int
 ) -> list[Obj]:
     spec = job.spec
     env: list[Obj] = [
@@ -352,26 +354,10 @@ def _operator_env(
     return env
 
 
-def container_env(
-    job: JobRef,
-    stage: Stage,
-    rank: int,
-    attempt: int,
-    *,
-    resume: bool | None = None,
-    restarts: int = 0,
-) -> list[Obj]:
+def container_env(job: JobRef, operator_env: list[Obj]) -> list[Obj]:
     """Operator defaults, then the user's env; a user name replaces the default of that name."""
     user = [e.model_dump(by_alias=True, exclude_none=True) for e in job.spec.env]
     user_names = {e["name"] for e in user}
-    operator_env = _operator_env(
-        job,
-        stage,
-        rank,
-        attempt,
-        resume=should_resume(stage, attempt, resume),
-        restarts=restarts,
-    )
     defaults = [e for e in operator_env if e["name"] not in user_names]
     return defaults + user
 
@@ -400,6 +386,9 @@ def pod(
 ) -> Obj:
     spec = job.spec
     name = job.pod_name(stage, attempt, rank)
+    operator_env = _operator_env(
+        job, stage, attempt, rank, resume=should_resume(stage, attempt, resume), restarts=restarts
+    )
     metadata = job.metadata(name, stage)
     metadata["labels"] = {
         **spec.pod_metadata.labels,
@@ -429,7 +418,7 @@ def pod(
                 "image": spec.image,
                 "imagePullPolicy": spec.image_pull_policy,
                 "command": container_command(job, stage, attempt, resume=resume),
-                "env": container_env(job, stage, rank, attempt, resume=resume, restarts=restarts),
+                "env": container_env(job, operator_env),
                 "resources": container_resources(job),
                 "securityContext": copy.deepcopy(TRAINING_CONTAINER_SECURITY_CONTEXT),
                 "volumeMounts": [

@@ -192,15 +192,7 @@ class ProgressMessage:
 
     def header_json(self) -> dict[str, Any]:
         """The fields every rank of one pod shares (a batch's top level)."""
-        return {
-            "job": self.job,
-            "namespace": self.namespace,
-            "uid": self.uid,
-            "attempt": self.attempt,
-            "nodeRank": self.node_rank,
-            "worldSize": self.world_size,
-            "sequence": self.sequence,
-        }
+        return {key: getattr(self, attribute) for key, attribute, _ in _HEADER}
 
     def rank_json(self, max_step_times: int = MAX_STEP_TIMES) -> dict[str, Any]:
         """This rank's own fields (a batch's `ranks` entry)."""
@@ -288,15 +280,22 @@ def _load(raw: bytes, limit: int) -> dict[str, Any]:
     return body
 
 
+# The header's fields, written and read: (JSON key, attribute, lowest value; None: a name).
+_HEADER: tuple[tuple[str, str, int | None], ...] = (
+    ("job", "job", None),
+    ("namespace", "namespace", None),
+    ("uid", "uid", None),
+    ("attempt", "attempt", 0),
+    ("nodeRank", "node_rank", 0),
+    ("worldSize", "world_size", 1),
+    ("sequence", "sequence", 0),
+)
+
+
 def _header(body: dict[str, Any]) -> dict[str, Any]:
     return {
-        "job": _name(body, "job"),
-        "namespace": _name(body, "namespace"),
-        "uid": _name(body, "uid"),
-        "attempt": _int(body, "attempt", 0),
-        "node_rank": _int(body, "nodeRank", 0),
-        "world_size": _int(body, "worldSize", 1),
-        "sequence": _int(body, "sequence", 0),
+        attribute: _name(body, key) if low is None else _int(body, key, low)
+        for key, attribute, low in _HEADER
     }
 
 

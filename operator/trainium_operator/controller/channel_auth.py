@@ -34,32 +34,31 @@ from trainium_operator.builders.job import (
 )
 from trainium_operator.contract import channel as contract
 from trainium_operator.contract.channel import ProgressMessage
+from trainium_operator.k8s.reviews import TokenReviewResult
 
 Obj = dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class TokenIdentity:
-    """What a TokenReview said about a token (the caller fills it from k8s.reviews)."""
+# What the channel knows of a token: what a TokenReview said about it (k8s.reviews), or a
+# refusal in the same form when the token was refused before any review.
+TokenIdentity = TokenReviewResult
 
-    authenticated: bool
-    username: str = ""
-    audiences: tuple[str, ...] = ()
-    extra: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    error: str = ""
 
-    def claim(self, key: str) -> str | None:
-        for name, values in self.extra:
-            if name == key and len(values) == 1:
-                return values[0]
+def claim(identity: TokenIdentity, key: str) -> str | None:
+    """The token's single-valued `extra` claim `key` (the pod it is bound to), if any."""
+    for name, values in identity.user.extra if identity.user else ():
+        if name == key and len(values) == 1:
+            return values[0]
+    return None
+
+
+def service_account_namespace(identity: TokenIdentity) -> str | None:
+    """The namespace of the ServiceAccount the token authenticates as (None: not one)."""
+    username = identity.user.name if identity.user else ""
+    if not username.startswith(contract.SERVICE_ACCOUNT_PREFIX):
         return None
-
-    @property
-    def service_account_namespace(self) -> str | None:
-        if not self.username.startswith(contract.SERVICE_ACCOUNT_PREFIX):
-            return None
-        namespace, _, account = self.username[len(contract.SERVICE_ACCOUNT_PREFIX) :].partition(":")
-        return namespace if namespace and account else None
+    namespace, _, account = username[len(contract.SERVICE_ACCOUNT_PREFIX) :].partition(":")
+    return namespace if namespace and account else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,11 +78,11 @@ def bound_pod(identity: TokenIdentity) -> tuple[str, str, str] | Verdict:
     # An empty list is no audience: the API server names the reviewed audiences it accepted.
     if contract.AUDIENCE not in identity.audiences:
         return _refuse(f"the token is not for the audience {contract.AUDIENCE}")
-    namespace = identity.service_account_namespace
+    namespace = service_account_namespace(identity)
     if namespace is None:
         return _refuse("the token is not a ServiceAccount token")
-    pod_name = identity.claim(contract.CLAIM_POD_NAME)
-    pod_uid = identity.claim(contract.CLAIM_POD_UID)
+    pod_name = claim(identity, contract.CLAIM_POD_NAME)
+    pod_uid = claim(identity, contract.CLAIM_POD_UID)
     if not pod_name or not pod_uid:
         return _refuse("the token is not bound to a pod")
     return namespace, pod_name, pod_uid

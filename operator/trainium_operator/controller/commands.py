@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import secrets
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,51 @@ from trainium_operator.lifecycle.policies.profile_upload import UploadDefaults
 from trainium_operator.lifecycle.render import parse_manifest, render_stages, rendered_text
 
 Obj = dict[str, Any]
+
+# run's text settings that the chart passes as env: (flag, env name, help without the env).
+_ENV_TEXT_OPTIONS: tuple[tuple[str, str, str], ...] = (
+    (
+        "--reserved-service-accounts",
+        ENV_RESERVED_SERVICE_ACCOUNTS,
+        "Comma-separated ServiceAccounts no job may run as (the chart's own accounts).",
+    ),
+    (
+        "--profile-s3-uri",
+        ENV_PROFILE_S3_URI,
+        "Default spec.profile.s3Uri of profiled jobs (the chart's profileUpload.s3Uri).",
+    ),
+    (
+        "--profile-upload-service-account",
+        ENV_PROFILE_UPLOAD_SERVICE_ACCOUNT,
+        "ServiceAccount of every upload pod; default: the namespace's `default`, never the "
+        "job's own.",
+    ),
+    (
+        "--operator-image",
+        ENV_OPERATOR_IMAGE,
+        "The image upload pods run; default: the chart's image of this version.",
+    ),
+    (
+        "--operator-image-pull-policy",
+        ENV_OPERATOR_IMAGE_PULL_POLICY,
+        "Upload pods' imagePullPolicy; default: IfNotPresent.",
+    ),
+    (
+        "--operator-image-pull-secrets",
+        ENV_OPERATOR_IMAGE_PULL_SECRETS,
+        "Comma-separated imagePullSecrets of upload pods (they must exist in the jobs' "
+        "namespaces).",
+    ),
+)
+
+
+def _env_text_options(command: Callable[..., None]) -> Callable[..., None]:
+    """Adds `_ENV_TEXT_OPTIONS` to a command, in the table's order (default: empty)."""
+    for flag, env, help_text in reversed(_ENV_TEXT_OPTIONS):
+        command = click.option(flag, default="", envvar=env, help=f"{help_text} Env: {env}.")(
+            command
+        )
+    return command
 
 
 @click.command()
@@ -104,48 +150,7 @@ Obj = dict[str, Any]
     help="Give each job a NetworkPolicy admitting only its own pods (the chart's "
     f"networkPolicy.jobs). Env: {ENV_JOB_NETWORK_POLICY}.",
 )
-@click.option(
-    "--reserved-service-accounts",
-    default="",
-    envvar=ENV_RESERVED_SERVICE_ACCOUNTS,
-    help="Comma-separated ServiceAccounts no job may run as (the chart's own accounts). "
-    f"Env: {ENV_RESERVED_SERVICE_ACCOUNTS}.",
-)
-@click.option(
-    "--profile-s3-uri",
-    default="",
-    envvar=ENV_PROFILE_S3_URI,
-    help="Default spec.profile.s3Uri of profiled jobs (the chart's profileUpload.s3Uri). "
-    f"Env: {ENV_PROFILE_S3_URI}.",
-)
-@click.option(
-    "--profile-upload-service-account",
-    default="",
-    envvar=ENV_PROFILE_UPLOAD_SERVICE_ACCOUNT,
-    help="ServiceAccount of every upload pod; default: the namespace's `default`, never the "
-    f"job's own. Env: {ENV_PROFILE_UPLOAD_SERVICE_ACCOUNT}.",
-)
-@click.option(
-    "--operator-image",
-    default="",
-    envvar=ENV_OPERATOR_IMAGE,
-    help="The image upload pods run; default: the chart's image of this version. "
-    f"Env: {ENV_OPERATOR_IMAGE}.",
-)
-@click.option(
-    "--operator-image-pull-policy",
-    default="",
-    envvar=ENV_OPERATOR_IMAGE_PULL_POLICY,
-    help="Upload pods' imagePullPolicy; default: IfNotPresent. "
-    f"Env: {ENV_OPERATOR_IMAGE_PULL_POLICY}.",
-)
-@click.option(
-    "--operator-image-pull-secrets",
-    default="",
-    envvar=ENV_OPERATOR_IMAGE_PULL_SECRETS,
-    help="Comma-separated imagePullSecrets of upload pods (they must exist in the jobs' "
-    f"namespaces). Env: {ENV_OPERATOR_IMAGE_PULL_SECRETS}.",
-)
+@_env_text_options
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-format", type=click.Choice(["plain", "json"]), default="plain")
 @click.option("--verbose", is_flag=True)

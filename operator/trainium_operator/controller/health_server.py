@@ -42,7 +42,9 @@ from trainium_operator.controller.channel_auth import (
     Verdict,
     authorize,
     check_shape,
+    claim,
     job_shape,
+    service_account_namespace,
 )
 from trainium_operator.controller.channel_limits import (
     Limiter,
@@ -345,7 +347,7 @@ class TokenCache:
 
     def _remember(self, digest: str, identity: TokenIdentity) -> None:
         now = self._clock()
-        pod_uid = identity.claim(contract.CLAIM_POD_UID) or ""
+        pod_uid = claim(identity, contract.CLAIM_POD_UID) or ""
         with self._lock:
             if not identity.authenticated:
                 self._refused[digest] = (identity, now + REFUSED_TOKEN_TTL_SECONDS)
@@ -391,15 +393,7 @@ def reviewer(reviews: Reviews) -> Callable[[str], TokenIdentity]:
     """A TokenReview for our audience, as the identity channel_auth reads."""
 
     def review(token: str) -> TokenIdentity:
-        result = reviews.review_token(token, (contract.AUDIENCE,))
-        if not result.authenticated or result.user is None:
-            return TokenIdentity(False, error=result.error)
-        return TokenIdentity(
-            True,
-            username=result.user.name,
-            audiences=result.audiences,
-            extra=result.user.extra,
-        )
+        return reviews.review_token(token, (contract.AUDIENCE,))
 
     return review
 
@@ -529,8 +523,8 @@ class HealthChannel:
                 log.info("health channel: token review failed: %r", error)
             return self._refused(503, "the token could not be reviewed now", "unavailable")
         first = messages[0]
-        pod_name = identity.claim(contract.CLAIM_POD_NAME) or ""
-        namespace = identity.service_account_namespace or ""
+        pod_name = claim(identity, contract.CLAIM_POD_NAME) or ""
+        namespace = service_account_namespace(identity) or ""
         pod = self.cache.pod(namespace, pod_name) if pod_name and namespace else None
         job = self.cache.job((first.namespace, first.job))
         verdict = authorize(first, identity, pod, job)

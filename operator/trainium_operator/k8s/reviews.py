@@ -33,7 +33,7 @@ class ReviewedUser:
 @dataclass(frozen=True, slots=True)
 class TokenReviewResult:
     authenticated: bool
-    user: ReviewedUser | None
+    user: ReviewedUser | None = None  # always set when authenticated
     error: str = ""  # why the API server did not authenticate the token, when it says
     audiences: tuple[str, ...] = ()  # those of the reviewed audiences the token is for
 

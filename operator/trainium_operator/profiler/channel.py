@@ -37,9 +37,6 @@ from trainium_operator.contract import channel as contract
 from trainium_operator.contract import profiler_env
 from trainium_operator.profiler import pod_samples
 
-SEND_TIMEOUT_S = 2.0
-MAX_BACKOFF_S = 60.0
-
 
 @dataclass(frozen=True, slots=True)
 class ChannelConfig:
@@ -120,6 +117,11 @@ def write_stacks(directory: str, request_id: str, rank: int) -> str:
     partial.write_text(format_stacks(rank, request_id))
     partial.replace(path)
     return str(path)
+
+
+SEND_TIMEOUT_S = 2.0
+# A rank's sends back off to at most this (Reporter.max_backoff_s).
+MAX_BACKOFF_S = 60.0
 
 
 def http_send(url: str, body: bytes, token: str) -> dict[str, Any]:
