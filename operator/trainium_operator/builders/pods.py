@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import re
 from decimal import Decimal
-from typing import Any
 
 from trainium_operator.api.instance_types import (
     EFA_RESOURCE,
@@ -15,6 +14,7 @@ from trainium_operator.api.instance_types import (
     LNC_ENV,
     NEURON_RESOURCE,
 )
+from trainium_operator.api.objects import Obj
 from trainium_operator.api.spec import (
     QUANTITY_PATTERN,
     TRAINING_CONTAINER,
@@ -38,8 +38,6 @@ from trainium_operator.contract import neff_cache, workload_env
 from trainium_operator.contract.channel import channel_env, stacks_dir
 from trainium_operator.contract.neuron_env import neuron_inspect_env
 from trainium_operator.contract.profiler_env import profiling_env
-
-Obj = dict[str, Any]
 
 CONTAINER_NAME = TRAINING_CONTAINER
 DEFAULT_SERVICE_ACCOUNT = "default"

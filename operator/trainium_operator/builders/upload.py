@@ -25,12 +25,10 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 from importlib import metadata as package_metadata
-from typing import Any
 
+from trainium_operator.api.objects import Obj
 from trainium_operator.builders.job import LABEL_JOB_NAME, LABEL_STAGE, JobRef
 from trainium_operator.contract import channel as channel_contract
-
-Obj = dict[str, Any]
 
 UPLOAD_STAGE = "profile-upload"  # value of trainium.dev/stage on upload pods
 LABEL_PROFILE_ATTEMPT = "trainium.dev/profile-attempt"

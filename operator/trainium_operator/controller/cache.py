@@ -19,12 +19,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
+from trainium_operator.api.objects import Obj
 from trainium_operator.builders.job import LABEL_JOB_NAME
 from trainium_operator.k8s.informer import WatchEvent
 
-Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, job name)
 EXPECTATION_SECONDS = 30.0
 StoreKey = TypeVar("StoreKey")

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from trainium_operator.api.objects import Obj
 from trainium_operator.api.spec import TrainingJobSpec
 from trainium_operator.builders.job import (
     LABEL_ATTEMPT,
@@ -35,9 +35,6 @@ from trainium_operator.builders.job import (
 from trainium_operator.contract import channel as contract
 from trainium_operator.contract.channel import ProgressMessage
 from trainium_operator.k8s.reviews import TokenReviewResult
-
-Obj = dict[str, Any]
-
 
 # What the channel knows of a token: what a TokenReview said about it (k8s.reviews), or a
 # refusal in the same form when the token was refused before any review.

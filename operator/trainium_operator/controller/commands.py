@@ -8,7 +8,6 @@ import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import click
 import yaml
@@ -31,8 +30,6 @@ from trainium_operator.controller.settings import (
 )
 from trainium_operator.lifecycle.policies.profile_upload import UploadDefaults
 from trainium_operator.lifecycle.render import parse_manifest, render_stages, rendered_text
-
-Obj = dict[str, Any]
 
 # run's text settings that the chart passes as env: (flag, env name, help without the env).
 _ENV_TEXT_OPTIONS: tuple[tuple[str, str, str], ...] = (

@@ -20,8 +20,8 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any
 
+from trainium_operator.api.objects import Obj
 from trainium_operator.builders.job import JobRef
 from trainium_operator.builders.upload import (
     LABEL_PROFILE_ATTEMPT,
@@ -59,7 +59,6 @@ from trainium_operator.lifecycle.ranks import DEFAULT_INTERVAL_SECONDS as DEFAUL
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.snapshot import PassSettings, Snapshot
 
-Obj = dict[str, Any]
 log = logging.getLogger(__name__)
 CREATE_CONCURRENCY = 8
 

@@ -27,9 +27,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from trainium_operator.api import spec as spec_model
+from trainium_operator.api.objects import Obj
 from trainium_operator.builders.job import VOLCANO_GROUP, VOLCANO_VERSION
-
-Obj = dict[str, Any]
 
 PODGROUPS = "podgroups"
 QUEUES = "queues"

@@ -21,9 +21,9 @@ from typing import Any
 
 from kubernetes.watch.watch import iter_resp_lines
 
+from trainium_operator.api.objects import Obj
 from trainium_operator.k8s.client import RequestCounter
 
-Obj = dict[str, Any]
 ObjKey = tuple[str, str]  # (namespace or "", name)
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,8 @@ from typing import Any
 
 from kubernetes import client
 
+from trainium_operator.api.objects import Obj
 from trainium_operator.k8s.client import RequestCounter
-
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

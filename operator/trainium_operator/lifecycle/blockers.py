@@ -20,9 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from trainium_operator.api.objects import Obj
 from trainium_operator.api.status import TERMINAL_PHASES, ConditionType, Phase
 from trainium_operator.lifecycle.decision import PodDeletion
-from trainium_operator.lifecycle.observed import NodeView, Obj, parse_time
+from trainium_operator.lifecycle.observed import NodeView, parse_time
 from trainium_operator.lifecycle.status_edit import StatusEdit, timestamp
 
 TRAINING_JOB_KIND = "TrainingJob"

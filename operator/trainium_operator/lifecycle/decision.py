@@ -8,9 +8,8 @@ objects last).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
-Obj = dict[str, Any]
+from trainium_operator.api.objects import Obj
 
 
 @dataclass(frozen=True, slots=True)

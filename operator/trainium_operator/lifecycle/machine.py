@@ -20,10 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+from trainium_operator.api.objects import Obj
 from trainium_operator.api.status import validated_status
 from trainium_operator.lifecycle.admission import admission_rejected
 from trainium_operator.lifecycle.blockers import Blocker, blocked
-from trainium_operator.lifecycle.decision import Decision, Obj
+from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.policies.deadline import deadline
 from trainium_operator.lifecycle.policies.failures import failures
 from trainium_operator.lifecycle.policies.finished import finished

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
+from trainium_operator.api.objects import Obj
 from trainium_operator.api.spec import TRAINING_CONTAINER
 from trainium_operator.builders.job import LABEL_ATTEMPT, LABEL_NODE_RANK, LABEL_STAGE, Stage
 
-Obj = dict[str, Any]
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 # What a straggler replacement leaves on the node it cordons (lifecycle.policies.stragglers
 # writes them, the node view reads them back): `kubectl get nodes -l trainium.dev/cordoned`

@@ -7,15 +7,14 @@ a manifest the same way, so a spec the operator would refuse is refused by the d
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from pydantic import ValidationError
 
 from trainium_operator.api import object_names, pod_fields
+from trainium_operator.api.objects import Obj
 from trainium_operator.api.spec import TrainingJobSpec, validation_context
 from trainium_operator.builders.job import JobRef
 
-Obj = dict[str, Any]
 # The operator copies a job's spec into each of its gang's pods (nodes x spec): a spec this
 # large is refused before anything is built from it (the API server alone would take up to its
 # 1.5 MiB object limit). Far above what a training job needs: the tutorial's is under 2 KiB.

@@ -8,11 +8,11 @@ is printed is what a real pass creates.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 import yaml
 
 from trainium_operator.api import spec as spec_model
+from trainium_operator.api.objects import Obj
 from trainium_operator.api.spec import NeuronStack
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle import machine
@@ -21,7 +21,6 @@ from trainium_operator.lifecycle.observed import observe
 from trainium_operator.lifecycle.parse import parse_job
 from trainium_operator.lifecycle.snapshot import Snapshot
 
-Obj = dict[str, Any]
 RENDER_UID = "00000000-0000-0000-0000-000000000000"
 
 

@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from trainium_operator.api.objects import Obj
 from trainium_operator.builders.job import JobRef, Stage
-from trainium_operator.lifecycle.decision import Decision, Obj
+from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import Observed
 from trainium_operator.lifecycle.policies.profile_upload import UploadDefaults
 from trainium_operator.lifecycle.policies.stragglers import CordonBudget

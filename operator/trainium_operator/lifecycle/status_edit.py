@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from trainium_operator.api.model_base import ApiModel
+from trainium_operator.api.objects import Obj
 from trainium_operator.api.status import (
     CompileStageStatus,
     Condition,
@@ -35,7 +36,7 @@ from trainium_operator.api.status import (
     validated_status,
 )
 from trainium_operator.builders.job import JobRef, Stage
-from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj
+from trainium_operator.lifecycle.decision import Decision, EventRecord
 from trainium_operator.lifecycle.observed import PodView
 
 if TYPE_CHECKING:

@@ -18,10 +18,9 @@ from torchx import specs
 from trainium_operator.api import instance_types
 from trainium_operator.api import spec as spec_model
 from trainium_operator.api.instance_types import INSTANCE_TYPES
+from trainium_operator.api.objects import Obj
 from trainium_operator.api.spec import MAX_JOB_NAME_LENGTH
 from trainium_operator.contract import workload_env
-
-Obj = dict[str, Any]
 
 NEURON_PARALLEL_COMPILE = "neuron_parallel_compile"
 # The step limit neuron_parallel_compile's documentation has the compile run use (it must

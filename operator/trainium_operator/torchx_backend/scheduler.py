@@ -25,6 +25,7 @@ import yaml
 from torchx import specs
 from torchx.schedulers.api import DescribeAppResponse, ListAppResponse, Scheduler, Stream
 
+from trainium_operator.api.objects import Obj
 from trainium_operator.api.spec import TRAINING_CONTAINER
 from trainium_operator.builders.job import LABEL_ATTEMPT, LABEL_JOB_NAME, LABEL_NODE_RANK, Stage
 from trainium_operator.contract import workload_env
@@ -37,7 +38,6 @@ from trainium_operator.torchx_backend.appdef import (
     job_name,
 )
 
-Obj = dict[str, Any]
 BACKEND = "trainium"
 ANNOTATION_ROLE = "trainium.dev/torchx-role"
 ANNOTATION_CANCELLED = "trainium.dev/torchx-cancelled"

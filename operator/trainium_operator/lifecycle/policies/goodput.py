@@ -28,8 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from trainium_operator.api.objects import Obj
 from trainium_operator.api.status import (
     TERMINAL_PHASES,
     GoodputStatus,
@@ -43,7 +44,6 @@ from trainium_operator.lifecycle.status_edit import Section, dump, timestamp
 if TYPE_CHECKING:
     from trainium_operator.lifecycle.snapshot import Pass
 
-Obj = dict[str, Any]
 # The part of the wall time each phase's seconds go to (GoodputStatus's field names).
 BUCKETS = {
     Phase.PENDING: "queued_seconds",

@@ -36,10 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from trainium_operator.api.objects import Obj
 from trainium_operator.api.status import OnDemandProfile, OnDemandProfileState, Phase, known_fields
 from trainium_operator.builders.job import JobRef
 from trainium_operator.contract import channel as contract
-from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj
+from trainium_operator.lifecycle.decision import Decision, EventRecord
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.status_edit import timestamp
 

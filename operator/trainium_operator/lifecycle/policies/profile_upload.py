@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from trainium_operator.api.objects import Obj
 from trainium_operator.api.status import (
     MAX_PROFILE_UPLOAD_RECORDS,
     TERMINAL_PHASES,
@@ -49,7 +50,7 @@ from trainium_operator.builders.upload import (
     upload_pod,
     upload_pod_name,
 )
-from trainium_operator.lifecycle.decision import Decision, EventRecord, Obj, PodDeletion
+from trainium_operator.lifecycle.decision import Decision, EventRecord, PodDeletion
 from trainium_operator.lifecycle.status_edit import StatusEdit
 from trainium_operator.profiler import s3 as uploader
 

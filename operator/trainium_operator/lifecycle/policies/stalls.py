@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
+from trainium_operator.api.objects import Obj
 from trainium_operator.api.spec import HealthSpec, StallAction
 from trainium_operator.api.status import (
     ConditionType,
@@ -49,7 +50,7 @@ from trainium_operator.api.status import (
 from trainium_operator.builders.job import Stage
 from trainium_operator.contract import channel as contract
 from trainium_operator.lifecycle.cleanup import cleanup_on_finish
-from trainium_operator.lifecycle.decision import EventRecord, Obj
+from trainium_operator.lifecycle.decision import EventRecord
 from trainium_operator.lifecycle.failures import Failure
 from trainium_operator.lifecycle.observed import parse_time
 from trainium_operator.lifecycle.policies.progress import recent_p50_ms

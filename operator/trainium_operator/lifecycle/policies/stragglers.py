@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from trainium_operator.api.objects import Obj
 from trainium_operator.api.spec import StragglerAction
 from trainium_operator.api.status import (
     FailureClass,
@@ -55,7 +56,7 @@ from trainium_operator.api.status import (
     StragglersStatus,
 )
 from trainium_operator.builders.job import JobRef, Stage
-from trainium_operator.lifecycle.decision import EventRecord, NodePatch, Obj
+from trainium_operator.lifecycle.decision import EventRecord, NodePatch
 from trainium_operator.lifecycle.failures import Failure
 from trainium_operator.lifecycle.observed import (
     CORDON_REASON_ANNOTATION,
