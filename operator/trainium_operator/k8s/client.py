@@ -308,12 +308,13 @@ class Cluster:
         body: Obj = {"propagationPolicy": "Background"}
         if uid is not None:
             body["preconditions"] = {"uid": uid}
-        job = (spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, name)
-        _answered(
-            lambda: self.custom.delete_namespaced_custom_object(*job, body=body),
-            # 409: the uid precondition failed: a job re-created under this name, left alone.
-            unless=(404, 409) if uid is not None else (404,),
-        )
+        try:
+            self.custom.delete_namespaced_custom_object(
+                spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, name, body=body
+            )
+        except ApiException as error:
+            if error.status != 404 and not (uid is not None and error.status == 409):
+                raise
 
     def create_training_job(self, namespace: str, body: Obj) -> Obj:
         """Create a TrainingJob (the TorchX scheduler's submit); ApiException on refusal."""
@@ -340,17 +341,21 @@ class Cluster:
         first); whether it was removed (False: another value, gone, or the job gone)."""
         path = "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
         self.counter.add("patch", spec_model.PLURAL)
-        job = (spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, name)
-        test_and_remove = [
-            {"op": "test", "path": path, "value": value},
-            {"op": "remove", "path": path},
-        ]
-        return _answered(
-            lambda: self.custom.patch_namespaced_custom_object(
-                *job, test_and_remove, _content_type="application/json-patch+json"
-            ),
-            unless=(404, 422),  # gone, or the test failed: nothing of ours to remove
-        )
+        try:
+            self.custom.patch_namespaced_custom_object(
+                spec_model.GROUP,
+                spec_model.VERSION,
+                namespace,
+                spec_model.PLURAL,
+                name,
+                [{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}],
+                _content_type="application/json-patch+json",
+            )
+        except ApiException as error:
+            if error.status in (404, 422):  # gone, or the test failed: nothing of ours to remove
+                return False
+            raise
+        return True
 
     def pod_log_lines(
         self, namespace: str, name: str, container: str, *, follow: bool
@@ -437,96 +442,102 @@ class Cluster:
             self.custom.list_cluster_custom_object, VOLCANO_GROUP, VOLCANO_VERSION, QUEUES
         )
 
-    def _child_calls(self, kind: str) -> _ChildCalls:
-        """The generated clients' create and read of a kind the operator creates."""
-        core, networking = self.core, self.networking
-        if kind == "Pod":
-            return _ChildCalls(core.create_namespaced_pod, core.read_namespaced_pod)
-        if kind == "Service":
-            return _ChildCalls(core.create_namespaced_service, core.read_namespaced_service)
-        if kind == "NetworkPolicy":
-            return _ChildCalls(
-                networking.create_namespaced_network_policy,
-                networking.read_namespaced_network_policy,
-            )
-        if kind == "PodGroup":
-            podgroups = (VOLCANO_GROUP, VOLCANO_VERSION)
-            return _ChildCalls(
-                lambda namespace, body: self.custom.create_namespaced_custom_object(
-                    *podgroups, namespace, PODGROUPS, body
-                ),
-                lambda name, namespace: self.custom.get_namespaced_custom_object(
-                    *podgroups, namespace, PODGROUPS, name
-                ),
-            )
-        raise ValueError(f"the operator does not own {kind} objects")
-
     def create(self, obj: Obj) -> bool:
         """Create a child; False when it already exists (a repeated reconcile)."""
         kind = obj["kind"]
         namespace = obj["metadata"]["namespace"]
         self.counter.add("create", CHILD_RESOURCES.get(kind, kind.lower() + "s"))
-        create = self._child_calls(kind).create
-        return _answered(lambda: create(namespace, obj), unless=(409,))
+        try:
+            if kind == "Pod":
+                self.core.create_namespaced_pod(namespace, obj)
+            elif kind == "Service":
+                self.core.create_namespaced_service(namespace, obj)
+            elif kind == "NetworkPolicy":
+                self.networking.create_namespaced_network_policy(namespace, obj)
+            elif kind == "PodGroup":
+                self.custom.create_namespaced_custom_object(
+                    VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, obj
+                )
+            else:
+                raise ValueError(f"the operator does not create {kind} objects")
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
 
     def read_child(self, kind: str, namespace: str, name: str) -> Obj | None:
         """An existing object of a kind the operator creates (to see who owns a name that is
         taken, and why it is still there), or None when it does not exist."""
         self.counter.add("get", CHILD_RESOURCES.get(kind, kind.lower() + "s"))
-        read = self._child_calls(kind).read
-        found: list[Any] = []
-        if not _answered(lambda: found.append(read(name, namespace)), unless=(404,)):
-            return None
-        return dict(self.core.api_client.sanitize_for_serialization(found[0]))
+        try:
+            if kind == "Pod":
+                found: Any = self.core.read_namespaced_pod(name, namespace)
+            elif kind == "Service":
+                found = self.core.read_namespaced_service(name, namespace)
+            elif kind == "NetworkPolicy":
+                found = self.networking.read_namespaced_network_policy(name, namespace)
+            elif kind == "PodGroup":
+                return dict(
+                    self.custom.get_namespaced_custom_object(
+                        VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, name
+                    )
+                )
+            else:
+                raise ValueError(f"the operator does not own {kind} objects")
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return dict(self.core.api_client.sanitize_for_serialization(found))
 
     def delete_service(self, namespace: str, name: str) -> None:
         self.counter.add("delete", "services")
-        _answered(lambda: self.core.delete_namespaced_service(name, namespace), unless=(404,))
+        try:
+            self.core.delete_namespaced_service(name, namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
 
     def delete_network_policy(self, namespace: str, name: str) -> None:
         self.counter.add("delete", NETWORK_POLICIES)
-        delete = self.networking.delete_namespaced_network_policy
-        _answered(lambda: delete(name, namespace), unless=(404,))
+        try:
+            self.networking.delete_namespaced_network_policy(name, namespace)
+        except ApiException as error:
+            if error.status != 404:
+                raise
 
     def delete_pod(self, namespace: str, name: str, *, force: bool) -> None:
         self.counter.add("delete", "pods")
-        grace = 0 if force else None
-        delete = self.core.delete_namespaced_pod
-        _answered(lambda: delete(name, namespace, grace_period_seconds=grace), unless=(404,))
+        try:
+            self.core.delete_namespaced_pod(
+                name, namespace, grace_period_seconds=0 if force else None
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
 
     def cordon_node(self, name: str, patch: Obj) -> bool:
         """A JSON merge patch of a node (a straggler's cordon); False when the node is gone."""
         self.counter.add("patch", "nodes")
-        # The generated client would send a dict as a JSON Patch (a list of operations).
-        merge = "application/merge-patch+json"
-        return _answered(
-            lambda: self.core.patch_node(name, patch, _content_type=merge), unless=(404,)
-        )
+        try:
+            # The generated client would send a dict as a JSON Patch (a list of operations).
+            self.core.patch_node(name, patch, _content_type="application/merge-patch+json")
+        except ApiException as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
 
     def delete_podgroup(self, namespace: str, name: str) -> None:
         self.counter.add("delete", PODGROUPS)
-        podgroup = (VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, name)
-        _answered(lambda: self.custom.delete_namespaced_custom_object(*podgroup), unless=(404,))
-
-
-@dataclass(frozen=True, slots=True)
-class _ChildCalls:
-    """One child kind's calls, in the generated clients' argument orders."""
-
-    create: Callable[[str, Obj], object]  # (namespace, body)
-    read: Callable[[str, str], object]  # (name, namespace)
-
-
-def _answered(call: Callable[[], object], *, unless: tuple[int, ...]) -> bool:
-    """Runs one request: False when the API server answers with a status in `unless` (the
-    answer the caller expects and tolerates: already there, or gone), True when it succeeds."""
-    try:
-        call()
-    except ApiException as error:
-        if error.status in unless:
-            return False
-        raise
-    return True
+        try:
+            self.custom.delete_namespaced_custom_object(
+                VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, name
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
 
 
 class EventsAPI(Protocol):
