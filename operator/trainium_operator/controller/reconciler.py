@@ -6,7 +6,7 @@ keeping only children the job owns by UID (a re-created job with the same name m
 its predecessor's pods that garbage collection has not removed yet), and applies the plan in
 one order whatever the policies asked (`write_order`): the status first whenever the plan
 deletes or cordons anything, changes the phase or asks for it; then deletions, creations, the
-status if not written yet, annotation removals, side objects, and events last. Writes go
+status if not written yet, annotation removals, the events, and side objects last. Writes go
 straight to the API server, the status write with a resourceVersion precondition, and each is
 remembered until the cache has seen it, so no pass decides on a view older than the
 operator's own writes.
@@ -461,11 +461,13 @@ class Reconciler:
             # After the status that recorded the request: a crash in between leaves the value
             # the status names, and the next pass only removes it.
             self.cluster.remove_training_job_annotation(namespace, meta["name"], key_name, value)
-        for side in decision.side_create:
-            self._create_side(body, side)
         for event in decision.events:
             log.info("%s/%s %s: %s", namespace, meta["name"], event.reason, event.message)
             self.events.post(body, event.type, event.reason, event.message, self.clock())
+        for side in decision.side_create:
+            # After the job's own events: a side object's creation (or refusal, recorded as
+            # its own outcome) never delays what the job's status change says.
+            self._create_side(body, side)
         if decision.delete_job:
             log.info("%s/%s: ttlSecondsAfterFinished elapsed, deleting", namespace, meta["name"])
             self.cluster.delete_training_job(namespace, meta["name"], meta["uid"])
