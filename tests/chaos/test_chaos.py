@@ -1,8 +1,8 @@
 """Chaos suite: seeded, bounded fault injection on the real local cluster, invariants after every
 step.
 
-Two operator replicas run with kopf peering (one active, one standby; a short peering lifetime so
-a crashed active one is replaced in seconds). One-node, two-node and four-node jobs run through
+Three operator replicas run with kopf peering (one active, two standby; a short peering lifetime
+so a crashed active one is replaced in seconds). One-node, two-node and four-node jobs run through
 compile, training and restarts while a replica is SIGKILLed at random moments (at least 50 times;
 each restart takes a new random priority, so the active one changes), the kube-apiserver crashes
 and comes back, pods are deleted and force-deleted, PodGroups and Services are deleted by hand,
@@ -97,6 +97,10 @@ MIN_KILLS = 50
 VOLCANO = ("scheduling.volcano.sh", "v1beta1")
 PEERING = "chaos"
 PEERING_LIFETIME_SECONDS = 4
+# A replica is never killed during its imports, so kills wait for a restarted one to start up
+# (seconds on a loaded machine); with a third replica one that has started is nearly always
+# there, and the kills come at the pace of the steps instead of the restarts'.
+REPLICAS = 3
 STARTUP_TIMEOUT_SECONDS = 30
 NODE_LOST_GRACE_SECONDS = 3
 # Every gang at once (1+1+1+2+4 targeted, 1+2 control) plus a partitioned node and one spare.
@@ -494,7 +498,8 @@ class Chaos:
 def peered_replicas(
     dev_cluster: Any, namespace: str, tmp_path: Path
 ) -> Iterator[list[OperatorProcess]]:
-    """Two replicas sharing a KopfPeering, each with a random priority (the CLI's default)."""
+    """`REPLICAS` replicas sharing a KopfPeering, each with a random priority (the CLI's
+    default)."""
     clients = dev_cluster.clients
     ensure_shared_claim(clients, namespace)
     peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
@@ -506,7 +511,7 @@ def peered_replicas(
         OperatorProcess(
             Path(dev_cluster.kubeconfig), namespace, tmp_path / f"replica-{i}.log", extra_args=args
         )
-        for i in range(2)
+        for i in range(REPLICAS)
     ]
     for replica in replicas:
         replica.start()
@@ -693,7 +698,7 @@ def test_invariants_hold_under_seeded_faults(
         f"chaos suite: seed {SEED}, {STEPS} steps, {time.monotonic() - started:.0f} s ({phases})"
     )
     report.append(
-        f"  replicas              2 (kopf peering, lifetime {PEERING_LIFETIME_SECONDS} s)"
+        f"  replicas              {REPLICAS} (kopf peering, lifetime {PEERING_LIFETIME_SECONDS} s)"
     )
     report.append(
         f"  nodes                 {testing.NODES + len(chaos_nodes)} "
