@@ -7,8 +7,6 @@ own mapping (ui/jobs.py listed_jobs), so the page shows what it would for a clus
 from __future__ import annotations
 
 import copy
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,6 @@ from ui_serving import get_json, serving
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 JOBS_POLL_MS = 5_000  # the page's poll interval (app.js JOBS_POLL_MS)
 HOSTILE = '<img src=x onerror="window.__xss=1">'
@@ -110,28 +107,9 @@ def served(tmp_path: Path) -> Iterator[tuple[str, FakeCluster]]:
         yield url, cluster
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """One Chromium for the module (a launch takes seconds); each test gets a context of its
-    own."""
-    if shutil.which(CHROMIUM) is None and not Path(CHROMIUM).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} not found")
-        pytest.skip(f"{CHROMIUM} not found")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright:
-        launched = playwright.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--headless", "--no-sandbox", "--disable-gpu"],
-        )
-        yield launched
-        launched.close()
-
-
 @pytest.fixture
-def page(browser: Any, served: tuple[str, FakeCluster]) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1600, "height": 900})
+def page(chromium: Any, served: tuple[str, FakeCluster]) -> Iterator[Any]:
+    context = chromium.new_context(viewport={"width": 1600, "height": 900})
     browser_page: Any = context.new_page()
     # The page's timers run on a clock the test can move: a poll comes without waiting
     # out its interval in real time.
