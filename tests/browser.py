@@ -1,6 +1,8 @@
 """Headless Chromium (Debian's /usr/bin/chromium, or $CHROMIUM) driven by Playwright, launched
-once per session: a launch takes seconds, so each browser test opens a context of its own
-(fresh storage, its own viewport) in the one browser instead of starting another."""
+once per test module: each browser test opens a context of its own (fresh storage, its own
+viewport) in the module's browser instead of launching another. Not once per session: while
+Playwright's sync API is open it holds an event loop as the thread's running one, and the
+asyncio.run() of the other modules' tests would fail."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ LAUNCH_FLAGS = [
 ]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
     """The launched browser; a missing Chromium skips the test, or fails it under CI."""
     if shutil.which(CHROMIUM) is None and not Path(CHROMIUM).exists():

@@ -17,7 +17,7 @@ import pytest
 from trainium_devcluster import testing
 from trainium_devcluster.testing import DevCluster
 
-# The session's Chromium; the local S3 API server (moto in server mode) and its per-test
+# Each module's Chromium; the local S3 API server (moto in server mode) and its per-test
 # bucket; the test tiers.
 pytest_plugins = ["browser", "s3_server", "tiers"]
 
