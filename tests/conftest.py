@@ -17,8 +17,9 @@ import pytest
 from trainium_devcluster import testing
 from trainium_devcluster.testing import DevCluster
 
-# The local S3 API server (moto in server mode) and its per-test bucket; the test tiers.
-pytest_plugins = ["s3_server", "tiers"]
+# Each module's Chromium; the local S3 API server (moto in server mode) and its per-test
+# bucket; the test tiers.
+pytest_plugins = ["browser", "s3_server", "tiers"]
 
 
 def _echo(message: str) -> None:

@@ -5,9 +5,6 @@ CPU training loop under our profiler with the torch source, as the demo records.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +23,6 @@ from trainium_operator.ui.app import create_app
 from ui_serving import serving
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 
 
 @pytest.fixture(scope="module")
@@ -92,26 +88,11 @@ def test_a_profile_with_device_activity_is_reported_as_before(tmp_path: Path) ->
 
 
 @pytest.mark.browser
-def test_the_dashboard_page_explains_a_cpu_only_run(cpu_profile: Path) -> None:
-    if shutil.which(CHROMIUM) is None and not Path(CHROMIUM).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} not found")
-        pytest.skip(f"{CHROMIUM} not found")
-    sync_api = pytest.importorskip("playwright.sync_api")
+def test_the_dashboard_page_explains_a_cpu_only_run(chromium: Any, cpu_profile: Path) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     root = cpu_profile.parents[1]
-    with (
-        serving(create_app(root, workers=1)) as url,
-        sync_api.sync_playwright() as playwright,
-        tempfile.TemporaryDirectory() as profile_dir,
-    ):
-        context = playwright.chromium.launch_persistent_context(
-            profile_dir,
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--headless", "--no-sandbox", "--disable-gpu"],
-            viewport={"width": 1600, "height": 1000},
-        )
+    with serving(create_app(root, workers=1)) as url:
+        context = chromium.new_context(viewport={"width": 1600, "height": 1000})
         page: Any = context.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda error: errors.append(str(error)))

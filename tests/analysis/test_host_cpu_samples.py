@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
 from profiler.profiler_helpers import start, stop_and_read
 from trainium_operator import profiler
@@ -45,9 +47,18 @@ def busy_demo_like_profile(root: Path) -> tuple[Path, int]:
     return root, cpu_used_ns
 
 
-def test_the_whole_host_reads_at_least_the_training_process_it_runs(tmp_path: Path) -> None:
-    root, cpu_used_ns = busy_demo_like_profile(tmp_path / "p")
-    data = dashboard(load_profile(root, workers=1))
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], int]:
+    """The dashboard of one recorded run (both tests read it: a run takes seconds), and the
+    CPU time the process used while it recorded."""
+    root, cpu_used_ns = busy_demo_like_profile(tmp_path_factory.mktemp("host-cpu") / "p")
+    return dashboard(load_profile(root, workers=1)), cpu_used_ns
+
+
+def test_the_whole_host_reads_at_least_the_training_process_it_runs(
+    recorded: tuple[dict[str, Any], int],
+) -> None:
+    data, cpu_used_ns = recorded
 
     [cpu] = data["cpu"]
     # Every interval the sampler measured counts, its first included: the samples account
@@ -59,9 +70,10 @@ def test_the_whole_host_reads_at_least_the_training_process_it_runs(tmp_path: Pa
     assert cpu["process_mean_cores"] > 0.2, cpu
 
 
-def test_the_utilisation_chart_has_host_cpu_over_the_whole_run(tmp_path: Path) -> None:
-    root, _ = busy_demo_like_profile(tmp_path / "p")
-    data = dashboard(load_profile(root, workers=1))
+def test_the_utilisation_chart_has_host_cpu_over_the_whole_run(
+    recorded: tuple[dict[str, Any], int],
+) -> None:
+    data, _ = recorded
 
     [host] = data["utilisation"]["node_cpu_cores"]
     drawn = [v for v in host if v is not None and not math.isnan(v)]

@@ -97,6 +97,9 @@ MIN_KILLS = 50
 VOLCANO = ("scheduling.volcano.sh", "v1beta1")
 PEERING = "chaos"
 PEERING_LIFETIME_SECONDS = 4
+# A replica is never killed during its imports, so the kills wait for a restarted one to start
+# up: with two replicas that sets the pace of the kills past the seeded steps.
+REPLICAS = 2
 STARTUP_TIMEOUT_SECONDS = 30
 NODE_LOST_GRACE_SECONDS = 3
 # Every gang at once (1+1+1+2+4 targeted, 1+2 control) plus a partitioned node and one spare.
@@ -494,7 +497,8 @@ class Chaos:
 def peered_replicas(
     dev_cluster: Any, namespace: str, tmp_path: Path
 ) -> Iterator[list[OperatorProcess]]:
-    """Two replicas sharing a KopfPeering, each with a random priority (the CLI's default)."""
+    """`REPLICAS` replicas sharing a KopfPeering, each with a random priority (the CLI's
+    default)."""
     clients = dev_cluster.clients
     ensure_shared_claim(clients, namespace)
     peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
@@ -506,7 +510,7 @@ def peered_replicas(
         OperatorProcess(
             Path(dev_cluster.kubeconfig), namespace, tmp_path / f"replica-{i}.log", extra_args=args
         )
-        for i in range(2)
+        for i in range(REPLICAS)
     ]
     for replica in replicas:
         replica.start()
@@ -693,7 +697,7 @@ def test_invariants_hold_under_seeded_faults(
         f"chaos suite: seed {SEED}, {STEPS} steps, {time.monotonic() - started:.0f} s ({phases})"
     )
     report.append(
-        f"  replicas              2 (kopf peering, lifetime {PEERING_LIFETIME_SECONDS} s)"
+        f"  replicas              {REPLICAS} (kopf peering, lifetime {PEERING_LIFETIME_SECONDS} s)"
     )
     report.append(
         f"  nodes                 {testing.NODES + len(chaos_nodes)} "

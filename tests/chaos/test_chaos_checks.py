@@ -7,83 +7,78 @@ from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
-from chaos.checks import (
-    EventSeen,
-    Ledger,
-    PodSeen,
-    check_pods,
-    check_status,
-    final_event_violations,
-    side_pod_refusal_violations,
-    warning_violations,
-)
+from chaos import checks
 
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)
 
 
 def pod(
     uid: str, *, attempt: int = 0, rank: int = 0, node: str | None = "n-1", phase: str = "Running"
-) -> PodSeen:
-    return PodSeen(
+) -> checks.PodSeen:
+    return checks.PodSeen(
         name=f"j-train-{attempt}-{rank}", uid=uid, job="j", stage="train", attempt=attempt,
         rank=rank, node=node, phase=phase, deleting=False,
     )  # fmt: skip
 
 
-def event(reason: str, seconds: float, kind: str = "Normal", message: str = "") -> EventSeen:
-    return EventSeen(kind, reason, message or reason, T0 + timedelta(seconds=seconds))
+def event(reason: str, seconds: float, kind: str = "Normal", message: str = "") -> checks.EventSeen:
+    return checks.EventSeen(kind, reason, message or reason, T0 + timedelta(seconds=seconds))
 
 
 def test_a_scheduled_rank_recreated_as_another_pod_is_two_gangs_on_one_attempt() -> None:
-    ledger = Ledger()
-    check_pods([pod("uid-a")], {"j": 1}, ledger)
-    check_pods([pod("uid-a")], {"j": 1}, ledger)
+    ledger = checks.Ledger()
+    checks.check_pods([pod("uid-a")], {"j": 1}, ledger)
+    checks.check_pods([pod("uid-a")], {"j": 1}, ledger)
     assert ledger.violations == []
     # Force-deleted, then re-created with the same attempt (before it is even scheduled).
-    check_pods([pod("uid-b", node=None, phase="Pending")], {"j": 1}, ledger)
-    check_pods([pod("uid-b", node="n-2")], {"j": 1}, ledger)
+    checks.check_pods([pod("uid-b", node=None, phase="Pending")], {"j": 1}, ledger)
+    checks.check_pods([pod("uid-b", node="n-2")], {"j": 1}, ledger)
     assert len(ledger.violations) == 1, "reported once per pod"
     assert "rank 0 was scheduled as j-train-0-0@n-1 (uid uid-a)" in ledger.violations[0]
     assert "two gangs write to attempt 0" in ledger.violations[0]
 
 
 def test_a_rank_recreated_before_it_was_ever_scheduled_is_no_second_gang() -> None:
-    ledger = Ledger()
-    check_pods([pod("uid-a", node=None, phase="Pending")], {"j": 1}, ledger)
-    check_pods([pod("uid-b")], {"j": 1}, ledger)
-    check_pods([pod("uid-c", attempt=1)], {"j": 1}, ledger)
+    ledger = checks.Ledger()
+    checks.check_pods([pod("uid-a", node=None, phase="Pending")], {"j": 1}, ledger)
+    checks.check_pods([pod("uid-b")], {"j": 1}, ledger)
+    checks.check_pods([pod("uid-c", attempt=1)], {"j": 1}, ledger)
     assert ledger.violations == []
 
 
 def test_two_attempts_alive_at_once_is_a_violation_and_full_gangs_are_counted() -> None:
-    ledger = Ledger()
+    ledger = checks.Ledger()
     gang = [pod("a0", rank=0), pod("a1", rank=1)]
-    check_pods(gang, {"j": 2}, ledger)
+    checks.check_pods(gang, {"j": 2}, ledger)
     assert ledger.full_gangs == {("j", "train", 0): 2}
-    check_pods([*gang, pod("b0", attempt=1, node=None, phase="Pending")], {"j": 2}, ledger)
+    checks.check_pods([*gang, pod("b0", attempt=1, node=None, phase="Pending")], {"j": 2}, ledger)
     assert ledger.violations == ["[start] j: pods of attempts [0, 1] alive at once"]
 
 
 def test_restart_counts_must_match_the_attempt_and_a_trained_attempt_never_pends() -> None:
-    ledger = Ledger()
+    ledger = checks.Ledger()
     restarts = {"total": 1, "application": 1, "infrastructure": 0}
-    check_status("j", {"attempt": 1, "phase": "Training", "restarts": restarts}, set(), ledger)
+    checks.check_status(
+        "j", {"attempt": 1, "phase": "Training", "restarts": restarts}, set(), ledger
+    )
     assert ledger.violations == []
-    check_status("j", {"attempt": 2, "phase": "Training", "restarts": restarts}, set(), ledger)
+    checks.check_status(
+        "j", {"attempt": 2, "phase": "Training", "restarts": restarts}, set(), ledger
+    )
     assert ledger.violations == ["[start] j: attempt 2 but 1 restarts counted"]
-    ledger = Ledger()
+    ledger = checks.Ledger()
     training = {"attempt": 0, "phase": "Training", "restarts": {"total": 0}}
-    check_status("j", training, {0}, ledger)
+    checks.check_status("j", training, {0}, ledger)
     waiting = {**training, "phase": "Pending", "reason": "WaitingForGang", "message": "1/2 ready"}
-    check_status("j", waiting, {0}, ledger)
+    checks.check_status("j", waiting, {0}, ledger)
     assert ledger.violations == [
         "[start] j: went back from Training to Pending in attempt 0 (WaitingForGang: 1/2 ready)"
     ]
     # A restart's next gang waiting in the queue is a new attempt: no regression.
-    ledger = Ledger()
-    check_status("j", training, {0}, ledger)
+    ledger = checks.Ledger()
+    checks.check_status("j", training, {0}, ledger)
     split = {"total": 1, "application": 0, "infrastructure": 1}
-    check_status("j", {"attempt": 1, "phase": "Pending", "restarts": split}, {1}, ledger)
+    checks.check_status("j", {"attempt": 1, "phase": "Pending", "restarts": split}, {1}, ledger)
     assert ledger.violations == []
 
 
@@ -92,18 +87,18 @@ SUCCEEDED = {"phase": "Succeeded", "reason": "TrainingSucceeded"}
 
 def test_an_event_newer_than_the_final_state_describing_an_older_one_is_a_violation() -> None:
     clean = [event("GangRunning", 0), event("WaitingForGang", 1), event("TrainingSucceeded", 2)]
-    assert final_event_violations("j", SUCCEEDED, clean) == []
+    assert checks.final_event_violations("j", SUCCEEDED, clean) == []
     stale = [event("GangRunning", 0), event("TrainingSucceeded", 1), event("WaitingForGang", 2)]
-    [found] = final_event_violations("j", SUCCEEDED, stale)
+    [found] = checks.final_event_violations("j", SUCCEEDED, stale)
     assert "ended Succeeded/TrainingSucceeded but its newest event" in found
     assert "WaitingForGang" in found
 
 
 def test_a_tie_to_the_second_with_an_older_state_is_a_violation() -> None:
     tied = [event("WaitingForGang", 1), event("TrainingSucceeded", 1)]
-    [found] = final_event_violations("j", SUCCEEDED, tied)
+    [found] = checks.final_event_violations("j", SUCCEEDED, tied)
     assert "tied to the second" in found
-    assert final_event_violations("j", SUCCEEDED, []) == [
+    assert checks.final_event_violations("j", SUCCEEDED, []) == [
         "j: ended Succeeded/TrainingSucceeded without any event about it"
     ]
 
@@ -111,15 +106,15 @@ def test_a_tie_to_the_second_with_an_older_state_is_a_violation() -> None:
 def test_upload_events_are_judged_against_the_upload_state_not_the_phase() -> None:
     status = {**SUCCEEDED, "profile": {"upload": {"state": "Failed"}}}
     events = [event("TrainingSucceeded", 1), event("ProfileUploadFailed", 1, "Warning")]
-    assert final_event_violations("j", status, events) == []
+    assert checks.final_event_violations("j", status, events) == []
     events = [event("TrainingSucceeded", 1), event("ProfileUploaded", 2)]
-    [found] = final_event_violations("j", status, events)
+    [found] = checks.final_event_violations("j", status, events)
     assert "status.profile.upload is Failed but the newest upload event is" in found
 
 
 def test_any_warning_on_a_control_job_is_a_violation() -> None:
-    assert warning_violations("ctl", [event("GangRunning", 0)]) == []
-    [found] = warning_violations("ctl", [event("Unschedulable", 0, "Warning", "2/0 tasks")])
+    assert checks.warning_violations("ctl", [event("GangRunning", 0)]) == []
+    [found] = checks.warning_violations("ctl", [event("Unschedulable", 0, "Warning", "2/0 tasks")])
     assert "ctl (a control job no fault targeted) has Warning events" in found
 
 
@@ -142,14 +137,14 @@ def refused_status(**changes: Any) -> dict[str, Any]:
 
 def test_a_refused_side_pod_must_leave_the_job_succeeded_and_say_so_in_the_upload() -> None:
     warning = event("ProfileUploadFailed", 1, "Warning")
-    assert side_pod_refusal_violations("p", refused_status(), [warning]) == []
+    assert checks.side_pod_refusal_violations("p", refused_status(), [warning]) == []
     pending = refused_status(phase="Pending", reason="AdmissionRejected", message="refused")
-    found = side_pod_refusal_violations("p", pending, [warning])
+    found = checks.side_pod_refusal_violations("p", pending, [warning])
     assert found == ["p: upload pods refused and the job ended Pending/AdmissionRejected: refused"]
-    found = side_pod_refusal_violations("p", refused_status(), [])
+    found = checks.side_pod_refusal_violations("p", refused_status(), [])
     assert found == ["p: no ProfileUploadFailed Warning event"]
     leaked = event("AdmissionRejected", 1, "Warning", "Pod p-profile-upload-0 was refused")
-    found = side_pod_refusal_violations("p", refused_status(), [warning, leaked])
+    found = checks.side_pod_refusal_violations("p", refused_status(), [warning, leaked])
     [found_leak] = found
     assert "reached the job's own events" in found_leak
 
@@ -163,6 +158,6 @@ def test_events_are_sorted_as_kubectl_sorts_them() -> None:
         values |= {"last_timestamp": None, "event_time": None, **fields}
         return SimpleNamespace(**values)
 
-    assert EventSeen.of(core_event(series=series, last_timestamp=T0)).time == later
-    assert EventSeen.of(core_event(last_timestamp=T0, event_time=later)).time == T0
-    assert EventSeen.of(core_event(event_time=later)).time == later
+    assert checks.EventSeen.of(core_event(series=series, last_timestamp=T0)).time == later
+    assert checks.EventSeen.of(core_event(last_timestamp=T0, event_time=later)).time == T0
+    assert checks.EventSeen.of(core_event(event_time=later)).time == later

@@ -21,7 +21,6 @@ from images.dockerfile_model import (
     TRAINING_DOCKERFILES,
     Dockerfile,
     assemble_copies,
-    build_operator_wheel,
 )
 from s3_server import S3Bucket, aws_env
 from support.synthetic import SyntheticSpec, write_synthetic_profile
@@ -94,6 +93,9 @@ def test_the_training_images_cmd_runs_in_its_layout(
     assert "trainium_operator" not in result.stderr
 
 
+# A whole training run (shards, pretrain.py to its final checkpoint), as tests/tiers.py puts
+# full runs: e2e, not the unit tier's quick verdict.
+@pytest.mark.e2e
 def test_a_two_step_cpu_training_run_works_from_the_training_image_layout(
     training_image: tuple[Path, dict[str, str], str], tmp_path: Path
 ) -> None:
@@ -122,13 +124,11 @@ def test_a_two_step_cpu_training_run_works_from_the_training_image_layout(
 
 
 @pytest.fixture(scope="module")
-def operator_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def operator_image(operator_wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The operator wheel, built as the image's build stage builds it and installed as its
     runtime stage does (here without dependencies: they are this environment's)."""
-    work = tmp_path_factory.mktemp("operator-image")
-    wheel = build_operator_wheel(work)
-    site = work / "site-packages"
-    zipfile.ZipFile(wheel).extractall(site)
+    site = tmp_path_factory.mktemp("operator-image") / "site-packages"
+    zipfile.ZipFile(operator_wheel).extractall(site)
     return site
 
 

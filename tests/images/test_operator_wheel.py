@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from images.dockerfile_model import ROOT, build_operator_wheel
+from images.dockerfile_model import ROOT
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
-    return zipfile.ZipFile(build_operator_wheel(tmp_path_factory.mktemp("wheel")))
+def wheel(operator_wheel: Path) -> zipfile.ZipFile:
+    return zipfile.ZipFile(operator_wheel)
 
 
 def names(wheel: zipfile.ZipFile) -> list[str]:

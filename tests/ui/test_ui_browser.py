@@ -7,9 +7,6 @@ land in artifacts/screenshots/ for a person to look at.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -37,68 +34,40 @@ from trainium_operator.profiler.events import EventKind
 pytestmark = pytest.mark.browser
 
 PROFILE_ID = "ml/llama-pretrain/0"  # written by conftest.profile_root
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
-LAUNCH_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-def _require_chromium() -> None:
-    if shutil.which(CHROMIUM) is None and not Path(CHROMIUM).exists():
-        message = f"{CHROMIUM} not found: apt-get install -y chromium"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
 
 
 @pytest.fixture(scope="module")
-def page(live_server: str) -> Iterator[Any]:
-    _require_chromium()
-    sync_api = pytest.importorskip("playwright.sync_api")
+def page(chromium: Any, live_server: str) -> Iterator[Any]:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile_dir:
-        context = playwright.chromium.launch_persistent_context(
-            profile_dir,
-            executable_path=CHROMIUM,
-            headless=True,
-            args=LAUNCH_FLAGS,
-            viewport={"width": 1600, "height": 1000},
-        )
-        errors: list[str] = []
-        browser_page = context.new_page()
-        browser_page.on("pageerror", lambda error: errors.append(str(error)))
-        # Nothing may be fetched from anywhere but the UI server itself.
-        outside: list[str] = []
-        browser_page.on(
-            "request",
-            lambda request: (
-                None
-                if request.url.startswith(live_server) or request.url.startswith("data:")
-                else outside.append(request.url)
-            ),
-        )
-        # Start from an unloaded profile whatever other tests did with the shared server.
-        urllib.request.urlopen(
-            urllib.request.Request(
-                f"{live_server}/api/profiles/unload?id={PROFILE_ID}",
-                method="POST",
-                headers={"X-Trainium-UI": "1"},
-            ),
-            timeout=30,
-        ).close()
-        browser_page.goto(f"{live_server}/#/profiles")
-        yield browser_page
-        context.close()
-        assert errors == [], f"JavaScript errors: {errors}"
-        assert outside == [], f"requests left the server: {outside}"
+    context = chromium.new_context(viewport={"width": 1600, "height": 1000})
+    errors: list[str] = []
+    browser_page = context.new_page()
+    browser_page.on("pageerror", lambda error: errors.append(str(error)))
+    # Nothing may be fetched from anywhere but the UI server itself.
+    outside: list[str] = []
+    browser_page.on(
+        "request",
+        lambda request: (
+            None
+            if request.url.startswith(live_server) or request.url.startswith("data:")
+            else outside.append(request.url)
+        ),
+    )
+    # Start from an unloaded profile whatever other tests did with the shared server.
+    urllib.request.urlopen(
+        urllib.request.Request(
+            f"{live_server}/api/profiles/unload?id={PROFILE_ID}",
+            method="POST",
+            headers={"X-Trainium-UI": "1"},
+        ),
+        timeout=30,
+    ).close()
+    browser_page.goto(f"{live_server}/#/profiles")
+    yield browser_page
+    context.close()
+    assert errors == [], f"JavaScript errors: {errors}"
+    assert outside == [], f"requests left the server: {outside}"
 
 
 @pytest.fixture(scope="module")

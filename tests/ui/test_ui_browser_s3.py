@@ -5,9 +5,6 @@ to artifacts/screenshots/ (profiles-s3.png, dashboard-s3.png), beside the other 
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,9 +21,7 @@ from ui_serving import serving
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
-LAUNCH_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 SPEC = SyntheticSpec(nodes=2, ranks_per_node=4, kernels_per_step=24)
 
 
@@ -69,14 +64,6 @@ def s3_ui(s3: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
         yield url
 
 
-def _chromium() -> None:
-    if shutil.which(CHROMIUM) is None and not Path(CHROMIUM).exists():
-        message = f"{CHROMIUM} not found: apt-get install -y chromium"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-
-
 def rows(page: Any) -> list[str]:
     found = page.evaluate(
         "Array.from(document.querySelectorAll('[data-testid=profiles-table] tbody tr'))"
@@ -93,55 +80,48 @@ def wait_rows(page: Any, expected: list[str], timeout_s: float = 20) -> None:
         page.wait_for_timeout(50)
 
 
-def test_the_ui_lists_searches_filters_and_opens_a_profile_from_s3(s3_ui: str) -> None:
-    _chromium()
-    sync_api = pytest.importorskip("playwright.sync_api")
+def test_the_ui_lists_searches_filters_and_opens_a_profile_from_s3(
+    chromium: Any, s3_ui: str
+) -> None:
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile_dir:
-        context = playwright.chromium.launch_persistent_context(
-            profile_dir,
-            executable_path=CHROMIUM,
-            headless=True,
-            args=LAUNCH_FLAGS,
-            viewport={"width": 1600, "height": 1000},
-        )
-        page = context.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
-        page.goto(f"{s3_ui}/#/profiles")
-        page.wait_for_selector("[data-testid=profiles-table]")
-        assert "in S3 under" in page.inner_text("#profiles-root")
-        wait_rows(page, ["ml/bert-large/0", "ml/bert-large/1", "ml/llama-pretrain/0"])
-        incomplete = page.locator("tr[data-profile='ml/bert-large/1']")
-        assert "not loadable" in incomplete.inner_text()
-        assert incomplete.locator("[data-action=load]").count() == 0
+    context = chromium.new_context(viewport={"width": 1600, "height": 1000})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(f"{s3_ui}/#/profiles")
+    page.wait_for_selector("[data-testid=profiles-table]")
+    assert "in S3 under" in page.inner_text("#profiles-root")
+    wait_rows(page, ["ml/bert-large/0", "ml/bert-large/1", "ml/llama-pretrain/0"])
+    incomplete = page.locator("tr[data-profile='ml/bert-large/1']")
+    assert "not loadable" in incomplete.inner_text()
+    assert incomplete.locator("[data-action=load]").count() == 0
 
-        page.fill("[data-testid=profile-search]", "llama")
-        wait_rows(page, ["ml/llama-pretrain/0"])
-        assert "llama-pretrain" in page.inner_text("[data-testid=jobs-table]")
-        assert "bert-large" not in page.inner_text("[data-testid=jobs-table]")
-        page.fill("[data-testid=profile-search]", "")
-        wait_rows(page, ["ml/bert-large/0", "ml/bert-large/1", "ml/llama-pretrain/0"])
-        page.select_option("[data-testid=profile-status]", "Failed")
-        wait_rows(page, ["ml/bert-large/0", "ml/bert-large/1"])
-        page.select_option("[data-testid=profile-status]", "Succeeded")
-        wait_rows(page, ["ml/llama-pretrain/0"])
+    page.fill("[data-testid=profile-search]", "llama")
+    wait_rows(page, ["ml/llama-pretrain/0"])
+    assert "llama-pretrain" in page.inner_text("[data-testid=jobs-table]")
+    assert "bert-large" not in page.inner_text("[data-testid=jobs-table]")
+    page.fill("[data-testid=profile-search]", "")
+    wait_rows(page, ["ml/bert-large/0", "ml/bert-large/1", "ml/llama-pretrain/0"])
+    page.select_option("[data-testid=profile-status]", "Failed")
+    wait_rows(page, ["ml/bert-large/0", "ml/bert-large/1"])
+    page.select_option("[data-testid=profile-status]", "Succeeded")
+    wait_rows(page, ["ml/llama-pretrain/0"])
 
-        row = page.locator("tr[data-profile='ml/llama-pretrain/0']")
-        row.locator("[data-action=load]").click()
-        page.wait_for_selector(
-            "tr[data-profile='ml/llama-pretrain/0'] [data-action=open]", timeout=60_000
-        )
-        assert "loaded" in row.inner_text()
-        page.fill("[data-testid=profile-search]", "")
-        page.select_option("[data-testid=profile-status]", "")
-        wait_rows(page, ["ml/bert-large/0", "ml/bert-large/1", "ml/llama-pretrain/0"])
-        page.screenshot(path=str(SCREENSHOTS / "profiles-s3.png"))
+    row = page.locator("tr[data-profile='ml/llama-pretrain/0']")
+    row.locator("[data-action=load]").click()
+    page.wait_for_selector(
+        "tr[data-profile='ml/llama-pretrain/0'] [data-action=open]", timeout=60_000
+    )
+    assert "loaded" in row.inner_text()
+    page.fill("[data-testid=profile-search]", "")
+    page.select_option("[data-testid=profile-status]", "")
+    wait_rows(page, ["ml/bert-large/0", "ml/bert-large/1", "ml/llama-pretrain/0"])
+    page.screenshot(path=str(SCREENSHOTS / "profiles-s3.png"))
 
-        page.locator("tr[data-profile='ml/llama-pretrain/0'] [data-action=open]").click()
-        page.wait_for_selector("main[data-ready=dashboard]", timeout=60_000)
-        assert str(SPEC.steps) in page.inner_text("[data-testid=kpi-steps]")
-        assert "llama-pretrain" in page.inner_text("#current-profile")
-        page.screenshot(path=str(SCREENSHOTS / "dashboard-s3.png"))
-        context.close()
-        assert errors == [], errors
+    page.locator("tr[data-profile='ml/llama-pretrain/0'] [data-action=open]").click()
+    page.wait_for_selector("main[data-ready=dashboard]", timeout=60_000)
+    assert str(SPEC.steps) in page.inner_text("[data-testid=kpi-steps]")
+    assert "llama-pretrain" in page.inner_text("#current-profile")
+    page.screenshot(path=str(SCREENSHOTS / "dashboard-s3.png"))
+    context.close()
+    assert errors == [], errors

@@ -11,9 +11,6 @@ step histogram's screenshots land in artifacts/screenshots/ for a person to look
 from __future__ import annotations
 
 import itertools
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +25,6 @@ from ui_serving import post_json, serving
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 PROFILE_ID = "default/demo-like/0"
 # The demo's 30 step times (ms), from its profile report.
@@ -97,25 +93,10 @@ def demo_like_profile(root: Path) -> Path:
 
 
 @pytest.fixture
-def page(tmp_path: Path) -> Iterator[Any]:
-    if shutil.which(CHROMIUM) is None and not Path(CHROMIUM).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} not found")
-        pytest.skip(f"{CHROMIUM} not found")
-    sync_api = pytest.importorskip("playwright.sync_api")
+def page(chromium: Any, tmp_path: Path) -> Iterator[Any]:
     root = demo_like_profile(tmp_path / "profiles")
-    with (
-        serving(create_app(root, workers=1)) as url,
-        sync_api.sync_playwright() as playwright,
-        tempfile.TemporaryDirectory() as profile_dir,
-    ):
-        context = playwright.chromium.launch_persistent_context(
-            profile_dir,
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--headless", "--no-sandbox", "--disable-gpu"],
-            viewport={"width": VIEWPORT_WIDTHS[0], "height": 900},
-        )
+    with serving(create_app(root, workers=1)) as url:
+        context = chromium.new_context(viewport={"width": VIEWPORT_WIDTHS[0], "height": 900})
         browser_page: Any = context.new_page()
         errors: list[str] = []
         browser_page.on("pageerror", lambda error: errors.append(str(error)))

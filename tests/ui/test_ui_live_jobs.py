@@ -7,9 +7,6 @@ own mapping (ui/jobs.py listed_jobs), so the page shows what it would for a clus
 from __future__ import annotations
 
 import copy
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +20,8 @@ from ui_serving import get_json, serving
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
+JOBS_POLL_MS = 5_000  # the page's poll interval (app.js JOBS_POLL_MS)
 HOSTILE = '<img src=x onerror="window.__xss=1">'
 PROGRESS = {
     "attempt": 0,
@@ -103,33 +100,27 @@ class FakeCluster:
 def served(tmp_path: Path) -> Iterator[tuple[str, FakeCluster]]:
     cluster = FakeCluster()
     (tmp_path / "profiles").mkdir()
-    with serving(create_app(tmp_path / "profiles", job_lister=cluster.list_jobs)) as url:
+    # No shared job list between reads: the page's clock is moved past its poll interval,
+    # the server's real one not past the list's lifetime.
+    app = create_app(tmp_path / "profiles", job_lister=cluster.list_jobs, job_list_ttl=0)
+    with serving(app) as url:
         yield url, cluster
 
 
 @pytest.fixture
-def page(served: tuple[str, FakeCluster]) -> Iterator[Any]:
-    if shutil.which(CHROMIUM) is None and not Path(CHROMIUM).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} not found")
-        pytest.skip(f"{CHROMIUM} not found")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile_dir:
-        context = playwright.chromium.launch_persistent_context(
-            profile_dir,
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--headless", "--no-sandbox", "--disable-gpu"],
-            viewport={"width": 1600, "height": 900},
-        )
-        browser_page: Any = context.new_page()
-        errors: list[str] = []
-        browser_page.on("pageerror", lambda error: errors.append(str(error)))
-        browser_page.goto(f"{served[0]}/#/profiles")
-        browser_page.wait_for_selector("[data-testid=jobs-table]", timeout=30_000)
-        yield browser_page
-        context.close()
-        assert errors == [], errors
+def page(chromium: Any, served: tuple[str, FakeCluster]) -> Iterator[Any]:
+    context = chromium.new_context(viewport={"width": 1600, "height": 900})
+    browser_page: Any = context.new_page()
+    # The page's timers run on a clock the test can move: a poll comes without waiting
+    # out its interval in real time.
+    browser_page.clock.install()
+    errors: list[str] = []
+    browser_page.on("pageerror", lambda error: errors.append(str(error)))
+    browser_page.goto(f"{served[0]}/#/profiles")
+    browser_page.wait_for_selector("[data-testid=jobs-table]", timeout=30_000)
+    yield browser_page
+    context.close()
+    assert errors == [], errors
 
 
 def cell(page: Any, name: str, testid: str) -> str:
@@ -177,6 +168,7 @@ def test_a_changed_status_appears_after_the_poll_without_a_reload(
     llama = cluster.items["llama"]["status"]
     llama["progress"] = {**PROGRESS, "step": 1300, "maxStep": 1300, "etaSummary": "24m"}
     llama["conditions"] = [{"type": "Stalled", "status": "True"}]
+    page.clock.fast_forward(JOBS_POLL_MS)
     # A function, not a string: the page's CSP forbids eval.
     page.wait_for_function("(seen) => window.__ui.jobsPolls > seen", arg=polls, timeout=15_000)
     assert cell(page, "llama", "job-step") == "1,300 / 5,000"
