@@ -63,6 +63,7 @@ from trainium_devcluster.sim import wait_for
 from trainium_operator.api.crd import spec_schema
 from trainium_operator.api.instance_types import EFA_RESOURCE, NEURON_RESOURCE
 from trainium_operator.api.spec import TRAINING_CONTAINER, TrainingJobSpec
+from trainium_operator.lifecycle.parse import spec_too_large
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("crds")]
 
@@ -704,6 +705,10 @@ def running_spec(mutation: Mutation) -> dict[str, Any]:
 
 
 def model_problems(spec: dict[str, Any]) -> str | None:
+    """Why the operator refuses this spec as stored (the model, and the spec's size bound)."""
+    too_large = spec_too_large(spec)
+    if too_large:
+        return too_large[0]
     try:
         TrainingJobSpec.model_validate(spec)
     except ValidationError as error:

@@ -138,12 +138,19 @@ def test_no_integer_of_the_spec_schema_is_unbounded() -> None:
     assert unbounded == []
 
 
-def test_a_spec_too_large_to_copy_into_every_pod_is_refused_naming_its_size() -> None:
-    # 1 MiB of args is under the API server's object limit; copied into a 512-node gang's pods
+def test_a_spec_too_large_to_copy_into_every_pod_is_refused_naming_its_size_and_field() -> None:
+    # 1 MiB of env is under the API server's object limit; copied into a 512-node gang's pods
     # it would be half a GiB of the operator's memory.
     huge = parse_job(job_document(env=[{"name": f"V{i}", "value": "x" * 4000} for i in range(250)]))
     assert isinstance(huge, list)
-    assert any("at most 131072 are allowed" in p for p in huge), huge
+    assert any(
+        p.startswith("spec.env: the spec is") and "at most 131072 are allowed" in p for p in huge
+    ), huge
+    # A map of annotations (a pass-through the schema cannot bound in bytes) is named too.
+    big = {"example.com/owner": "x" * 200_000}
+    named = parse_job(job_document(podMetadata={"annotations": big}))
+    assert isinstance(named, list)
+    assert any(p.startswith("spec.podMetadata.annotations") for p in named), named
 
 
 def test_argument_lists_are_bounded_in_count_and_length() -> None:

@@ -21,6 +21,31 @@ from trainium_operator.builders.job import JobRef
 MAX_SPEC_BYTES = 128 * 1024
 
 
+def _json_size(value: object) -> int:
+    return len(json.dumps(value, separators=(",", ":"), default=str))
+
+
+def spec_too_large(spec: object) -> list[str]:
+    """The refusal of a spec over MAX_SPEC_BYTES, naming the field that makes it so (the
+    largest value, followed down while it is most of its parent)."""
+    size = _json_size(spec)
+    if size <= MAX_SPEC_BYTES:
+        return []
+    path, value = ["spec"], spec
+    while isinstance(value, dict) and value:
+        name, child = max(value.items(), key=lambda item: _json_size(item[1]))
+        if _json_size(child) * 2 < _json_size(value):
+            break
+        path.append(str(name))
+        value = child
+    where = ".".join(path)
+    return [
+        f"{where}: the spec is {size} bytes as JSON, {_json_size(value)} of them in {where}; "
+        f"at most {MAX_SPEC_BYTES} are allowed (the operator copies the spec into every pod of "
+        "the gang): move large values into a ConfigMap or the claim"
+    ]
+
+
 def validation_problems(error: ValidationError) -> list[str]:
     """Pydantic errors as `spec.<camelCase path>: <message>` lines."""
     problems = []
@@ -69,16 +94,7 @@ def parse_job(
     (`JobRef.dropped_pod_fields`, which the operator names in a Warning)."""
     meta = body["metadata"]
     spec_body: Obj = body.get("spec") or {}
-    size = len(json.dumps(spec_body, separators=(",", ":"), default=str))
-    too_large = (
-        [
-            f"spec: {size} bytes as JSON, at most {MAX_SPEC_BYTES} are allowed (the operator "
-            "copies it into every pod of the gang): move large values into a ConfigMap or the "
-            "claim"
-        ]
-        if size > MAX_SPEC_BYTES
-        else []
-    )
+    too_large = spec_too_large(spec_body)
     dropped: list[str] = []
     if isinstance(spec_body, dict) and (body.get("status") or {}).get("phase"):
         spec_body, dropped = without_refused_pod_fields(spec_body)
