@@ -95,20 +95,15 @@ def _work(iterations: int) -> float:
     return total
 
 
+def _rank_zero(url: str, token: str, interval_s: float, job: str, **more: Any) -> ChannelConfig:
+    """The channel settings of the only rank of team-a's `job` (job-<j> has the uid uid-<j>)."""
+    uid = job.replace("job-", "uid-")
+    return ChannelConfig(url, token, interval_s, job, "team-a", uid, 0, 0, 0, 1, **more)
+
+
 def step_overhead(blocks: int, steps: int) -> None:
-    config = ChannelConfig(
-        url="http://127.0.0.1:9/v1/progress",  # nothing listens: the worst case, every send fails
-        token_file="/nonexistent",
-        interval_s=5.0,
-        job="bench",
-        namespace="bench",
-        uid="u",
-        attempt=0,
-        rank=0,
-        node_rank=0,
-        world_size=1,
-    )
-    reporter = Reporter(config)
+    # Nothing listens on port 9: the worst case, every send fails.
+    reporter = Reporter(_rank_zero("http://127.0.0.1:9/v1/progress", "/nonexistent", 5.0, "bench"))
     reporter.start()
     iterations = 60_000  # ~5 ms of CPU per step on the 2-core VM
     off: list[float] = []
@@ -327,20 +322,9 @@ async def _one_stall(
     with tempfile.TemporaryDirectory() as scratch:
         token = Path(scratch) / "token"
         token.write_text(_token("job-0-train-0-0", "pod-0-0"))
-        config = ChannelConfig(
-            url=f"http://127.0.0.1:{server.port}{contract.PATH}",
-            token_file=str(token),
-            interval_s=interval,
-            job="job-0",
-            namespace="team-a",
-            uid="uid-0",
-            attempt=0,
-            rank=0,
-            node_rank=0,
-            world_size=1,
-            stacks_dir=str(Path(scratch) / "stacks"),
-        )
-        reporter = Reporter(config)
+        url = f"http://127.0.0.1:{server.port}{contract.PATH}"
+        stacks = str(Path(scratch) / "stacks")
+        reporter = Reporter(_rank_zero(url, str(token), interval, "job-0", stacks_dir=stacks))
         reporter.start()
         last = [0.0]
         loop = threading.Thread(target=_train_then_freeze, args=(reporter, 40, step_s, last))
