@@ -5,16 +5,13 @@ CPU training loop under our profiler with the torch source, as the demo records.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from profiler.profiler_helpers import start, stop_and_read
+from support.browser import SCREENSHOTS, chromium_page
 from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator import profiler
 from trainium_operator.analysis.loading import load_profile
@@ -24,9 +21,6 @@ from trainium_operator.profiler.config import StepWindow
 from trainium_operator.profiler.manifest import ProfileManifest, write_manifest
 from trainium_operator.ui.app import create_app
 from ui_serving import serving
-
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 
 
 @pytest.fixture(scope="module")
@@ -93,28 +87,8 @@ def test_a_profile_with_device_activity_is_reported_as_before(tmp_path: Path) ->
 
 @pytest.mark.browser
 def test_the_dashboard_page_explains_a_cpu_only_run(cpu_profile: Path) -> None:
-    if shutil.which(CHROMIUM) is None and not Path(CHROMIUM).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} not found")
-        pytest.skip(f"{CHROMIUM} not found")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     root = cpu_profile.parents[1]
-    with (
-        serving(create_app(root, workers=1)) as url,
-        sync_api.sync_playwright() as playwright,
-        tempfile.TemporaryDirectory() as profile_dir,
-    ):
-        context = playwright.chromium.launch_persistent_context(
-            profile_dir,
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--headless", "--no-sandbox", "--disable-gpu"],
-            viewport={"width": 1600, "height": 1000},
-        )
-        page: Any = context.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
+    with serving(create_app(root, workers=1)) as url, chromium_page() as (page, errors):
         page.goto(f"{url}/#/profiles")
         row = page.locator("tr[data-profile='bert-cpu/0']")
         row.locator("[data-action=load]").click()
@@ -131,5 +105,4 @@ def test_the_dashboard_page_explains_a_cpu_only_run(cpu_profile: Path) -> None:
         assert "aten::" in page.inner_text("#activity")
         assert page.locator("[data-testid=not-applicable]").count() == 3
         page.screenshot(path=str(SCREENSHOTS / "dashboard-cpu-only.png"), full_page=True)
-        context.close()
     assert errors == [], errors

@@ -7,9 +7,6 @@ land in artifacts/screenshots/ for a person to look at.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -18,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from support.browser import LAUNCH_FLAGS, SCREENSHOTS, chromium_page
 from trainium_operator.analysis.loading import LoadedProfile, load_profile
 from trainium_operator.analysis.report import format_ns
 from trainium_operator.analysis.stats import (
@@ -37,44 +35,19 @@ from trainium_operator.profiler.events import EventKind
 pytestmark = pytest.mark.browser
 
 PROFILE_ID = "ml/llama-pretrain/0"  # written by conftest.profile_root
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
-LAUNCH_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
+# Nothing fetched but the UI: no QUIC, background networking, component updates or sync.
+OFFLINE_FLAGS = (
+    *LAUNCH_FLAGS,
     "--disable-quic",
-    "--no-first-run",
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-]
-
-
-def _require_chromium() -> None:
-    if shutil.which(CHROMIUM) is None and not Path(CHROMIUM).exists():
-        message = f"{CHROMIUM} not found: apt-get install -y chromium"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+)
 
 
 @pytest.fixture(scope="module")
 def page(live_server: str) -> Iterator[Any]:
-    _require_chromium()
-    sync_api = pytest.importorskip("playwright.sync_api")
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile_dir:
-        context = playwright.chromium.launch_persistent_context(
-            profile_dir,
-            executable_path=CHROMIUM,
-            headless=True,
-            args=LAUNCH_FLAGS,
-            viewport={"width": 1600, "height": 1000},
-        )
-        errors: list[str] = []
-        browser_page = context.new_page()
-        browser_page.on("pageerror", lambda error: errors.append(str(error)))
+    with chromium_page(flags=OFFLINE_FLAGS) as (browser_page, errors):
         # Nothing may be fetched from anywhere but the UI server itself.
         outside: list[str] = []
         browser_page.on(
@@ -96,9 +69,8 @@ def page(live_server: str) -> Iterator[Any]:
         ).close()
         browser_page.goto(f"{live_server}/#/profiles")
         yield browser_page
-        context.close()
-        assert errors == [], f"JavaScript errors: {errors}"
-        assert outside == [], f"requests left the server: {outside}"
+    assert errors == [], f"JavaScript errors: {errors}"
+    assert outside == [], f"requests left the server: {outside}"
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,6 @@ to artifacts/screenshots/ (profiles-s3.png, dashboard-s3.png), beside the other 
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +13,7 @@ from typing import Any
 import pytest
 
 from s3_server import S3Bucket
+from support.browser import SCREENSHOTS, chromium_page
 from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.profiler.s3 import parse_s3_uri, upload_profile
 from trainium_operator.ui.app import create_app
@@ -24,9 +22,6 @@ from ui_serving import serving
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
-LAUNCH_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
 SPEC = SyntheticSpec(nodes=2, ranks_per_node=4, kernels_per_step=24)
 
 
@@ -69,14 +64,6 @@ def s3_ui(s3: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
         yield url
 
 
-def _chromium() -> None:
-    if shutil.which(CHROMIUM) is None and not Path(CHROMIUM).exists():
-        message = f"{CHROMIUM} not found: apt-get install -y chromium"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-
-
 def rows(page: Any) -> list[str]:
     found = page.evaluate(
         "Array.from(document.querySelectorAll('[data-testid=profiles-table] tbody tr'))"
@@ -94,20 +81,7 @@ def wait_rows(page: Any, expected: list[str], timeout_s: float = 20) -> None:
 
 
 def test_the_ui_lists_searches_filters_and_opens_a_profile_from_s3(s3_ui: str) -> None:
-    _chromium()
-    sync_api = pytest.importorskip("playwright.sync_api")
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile_dir:
-        context = playwright.chromium.launch_persistent_context(
-            profile_dir,
-            executable_path=CHROMIUM,
-            headless=True,
-            args=LAUNCH_FLAGS,
-            viewport={"width": 1600, "height": 1000},
-        )
-        page = context.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda error: errors.append(str(error)))
+    with chromium_page() as (page, errors):
         page.goto(f"{s3_ui}/#/profiles")
         page.wait_for_selector("[data-testid=profiles-table]")
         assert "in S3 under" in page.inner_text("#profiles-root")
@@ -143,5 +117,4 @@ def test_the_ui_lists_searches_filters_and_opens_a_profile_from_s3(s3_ui: str) -
         assert str(SPEC.steps) in page.inner_text("[data-testid=kpi-steps]")
         assert "llama-pretrain" in page.inner_text("#current-profile")
         page.screenshot(path=str(SCREENSHOTS / "dashboard-s3.png"))
-        context.close()
-        assert errors == [], errors
+    assert errors == [], errors

@@ -11,15 +11,13 @@ step histogram's screenshots land in artifacts/screenshots/ for a person to look
 from __future__ import annotations
 
 import itertools
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from support.browser import SCREENSHOTS, chromium_page
 from trainium_operator.profiler.events import Event, EventKind
 from trainium_operator.profiler.format import RankHeader, write_rank_file
 from trainium_operator.profiler.manifest import ProfileManifest, write_manifest
@@ -28,8 +26,6 @@ from ui_serving import post_json, serving
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 PROFILE_ID = "default/demo-like/0"
 # The demo's 30 step times (ms), from its profile report.
 STEP_MS = [1295, 70, 71, 68, 66, 72, 69, 70, 67, 71, 110, 120, 105, 98, 75]
@@ -98,27 +94,11 @@ def demo_like_profile(root: Path) -> Path:
 
 @pytest.fixture
 def page(tmp_path: Path) -> Iterator[Any]:
-    if shutil.which(CHROMIUM) is None and not Path(CHROMIUM).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} not found")
-        pytest.skip(f"{CHROMIUM} not found")
-    sync_api = pytest.importorskip("playwright.sync_api")
     root = demo_like_profile(tmp_path / "profiles")
     with (
         serving(create_app(root, workers=1)) as url,
-        sync_api.sync_playwright() as playwright,
-        tempfile.TemporaryDirectory() as profile_dir,
+        chromium_page(width=VIEWPORT_WIDTHS[0], height=900) as (browser_page, errors),
     ):
-        context = playwright.chromium.launch_persistent_context(
-            profile_dir,
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--headless", "--no-sandbox", "--disable-gpu"],
-            viewport={"width": VIEWPORT_WIDTHS[0], "height": 900},
-        )
-        browser_page: Any = context.new_page()
-        errors: list[str] = []
-        browser_page.on("pageerror", lambda error: errors.append(str(error)))
         post_json(f"{url}/api/profiles/load?id={PROFILE_ID}")
         browser_page.goto(f"{url}/#/profiles")
         opened = browser_page.locator(f"tr[data-profile='{PROFILE_ID}'] [data-action=open]")
@@ -126,8 +106,7 @@ def page(tmp_path: Path) -> Iterator[Any]:
         opened.click()
         browser_page.wait_for_selector("main[data-ready=dashboard]", timeout=60_000)
         yield browser_page
-        context.close()
-        assert errors == [], errors
+    assert errors == [], errors
 
 
 def overlapping_neighbours(labels: list[dict[str, Any]]) -> list[str]:

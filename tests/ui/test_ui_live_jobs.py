@@ -7,15 +7,13 @@ own mapping (ui/jobs.py listed_jobs), so the page shows what it would for a clus
 from __future__ import annotations
 
 import copy
-import os
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from support.browser import SCREENSHOTS, chromium_page
 from trainium_operator.ui.app import create_app
 from trainium_operator.ui.jobs import listed_jobs
 from trainium_operator.ui.profiles import JobInfo
@@ -23,8 +21,6 @@ from ui_serving import get_json, serving
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
 HOSTILE = '<img src=x onerror="window.__xss=1">'
 PROGRESS = {
     "attempt": 0,
@@ -109,27 +105,11 @@ def served(tmp_path: Path) -> Iterator[tuple[str, FakeCluster]]:
 
 @pytest.fixture
 def page(served: tuple[str, FakeCluster]) -> Iterator[Any]:
-    if shutil.which(CHROMIUM) is None and not Path(CHROMIUM).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} not found")
-        pytest.skip(f"{CHROMIUM} not found")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as playwright, tempfile.TemporaryDirectory() as profile_dir:
-        context = playwright.chromium.launch_persistent_context(
-            profile_dir,
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--headless", "--no-sandbox", "--disable-gpu"],
-            viewport={"width": 1600, "height": 900},
-        )
-        browser_page: Any = context.new_page()
-        errors: list[str] = []
-        browser_page.on("pageerror", lambda error: errors.append(str(error)))
+    with chromium_page(height=900) as (browser_page, errors):
         browser_page.goto(f"{served[0]}/#/profiles")
         browser_page.wait_for_selector("[data-testid=jobs-table]", timeout=30_000)
         yield browser_page
-        context.close()
-        assert errors == [], errors
+    assert errors == [], errors
 
 
 def cell(page: Any, name: str, testid: str) -> str:
