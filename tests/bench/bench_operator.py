@@ -62,7 +62,6 @@ import os
 import random
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -101,8 +100,10 @@ import kubeflow_peer  # noqa: E402
 
 from integration.operator_harness import (  # noqa: E402
     ensure_shared_claim,
+    free_port,
     install_crds,
     job_manifest,
+    operator_command,
 )
 
 Obj = dict[str, Any]
@@ -289,12 +290,6 @@ def _step(what: str) -> Iterator[None]:
     started = time.monotonic()
     yield
     _echo(f"  {what}: {time.monotonic() - started:.1f}s")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- jobs and namespaces -----------------------------------------------------------------------
@@ -670,24 +665,12 @@ def wait_server_quiet(bench: Bench, identity: kubeflow_peer.Identity) -> tuple[i
 
 class Operator:
     def __init__(self, bench: Bench, namespace: str, label: str):
-        self.port = _free_port()
+        self.port = free_port()
         self.log_path = bench.log_dir / f"operator-{label}.log"
         self._log = self.log_path.open("wb")
+        flags = ("--metrics-port", str(self.port), "--workers", str(WORKERS))
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "trainium_operator",
-                "run",
-                "--kubeconfig",
-                str(bench.ours.kubeconfig),
-                "--namespace",
-                namespace,
-                "--metrics-port",
-                str(self.port),
-                "--workers",
-                str(WORKERS),
-            ],
+            operator_command(bench.ours.kubeconfig, namespace, *flags),
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )

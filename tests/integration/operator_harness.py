@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,11 +16,13 @@ from typing import Any
 
 import yaml
 
+from support import local_server
 from trainium_devcluster.sim import simulate_pod_outcome, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingjobs"
 JOB_LABEL = "trainium.dev/job-name"
+free_port = local_server.free_port  # the tests' operators listen on one (their --*-port flags)
 # The operator exits within 3 s of SIGTERM (tested); past this it is killed and the test fails.
 STOP_TIMEOUT_SECONDS = 10
 
@@ -46,18 +47,7 @@ class OperatorProcess:
         log.write(f"\n===== operator start #{self.starts} =====\n".encode())
         log.flush()
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "trainium_operator",
-                "run",
-                "--kubeconfig",
-                str(self.kubeconfig),
-                "--namespace",
-                self.namespace,
-                "--verbose",
-                *self.extra_args,
-            ],
+            operator_command(self.kubeconfig, self.namespace, "--verbose", *self.extra_args),
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **self.env},
@@ -395,10 +385,10 @@ def ensure_shared_claim(clients: Any, namespace: str) -> None:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def operator_command(kubeconfig: Path | str, namespace: str, *flags: str) -> list[str]:
+    """`trainium-operator run` in a new interpreter, watching `namespace` through `kubeconfig`."""
+    run = [sys.executable, "-m", "trainium_operator", "run", "--kubeconfig", str(kubeconfig)]
+    return [*run, "--namespace", namespace, *flags]
 
 
 def metric(port: int, name: str) -> float:
