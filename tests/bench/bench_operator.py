@@ -1177,6 +1177,74 @@ def summarise(result: Result) -> Summary:
     )
 
 
+SPEED_HEADER = (
+    f"{'scenario':<19} {'pods':>4} {'fit':>4} {'runs':>4} | {'ours':>7} {'kubeflow':>8} "
+    f"{'direct1':>7} {'direct4':>7} {'gated4':>7} | {'ours run':>8} {'kf run':>7} "
+    f"{'dir4 run':>8} {'gat4 run':>8} | {'ours/kf':>7} {'ours/d4':>7} {'ours/g4':>7} "
+    f"{'kf/d4':>6} | {'run o/kf':>8} {'run o/g4':>8}"
+)
+REQUESTS_HEADER = (
+    f"{'scenario':<19} | {'ours run':>8} {'quiet':>6} {'/job':>6} {'own ctr':>7} "
+    f"{'recon':>5} | "
+    f"{'kf run':>7} {'quiet':>6} {'/job':>6} | {'ours RSS':>8} {'idle':>6} | "
+    f"{'kf RSS':>7} {'idle':>6}"
+)
+
+
+def _table(header: str, rows: list[str]) -> None:
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(row)
+
+
+def _speed_row(result: Result, nodes: int) -> str:
+    scenario = result.scenario
+    if not result.operator:
+        return f"{scenario.label:<19} incomplete: {result.error}"
+    s = summarise(result)
+    return (
+        f"{scenario.label:<19} {scenario.pods:>4} {scenario.gangs_that_fit(nodes):>4} "
+        f"{len(result.operator):>4} | {_seconds(s.ours_pods):>7} {_seconds(s.kf_pods):>8} "
+        f"{_seconds(s.seq_pods):>7} {_seconds(s.conc_pods):>7} {_seconds(s.gated_pods):>7} | "
+        f"{_seconds(s.ours_running):>8} {_seconds(s.kf_running):>7} "
+        f"{_seconds(s.conc_running):>8} {_seconds(s.gated_running):>8} | "
+        f"{_ratio(s.ours_pods, s.kf_pods):>7} {_ratio(s.ours_pods, s.conc_pods):>7} "
+        f"{_ratio(s.ours_pods, s.gated_pods):>7} {_ratio(s.kf_pods, s.conc_pods):>6} | "
+        f"{_ratio(s.ours_running, s.kf_running):>8} "
+        f"{_ratio(s.ours_running, s.gated_running):>8}"
+    )
+
+
+def _requests_row(result: Result) -> str:
+    scenario = result.scenario
+    ours_run = _mean([s.server_at_running for s in result.operator])
+    ours_quiet = _mean([s.server_settled for s in result.operator])
+    ours_quiet_note = "" if all(s.quiet for s in result.operator) else "+"
+    own = _mean([s.settled.total for s in result.operator])
+    reconciles = _mean([s.settled.reconciles for s in result.operator])
+    kf_run = _mean([s.server_at_running for s in result.kubeflow])
+    kf_quiet = _mean([s.server_settled for s in result.kubeflow])
+    kf_quiet_note = "" if all(s.quiet for s in result.kubeflow) else "+"
+    return (
+        f"{scenario.label:<19} | {ours_run:>8.0f} {ours_quiet:>5.0f}{ours_quiet_note or ' '} "
+        f"{ours_quiet / scenario.jobs:>6.1f} {own:>7.0f} {reconciles:>5.0f} | "
+        + (
+            f"{kf_run:>7.0f} {kf_quiet:>5.0f}{kf_quiet_note or ' '} "
+            f"{kf_quiet / scenario.jobs:>6.1f} | "
+            if result.kubeflow
+            else f"{'-':>7} {'-':>6} {'-':>6} | "
+        )
+        + f"{result.peak_rss_kib / 1024:>6.1f}Mi {result.idle_rss_kib / 1024:>4.0f}Mi | "
+        + (
+            f"{result.kubeflow_peak_rss_kib / 1024:>5.1f}Mi "
+            f"{result.kubeflow_idle_rss_kib / 1024:>4.0f}Mi"
+            if result.kubeflow
+            else f"{'-':>7} {'-':>6}"
+        )
+    )
+
+
 def report(results: list[Result], nodes: int, elapsed: float, log_dir: Path) -> None:
     print()
     print(
@@ -1186,72 +1254,12 @@ def report(results: list[Result], nodes: int, elapsed: float, log_dir: Path) -> 
     )
     print("Seconds from the first job create (medians): to all pods created / to every gang")
     print("that fits Running.")
-    header = (
-        f"{'scenario':<19} {'pods':>4} {'fit':>4} {'runs':>4} | {'ours':>7} {'kubeflow':>8} "
-        f"{'direct1':>7} {'direct4':>7} {'gated4':>7} | {'ours run':>8} {'kf run':>7} "
-        f"{'dir4 run':>8} {'gat4 run':>8} | {'ours/kf':>7} {'ours/d4':>7} {'ours/g4':>7} "
-        f"{'kf/d4':>6} | {'run o/kf':>8} {'run o/g4':>8}"
-    )
-    print(header)
-    print("-" * len(header))
-    for result in results:
-        scenario = result.scenario
-        if not result.operator:
-            print(f"{scenario.label:<19} incomplete: {result.error}")
-            continue
-        s = summarise(result)
-        print(
-            f"{scenario.label:<19} {scenario.pods:>4} {scenario.gangs_that_fit(nodes):>4} "
-            f"{len(result.operator):>4} | {_seconds(s.ours_pods):>7} {_seconds(s.kf_pods):>8} "
-            f"{_seconds(s.seq_pods):>7} {_seconds(s.conc_pods):>7} {_seconds(s.gated_pods):>7} | "
-            f"{_seconds(s.ours_running):>8} {_seconds(s.kf_running):>7} "
-            f"{_seconds(s.conc_running):>8} {_seconds(s.gated_running):>8} | "
-            f"{_ratio(s.ours_pods, s.kf_pods):>7} {_ratio(s.ours_pods, s.conc_pods):>7} "
-            f"{_ratio(s.ours_pods, s.gated_pods):>7} {_ratio(s.kf_pods, s.conc_pods):>6} | "
-            f"{_ratio(s.ours_running, s.kf_running):>8} "
-            f"{_ratio(s.ours_running, s.gated_running):>8}"
-        )
+    _table(SPEED_HEADER, [_speed_row(result, nodes) for result in results])
     print()
     print(
         "API requests (counted by the API server per FlowSchema, list+watch included) and memory."
     )
-    header = (
-        f"{'scenario':<19} | {'ours run':>8} {'quiet':>6} {'/job':>6} {'own ctr':>7} "
-        f"{'recon':>5} | "
-        f"{'kf run':>7} {'quiet':>6} {'/job':>6} | {'ours RSS':>8} {'idle':>6} | "
-        f"{'kf RSS':>7} {'idle':>6}"
-    )
-    print(header)
-    print("-" * len(header))
-    for result in results:
-        scenario = result.scenario
-        if not result.operator:
-            continue
-        ours_run = _mean([s.server_at_running for s in result.operator])
-        ours_quiet = _mean([s.server_settled for s in result.operator])
-        ours_quiet_note = "" if all(s.quiet for s in result.operator) else "+"
-        own = _mean([s.settled.total for s in result.operator])
-        reconciles = _mean([s.settled.reconciles for s in result.operator])
-        kf_run = _mean([s.server_at_running for s in result.kubeflow])
-        kf_quiet = _mean([s.server_settled for s in result.kubeflow])
-        kf_quiet_note = "" if all(s.quiet for s in result.kubeflow) else "+"
-        print(
-            f"{scenario.label:<19} | {ours_run:>8.0f} {ours_quiet:>5.0f}{ours_quiet_note or ' '} "
-            f"{ours_quiet / scenario.jobs:>6.1f} {own:>7.0f} {reconciles:>5.0f} | "
-            + (
-                f"{kf_run:>7.0f} {kf_quiet:>5.0f}{kf_quiet_note or ' '} "
-                f"{kf_quiet / scenario.jobs:>6.1f} | "
-                if result.kubeflow
-                else f"{'-':>7} {'-':>6} {'-':>6} | "
-            )
-            + f"{result.peak_rss_kib / 1024:>6.1f}Mi {result.idle_rss_kib / 1024:>4.0f}Mi | "
-            + (
-                f"{result.kubeflow_peak_rss_kib / 1024:>5.1f}Mi "
-                f"{result.kubeflow_idle_rss_kib / 1024:>4.0f}Mi"
-                if result.kubeflow
-                else f"{'-':>7} {'-':>6}"
-            )
-        )
+    _table(REQUESTS_HEADER, [_requests_row(result) for result in results if result.operator])
     print(
         """
 ours / kubeflow = the two operators; direct1 / direct4 = the same objects (TrainingJob,
