@@ -136,6 +136,26 @@ def running_operator(
 
 
 @contextlib.contextmanager
+def operator_serving(
+    dev_cluster: Any,
+    namespace: str,
+    tmp_path: Path,
+    *port_flags: str,
+    extra_args: tuple[str, ...] = (),
+) -> Iterator[tuple[OperatorProcess, list[int]]]:
+    """`running_operator` serving each of `port_flags` (--health-port, --metrics-port) on a free
+    port: the operator and those ports, in the flags' order."""
+    ports = [free_port() for _ in port_flags]
+    served = tuple(
+        arg for flag, port in zip(port_flags, ports, strict=True) for arg in (flag, str(port))
+    )
+    with running_operator(
+        dev_cluster, namespace, tmp_path, extra_args=(*served, *extra_args)
+    ) as proc:
+        yield proc, ports
+
+
+@contextlib.contextmanager
 def supervised(proc: OperatorProcess) -> Iterator[OperatorProcess]:
     """Starts `proc`, and after the block stops it with SIGTERM and prints its log's tail;
     fails if it crashed meanwhile, ignored SIGTERM or logged an unhandled exception."""
@@ -299,6 +319,12 @@ def start_training(clients: Any, namespace: str, name: str, **spec: Any) -> list
     return wait_gang_running(clients, namespace, name, "train", 0, nodes=spec.get("nodes", 2))
 
 
+def start_compiling(clients: Any, namespace: str, name: str, **spec: Any) -> list[Any]:
+    """Creates a job of `spec` and returns its attempt-0 compile gang once every pod runs."""
+    create_job(clients, namespace, job_manifest(name, **spec))
+    return wait_gang_running(clients, namespace, name, "compile", 0, nodes=spec.get("nodes", 2))
+
+
 def training_job(clients: Any, namespace: str, name: str) -> list[Any]:
     """Creates a job without a compile stage and returns its gang once it trains."""
     pods = start_training(clients, namespace, name)
@@ -317,16 +343,17 @@ def finish_job(clients: Any, namespace: str, name: str, pods: list[Any]) -> dict
     return wait_phase(clients, namespace, name, "Succeeded")
 
 
-def wait_running_gone(clients: Any, namespace: str, name: str, description: str) -> None:
-    """Waits until none of the job's pods is alive (deleted, or terminating)."""
-    wait_for(
-        lambda: [
-            p for p in job_pods(clients, namespace, name) if not p.metadata.deletion_timestamp
-        ],
-        until=lambda pods: not pods,
-        timeout=60,
-        description=description,
-    )
+def wait_running_gone(
+    clients: Any, namespace: str, name: str, description: str, *, terminating_too: bool = False
+) -> None:
+    """Waits until none of the job's pods is alive (deleted, or terminating); `terminating_too`:
+    until the job has no pod at all."""
+
+    def left() -> list[Any]:
+        pods = job_pods(clients, namespace, name)
+        return pods if terminating_too else [p for p in pods if not p.metadata.deletion_timestamp]
+
+    wait_for(left, until=lambda pods: not pods, timeout=60, description=description)
 
 
 def finish_pods(

@@ -35,7 +35,16 @@ def test_a_hold_expires_at_the_recheck_for_causes_no_watch_sees() -> None:
     assert len(holds) == 0
 
 
-def holding(*jobs: tuple[str, str, str]) -> AdmissionHolds:
+# Two namespaces, each with a job held for its quota and one for a missing priority class.
+HELD = [
+    ("a", "one", "QuotaExceeded"),
+    ("a", "two", "PriorityClassNotFound"),
+    ("b", "three", "QuotaExceeded"),
+    ("b", "four", "PriorityClassNotFound"),
+]
+
+
+def holding(jobs: list[tuple[str, str, str]]) -> AdmissionHolds:
     """Holds of each (namespace, name, reason), taken after its namespace's mark."""
     holds = AdmissionHolds(FakeClock())
     for namespace, name, reason in jobs:
@@ -44,23 +53,16 @@ def holding(*jobs: tuple[str, str, str]) -> AdmissionHolds:
 
 
 def test_a_namespace_change_releases_only_that_namespaces_jobs() -> None:
-    holds = holding(
-        ("a", "one", "QuotaExceeded"),
-        ("a", "two", "ServiceAccountNotFound"),
-        ("b", "three", "QuotaExceeded"),
-    )
+    holds = holding(HELD)
     assert sorted(holds.release_namespace("a")) == [("a", "one"), ("a", "two")]
     assert holds.remaining(("b", "three")) is not None
+    assert len(holds) == 2
 
 
 def test_a_priority_class_releases_only_jobs_that_named_a_missing_one() -> None:
-    holds = holding(
-        ("a", "one", "PriorityClassNotFound"),
-        ("b", "two", "PriorityClassNotFound"),
-        ("b", "three", "QuotaExceeded"),
-    )
-    assert sorted(holds.release_reason("PriorityClassNotFound")) == [("a", "one"), ("b", "two")]
-    assert len(holds) == 1
+    holds = holding(HELD)
+    assert sorted(holds.release_reason("PriorityClassNotFound")) == [("a", "two"), ("b", "four")]
+    assert len(holds) == 2
 
 
 def test_a_change_seen_while_the_refused_pass_ran_means_a_quick_retry_not_a_hold() -> None:
