@@ -19,19 +19,20 @@ from integration.operator_harness import (
     eventually,
     finish_job,
     finish_pods,
-    free_port,
     get_job,
     job_events,
     job_manifest,
     job_pods,
     metric,
-    running_operator,
+    operator_serving,
+    start_compiling,
     start_training,
     training_job,
     wait_attempt,
     wait_gang_running,
     wait_phase,
     wait_reason,
+    wait_running_gone,
 )
 from trainium_devcluster.sim import simulate_pod_outcome, wait_for
 
@@ -66,10 +67,8 @@ def test_operator_restarts_never_restart_a_running_gang(
 ) -> None:
     """Scenario 1: right after a start the node cache is empty; that is not node loss."""
     clients = dev_cluster.clients
-    port = free_port()
-    with running_operator(
-        dev_cluster, namespace, tmp_path, extra_args=("--metrics-port", str(port))
-    ) as operator:
+    with operator_serving(dev_cluster, namespace, tmp_path, "--metrics-port") as (operator, ports):
+        (port,) = ports
         pods = training_job(clients, namespace, "steady")
         uids = {p.metadata.uid for p in pods}
         passes = "trainium_operator_reconciles_total"
@@ -165,22 +164,15 @@ def test_a_deleted_job_is_forgotten_by_the_work_queue(
 ) -> None:
     """Scenario 7: its pods' deletion events do not bring it back for every resync."""
     clients = dev_cluster.clients
-    port = free_port()
-    with running_operator(
-        dev_cluster, namespace, tmp_path, extra_args=("--metrics-port", str(port))
-    ):
+    with operator_serving(dev_cluster, namespace, tmp_path, "--metrics-port") as (_, (port,)):
         start_training(clients, namespace, "brief")
         known = "trainium_operator_known_jobs"
         wait_for(lambda: metric(port, known), until=lambda n: n == 1, timeout=30, description="1")
         clients.custom.delete_namespaced_custom_object(
             "trainium.dev", "v1alpha1", namespace, "trainingjobs", "brief"
         )
-        wait_for(
-            lambda: job_pods(clients, namespace, "brief"),
-            until=lambda pods: not pods,
-            timeout=60,
-            description="the job's pods garbage-collected",
-        )
+        gone = "the job's pods garbage-collected"
+        wait_running_gone(clients, namespace, "brief", gone, terminating_too=True)
         # The pod watch delivers in order: once the operator has seen a later job's pods run,
         # it has handled every deletion event of the old job's pods.
         start_training(clients, namespace, "later", nodes=1)
@@ -362,8 +354,7 @@ def test_the_first_training_gang_after_a_compile_restart_starts_fresh(
 ) -> None:
     """Scenario 6: a compile-stage restart raises the attempt; training must not --resume."""
     clients = dev_cluster.clients
-    create_job(clients, namespace, job_manifest("fresh"))
-    compile_pods = wait_gang_running(clients, namespace, "fresh", "compile", 0)
+    compile_pods = start_compiling(clients, namespace, "fresh")
     simulate_pod_outcome(
         clients.core, namespace, compile_pods[0].metadata.name,
         succeeded=False, exit_code=137, reason="Evicted", message="node pressure",

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from integration.health_ranks import (
-    free_port,
     outcome,
     pod_token,
     rank_env,
@@ -30,7 +29,7 @@ from integration.operator_harness import (
     get_job,
     job_manifest,
     kubectl,
-    running_operator,
+    operator_serving,
     wait_gang_running,
     wait_phase,
 )
@@ -55,9 +54,8 @@ def test_ranks_report_as_their_pods_and_a_forged_message_from_another_jobs_pod_i
     dev_cluster: Any, namespace: str, tmp_path: Path
 ) -> None:
     clients = dev_cluster.clients
-    port, metrics = free_port(), free_port()
-    args = ("--health-port", str(port), "--metrics-port", str(metrics))
-    with running_operator(dev_cluster, namespace, tmp_path, extra_args=args) as operator:
+    ports = ("--health-port", "--metrics-port")
+    with operator_serving(dev_cluster, namespace, tmp_path, *ports) as (operator, (port, metrics)):
         health = {"reportIntervalSeconds": 0.2}
         for name in ("alpha", "beta"):
             create_job(
@@ -109,9 +107,8 @@ def test_the_ranks_of_one_pod_report_as_one_message_sent_by_local_rank_0(
     dev_cluster: Any, namespace: str, tmp_path: Path
 ) -> None:
     clients = dev_cluster.clients
-    port, metrics = free_port(), free_port()
-    args = ("--health-port", str(port), "--metrics-port", str(metrics))
-    with running_operator(dev_cluster, namespace, tmp_path, extra_args=args) as operator:
+    ports = ("--health-port", "--metrics-port")
+    with operator_serving(dev_cluster, namespace, tmp_path, *ports) as (operator, (_, metrics)):
         pod, token = reporting_job(clients, namespace, "pair", tmp_path, processes=2)
         ranks = [start_rank(rank_env(pod, token, r, 2, local=(r, 2)), 15, 0.1) for r in (0, 1)]
         leader, other = (outcome(r) for r in ranks)
@@ -131,10 +128,7 @@ def test_ranks_keep_training_and_resume_reporting_across_an_operator_restart(
     dev_cluster: Any, namespace: str, tmp_path: Path
 ) -> None:
     clients = dev_cluster.clients
-    port = free_port()
-    with running_operator(
-        dev_cluster, namespace, tmp_path, extra_args=("--health-port", str(port))
-    ) as operator:
+    with operator_serving(dev_cluster, namespace, tmp_path, "--health-port") as (operator, _):
         pod, token = reporting_job(clients, namespace, "gamma", tmp_path)
         steps, step_s = 120, 0.05  # 6 s of training
         started = time.monotonic()
@@ -155,10 +149,10 @@ def test_steady_progress_shows_step_rate_and_an_eta_within_ten_percent_in_kubect
     dev_cluster: Any, namespace: str, tmp_path: Path
 ) -> None:
     clients = dev_cluster.clients
-    port = free_port()
     steps, step_s, total = 240, 0.05, 240  # 12 s of training
-    args = ("--health-port", str(port), "--progress-interval", "1")
-    with running_operator(dev_cluster, namespace, tmp_path, extra_args=args):
+    with operator_serving(
+        dev_cluster, namespace, tmp_path, "--health-port", extra_args=("--progress-interval", "1")
+    ):
         health = {"reportIntervalSeconds": 0.25, "totalSteps": total}
         create_job(
             clients,

@@ -25,9 +25,13 @@ from integration.operator_harness import (
     job_pods,
     kubectl,
     patch_job,
+    start_compiling,
+    start_training,
     training_job,
+    wait_attempt,
     wait_gang_running,
     wait_phase,
+    wait_running_gone,
 )
 from trainium_devcluster import testing
 from trainium_devcluster.sim import restore_node, simulate_node_loss, wait_for
@@ -174,8 +178,7 @@ def test_compile_failure_fails_the_job_with_the_exit_code(
     dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
-    create_job(clients, namespace, job_manifest("cf"))
-    pods = wait_gang_running(clients, namespace, "cf", "compile", 0)
+    pods = start_compiling(clients, namespace, "cf")
     finish_pods(clients, namespace, pods[1:], succeeded=False, exit_code=2, message="neuronx-cc")
     job = wait_phase(clients, namespace, "cf", "Failed")
     assert job["status"]["reason"] == "CompileFailed"
@@ -233,17 +236,11 @@ def test_node_loss_force_deletes_its_pods_and_restarts_the_gang_elsewhere(
     dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
-    create_job(clients, namespace, job_manifest("nl", compile={"enabled": False}))
-    pods = wait_gang_running(clients, namespace, "nl", "train", 0)
+    pods = start_training(clients, namespace, "nl")
     lost_node = pods[1].spec.node_name
     simulate_node_loss(clients.core, lost_node)
     try:
-        job = wait_for(
-            lambda: get_job(clients, namespace, "nl"),
-            until=lambda j: (j.get("status") or {}).get("attempt") == 1,
-            timeout=90,
-            description="a gang restart after the node loss",
-        )
+        job = wait_attempt(clients, namespace, "nl", 1)  # a gang restart after the node loss
         assert job["status"]["restarts"]["infrastructure"] == 1
         assert job["status"]["restarts"]["application"] == 0
         assert job["status"]["lastFailure"]["reason"] == "NodeLost"
@@ -287,35 +284,20 @@ def test_active_deadline_fails_the_job_and_stops_its_pods(
     dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
-    manifest = job_manifest("dl", runPolicy={"activeDeadlineSeconds": 8})
-    create_job(clients, namespace, manifest)
-    wait_gang_running(clients, namespace, "dl", "compile", 0)
+    start_compiling(clients, namespace, "dl", runPolicy={"activeDeadlineSeconds": 8})
     job = wait_phase(clients, namespace, "dl", "Failed", timeout=60)
     assert job["status"]["reason"] == "DeadlineExceeded"
-    wait_for(
-        lambda: [
-            p for p in job_pods(clients, namespace, "dl") if not p.metadata.deletion_timestamp
-        ],
-        until=lambda pods: not pods,
-        timeout=30,
-        description="running pods deleted after the deadline",
-    )
+    wait_running_gone(clients, namespace, "dl", "running pods deleted after the deadline")
 
 
 def test_suspend_deletes_pods_and_resume_continues_with_a_new_attempt(
     dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
-    create_job(clients, namespace, job_manifest("sr", compile={"enabled": False}))
-    wait_gang_running(clients, namespace, "sr", "train", 0)
+    start_training(clients, namespace, "sr")
     patch_job(clients, namespace, "sr", {"spec": {"runPolicy": {"suspend": True}}})
     wait_phase(clients, namespace, "sr", "Suspended")
-    wait_for(
-        lambda: job_pods(clients, namespace, "sr"),
-        until=lambda pods: not pods,
-        timeout=30,
-        description="pods deleted on suspend",
-    )
+    wait_running_gone(clients, namespace, "sr", "pods deleted on suspend", terminating_too=True)
     groups = clients.custom.list_namespaced_custom_object(
         "scheduling.volcano.sh", "v1beta1", namespace, "podgroups"
     )["items"]
@@ -331,8 +313,7 @@ def test_deleting_a_job_removes_everything_it_created(
     dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
-    create_job(clients, namespace, job_manifest("del"))
-    running = wait_gang_running(clients, namespace, "del", "compile", 0)
+    running = start_compiling(clients, namespace, "del")
     # The job's NetworkPolicy, as the API server stored it: owned by the job, selecting its pods
     # and admitting only them.
     networking = client.NetworkingV1Api(clients.api_client)

@@ -19,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from integration.health_ranks import free_port, pod_token, wait_account
+from integration.health_ranks import pod_token, reporting_job, wait_account
 from integration.operator_harness import (
     create_job,
     get_job,
     job_manifest,
-    running_operator,
+    operator_serving,
     wait_gang_running,
     wait_phase,
 )
@@ -151,9 +151,9 @@ def test_a_rank_with_a_genuine_token_posting_hostile_messages_neither_kills_nor_
     dev_cluster: Any, namespace: str, tmp_path: Path, hostile_report: Any
 ) -> None:
     clients = dev_cluster.clients
-    port, metrics_port = free_port(), free_port()
-    args = ("--health-port", str(port), "--metrics-port", str(metrics_port))
-    with running_operator(dev_cluster, namespace, tmp_path, extra_args=args) as operator:
+    ports = ("--health-port", "--metrics-port")
+    with operator_serving(dev_cluster, namespace, tmp_path, *ports) as served:
+        operator, (port, metrics_port) = served
         create_job(
             clients,
             namespace,
@@ -253,26 +253,13 @@ def test_a_flood_of_random_bearer_tokens_costs_no_review_and_evicts_no_good_rank
     dev_cluster: Any, namespace: str, tmp_path: Path, hostile_report: Any
 ) -> None:
     clients = dev_cluster.clients
-    port, metrics_port = free_port(), free_port()
-    args = ("--health-port", str(port), "--metrics-port", str(metrics_port))
-    with running_operator(dev_cluster, namespace, tmp_path, extra_args=args) as operator:
-        create_job(
-            clients,
-            namespace,
-            job_manifest(
-                "flooded",
-                nodes=1,
-                processesPerNode=1,
-                compile={"enabled": False},
-                health={"reportIntervalSeconds": 0.2},
-            ),
-        )
-        (pod,) = wait_gang_running(clients, namespace, "flooded", "train", 0, nodes=1)
-        wait_phase(clients, namespace, "flooded", "Training")
-        wait_account(clients, namespace)
+    ports = ("--health-port", "--metrics-port")
+    with operator_serving(dev_cluster, namespace, tmp_path, *ports) as served:
+        operator, (port, metrics_port) = served
+        pod, token_file = reporting_job(clients, namespace, "flooded", tmp_path)
         job = get_job(clients, namespace, "flooded")
         url = f"http://127.0.0.1:{port}{contract.PATH}"
-        token = pod_token(clients, pod)
+        token = token_file.read_text()
         good = json.dumps({**header(pod, job), "worldSize": 1, "rank": 0, "step": 1}).encode()
         assert post(url, good, token) == 200
         before = metrics(metrics_port)
