@@ -63,7 +63,6 @@ import random
 import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -663,21 +662,15 @@ def wait_server_quiet(bench: Bench, identity: kubeflow_peer.Identity) -> tuple[i
 # -- our operator ------------------------------------------------------------------------------
 
 
-class Operator:
+class Operator(kubeflow_peer.LoggedProcess):
     def __init__(self, bench: Bench, namespace: str, label: str):
         self.port = free_port()
-        self.log_path = bench.log_dir / f"operator-{label}.log"
-        self._log = self.log_path.open("wb")
         flags = ("--metrics-port", str(self.port), "--workers", str(WORKERS))
-        self.process = subprocess.Popen(
-            operator_command(bench.ours.kubeconfig, namespace, *flags),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+        command = operator_command(bench.ours.kubeconfig, namespace, *flags)
+        super().__init__("the operator", command, bench.log_dir / f"operator-{label}.log")
 
     def scrape(self) -> Metrics:
-        if self.process.poll() is not None:
-            raise RuntimeError(f"the operator exited:\n{self.log()[-3000:]}")
+        self.check_alive()
         url = f"http://127.0.0.1:{self.port}/metrics"
         with urllib.request.urlopen(url, timeout=10) as response:
             text = response.read().decode()
@@ -711,16 +704,6 @@ class Operator:
             elif time.monotonic() - last_change >= QUIET_SECONDS:
                 break
         return last, last_change - started
-
-    def rss_kib(self, key: str) -> int:
-        return kubeflow_peer.status_kib(self.process.pid, key)
-
-    def stop(self) -> None:
-        kubeflow_peer.stop_process(self.process)
-        self._log.close()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
 
 def wait_operator_ready(bench: Bench, operator: Operator, namespace: str) -> None:
