@@ -135,6 +135,10 @@ def running_operator(
         yield proc
 
 
+# The health_operator fixture: an operator process, its health channel port, its metrics port.
+HealthOperator = tuple[OperatorProcess, int, int]
+
+
 @contextlib.contextmanager
 def operator_serving(
     dev_cluster: Any,

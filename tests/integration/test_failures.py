@@ -25,7 +25,6 @@ from integration.operator_harness import (
     job_pods,
     metric,
     operator_serving,
-    start_compiling,
     start_training,
     training_job,
     wait_attempt,
@@ -63,10 +62,9 @@ def wait_next_gang_alone(clients: Any, namespace: str, name: str) -> list[Any]:
 
 
 def test_operator_restarts_never_restart_a_running_gang(
-    dev_cluster: Any, namespace: str, tmp_path: Path
+    dev_cluster: Any, clients: Any, namespace: str, tmp_path: Path
 ) -> None:
     """Scenario 1: right after a start the node cache is empty; that is not node loss."""
-    clients = dev_cluster.clients
     with operator_serving(dev_cluster, namespace, tmp_path, "--metrics-port") as (operator, ports):
         (port,) = ports
         pods = training_job(clients, namespace, "steady")
@@ -95,10 +93,9 @@ def test_operator_restarts_never_restart_a_running_gang(
 
 
 def test_a_force_deleted_training_pod_restarts_the_whole_gang_not_one_rank(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
     """Scenario 3: the vanished rank is not re-created alone beside the old survivors."""
-    clients = dev_cluster.clients
     pods = training_job(clients, namespace, "gone")
     clients.core.delete_namespaced_pod(pods[1].metadata.name, namespace, grace_period_seconds=0)
 
@@ -117,10 +114,9 @@ def test_a_force_deleted_training_pod_restarts_the_whole_gang_not_one_rank(
 
 
 def test_a_restart_never_runs_two_attempts_at_once_and_counts_once(
-    dev_cluster: Any, namespace: str, own_operator: OperatorProcess
+    clients: Any, namespace: str, own_operator: OperatorProcess
 ) -> None:
     """Scenario 2: the new attempt is recorded first and starts after the old gang is gone."""
-    clients = dev_cluster.clients
     pods = start_training(clients, namespace, "once")
     finish_pods(clients, namespace, pods[:1], succeeded=False, exit_code=1)
     # The operator dies right after it decided the restart, and comes back.
@@ -136,10 +132,9 @@ def test_a_restart_never_runs_two_attempts_at_once_and_counts_once(
 
 
 def test_a_kubelet_admission_rejection_is_charged_as_infrastructure(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
     """Scenario 8: OutOf<resource> is the node's doing, not the script's backoffLimit."""
-    clients = dev_cluster.clients
     pods = start_training(clients, namespace, "refused", runPolicy={"backoffLimit": 0})
     simulate_pod_outcome(
         clients.core,
@@ -160,10 +155,9 @@ def test_a_kubelet_admission_rejection_is_charged_as_infrastructure(
 
 
 def test_a_deleted_job_is_forgotten_by_the_work_queue(
-    dev_cluster: Any, namespace: str, tmp_path: Path
+    dev_cluster: Any, clients: Any, namespace: str, tmp_path: Path
 ) -> None:
     """Scenario 7: its pods' deletion events do not bring it back for every resync."""
-    clients = dev_cluster.clients
     with operator_serving(dev_cluster, namespace, tmp_path, "--metrics-port") as (_, (port,)):
         start_training(clients, namespace, "brief")
         known = "trainium_operator_known_jobs"
@@ -189,11 +183,10 @@ def holds_logged(operator: OperatorView, namespace: str) -> int:
 
 
 def test_a_missing_priority_class_is_reported_then_the_job_starts_once_the_class_exists(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
     """Scenario 4: the admission refusal names its real cause, the job does not spin, and
     creating the PriorityClass lets it start at once (not at a timer)."""
-    clients = dev_cluster.clients
     class_name = f"later-{namespace}"
     scheduling = {"queue": "test", "priorityClassName": class_name}
     create_job(clients, namespace, job_manifest("noclass", scheduling=scheduling))
@@ -237,9 +230,8 @@ def test_a_missing_priority_class_is_reported_then_the_job_starts_once_the_class
 
 
 def test_a_resource_quota_refusal_is_held_until_the_quota_changes(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
-    clients = dev_cluster.clients
     quota = {"metadata": {"name": "two-pods"}, "spec": {"hard": {"pods": "1"}}}
     clients.core.create_namespaced_resource_quota(namespace, quota)
     wait_for(
@@ -272,10 +264,9 @@ def test_a_resource_quota_refusal_is_held_until_the_quota_changes(
 
 
 def test_a_recreated_job_waits_for_its_predecessors_terminating_pod_instead_of_adopting_it(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
     """A 409 AlreadyExists is success only for our own child."""
-    clients = dev_cluster.clients
     old = start_training(clients, namespace, "twin")
     held = old[0].metadata.name
     hold = {"metadata": {"finalizers": ["sim.trainium.dev/hold"]}}
@@ -350,11 +341,11 @@ def test_foreground_deletion_with_a_lost_node_does_not_hang(
 
 
 def test_the_first_training_gang_after_a_compile_restart_starts_fresh(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
     """Scenario 6: a compile-stage restart raises the attempt; training must not --resume."""
-    clients = dev_cluster.clients
-    compile_pods = start_compiling(clients, namespace, "fresh")
+    create_job(clients, namespace, job_manifest("fresh"))
+    compile_pods = wait_gang_running(clients, namespace, "fresh", "compile", 0)
     simulate_pod_outcome(
         clients.core, namespace, compile_pods[0].metadata.name,
         succeeded=False, exit_code=137, reason="Evicted", message="node pressure",
@@ -370,11 +361,10 @@ def test_the_first_training_gang_after_a_compile_restart_starts_fresh(
 
 
 def test_a_restart_force_deletes_an_old_pod_stuck_terminating_on_a_ready_node_naming_it(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
     """Issue 19 (7): a restart used to wait forever for an old pod whose kubelet never confirmed
     its deletion (here a finalizer keeps it Terminating on a Ready node)."""
-    clients = dev_cluster.clients
     pods = start_training(
         clients,
         namespace,
@@ -472,9 +462,8 @@ CANNOT_START = [
 
 @pytest.mark.parametrize("case", CANNOT_START)
 def test_a_job_that_cannot_start_fails_naming_its_cause(
-    dev_cluster: Any, namespace: str, operator: OperatorView, case: CannotStart
+    clients: Any, namespace: str, operator: OperatorView, case: CannotStart
 ) -> None:
-    clients = dev_cluster.clients
     name = case.manifest["metadata"]["name"]
     if case.service is not None:
         clients.core.create_namespaced_service(namespace, case.service)

@@ -25,6 +25,7 @@ from integration.health_ranks import (
     wait_account,
 )
 from integration.operator_harness import (
+    HealthOperator,
     create_job,
     get_job,
     job_manifest,
@@ -51,40 +52,38 @@ def health_metrics(port: int) -> dict[str, int]:
 
 
 def test_ranks_report_as_their_pods_and_a_forged_message_from_another_jobs_pod_is_refused(
-    dev_cluster: Any, namespace: str, tmp_path: Path
+    clients: Any, namespace: str, tmp_path: Path, health_operator: HealthOperator
 ) -> None:
-    clients = dev_cluster.clients
-    ports = ("--health-port", "--metrics-port")
-    with operator_serving(dev_cluster, namespace, tmp_path, *ports) as (operator, (port, metrics)):
-        health = {"reportIntervalSeconds": 0.2}
-        for name in ("alpha", "beta"):
-            create_job(
-                clients,
-                namespace,
-                job_manifest(
-                    name, nodes=1, processesPerNode=3, compile={"enabled": False}, health=health
-                ),
-            )
-        (alpha,) = wait_gang_running(clients, namespace, "alpha", "train", 0, nodes=1)
-        (beta,) = wait_gang_running(clients, namespace, "beta", "train", 0, nodes=1)
-        wait_phase(clients, namespace, "alpha", "Training")
-        env = {e.name: e.value for e in alpha.spec.containers[0].env}
-        assert env[contract.URL] == f"http://127.0.0.1:{port}{contract.PATH}"
-        assert any(v.name == contract.TOKEN_VOLUME for v in alpha.spec.volumes)
-        wait_account(clients, namespace)
+    operator, port, metrics = health_operator
+    health = {"reportIntervalSeconds": 0.2}
+    for name in ("alpha", "beta"):
+        create_job(
+            clients,
+            namespace,
+            job_manifest(
+                name, nodes=1, processesPerNode=3, compile={"enabled": False}, health=health
+            ),
+        )
+    (alpha,) = wait_gang_running(clients, namespace, "alpha", "train", 0, nodes=1)
+    (beta,) = wait_gang_running(clients, namespace, "beta", "train", 0, nodes=1)
+    wait_phase(clients, namespace, "alpha", "Training")
+    env = {e.name: e.value for e in alpha.spec.containers[0].env}
+    assert env[contract.URL] == f"http://127.0.0.1:{port}{contract.PATH}"
+    assert any(v.name == contract.TOKEN_VOLUME for v in alpha.spec.volumes)
+    wait_account(clients, namespace)
 
-        own, forged, plain = tmp_path / "own", tmp_path / "forged", tmp_path / "plain"
-        own.write_text(pod_token(clients, alpha))
-        forged.write_text(pod_token(clients, beta))  # beta's pod, claiming to be alpha's rank
-        plain.write_text(pod_token(clients, alpha, audience="https://kubernetes.default.svc"))
-        ranks = [
-            start_rank(rank_env(alpha, own, 0, 3), 15, 0.1),
-            start_rank(rank_env(alpha, forged, 1, 3), 15, 0.1),
-            start_rank(rank_env(alpha, plain, 2, 3), 15, 0.1),
-        ]
-        accepted, refused, wrong_audience = (outcome(r) for r in ranks)
-        operator.assert_alive()
-        counts = health_metrics(metrics)
+    own, forged, plain = tmp_path / "own", tmp_path / "forged", tmp_path / "plain"
+    own.write_text(pod_token(clients, alpha))
+    forged.write_text(pod_token(clients, beta))  # beta's pod, claiming to be alpha's rank
+    plain.write_text(pod_token(clients, alpha, audience="https://kubernetes.default.svc"))
+    ranks = [
+        start_rank(rank_env(alpha, own, 0, 3), 15, 0.1),
+        start_rank(rank_env(alpha, forged, 1, 3), 15, 0.1),
+        start_rank(rank_env(alpha, plain, 2, 3), 15, 0.1),
+    ]
+    accepted, refused, wrong_audience = (outcome(r) for r in ranks)
+    operator.assert_alive()
+    counts = health_metrics(metrics)
 
     assert accepted["sent"] >= 3, accepted
     assert accepted["failures"] == 0, accepted
@@ -104,16 +103,14 @@ def stored_ranks(port: int) -> int:
 
 
 def test_the_ranks_of_one_pod_report_as_one_message_sent_by_local_rank_0(
-    dev_cluster: Any, namespace: str, tmp_path: Path
+    clients: Any, namespace: str, tmp_path: Path, health_operator: HealthOperator
 ) -> None:
-    clients = dev_cluster.clients
-    ports = ("--health-port", "--metrics-port")
-    with operator_serving(dev_cluster, namespace, tmp_path, *ports) as (operator, (_, metrics)):
-        pod, token = reporting_job(clients, namespace, "pair", tmp_path, processes=2)
-        ranks = [start_rank(rank_env(pod, token, r, 2, local=(r, 2)), 15, 0.1) for r in (0, 1)]
-        leader, other = (outcome(r) for r in ranks)
-        operator.assert_alive()
-        counts, stored = health_metrics(metrics), stored_ranks(metrics)
+    operator, _, metrics = health_operator
+    pod, token = reporting_job(clients, namespace, "pair", tmp_path, processes=2)
+    ranks = [start_rank(rank_env(pod, token, r, 2, local=(r, 2)), 15, 0.1) for r in (0, 1)]
+    leader, other = (outcome(r) for r in ranks)
+    operator.assert_alive()
+    counts, stored = health_metrics(metrics), stored_ranks(metrics)
 
     assert leader["sent"] >= 3, leader
     assert leader["failures"] == 0, leader
