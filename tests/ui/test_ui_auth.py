@@ -369,16 +369,15 @@ def test_the_polled_job_list_shows_only_jobs_of_namespaces_the_user_may_read(
 
 def test_a_profile_of_another_namespace_is_403_on_every_route(two_namespaces: Path) -> None:
     post = {**ALICE_AUTH, **CSRF}
+    # Each route that reads a profile, with the query it needs besides the id.
+    reads = {"dashboard": "", "tracks": "", "window": "&start=0&end=1&width=1"}
+    reads |= {"event": "&event=0", "annotation": "&name=forward"}
     answers = call(
         kubernetes_app(two_namespaces, FakeReviews()),
         [
             ("POST", f"/api/profiles/load?id={PROFILE_B}&wait=1", post),
             ("POST", f"/api/profiles/unload?id={PROFILE_B}", post),
-            ("GET", f"/api/dashboard?id={PROFILE_B}", ALICE_AUTH),
-            ("GET", f"/api/tracks?id={PROFILE_B}", ALICE_AUTH),
-            ("GET", f"/api/window?id={PROFILE_B}&start=0&end=1&width=1", ALICE_AUTH),
-            ("GET", f"/api/event?id={PROFILE_B}&event=0", ALICE_AUTH),
-            ("GET", f"/api/annotation?id={PROFILE_B}&name=forward", ALICE_AUTH),
+            *(("GET", f"/api/{r}?id={PROFILE_B}{query}", ALICE_AUTH) for r, query in reads.items()),
             ("POST", "/api/profiles/load?id=team-a/sneaky/0&wait=1", post),
         ],
     )
