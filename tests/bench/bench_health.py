@@ -42,7 +42,6 @@ import dataclasses
 import functools
 import json
 import multiprocessing
-import socket
 import statistics
 import sys
 import threading
@@ -57,6 +56,7 @@ sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "tests")]
 
 from aiohttp import ClientSession, TCPConnector  # noqa: E402
 
+from support.local_server import free_port  # noqa: E402
 from trainium_operator.builders.job import JobRef  # noqa: E402
 from trainium_operator.contract import channel as contract  # noqa: E402
 from trainium_operator.contract.channel import ProgressMessage  # noqa: E402
@@ -210,7 +210,7 @@ def _messages() -> list[tuple[str, bytes]]:
 
 
 async def _post_all(channel: HealthChannel, rounds: int) -> tuple[float, int]:
-    server = ServerThread(channel, "127.0.0.1", _free_port()).start()
+    server = ServerThread(channel, "127.0.0.1", free_port()).start()
     url = f"http://127.0.0.1:{server.port}{contract.PATH}"
     messages = _messages()
     sent = 0
@@ -318,7 +318,7 @@ async def _one_stall(
         health["stallTimeoutSeconds"] = stall_timeout
     job = job_ref(health=health)
     channel = HealthChannel(_cluster(), TokenCache(_identity), store=ProgressStore())
-    server = ServerThread(channel, "127.0.0.1", _free_port()).start()
+    server = ServerThread(channel, "127.0.0.1", free_port()).start()
     with tempfile.TemporaryDirectory() as scratch:
         token = Path(scratch) / "token"
         token.write_text(_token("job-0-train-0-0", "pod-0-0"))
@@ -451,12 +451,6 @@ def _thread_cpu_s(thread: threading.Thread) -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _post(url: str, bodies: list[tuple[str, bytes]], concurrency: int) -> dict[int, int]:
     """Posts every body, each on a new connection (as the reporter's urllib does)."""
     statuses: dict[int, int] = {}
@@ -483,7 +477,7 @@ def _unit_cpu(nodes: int, batched: bool, rounds: int) -> tuple[float, int, dict[
         store=ProgressStore(),
         clock=lambda: clock[0],
     )
-    server = ServerThread(channel, "127.0.0.1", _free_port()).start()
+    server = ServerThread(channel, "127.0.0.1", free_port()).start()
     url = f"http://127.0.0.1:{server.port}{contract.PATH}"
     statuses: dict[int, int] = {}
     try:
@@ -607,7 +601,7 @@ def soak(seconds: float) -> None:
         )
         for name in jobs
     }
-    server = ServerThread(channel, "127.0.0.1", _free_port()).start()
+    server = ServerThread(channel, "127.0.0.1", free_port()).start()
     url = f"http://127.0.0.1:{server.port}{contract.PATH}"
     statuses: dict[str, dict[str, Any]] = {
         name: {"phase": "Training", "attempt": 0} for name in jobs

@@ -32,7 +32,6 @@ import copy
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -44,6 +43,7 @@ from typing import Any
 
 import yaml
 
+from support.local_server import free_port
 from trainium_devcluster import build, sim
 from trainium_devcluster.clients import Clients, is_status
 
@@ -386,12 +386,6 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=10)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _write_self_signed(directory: Path, dns_name: str) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     subprocess.run(
@@ -474,7 +468,7 @@ class KubeflowOperator(LoggedProcess):
         *,
         threads: int,
     ):
-        self.ports = {"metrics": _free_port(), "probe": _free_port(), "webhook": _free_port()}
+        self.ports = {"metrics": free_port(), "probe": free_port(), "webhook": free_port()}
         tmpdir = log_dir / f"kubeflow-tmp-{label}"
         dns_name = f"training-operator.{OPERATOR_NAMESPACE}.svc"
         _write_self_signed(tmpdir / "k8s-webhook-server" / "serving-certs", dns_name)
