@@ -13,25 +13,18 @@ from __future__ import annotations
 
 import itertools
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from support.local_server import free_port, wait_answering
+
 REGION = "us-east-1"
 _bucket_numbers = itertools.count()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def aws_env(endpoint: str) -> dict[str, str]:
@@ -93,7 +86,7 @@ class S3Bucket:
 def s3_server() -> Iterator[S3Server]:
     from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     try:
@@ -118,7 +111,7 @@ def s3(s3_server: S3Server, monkeypatch: pytest.MonkeyPatch) -> S3Bucket:
 @pytest.fixture(scope="session")
 def s3_denying_endpoint() -> Iterator[str]:
     """A moto server that authenticates requests: dummy credentials get 403 AccessDenied."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"}
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -128,15 +121,7 @@ def s3_denying_endpoint() -> Iterator[str]:
     )
     endpoint = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError("the authenticating moto server did not start") from None
-                time.sleep(0.2)
+        wait_answering(f"{endpoint}/moto-api/", process, 30)
         yield endpoint
     finally:
         process.terminate()

@@ -346,6 +346,21 @@ def test_node_cpu_prefers_the_whole_host_samples_when_the_node_has_them() -> Non
     assert series.node_cpu_cores[:, 0].tolist() == pytest.approx([24.0, 0.7])
 
 
+def node_0_activity(ranks: EventColumns) -> dict[str, float]:
+    """cpu_activity's figures for node 0 of a one-node profile's columns."""
+    activity = cpu_activity(ranks, 1)
+    process_cores, host_cores = activity.mean_cores()
+    assert len(activity.sampled_ns) == 1, "one node"
+    return {
+        "process_active_ns": float(activity.process_active_ns[0]),
+        "node_active_ns": float(activity.node_active_ns[0]),
+        "sampled_ns": float(activity.sampled_ns[0]),
+        "host_sampled_ns": float(activity.host_sampled_ns[0]),
+        "process_cores": float(process_cores[0]),
+        "host_cores": float(host_cores[0]),
+    }
+
+
 def test_cpu_activity_integrates_each_sample_over_the_interval_it_covers() -> None:
     # rank 0: 2 cores for 100 ns then 4 cores for 50 ns -> 400 core-ns; the whole host
     # 10 cores for 150 ns; rank 1 (same node): 1 core for 100 ns.
@@ -358,14 +373,16 @@ def test_cpu_activity_integrates_each_sample_over_the_interval_it_covers() -> No
     ]
     rank1 = [cpu_sample(CPU_PROCESS, 0, 1), cpu_sample(CPU_PROCESS, 100, 1000)]
 
-    activity = cpu_activity(columns(rank0, rank1), 1)
-
-    assert activity.process_active_ns.tolist() == [400 + 100]
-    assert activity.node_active_ns.tolist() == [1500]
-    assert activity.sampled_ns.tolist() == [150]
-    process_cores, host_cores = activity.mean_cores()
-    assert process_cores[0] == pytest.approx(500 / 150)
-    assert host_cores[0] == pytest.approx(10.0)
+    assert node_0_activity(columns(rank0, rank1)) == pytest.approx(
+        {
+            "process_active_ns": 400 + 100,
+            "node_active_ns": 1500,
+            "sampled_ns": 150,
+            "host_sampled_ns": 150,
+            "process_cores": 500 / 150,
+            "host_cores": 10.0,
+        }
+    )
 
 
 def cpu_range(name: str, start: int, end: int, per_mille: int) -> Event:
@@ -392,12 +409,13 @@ def test_cpu_activity_counts_first_intervals_and_averages_host_and_processes_on_
     ]
     rank1 = [cpu_range(CPU_PROCESS, 40, 140, 1000)]
 
-    activity = cpu_activity(columns(rank0, rank1), 1)
-
-    assert activity.process_active_ns.tolist() == [200]
-    assert activity.node_active_ns.tolist() == [180 + 80]
-    assert activity.sampled_ns.tolist() == [140]
-    assert activity.host_sampled_ns.tolist() == [100]
-    process_cores, host_cores = activity.mean_cores()
-    assert process_cores[0] == pytest.approx(200 / 140)
-    assert host_cores[0] == pytest.approx(2.6)
+    assert node_0_activity(columns(rank0, rank1)) == pytest.approx(
+        {
+            "process_active_ns": 200,
+            "node_active_ns": 180 + 80,
+            "sampled_ns": 140,
+            "host_sampled_ns": 100,
+            "process_cores": 200 / 140,
+            "host_cores": 2.6,
+        }
+    )

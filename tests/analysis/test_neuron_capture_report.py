@@ -10,30 +10,18 @@ from pathlib import Path
 from typing import Any
 
 from profiler import perfetto_fixture
+from profiler.neuron_capture import rank_file, system_capture
 from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.analysis.loading import load_profile
 from trainium_operator.analysis.report import dashboard, text_report
-from trainium_operator.profiler.clock import ClockSyncPoint
-from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind
-from trainium_operator.profiler.format import RankHeader, write_rank_file
 from trainium_operator.profiler.manifest import ProfileManifest, write_manifest
 from trainium_operator.profiler.sources.neuron import merge_profile_dir
-
-SYSTEM = perfetto_fixture.FIXTURES / "system_profile.json"
-PID = 1627711
-SYNC = ClockSyncPoint(monotonic_ns=5_000_000_000, wall_ns=1_729_888_370_000_000_000)
 
 
 def merged_native_profile(tmp_path: Path, export: Path | None) -> dict[str, Any]:
     root = tmp_path / "ml" / "bert-trn2" / "0"
-    rank_path = root / "ip-1" / "rank-0.trnprof"
-    host = [Event(EventKind.STEP, "step", 6_000_000_000, 500_000_000, PID, value=1)]
-    header = RankHeader(rank=0, world_size=1, node="ip-1", pid=PID, clock_sync=(SYNC,))
-    write_rank_file(rank_path, header, host, track_names={(PID, HOST_DEVICE): "MainThread"})
-    capture = root / "ip-1" / "neuron" / f"i-0f207fb2a99bd2d08_pid_{PID}"
-    capture.mkdir(parents=True)
-    shutil.copy(SYSTEM, capture / "system_profile.json")
-    (capture / "123_instid_0_vnc_0.ntff").write_bytes(b"")
+    rank_path, _ = rank_file(root, rank=0, world_size=1, step_ns=6_000_000_000)
+    capture = system_capture(root)
     if export is not None:
         shutil.copy(export, capture / export.name)
     write_manifest(root, ProfileManifest(job_name="bert-trn2", namespace="ml", finished=True))

@@ -42,7 +42,6 @@ import dataclasses
 import functools
 import json
 import multiprocessing
-import socket
 import statistics
 import sys
 import threading
@@ -57,6 +56,7 @@ sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "tests")]
 
 from aiohttp import ClientSession, TCPConnector  # noqa: E402
 
+from support.local_server import free_port  # noqa: E402
 from trainium_operator.builders.job import JobRef  # noqa: E402
 from trainium_operator.contract import channel as contract  # noqa: E402
 from trainium_operator.contract.channel import ProgressMessage  # noqa: E402
@@ -96,20 +96,15 @@ def _work(iterations: int) -> float:
     return total
 
 
+def _rank_zero(url: str, token: str, interval_s: float, job: str, **more: Any) -> ChannelConfig:
+    """The channel settings of the only rank of team-a's `job` (job-<j> has the uid uid-<j>)."""
+    uid = job.replace("job-", "uid-")
+    return ChannelConfig(url, token, interval_s, job, "team-a", uid, 0, 0, 0, 1, **more)
+
+
 def step_overhead(blocks: int, steps: int) -> None:
-    config = ChannelConfig(
-        url="http://127.0.0.1:9/v1/progress",  # nothing listens: the worst case, every send fails
-        token_file="/nonexistent",
-        interval_s=5.0,
-        job="bench",
-        namespace="bench",
-        uid="u",
-        attempt=0,
-        rank=0,
-        node_rank=0,
-        world_size=1,
-    )
-    reporter = Reporter(config)
+    # Nothing listens on port 9: the worst case, every send fails.
+    reporter = Reporter(_rank_zero("http://127.0.0.1:9/v1/progress", "/nonexistent", 5.0, "bench"))
     reporter.start()
     iterations = 60_000  # ~5 ms of CPU per step on the 2-core VM
     off: list[float] = []
@@ -210,7 +205,7 @@ def _messages() -> list[tuple[str, bytes]]:
 
 
 async def _post_all(channel: HealthChannel, rounds: int) -> tuple[float, int]:
-    server = ServerThread(channel, "127.0.0.1", _free_port()).start()
+    server = ServerThread(channel, "127.0.0.1", free_port()).start()
     url = f"http://127.0.0.1:{server.port}{contract.PATH}"
     messages = _messages()
     sent = 0
@@ -318,24 +313,13 @@ async def _one_stall(
         health["stallTimeoutSeconds"] = stall_timeout
     job = job_ref(health=health)
     channel = HealthChannel(_cluster(), TokenCache(_identity), store=ProgressStore())
-    server = ServerThread(channel, "127.0.0.1", _free_port()).start()
+    server = ServerThread(channel, "127.0.0.1", free_port()).start()
     with tempfile.TemporaryDirectory() as scratch:
         token = Path(scratch) / "token"
         token.write_text(_token("job-0-train-0-0", "pod-0-0"))
-        config = ChannelConfig(
-            url=f"http://127.0.0.1:{server.port}{contract.PATH}",
-            token_file=str(token),
-            interval_s=interval,
-            job="job-0",
-            namespace="team-a",
-            uid="uid-0",
-            attempt=0,
-            rank=0,
-            node_rank=0,
-            world_size=1,
-            stacks_dir=str(Path(scratch) / "stacks"),
-        )
-        reporter = Reporter(config)
+        url = f"http://127.0.0.1:{server.port}{contract.PATH}"
+        stacks = str(Path(scratch) / "stacks")
+        reporter = Reporter(_rank_zero(url, str(token), interval, "job-0", stacks_dir=stacks))
         reporter.start()
         last = [0.0]
         loop = threading.Thread(target=_train_then_freeze, args=(reporter, 40, step_s, last))
@@ -462,12 +446,6 @@ def _thread_cpu_s(thread: threading.Thread) -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _post(url: str, bodies: list[tuple[str, bytes]], concurrency: int) -> dict[int, int]:
     """Posts every body, each on a new connection (as the reporter's urllib does)."""
     statuses: dict[int, int] = {}
@@ -494,7 +472,7 @@ def _unit_cpu(nodes: int, batched: bool, rounds: int) -> tuple[float, int, dict[
         store=ProgressStore(),
         clock=lambda: clock[0],
     )
-    server = ServerThread(channel, "127.0.0.1", _free_port()).start()
+    server = ServerThread(channel, "127.0.0.1", free_port()).start()
     url = f"http://127.0.0.1:{server.port}{contract.PATH}"
     statuses: dict[int, int] = {}
     try:
@@ -618,7 +596,7 @@ def soak(seconds: float) -> None:
         )
         for name in jobs
     }
-    server = ServerThread(channel, "127.0.0.1", _free_port()).start()
+    server = ServerThread(channel, "127.0.0.1", free_port()).start()
     url = f"http://127.0.0.1:{server.port}{contract.PATH}"
     statuses: dict[str, dict[str, Any]] = {
         name: {"phase": "Training", "attempt": 0} for name in jobs

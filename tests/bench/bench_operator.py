@@ -62,9 +62,7 @@ import os
 import random
 import re
 import signal
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -99,8 +97,10 @@ import kubeflow_peer  # noqa: E402
 
 from integration.operator_harness import (  # noqa: E402
     ensure_shared_claim,
+    free_port,
     install_crds,
     job_manifest,
+    operator_command,
 )
 
 Obj = dict[str, Any]
@@ -287,12 +287,6 @@ def _step(what: str) -> Iterator[None]:
     started = time.monotonic()
     yield
     _echo(f"  {what}: {time.monotonic() - started:.1f}s")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- jobs and namespaces -----------------------------------------------------------------------
@@ -666,33 +660,15 @@ def wait_server_quiet(bench: Bench, identity: kubeflow_peer.Identity) -> tuple[i
 # -- our operator ------------------------------------------------------------------------------
 
 
-class Operator:
+class Operator(kubeflow_peer.LoggedProcess):
     def __init__(self, bench: Bench, namespace: str, label: str):
-        self.port = _free_port()
-        self.log_path = bench.log_dir / f"operator-{label}.log"
-        self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "trainium_operator",
-                "run",
-                "--kubeconfig",
-                str(bench.ours.kubeconfig),
-                "--namespace",
-                namespace,
-                "--metrics-port",
-                str(self.port),
-                "--workers",
-                str(WORKERS),
-            ],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+        self.port = free_port()
+        flags = ("--metrics-port", str(self.port), "--workers", str(WORKERS))
+        command = operator_command(bench.ours.kubeconfig, namespace, *flags)
+        super().__init__("the operator", command, bench.log_dir / f"operator-{label}.log")
 
     def scrape(self) -> Metrics:
-        if self.process.poll() is not None:
-            raise RuntimeError(f"the operator exited:\n{self.log()[-3000:]}")
+        self.check_alive()
         url = f"http://127.0.0.1:{self.port}/metrics"
         with urllib.request.urlopen(url, timeout=10) as response:
             text = response.read().decode()
@@ -726,16 +702,6 @@ class Operator:
             elif time.monotonic() - last_change >= QUIET_SECONDS:
                 break
         return last, last_change - started
-
-    def rss_kib(self, key: str) -> int:
-        return kubeflow_peer.status_kib(self.process.pid, key)
-
-    def stop(self) -> None:
-        kubeflow_peer.stop_process(self.process)
-        self._log.close()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
 
 def wait_operator_ready(bench: Bench, operator: Operator, namespace: str) -> None:
@@ -1192,6 +1158,74 @@ def summarise(result: Result) -> Summary:
     )
 
 
+SPEED_HEADER = (
+    f"{'scenario':<19} {'pods':>4} {'fit':>4} {'runs':>4} | {'ours':>7} {'kubeflow':>8} "
+    f"{'direct1':>7} {'direct4':>7} {'gated4':>7} | {'ours run':>8} {'kf run':>7} "
+    f"{'dir4 run':>8} {'gat4 run':>8} | {'ours/kf':>7} {'ours/d4':>7} {'ours/g4':>7} "
+    f"{'kf/d4':>6} | {'run o/kf':>8} {'run o/g4':>8}"
+)
+REQUESTS_HEADER = (
+    f"{'scenario':<19} | {'ours run':>8} {'quiet':>6} {'/job':>6} {'own ctr':>7} "
+    f"{'recon':>5} | "
+    f"{'kf run':>7} {'quiet':>6} {'/job':>6} | {'ours RSS':>8} {'idle':>6} | "
+    f"{'kf RSS':>7} {'idle':>6}"
+)
+
+
+def _table(header: str, rows: list[str]) -> None:
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(row)
+
+
+def _speed_row(result: Result, nodes: int) -> str:
+    scenario = result.scenario
+    if not result.operator:
+        return f"{scenario.label:<19} incomplete: {result.error}"
+    s = summarise(result)
+    return (
+        f"{scenario.label:<19} {scenario.pods:>4} {scenario.gangs_that_fit(nodes):>4} "
+        f"{len(result.operator):>4} | {_seconds(s.ours_pods):>7} {_seconds(s.kf_pods):>8} "
+        f"{_seconds(s.seq_pods):>7} {_seconds(s.conc_pods):>7} {_seconds(s.gated_pods):>7} | "
+        f"{_seconds(s.ours_running):>8} {_seconds(s.kf_running):>7} "
+        f"{_seconds(s.conc_running):>8} {_seconds(s.gated_running):>8} | "
+        f"{_ratio(s.ours_pods, s.kf_pods):>7} {_ratio(s.ours_pods, s.conc_pods):>7} "
+        f"{_ratio(s.ours_pods, s.gated_pods):>7} {_ratio(s.kf_pods, s.conc_pods):>6} | "
+        f"{_ratio(s.ours_running, s.kf_running):>8} "
+        f"{_ratio(s.ours_running, s.gated_running):>8}"
+    )
+
+
+def _requests_row(result: Result) -> str:
+    scenario = result.scenario
+    ours_run = _mean([s.server_at_running for s in result.operator])
+    ours_quiet = _mean([s.server_settled for s in result.operator])
+    ours_quiet_note = "" if all(s.quiet for s in result.operator) else "+"
+    own = _mean([s.settled.total for s in result.operator])
+    reconciles = _mean([s.settled.reconciles for s in result.operator])
+    kf_run = _mean([s.server_at_running for s in result.kubeflow])
+    kf_quiet = _mean([s.server_settled for s in result.kubeflow])
+    kf_quiet_note = "" if all(s.quiet for s in result.kubeflow) else "+"
+    return (
+        f"{scenario.label:<19} | {ours_run:>8.0f} {ours_quiet:>5.0f}{ours_quiet_note or ' '} "
+        f"{ours_quiet / scenario.jobs:>6.1f} {own:>7.0f} {reconciles:>5.0f} | "
+        + (
+            f"{kf_run:>7.0f} {kf_quiet:>5.0f}{kf_quiet_note or ' '} "
+            f"{kf_quiet / scenario.jobs:>6.1f} | "
+            if result.kubeflow
+            else f"{'-':>7} {'-':>6} {'-':>6} | "
+        )
+        + f"{result.peak_rss_kib / 1024:>6.1f}Mi {result.idle_rss_kib / 1024:>4.0f}Mi | "
+        + (
+            f"{result.kubeflow_peak_rss_kib / 1024:>5.1f}Mi "
+            f"{result.kubeflow_idle_rss_kib / 1024:>4.0f}Mi"
+            if result.kubeflow
+            else f"{'-':>7} {'-':>6}"
+        )
+    )
+
+
 def report(results: list[Result], nodes: int, elapsed: float, log_dir: Path) -> None:
     print()
     print(
@@ -1201,72 +1235,12 @@ def report(results: list[Result], nodes: int, elapsed: float, log_dir: Path) -> 
     )
     print("Seconds from the first job create (medians): to all pods created / to every gang")
     print("that fits Running.")
-    header = (
-        f"{'scenario':<19} {'pods':>4} {'fit':>4} {'runs':>4} | {'ours':>7} {'kubeflow':>8} "
-        f"{'direct1':>7} {'direct4':>7} {'gated4':>7} | {'ours run':>8} {'kf run':>7} "
-        f"{'dir4 run':>8} {'gat4 run':>8} | {'ours/kf':>7} {'ours/d4':>7} {'ours/g4':>7} "
-        f"{'kf/d4':>6} | {'run o/kf':>8} {'run o/g4':>8}"
-    )
-    print(header)
-    print("-" * len(header))
-    for result in results:
-        scenario = result.scenario
-        if not result.operator:
-            print(f"{scenario.label:<19} incomplete: {result.error}")
-            continue
-        s = summarise(result)
-        print(
-            f"{scenario.label:<19} {scenario.pods:>4} {scenario.gangs_that_fit(nodes):>4} "
-            f"{len(result.operator):>4} | {_seconds(s.ours_pods):>7} {_seconds(s.kf_pods):>8} "
-            f"{_seconds(s.seq_pods):>7} {_seconds(s.conc_pods):>7} {_seconds(s.gated_pods):>7} | "
-            f"{_seconds(s.ours_running):>8} {_seconds(s.kf_running):>7} "
-            f"{_seconds(s.conc_running):>8} {_seconds(s.gated_running):>8} | "
-            f"{_ratio(s.ours_pods, s.kf_pods):>7} {_ratio(s.ours_pods, s.conc_pods):>7} "
-            f"{_ratio(s.ours_pods, s.gated_pods):>7} {_ratio(s.kf_pods, s.conc_pods):>6} | "
-            f"{_ratio(s.ours_running, s.kf_running):>8} "
-            f"{_ratio(s.ours_running, s.gated_running):>8}"
-        )
+    _table(SPEED_HEADER, [_speed_row(result, nodes) for result in results])
     print()
     print(
         "API requests (counted by the API server per FlowSchema, list+watch included) and memory."
     )
-    header = (
-        f"{'scenario':<19} | {'ours run':>8} {'quiet':>6} {'/job':>6} {'own ctr':>7} "
-        f"{'recon':>5} | "
-        f"{'kf run':>7} {'quiet':>6} {'/job':>6} | {'ours RSS':>8} {'idle':>6} | "
-        f"{'kf RSS':>7} {'idle':>6}"
-    )
-    print(header)
-    print("-" * len(header))
-    for result in results:
-        scenario = result.scenario
-        if not result.operator:
-            continue
-        ours_run = _mean([s.server_at_running for s in result.operator])
-        ours_quiet = _mean([s.server_settled for s in result.operator])
-        ours_quiet_note = "" if all(s.quiet for s in result.operator) else "+"
-        own = _mean([s.settled.total for s in result.operator])
-        reconciles = _mean([s.settled.reconciles for s in result.operator])
-        kf_run = _mean([s.server_at_running for s in result.kubeflow])
-        kf_quiet = _mean([s.server_settled for s in result.kubeflow])
-        kf_quiet_note = "" if all(s.quiet for s in result.kubeflow) else "+"
-        print(
-            f"{scenario.label:<19} | {ours_run:>8.0f} {ours_quiet:>5.0f}{ours_quiet_note or ' '} "
-            f"{ours_quiet / scenario.jobs:>6.1f} {own:>7.0f} {reconciles:>5.0f} | "
-            + (
-                f"{kf_run:>7.0f} {kf_quiet:>5.0f}{kf_quiet_note or ' '} "
-                f"{kf_quiet / scenario.jobs:>6.1f} | "
-                if result.kubeflow
-                else f"{'-':>7} {'-':>6} {'-':>6} | "
-            )
-            + f"{result.peak_rss_kib / 1024:>6.1f}Mi {result.idle_rss_kib / 1024:>4.0f}Mi | "
-            + (
-                f"{result.kubeflow_peak_rss_kib / 1024:>5.1f}Mi "
-                f"{result.kubeflow_idle_rss_kib / 1024:>4.0f}Mi"
-                if result.kubeflow
-                else f"{'-':>7} {'-':>6}"
-            )
-        )
+    _table(REQUESTS_HEADER, [_requests_row(result) for result in results if result.operator])
     print(
         """
 ours / kubeflow = the two operators; direct1 / direct4 = the same objects (TrainingJob,

@@ -83,6 +83,19 @@ def bench_config(output_dir: Path) -> ProfilerConfig:
     return ProfilerConfig(output_dir=output_dir, node="bench", sources=frozenset())
 
 
+def recording_config(output_dir: Path, ring_events: int) -> ProfilerConfig:
+    # No sampler, and a flusher that sleeps through the measurement (the ring holds every
+    # record): what is timed is the cost on the calling thread; the background cost is the stop.
+    return ProfilerConfig(
+        output_dir=output_dir,
+        node="bench",
+        sources=frozenset(),
+        sample_interval_s=0.0,
+        flush_interval_s=3600.0,
+        ring_events=ring_events,
+    )
+
+
 def flush_cost_per_event(workdir: Path, events: int = 100_000) -> float:
     """Background cost of one record: a second's worth of a busy rank, flushed at stop.
 
@@ -91,15 +104,7 @@ def flush_cost_per_event(workdir: Path, events: int = 100_000) -> float:
     """
     best = float("inf")
     for attempt in range(3):
-        config = ProfilerConfig(
-            output_dir=workdir / f"flush-{attempt}",
-            node="bench",
-            sources=frozenset(),
-            sample_interval_s=0.0,
-            flush_interval_s=3600.0,
-            ring_events=1 << 17,
-        )
-        profiler.start_profiling(config)
+        profiler.start_profiling(recording_config(workdir / f"flush-{attempt}", 1 << 17))
         loop_annotate(events)
         gc.collect()
         began = time.perf_counter_ns()
@@ -112,17 +117,7 @@ def annotate_costs(workdir: Path, iterations: int) -> dict[str, float]:
     results: dict[str, float] = {}
     results["nothing (empty loop)"] = best_ns_per_iteration(loop_nothing, iterations)
     results["ours, profiling off"] = best_ns_per_iteration(loop_annotate, iterations)
-    config = ProfilerConfig(
-        output_dir=workdir / "annotate",
-        node="bench",
-        sources=frozenset(),
-        sample_interval_s=0.0,
-        # The flusher sleeps through the measurement (the ring holds every pair), so this
-        # is the cost on the calling thread; its background cost is measured at stop below.
-        flush_interval_s=3600.0,
-        ring_events=1 << 23,
-    )
-    profiler.start_profiling(config)
+    profiler.start_profiling(recording_config(workdir / "annotate", 1 << 23))
     results["ours, recording (calling thread)"] = best_ns_per_iteration(
         loop_annotate, iterations, repeats=3
     )

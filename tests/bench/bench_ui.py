@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from typing import Any
 # Run as a script: the synthetic profile writer lives with the tests (tests/support).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from support.local_server import free_port, wait_answering
 from support.synthetic import (
     SyntheticSpec,
     expected_event_count,
@@ -44,12 +44,6 @@ BENCH_SPEC = SyntheticSpec(
 )
 SCREEN_WIDTH_PX = 1350
 SCREEN_TRACKS = 40
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _rss_kib(pid: int) -> int:
@@ -119,7 +113,7 @@ def ensure_profile(directory: Path) -> Path:
 
 
 def bench_server(directory: Path, workers: int | None) -> dict[str, float]:
-    port = _free_port()
+    port = free_port()
     command = [
         str(Path(sys.executable).parent / "trainium-operator"),
         "profile",
@@ -133,15 +127,7 @@ def bench_server(directory: Path, workers: int | None) -> dict[str, float]:
     server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/healthz", timeout=2).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
+        wait_answering(f"{base}/healthz", server, 60)
         idle_kib = _rss_kib(server.pid)
         sampler = TreeSampler(server.pid)
         sampler.start()

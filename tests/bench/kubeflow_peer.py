@@ -32,7 +32,6 @@ import copy
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -44,6 +43,7 @@ from typing import Any
 
 import yaml
 
+from support.local_server import free_port
 from trainium_devcluster import build, sim
 from trainium_devcluster.clients import Clients, is_status
 
@@ -386,12 +386,6 @@ def stop_process(process: subprocess.Popen[bytes]) -> None:
             process.wait(timeout=10)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _write_self_signed(directory: Path, dns_name: str) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     subprocess.run(
@@ -432,7 +426,36 @@ def argv(binary: Path, *, namespace: str, threads: int, ports: dict[str, int]) -
     ]
 
 
-class KubeflowOperator:
+class LoggedProcess:
+    """A process we started, its output in `log_path`."""
+
+    def __init__(
+        self, what: str, argv: list[str], log_path: Path, env: dict[str, str] | None = None
+    ) -> None:
+        self.what = what
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.process = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT
+        )
+
+    def check_alive(self) -> None:
+        """Raises with the log's tail once the process exited."""
+        if self.process.poll() is not None:
+            raise RuntimeError(f"{self.what} exited:\n{self.log()[-3000:]}")
+
+    def rss_kib(self, key: str) -> int:
+        return status_kib(self.process.pid, key)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        stop_process(self.process)
+        self._log.close()
+
+
+class KubeflowOperator(LoggedProcess):
     """One training-operator process watching one namespace."""
 
     def __init__(
@@ -445,8 +468,7 @@ class KubeflowOperator:
         *,
         threads: int,
     ):
-        self.ports = {"metrics": _free_port(), "probe": _free_port(), "webhook": _free_port()}
-        self.log_path = log_dir / f"kubeflow-{label}.log"
+        self.ports = {"metrics": free_port(), "probe": free_port(), "webhook": free_port()}
         tmpdir = log_dir / f"kubeflow-tmp-{label}"
         dns_name = f"training-operator.{OPERATOR_NAMESPACE}.svc"
         _write_self_signed(tmpdir / "k8s-webhook-server" / "serving-certs", dns_name)
@@ -463,18 +485,10 @@ class KubeflowOperator:
             "TMPDIR": str(tmpdir),
         }
         self.argv = argv(kubeflow.binary, namespace=namespace, threads=threads, ports=self.ports)
-        self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen(
-            self.argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-        )
+        super().__init__("training-operator", self.argv, log_dir / f"kubeflow-{label}.log", env)
 
     def ready(self) -> bool:
-        if self.process.poll() is not None:
-            raise RuntimeError(f"training-operator exited:\n{self.log()[-3000:]}")
+        self.check_alive()
         url = f"http://127.0.0.1:{self.ports['probe']}/readyz"
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
@@ -485,21 +499,14 @@ class KubeflowOperator:
     def wait_ready(self) -> None:
         sim.wait_for(self.ready, timeout=HEALTH_TIMEOUT, description="training-operator /readyz")
 
-    def rss_kib(self, key: str) -> int:
-        return status_kib(self.process.pid, key)
-
     def stop(self) -> None:
-        stop_process(self.process)
-        self._log.close()
+        super().stop()
         if self._marker is not None:
             with contextlib.suppress(OSError):
                 self._marker.unlink()
             with contextlib.suppress(OSError):
                 self._marker.parent.rmdir()
                 self._marker.parent.parent.rmdir()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
 
 def wait_reconciling(clients: Clients, namespace: str, probe: Obj) -> None:

@@ -143,13 +143,18 @@ def test_each_training_image_names_the_neuron_stack_it_runs() -> None:
     assert workload_env.NEURON_STACK not in Dockerfile(TRAINING_DOCKERFILE).final_env()
 
 
+def final_copies(dockerfile: Dockerfile) -> list[list[str]]:
+    """The final stage's COPY instructions, each as [source, destination]."""
+    return [i.flags_and_operands()[1] for i in dockerfile.final("COPY")]
+
+
 @each_training_image
 def test_training_image_copies_the_training_package_to_its_contract_path(
     training_dockerfile: str,
 ) -> None:
     dockerfile = Dockerfile(TRAINING_DOCKERFILES[training_dockerfile])
-    copies = [i.flags_and_operands()[1] for i in dockerfile.final("COPY")]
-    assert ["images/training/trainium_training/", "/opt/trainium/trainium_training/"] in copies
+    package = ["images/training/trainium_training/", "/opt/trainium/trainium_training/"]
+    assert package in final_copies(dockerfile)
     source = ROOT / "images" / "training" / "trainium_training"
     assert source.is_dir()
     env = dockerfile.final_env()
@@ -181,8 +186,7 @@ def test_training_image_carries_only_the_profiler_and_the_contract_of_our_packag
     training_dockerfile: str,
 ) -> None:
     dockerfile = Dockerfile(TRAINING_DOCKERFILES[training_dockerfile])
-    copies = [i.flags_and_operands()[1] for i in dockerfile.final("COPY")]
-    ours = [c for c in copies if c[0].startswith("operator/")]
+    ours = [c for c in final_copies(dockerfile) if c[0].startswith("operator/")]
     assert ours == OURS_IN_THE_TRAINING_IMAGE, "no controller, UI, API models or dev cluster"
     runs = [i.arguments for i in dockerfile.instructions if i.keyword == "RUN"]
     assert not [r for r in runs if "trainium_operator-" in r or "pip wheel" in r], "no wheel"

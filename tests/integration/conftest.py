@@ -19,10 +19,12 @@ from typing import Any
 import pytest
 
 from integration.operator_harness import (
+    HealthOperator,
     OperatorProcess,
     OperatorView,
     ensure_shared_claim,
     install_crds,
+    operator_serving,
     running_operator,
     supervised,
 )
@@ -38,6 +40,12 @@ def shared_prefix(module_name: str) -> str:
 @pytest.fixture(scope="module")
 def crds(dev_cluster: Any) -> None:
     install_crds(dev_cluster.clients)
+
+
+@pytest.fixture
+def clients(dev_cluster: Any) -> Any:
+    """The dev cluster's API clients (core, custom objects, ...)."""
+    return dev_cluster.clients
 
 
 @pytest.fixture
@@ -72,6 +80,15 @@ def operator(dev_cluster: Any, namespace: str, shared_operator: OperatorProcess)
     print(view.log()[-6000:])
     view.assert_alive()
     assert "Traceback" not in view.log(), "the operator logged an unhandled exception"
+
+
+@pytest.fixture
+def health_operator(dev_cluster: Any, namespace: str, tmp_path: Path) -> Iterator[HealthOperator]:
+    """An operator of the test's own serving the health channel and /metrics on free ports: the
+    process, the health port and the metrics port."""
+    ports = ("--health-port", "--metrics-port")
+    with operator_serving(dev_cluster, namespace, tmp_path, *ports) as (proc, (health, metrics)):
+        yield proc, health, metrics
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,11 +16,13 @@ from typing import Any
 
 import yaml
 
+from support import local_server
 from trainium_devcluster.sim import simulate_pod_outcome, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingjobs"
 JOB_LABEL = "trainium.dev/job-name"
+free_port = local_server.free_port  # the tests' operators listen on one (their --*-port flags)
 # The operator exits within 3 s of SIGTERM (tested); past this it is killed and the test fails.
 STOP_TIMEOUT_SECONDS = 10
 
@@ -46,18 +47,7 @@ class OperatorProcess:
         log.write(f"\n===== operator start #{self.starts} =====\n".encode())
         log.flush()
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "trainium_operator",
-                "run",
-                "--kubeconfig",
-                str(self.kubeconfig),
-                "--namespace",
-                self.namespace,
-                "--verbose",
-                *self.extra_args,
-            ],
+            operator_command(self.kubeconfig, self.namespace, "--verbose", *self.extra_args),
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **self.env},
@@ -143,6 +133,30 @@ def running_operator(
     )
     with supervised(proc):
         yield proc
+
+
+# The health_operator fixture: an operator process, its health channel port, its metrics port.
+HealthOperator = tuple[OperatorProcess, int, int]
+
+
+@contextlib.contextmanager
+def operator_serving(
+    dev_cluster: Any,
+    namespace: str,
+    tmp_path: Path,
+    *port_flags: str,
+    extra_args: tuple[str, ...] = (),
+) -> Iterator[tuple[OperatorProcess, list[int]]]:
+    """`running_operator` serving each of `port_flags` (--health-port, --metrics-port) on a free
+    port: the operator and those ports, in the flags' order."""
+    ports = [free_port() for _ in port_flags]
+    served = tuple(
+        arg for flag, port in zip(port_flags, ports, strict=True) for arg in (flag, str(port))
+    )
+    with running_operator(
+        dev_cluster, namespace, tmp_path, extra_args=(*served, *extra_args)
+    ) as proc:
+        yield proc, ports
 
 
 @contextlib.contextmanager
@@ -309,6 +323,12 @@ def start_training(clients: Any, namespace: str, name: str, **spec: Any) -> list
     return wait_gang_running(clients, namespace, name, "train", 0, nodes=spec.get("nodes", 2))
 
 
+def start_compiling(clients: Any, namespace: str, name: str, **spec: Any) -> list[Any]:
+    """Creates a job of `spec` and returns its attempt-0 compile gang once every pod runs."""
+    create_job(clients, namespace, job_manifest(name, **spec))
+    return wait_gang_running(clients, namespace, name, "compile", 0, nodes=spec.get("nodes", 2))
+
+
 def training_job(clients: Any, namespace: str, name: str) -> list[Any]:
     """Creates a job without a compile stage and returns its gang once it trains."""
     pods = start_training(clients, namespace, name)
@@ -327,16 +347,17 @@ def finish_job(clients: Any, namespace: str, name: str, pods: list[Any]) -> dict
     return wait_phase(clients, namespace, name, "Succeeded")
 
 
-def wait_running_gone(clients: Any, namespace: str, name: str, description: str) -> None:
-    """Waits until none of the job's pods is alive (deleted, or terminating)."""
-    wait_for(
-        lambda: [
-            p for p in job_pods(clients, namespace, name) if not p.metadata.deletion_timestamp
-        ],
-        until=lambda pods: not pods,
-        timeout=60,
-        description=description,
-    )
+def wait_running_gone(
+    clients: Any, namespace: str, name: str, description: str, *, terminating_too: bool = False
+) -> None:
+    """Waits until none of the job's pods is alive (deleted, or terminating); `terminating_too`:
+    until the job has no pod at all."""
+
+    def left() -> list[Any]:
+        pods = job_pods(clients, namespace, name)
+        return pods if terminating_too else [p for p in pods if not p.metadata.deletion_timestamp]
+
+    wait_for(left, until=lambda pods: not pods, timeout=60, description=description)
 
 
 def finish_pods(
@@ -395,10 +416,10 @@ def ensure_shared_claim(clients: Any, namespace: str) -> None:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def operator_command(kubeconfig: Path | str, namespace: str, *flags: str) -> list[str]:
+    """`trainium-operator run` in a new interpreter, watching `namespace` through `kubeconfig`."""
+    run = [sys.executable, "-m", "trainium_operator", "run", "--kubeconfig", str(kubeconfig)]
+    return [*run, "--namespace", namespace, *flags]
 
 
 def metric(port: int, name: str) -> float:

@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from integration.health_ranks import (
-    free_port,
     outcome,
     rank_env,
     reporting_job,
@@ -27,6 +26,7 @@ from integration.operator_harness import (
     create_job,
     ensure_shared_claim,
     finish_pods,
+    free_port,
     install_crds,
     job_events,
     job_manifest,

@@ -19,19 +19,19 @@ from integration.operator_harness import (
     eventually,
     finish_job,
     finish_pods,
-    free_port,
     get_job,
     job_events,
     job_manifest,
     job_pods,
     metric,
-    running_operator,
+    operator_serving,
     start_training,
     training_job,
     wait_attempt,
     wait_gang_running,
     wait_phase,
     wait_reason,
+    wait_running_gone,
 )
 from trainium_devcluster.sim import simulate_pod_outcome, wait_for
 
@@ -62,14 +62,11 @@ def wait_next_gang_alone(clients: Any, namespace: str, name: str) -> list[Any]:
 
 
 def test_operator_restarts_never_restart_a_running_gang(
-    dev_cluster: Any, namespace: str, tmp_path: Path
+    dev_cluster: Any, clients: Any, namespace: str, tmp_path: Path
 ) -> None:
     """Scenario 1: right after a start the node cache is empty; that is not node loss."""
-    clients = dev_cluster.clients
-    port = free_port()
-    with running_operator(
-        dev_cluster, namespace, tmp_path, extra_args=("--metrics-port", str(port))
-    ) as operator:
+    with operator_serving(dev_cluster, namespace, tmp_path, "--metrics-port") as (operator, ports):
+        (port,) = ports
         pods = training_job(clients, namespace, "steady")
         uids = {p.metadata.uid for p in pods}
         passes = "trainium_operator_reconciles_total"
@@ -96,10 +93,9 @@ def test_operator_restarts_never_restart_a_running_gang(
 
 
 def test_a_force_deleted_training_pod_restarts_the_whole_gang_not_one_rank(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
     """Scenario 3: the vanished rank is not re-created alone beside the old survivors."""
-    clients = dev_cluster.clients
     pods = training_job(clients, namespace, "gone")
     clients.core.delete_namespaced_pod(pods[1].metadata.name, namespace, grace_period_seconds=0)
 
@@ -118,10 +114,9 @@ def test_a_force_deleted_training_pod_restarts_the_whole_gang_not_one_rank(
 
 
 def test_a_restart_never_runs_two_attempts_at_once_and_counts_once(
-    dev_cluster: Any, namespace: str, own_operator: OperatorProcess
+    clients: Any, namespace: str, own_operator: OperatorProcess
 ) -> None:
     """Scenario 2: the new attempt is recorded first and starts after the old gang is gone."""
-    clients = dev_cluster.clients
     pods = start_training(clients, namespace, "once")
     finish_pods(clients, namespace, pods[:1], succeeded=False, exit_code=1)
     # The operator dies right after it decided the restart, and comes back.
@@ -137,10 +132,9 @@ def test_a_restart_never_runs_two_attempts_at_once_and_counts_once(
 
 
 def test_a_kubelet_admission_rejection_is_charged_as_infrastructure(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
     """Scenario 8: OutOf<resource> is the node's doing, not the script's backoffLimit."""
-    clients = dev_cluster.clients
     pods = start_training(clients, namespace, "refused", runPolicy={"backoffLimit": 0})
     simulate_pod_outcome(
         clients.core,
@@ -161,26 +155,18 @@ def test_a_kubelet_admission_rejection_is_charged_as_infrastructure(
 
 
 def test_a_deleted_job_is_forgotten_by_the_work_queue(
-    dev_cluster: Any, namespace: str, tmp_path: Path
+    dev_cluster: Any, clients: Any, namespace: str, tmp_path: Path
 ) -> None:
     """Scenario 7: its pods' deletion events do not bring it back for every resync."""
-    clients = dev_cluster.clients
-    port = free_port()
-    with running_operator(
-        dev_cluster, namespace, tmp_path, extra_args=("--metrics-port", str(port))
-    ):
+    with operator_serving(dev_cluster, namespace, tmp_path, "--metrics-port") as (_, (port,)):
         start_training(clients, namespace, "brief")
         known = "trainium_operator_known_jobs"
         wait_for(lambda: metric(port, known), until=lambda n: n == 1, timeout=30, description="1")
         clients.custom.delete_namespaced_custom_object(
             "trainium.dev", "v1alpha1", namespace, "trainingjobs", "brief"
         )
-        wait_for(
-            lambda: job_pods(clients, namespace, "brief"),
-            until=lambda pods: not pods,
-            timeout=60,
-            description="the job's pods garbage-collected",
-        )
+        gone = "the job's pods garbage-collected"
+        wait_running_gone(clients, namespace, "brief", gone, terminating_too=True)
         # The pod watch delivers in order: once the operator has seen a later job's pods run,
         # it has handled every deletion event of the old job's pods.
         start_training(clients, namespace, "later", nodes=1)
@@ -197,11 +183,10 @@ def holds_logged(operator: OperatorView, namespace: str) -> int:
 
 
 def test_a_missing_priority_class_is_reported_then_the_job_starts_once_the_class_exists(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
     """Scenario 4: the admission refusal names its real cause, the job does not spin, and
     creating the PriorityClass lets it start at once (not at a timer)."""
-    clients = dev_cluster.clients
     class_name = f"later-{namespace}"
     scheduling = {"queue": "test", "priorityClassName": class_name}
     create_job(clients, namespace, job_manifest("noclass", scheduling=scheduling))
@@ -245,9 +230,8 @@ def test_a_missing_priority_class_is_reported_then_the_job_starts_once_the_class
 
 
 def test_a_resource_quota_refusal_is_held_until_the_quota_changes(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
-    clients = dev_cluster.clients
     quota = {"metadata": {"name": "two-pods"}, "spec": {"hard": {"pods": "1"}}}
     clients.core.create_namespaced_resource_quota(namespace, quota)
     wait_for(
@@ -280,10 +264,9 @@ def test_a_resource_quota_refusal_is_held_until_the_quota_changes(
 
 
 def test_a_recreated_job_waits_for_its_predecessors_terminating_pod_instead_of_adopting_it(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
     """A 409 AlreadyExists is success only for our own child."""
-    clients = dev_cluster.clients
     old = start_training(clients, namespace, "twin")
     held = old[0].metadata.name
     hold = {"metadata": {"finalizers": ["sim.trainium.dev/hold"]}}
@@ -358,10 +341,9 @@ def test_foreground_deletion_with_a_lost_node_does_not_hang(
 
 
 def test_the_first_training_gang_after_a_compile_restart_starts_fresh(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
     """Scenario 6: a compile-stage restart raises the attempt; training must not --resume."""
-    clients = dev_cluster.clients
     create_job(clients, namespace, job_manifest("fresh"))
     compile_pods = wait_gang_running(clients, namespace, "fresh", "compile", 0)
     simulate_pod_outcome(
@@ -379,11 +361,10 @@ def test_the_first_training_gang_after_a_compile_restart_starts_fresh(
 
 
 def test_a_restart_force_deletes_an_old_pod_stuck_terminating_on_a_ready_node_naming_it(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
     """Issue 19 (7): a restart used to wait forever for an old pod whose kubelet never confirmed
     its deletion (here a finalizer keeps it Terminating on a Ready node)."""
-    clients = dev_cluster.clients
     pods = start_training(
         clients,
         namespace,
@@ -481,9 +462,8 @@ CANNOT_START = [
 
 @pytest.mark.parametrize("case", CANNOT_START)
 def test_a_job_that_cannot_start_fails_naming_its_cause(
-    dev_cluster: Any, namespace: str, operator: OperatorView, case: CannotStart
+    clients: Any, namespace: str, operator: OperatorView, case: CannotStart
 ) -> None:
-    clients = dev_cluster.clients
     name = case.manifest["metadata"]["name"]
     if case.service is not None:
         clients.core.create_namespaced_service(namespace, case.service)

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from integration.health_ranks import (
-    free_port,
     outcome,
     pod_token,
     rank_env,
@@ -26,11 +25,12 @@ from integration.health_ranks import (
     wait_account,
 )
 from integration.operator_harness import (
+    HealthOperator,
     create_job,
     get_job,
     job_manifest,
     kubectl,
-    running_operator,
+    operator_serving,
     wait_gang_running,
     wait_phase,
 )
@@ -52,41 +52,38 @@ def health_metrics(port: int) -> dict[str, int]:
 
 
 def test_ranks_report_as_their_pods_and_a_forged_message_from_another_jobs_pod_is_refused(
-    dev_cluster: Any, namespace: str, tmp_path: Path
+    clients: Any, namespace: str, tmp_path: Path, health_operator: HealthOperator
 ) -> None:
-    clients = dev_cluster.clients
-    port, metrics = free_port(), free_port()
-    args = ("--health-port", str(port), "--metrics-port", str(metrics))
-    with running_operator(dev_cluster, namespace, tmp_path, extra_args=args) as operator:
-        health = {"reportIntervalSeconds": 0.2}
-        for name in ("alpha", "beta"):
-            create_job(
-                clients,
-                namespace,
-                job_manifest(
-                    name, nodes=1, processesPerNode=3, compile={"enabled": False}, health=health
-                ),
-            )
-        (alpha,) = wait_gang_running(clients, namespace, "alpha", "train", 0, nodes=1)
-        (beta,) = wait_gang_running(clients, namespace, "beta", "train", 0, nodes=1)
-        wait_phase(clients, namespace, "alpha", "Training")
-        env = {e.name: e.value for e in alpha.spec.containers[0].env}
-        assert env[contract.URL] == f"http://127.0.0.1:{port}{contract.PATH}"
-        assert any(v.name == contract.TOKEN_VOLUME for v in alpha.spec.volumes)
-        wait_account(clients, namespace)
+    operator, port, metrics = health_operator
+    health = {"reportIntervalSeconds": 0.2}
+    for name in ("alpha", "beta"):
+        create_job(
+            clients,
+            namespace,
+            job_manifest(
+                name, nodes=1, processesPerNode=3, compile={"enabled": False}, health=health
+            ),
+        )
+    (alpha,) = wait_gang_running(clients, namespace, "alpha", "train", 0, nodes=1)
+    (beta,) = wait_gang_running(clients, namespace, "beta", "train", 0, nodes=1)
+    wait_phase(clients, namespace, "alpha", "Training")
+    env = {e.name: e.value for e in alpha.spec.containers[0].env}
+    assert env[contract.URL] == f"http://127.0.0.1:{port}{contract.PATH}"
+    assert any(v.name == contract.TOKEN_VOLUME for v in alpha.spec.volumes)
+    wait_account(clients, namespace)
 
-        own, forged, plain = tmp_path / "own", tmp_path / "forged", tmp_path / "plain"
-        own.write_text(pod_token(clients, alpha))
-        forged.write_text(pod_token(clients, beta))  # beta's pod, claiming to be alpha's rank
-        plain.write_text(pod_token(clients, alpha, audience="https://kubernetes.default.svc"))
-        ranks = [
-            start_rank(rank_env(alpha, own, 0, 3), 15, 0.1),
-            start_rank(rank_env(alpha, forged, 1, 3), 15, 0.1),
-            start_rank(rank_env(alpha, plain, 2, 3), 15, 0.1),
-        ]
-        accepted, refused, wrong_audience = (outcome(r) for r in ranks)
-        operator.assert_alive()
-        counts = health_metrics(metrics)
+    own, forged, plain = tmp_path / "own", tmp_path / "forged", tmp_path / "plain"
+    own.write_text(pod_token(clients, alpha))
+    forged.write_text(pod_token(clients, beta))  # beta's pod, claiming to be alpha's rank
+    plain.write_text(pod_token(clients, alpha, audience="https://kubernetes.default.svc"))
+    ranks = [
+        start_rank(rank_env(alpha, own, 0, 3), 15, 0.1),
+        start_rank(rank_env(alpha, forged, 1, 3), 15, 0.1),
+        start_rank(rank_env(alpha, plain, 2, 3), 15, 0.1),
+    ]
+    accepted, refused, wrong_audience = (outcome(r) for r in ranks)
+    operator.assert_alive()
+    counts = health_metrics(metrics)
 
     assert accepted["sent"] >= 3, accepted
     assert accepted["failures"] == 0, accepted
@@ -106,17 +103,14 @@ def stored_ranks(port: int) -> int:
 
 
 def test_the_ranks_of_one_pod_report_as_one_message_sent_by_local_rank_0(
-    dev_cluster: Any, namespace: str, tmp_path: Path
+    clients: Any, namespace: str, tmp_path: Path, health_operator: HealthOperator
 ) -> None:
-    clients = dev_cluster.clients
-    port, metrics = free_port(), free_port()
-    args = ("--health-port", str(port), "--metrics-port", str(metrics))
-    with running_operator(dev_cluster, namespace, tmp_path, extra_args=args) as operator:
-        pod, token = reporting_job(clients, namespace, "pair", tmp_path, processes=2)
-        ranks = [start_rank(rank_env(pod, token, r, 2, local=(r, 2)), 15, 0.1) for r in (0, 1)]
-        leader, other = (outcome(r) for r in ranks)
-        operator.assert_alive()
-        counts, stored = health_metrics(metrics), stored_ranks(metrics)
+    operator, _, metrics = health_operator
+    pod, token = reporting_job(clients, namespace, "pair", tmp_path, processes=2)
+    ranks = [start_rank(rank_env(pod, token, r, 2, local=(r, 2)), 15, 0.1) for r in (0, 1)]
+    leader, other = (outcome(r) for r in ranks)
+    operator.assert_alive()
+    counts, stored = health_metrics(metrics), stored_ranks(metrics)
 
     assert leader["sent"] >= 3, leader
     assert leader["failures"] == 0, leader
@@ -131,10 +125,7 @@ def test_ranks_keep_training_and_resume_reporting_across_an_operator_restart(
     dev_cluster: Any, namespace: str, tmp_path: Path
 ) -> None:
     clients = dev_cluster.clients
-    port = free_port()
-    with running_operator(
-        dev_cluster, namespace, tmp_path, extra_args=("--health-port", str(port))
-    ) as operator:
+    with operator_serving(dev_cluster, namespace, tmp_path, "--health-port") as (operator, _):
         pod, token = reporting_job(clients, namespace, "gamma", tmp_path)
         steps, step_s = 120, 0.05  # 6 s of training
         started = time.monotonic()
@@ -155,10 +146,10 @@ def test_steady_progress_shows_step_rate_and_an_eta_within_ten_percent_in_kubect
     dev_cluster: Any, namespace: str, tmp_path: Path
 ) -> None:
     clients = dev_cluster.clients
-    port = free_port()
     steps, step_s, total = 240, 0.05, 240  # 12 s of training
-    args = ("--health-port", str(port), "--progress-interval", "1")
-    with running_operator(dev_cluster, namespace, tmp_path, extra_args=args):
+    with operator_serving(
+        dev_cluster, namespace, tmp_path, "--health-port", extra_args=("--progress-interval", "1")
+    ):
         health = {"reportIntervalSeconds": 0.25, "totalSteps": total}
         create_job(
             clients,

@@ -25,9 +25,13 @@ from integration.operator_harness import (
     job_pods,
     kubectl,
     patch_job,
+    start_compiling,
+    start_training,
     training_job,
+    wait_attempt,
     wait_gang_running,
     wait_phase,
+    wait_running_gone,
 )
 from trainium_devcluster import testing
 from trainium_devcluster.sim import restore_node, simulate_node_loss, wait_for
@@ -50,9 +54,8 @@ def described_events(describe_output: str) -> list[tuple[str, str]]:
 
 
 def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    dev_cluster: Any, clients: Any, namespace: str, operator: OperatorView
 ) -> None:
-    clients = dev_cluster.clients
     manifest = yaml.safe_load((ROOT / "examples/bert-large-pretrain.yaml").read_text())
     create_job(clients, namespace, manifest)
     name = manifest["metadata"]["name"]
@@ -171,11 +174,9 @@ def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
 
 
 def test_compile_failure_fails_the_job_with_the_exit_code(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
-    clients = dev_cluster.clients
-    create_job(clients, namespace, job_manifest("cf"))
-    pods = wait_gang_running(clients, namespace, "cf", "compile", 0)
+    pods = start_compiling(clients, namespace, "cf")
     finish_pods(clients, namespace, pods[1:], succeeded=False, exit_code=2, message="neuronx-cc")
     job = wait_phase(clients, namespace, "cf", "Failed")
     assert job["status"]["reason"] == "CompileFailed"
@@ -192,15 +193,9 @@ def test_compile_failure_fails_the_job_with_the_exit_code(
 
 
 def test_worker_failure_restarts_the_whole_gang_with_resume_then_succeeds(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
-    clients = dev_cluster.clients
-    create_job(
-        clients,
-        namespace,
-        job_manifest("wf", compile={"enabled": False}, command={"resumeArgs": ["--resume"]}),
-    )
-    first = wait_gang_running(clients, namespace, "wf", "train", 0)
+    first = start_training(clients, namespace, "wf", command={"resumeArgs": ["--resume"]})
     for pod in first:
         assert "--resume" not in pod.spec.containers[0].command
         assert _env(pod.spec.containers[0])["TRAINIUM_RESUME"] == "0"
@@ -230,20 +225,13 @@ def test_worker_failure_restarts_the_whole_gang_with_resume_then_succeeds(
 
 
 def test_node_loss_force_deletes_its_pods_and_restarts_the_gang_elsewhere(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
-    clients = dev_cluster.clients
-    create_job(clients, namespace, job_manifest("nl", compile={"enabled": False}))
-    pods = wait_gang_running(clients, namespace, "nl", "train", 0)
+    pods = start_training(clients, namespace, "nl")
     lost_node = pods[1].spec.node_name
     simulate_node_loss(clients.core, lost_node)
     try:
-        job = wait_for(
-            lambda: get_job(clients, namespace, "nl"),
-            until=lambda j: (j.get("status") or {}).get("attempt") == 1,
-            timeout=90,
-            description="a gang restart after the node loss",
-        )
+        job = wait_attempt(clients, namespace, "nl", 1)  # a gang restart after the node loss
         assert job["status"]["restarts"]["infrastructure"] == 1
         assert job["status"]["restarts"]["application"] == 0
         assert job["status"]["lastFailure"]["reason"] == "NodeLost"
@@ -262,9 +250,8 @@ def test_node_loss_force_deletes_its_pods_and_restarts_the_gang_elsewhere(
 
 
 def test_backoff_limit_exhaustion_fails_the_job(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
-    clients = dev_cluster.clients
     manifest = job_manifest("bo", compile={"enabled": False}, runPolicy={"backoffLimit": 1})
     create_job(clients, namespace, manifest)
     for attempt in (0, 1):
@@ -284,38 +271,21 @@ def test_backoff_limit_exhaustion_fails_the_job(
 
 
 def test_active_deadline_fails_the_job_and_stops_its_pods(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
-    clients = dev_cluster.clients
-    manifest = job_manifest("dl", runPolicy={"activeDeadlineSeconds": 8})
-    create_job(clients, namespace, manifest)
-    wait_gang_running(clients, namespace, "dl", "compile", 0)
+    start_compiling(clients, namespace, "dl", runPolicy={"activeDeadlineSeconds": 8})
     job = wait_phase(clients, namespace, "dl", "Failed", timeout=60)
     assert job["status"]["reason"] == "DeadlineExceeded"
-    wait_for(
-        lambda: [
-            p for p in job_pods(clients, namespace, "dl") if not p.metadata.deletion_timestamp
-        ],
-        until=lambda pods: not pods,
-        timeout=30,
-        description="running pods deleted after the deadline",
-    )
+    wait_running_gone(clients, namespace, "dl", "running pods deleted after the deadline")
 
 
 def test_suspend_deletes_pods_and_resume_continues_with_a_new_attempt(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
-    clients = dev_cluster.clients
-    create_job(clients, namespace, job_manifest("sr", compile={"enabled": False}))
-    wait_gang_running(clients, namespace, "sr", "train", 0)
+    start_training(clients, namespace, "sr")
     patch_job(clients, namespace, "sr", {"spec": {"runPolicy": {"suspend": True}}})
     wait_phase(clients, namespace, "sr", "Suspended")
-    wait_for(
-        lambda: job_pods(clients, namespace, "sr"),
-        until=lambda pods: not pods,
-        timeout=30,
-        description="pods deleted on suspend",
-    )
+    wait_running_gone(clients, namespace, "sr", "pods deleted on suspend", terminating_too=True)
     groups = clients.custom.list_namespaced_custom_object(
         "scheduling.volcano.sh", "v1beta1", namespace, "podgroups"
     )["items"]
@@ -328,11 +298,9 @@ def test_suspend_deletes_pods_and_resume_continues_with_a_new_attempt(
 
 
 def test_deleting_a_job_removes_everything_it_created(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    clients: Any, namespace: str, operator: OperatorView
 ) -> None:
-    clients = dev_cluster.clients
-    create_job(clients, namespace, job_manifest("del"))
-    running = wait_gang_running(clients, namespace, "del", "compile", 0)
+    running = start_compiling(clients, namespace, "del")
     # The job's NetworkPolicy, as the API server stored it: owned by the job, selecting its pods
     # and admitting only them.
     networking = client.NetworkingV1Api(clients.api_client)
@@ -360,9 +328,8 @@ def test_deleting_a_job_removes_everything_it_created(
 
 
 def test_operator_killed_mid_training_resumes_without_duplicating_pods(
-    dev_cluster: Any, namespace: str, own_operator: OperatorProcess
+    clients: Any, namespace: str, own_operator: OperatorProcess
 ) -> None:
-    clients = dev_cluster.clients
     pods = training_job(clients, namespace, "rs")
     uids = {p.metadata.uid for p in pods}
     own_operator.kill()
@@ -502,10 +469,7 @@ def test_valid_names_inside_the_pod_template_are_accepted_and_every_pod_field_ke
     assert stored["env"] == env
 
 
-def test_immutable_fields_cannot_change_under_a_running_job(
-    dev_cluster: Any, namespace: str
-) -> None:
-    clients = dev_cluster.clients
+def test_immutable_fields_cannot_change_under_a_running_job(clients: Any, namespace: str) -> None:
     create_job(clients, namespace, job_manifest("imm"))
     with pytest.raises(Exception) as refused:  # noqa: PT011
         patch_job(clients, namespace, "imm", {"spec": {"nodes": 4}})
@@ -532,9 +496,8 @@ def test_kubectl_apply_of_a_typo_is_refused_with_the_field_name(
 
 
 def test_two_peered_replicas_never_both_act_and_the_standby_takes_over(
-    dev_cluster: Any, namespace: str, tmp_path: Path
+    dev_cluster: Any, clients: Any, namespace: str, tmp_path: Path
 ) -> None:
-    clients = dev_cluster.clients
     clients.custom.create_namespaced_custom_object(
         "kopf.dev",
         "v1",
@@ -591,10 +554,9 @@ def test_two_peered_replicas_never_both_act_and_the_standby_takes_over(
 
 
 def test_sigterm_stops_the_operator_within_3_s_and_the_next_one_continues_the_jobs(
-    dev_cluster: Any, namespace: str, own_operator: OperatorProcess
+    clients: Any, namespace: str, own_operator: OperatorProcess
 ) -> None:
     """A rolling update or a drained node: the replica exits quickly, with nothing lost."""
-    clients = dev_cluster.clients
     steady = training_job(clients, namespace, "steady")
     # The signal lands while the operator works on a new job (its first passes and creates).
     create_job(clients, namespace, job_manifest("fresh", nodes=1, compile={"enabled": False}))
@@ -645,9 +607,8 @@ def _summary(programs: int, size: int, directory: str) -> str:
 
 
 def test_a_trn2_native_job_compiles_into_the_neff_cache_then_trains_from_it(
-    dev_cluster: Any, namespace: str, operator: OperatorView
+    dev_cluster: Any, clients: Any, namespace: str, operator: OperatorView
 ) -> None:
-    clients = dev_cluster.clients
     with testing.extra_nodes(dev_cluster, 2, instance_type=TRN2) as trn2_nodes:
         manifest = job_manifest(
             "native",

@@ -66,13 +66,8 @@ def profile_condition(job: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def test_a_profiled_job_ends_with_its_profile_in_s3_and_the_status_pointing_at_it(
-    dev_cluster: Any,
-    namespace: str,
-    tmp_path: Path,
-    s3: S3Bucket,
-    operator: OperatorView,
+    clients: Any, namespace: str, tmp_path: Path, s3: S3Bucket, operator: OperatorView
 ) -> None:
-    clients = dev_cluster.clients
     shared = tmp_path / "fsx"
     name = "bert-s3"
     base = s3.uri("profiles")
@@ -113,13 +108,8 @@ def test_a_profiled_job_ends_with_its_profile_in_s3_and_the_status_pointing_at_i
 
 
 def test_a_failed_upload_is_a_warning_and_a_condition_and_the_job_stays_succeeded(
-    dev_cluster: Any,
-    namespace: str,
-    tmp_path: Path,
-    s3: S3Bucket,
-    operator: OperatorView,
+    clients: Any, namespace: str, tmp_path: Path, s3: S3Bucket, operator: OperatorView
 ) -> None:
-    clients = dev_cluster.clients
     shared = tmp_path / "fsx"
     name = "bert-nobucket"
     create_job(clients, namespace, profiled_job(name, "s3://no-such-bucket-here/profiles"))
@@ -157,16 +147,9 @@ def test_a_failed_upload_is_a_warning_and_a_condition_and_the_job_stays_succeede
 
 
 def test_an_attempt_replaced_by_a_restart_is_uploaded_while_the_next_one_trains(
-    dev_cluster: Any,
-    namespace: str,
-    tmp_path: Path,
-    s3: S3Bucket,
-    operator: OperatorView,
+    clients: Any, namespace: str, tmp_path: Path, s3: S3Bucket, operator: OperatorView
 ) -> None:
-    clients = dev_cluster.clients
-    shared = tmp_path / "fsx"
-    name = "bert-restart"
-    base = s3.uri("runs")
+    shared, name, base = tmp_path / "fsx", "bert-restart", s3.uri("runs")
     create_job(clients, namespace, profiled_job(name, base))
     pods = wait_gang_running(clients, namespace, name, "train", 0)
     write_profile(
@@ -192,12 +175,9 @@ def test_an_attempt_replaced_by_a_restart_is_uploaded_while_the_next_one_trains(
 
 
 def test_the_chart_wide_default_uploads_jobs_that_name_no_s3_uri(
-    dev_cluster: Any, namespace: str, tmp_path: Path, s3: S3Bucket
+    dev_cluster: Any, clients: Any, namespace: str, tmp_path: Path, s3: S3Bucket
 ) -> None:
-    clients = dev_cluster.clients
-    shared = tmp_path / "fsx"
-    name = "bert-default"
-    default = s3.uri("chart-default")
+    shared, name, default = tmp_path / "fsx", "bert-default", s3.uri("chart-default")
     manifest = job_manifest(
         name, compile={"enabled": False}, profile={"enabled": True, "startStep": 1, "endStep": 2}
     )

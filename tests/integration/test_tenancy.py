@@ -52,11 +52,25 @@ def _trainer(security_context: dict[str, Any]) -> dict[str, Any]:
 
 
 # Each attempt, what the refusal must name (the field) and what would allow it (the grant).
+def use(subresource: str) -> dict[str, Any]:
+    """The RBAC rule granting verb "use" on trainingjobs/<subresource>."""
+    return {"apiGroups": [GROUP], "resources": [f"trainingjobs/{subresource}"], "verbs": ["use"]}
+
+
+# hostNetwork, hostPID and hostIPC: one permission, trainingjobs/hostnamespaces, for all three.
+HOST_NAMESPACES = {
+    f"host-{field.removeprefix('host').lower()}": (
+        {"podTemplate": {"spec": {field: True}}},
+        f"spec.podTemplate.spec.{field}",
+        use("hostnamespaces"),
+    )
+    for field in ("hostNetwork", "hostPID", "hostIPC")
+}
 ATTEMPTS: dict[str, tuple[dict[str, Any], str, dict[str, Any]]] = {
     "privileged-trainer": (
         {"podTemplate": _trainer({"privileged": True})},
         "spec.podTemplate.spec.containers[trainer].securityContext.privileged",
-        {"apiGroups": [GROUP], "resources": ["trainingjobs/privileged"], "verbs": ["use"]},
+        use("privileged"),
     ),
     "privileged-init-container": (
         {
@@ -73,28 +87,14 @@ ATTEMPTS: dict[str, tuple[dict[str, Any], str, dict[str, Any]]] = {
             }
         },
         "spec.podTemplate.spec.initContainers[setup].securityContext.privileged",
-        {"apiGroups": [GROUP], "resources": ["trainingjobs/privileged"], "verbs": ["use"]},
+        use("privileged"),
     ),
     "host-path": (
         {"podTemplate": {"spec": {"volumes": [{"name": "host-root", "hostPath": {"path": "/"}}]}}},
         "spec.podTemplate.spec.volumes[host-root].hostPath",
-        {"apiGroups": [GROUP], "resources": ["trainingjobs/hostpath"], "verbs": ["use"]},
+        use("hostpath"),
     ),
-    "host-network": (
-        {"podTemplate": {"spec": {"hostNetwork": True}}},
-        "spec.podTemplate.spec.hostNetwork",
-        {"apiGroups": [GROUP], "resources": ["trainingjobs/hostnamespaces"], "verbs": ["use"]},
-    ),
-    "host-pid": (
-        {"podTemplate": {"spec": {"hostPID": True}}},
-        "spec.podTemplate.spec.hostPID",
-        {"apiGroups": [GROUP], "resources": ["trainingjobs/hostnamespaces"], "verbs": ["use"]},
-    ),
-    "host-ipc": (
-        {"podTemplate": {"spec": {"hostIPC": True}}},
-        "spec.podTemplate.spec.hostIPC",
-        {"apiGroups": [GROUP], "resources": ["trainingjobs/hostnamespaces"], "verbs": ["use"]},
-    ),
+    **HOST_NAMESPACES,
     "added-capabilities": (
         {
             "podTemplate": {
@@ -110,16 +110,12 @@ ATTEMPTS: dict[str, tuple[dict[str, Any], str, dict[str, Any]]] = {
             }
         },
         "spec.podTemplate.spec.containers[sidecar].securityContext.capabilities.add",
-        {"apiGroups": [GROUP], "resources": ["trainingjobs/capabilities"], "verbs": ["use"]},
+        use("capabilities"),
     ),
     "straggler-replacement": (
         {"health": {"onStraggler": "Replace"}},
         "spec.health.onStraggler: Replace",
-        {
-            "apiGroups": [GROUP],
-            "resources": ["trainingjobs/stragglerreplacement"],
-            "verbs": ["use"],
-        },
+        use("stragglerreplacement"),
     ),
     "another-service-account": (
         {"serviceAccountName": TENANT_ACCOUNT},
@@ -214,11 +210,7 @@ def test_a_plain_job_and_metadata_changes_of_a_granted_job_need_no_grant(
     of a job someone granted, but not its spec."""
     alice, bob = tenancy.as_user(TENANT), tenancy.as_user(OTHER_TENANT)
     create(alice, tenancy.team, job_manifest("plain"))
-    tenancy.grant(
-        TENANT,
-        tenancy.team,
-        {"apiGroups": [GROUP], "resources": ["trainingjobs/hostnamespaces"], "verbs": ["use"]},
-    )
+    tenancy.grant(TENANT, tenancy.team, use("hostnamespaces"))
     granted = job_manifest("granted", podTemplate={"spec": {"hostNetwork": True}})
     wait_for(
         lambda: create(alice, tenancy.team, granted) is None,
@@ -226,28 +218,15 @@ def test_a_plain_job_and_metadata_changes_of_a_granted_job_need_no_grant(
         description="the granted hostNetwork job created",
     )
 
-    bob.patch_namespaced_custom_object(
-        GROUP,
-        VERSION,
-        tenancy.team,
-        PLURAL,
-        "granted",
-        {"metadata": {"finalizers": ["example.com/test"], "labels": {"team": "a"}}},
-    )
+    def patch_granted(api: Any, body: dict[str, Any]) -> None:
+        api.patch_namespaced_custom_object(GROUP, VERSION, tenancy.team, PLURAL, "granted", body)
+
+    patch_granted(bob, {"metadata": {"finalizers": ["example.com/test"], "labels": {"team": "a"}}})
     with pytest.raises(ApiException) as spec_change:
-        bob.patch_namespaced_custom_object(
-            GROUP,
-            VERSION,
-            tenancy.team,
-            PLURAL,
-            "granted",
-            {"spec": {"runPolicy": {"suspend": True}}},
-        )
+        patch_granted(bob, {"spec": {"runPolicy": {"suspend": True}}})
     assert spec_change.value.status == 403
     assert "spec.podTemplate.spec.hostNetwork" in json.loads(spec_change.value.body)["message"]
-    tenancy.admin.patch_namespaced_custom_object(
-        GROUP, VERSION, tenancy.team, PLURAL, "granted", {"metadata": {"finalizers": None}}
-    )
+    patch_granted(tenancy.admin, {"metadata": {"finalizers": None}})
 
 
 def test_straggler_replacement_is_refused_to_everyone_while_the_chart_has_it_off(

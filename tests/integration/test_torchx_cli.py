@@ -22,9 +22,9 @@ from integration.operator_harness import (
     OperatorView,
     finish_pods,
     get_job,
-    job_pods,
     wait_gang_running,
     wait_phase,
+    wait_running_gone,
 )
 from trainium_devcluster.sim import WaitTimeoutError, simulate_pod_logs, wait_for
 
@@ -172,26 +172,16 @@ def test_tutorial_style_launch_compiles_trains_logs_and_succeeds(
     assert name in listed
 
 
+# TorchX's dist.ddp component: 2 nodes of 32 processes running /app/train.py.
+DDP_2X32 = ("dist.ddp", "-j", "2x32", "--image", "example.com/train:1", "--script", "/app/train.py")
+
+
 def test_dist_ddp_launch_trains_to_success(
     dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
-    handle, name = torchx_run(
-        dev_cluster,
-        namespace,
-        "dist.ddp",
-        "-j",
-        "2x32",
-        "-h",
-        "aws_trn1.32xlarge",
-        "--image",
-        "example.com/train:1",
-        "--script",
-        "/app/train.py",
-        "--",
-        "--epochs",
-        "2",
-    )
+    host = ("-h", "aws_trn1.32xlarge")
+    handle, name = torchx_run(dev_cluster, namespace, *DDP_2X32, *host, "--", "--epochs", "2")
     pods = wait_gang_running(clients, namespace, name, "train", 0)
     container = pods[0].spec.containers[0]
     assert container.command.count("torchrun") == 1
@@ -209,26 +199,9 @@ def test_torchx_cancel_stops_the_pods_and_status_says_cancelled(
     dev_cluster: Any, namespace: str, operator: OperatorView
 ) -> None:
     clients = dev_cluster.clients
-    handle, name = torchx_run(
-        dev_cluster,
-        namespace,
-        "dist.ddp",
-        "-j",
-        "2x32",
-        "--image",
-        "example.com/train:1",
-        "--script",
-        "/app/train.py",
-    )
+    handle, name = torchx_run(dev_cluster, namespace, *DDP_2X32)
     wait_gang_running(clients, namespace, name, "train", 0)
     torchx(dev_cluster, "cancel", handle)
-    wait_for(
-        lambda: [
-            p for p in job_pods(clients, namespace, name) if p.metadata.deletion_timestamp is None
-        ],
-        until=lambda pods: not pods,
-        timeout=60,
-        description="the cancelled job's pods deleted",
-    )
+    wait_running_gone(clients, namespace, name, "the cancelled job's pods deleted")
     assert get_job(clients, namespace, name)["spec"]["runPolicy"]["suspend"] is True
     assert status_state(dev_cluster, handle) == "CANCELLED"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -104,13 +105,17 @@ def test_columnar_decoding_equals_the_row_decoder_on_a_training_like_file(
     assert columns.flow_id.dtype == np.uint64
 
 
-def test_records_claimed_but_missing_are_corruption(tmp_path: Path) -> None:
+@pytest.mark.parametrize("read", [read_rank_file, decode_columnar], ids=["events", "columns"])
+def test_records_claimed_but_missing_are_corruption_to_either_reader(
+    read: Callable[[Path], object], tmp_path: Path
+) -> None:
+    # A writer bug rather than disk damage: the checksum matches but the records do not parse.
     path = tmp_path / "rank.trnprof"
     with RankFileWriter(path, HEADER, codec=CODEC_NONE) as writer:
         writer._write_block(1, b"\x00\x00\x05\x01\x09")  # claims 5 records, holds half of one
         writer.close()
     with pytest.raises(CorruptProfileError, match="undecodable block"):
-        decode_columnar(path)
+        read(path)
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from profiler.neuron_capture import PID, SYNC, SYSTEM, fake_neuron_cli, rank_file, system_capture
 from trainium_operator.contract.neuron_env import neuron_inspect_env
-from trainium_operator.profiler.clock import ClockSyncPoint, WallToMonotonic
+from trainium_operator.profiler.clock import WallToMonotonic
 from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind
-from trainium_operator.profiler.format import RankHeader, read_rank_file, write_rank_file
+from trainium_operator.profiler.format import read_rank_file
 from trainium_operator.profiler.sources.neuron import (
     FLOW_ID_BASE,
     NeuronProfileError,
@@ -24,10 +25,7 @@ from trainium_operator.profiler.sources.neuron import (
     merge_profile_dir,
 )
 
-FIXTURE = Path(__file__).parent / "fixtures" / "neuron" / "system_profile.json"
-PID = 1627711
-# This rank's monotonic clock reads 5 s when the wall clock reads 1729888370 s.
-SYNC = ClockSyncPoint(monotonic_ns=5_000_000_000, wall_ns=1_729_888_370_000_000_000)
+FIXTURE = SYSTEM
 
 
 def _convert() -> list[Event]:
@@ -120,19 +118,13 @@ def test_inspect_environment_points_inside_the_profile_directory() -> None:
 
 def _profile_with_rank(tmp_path: Path) -> tuple[Path, Path, list[Event]]:
     profile_dir = tmp_path / "profile"
-    rank_path = profile_dir / "ip-1" / "rank-3.trnprof"
-    host = [Event(EventKind.STEP, "step", 5_900_000_000, 500_000_000, PID, value=1)]
-    header = RankHeader(rank=3, world_size=4, node="ip-1", pid=PID, clock_sync=(SYNC,))
-    write_rank_file(rank_path, header, host, track_names={(PID, HOST_DEVICE): "MainThread"})
+    rank_path, host = rank_file(profile_dir)
     return profile_dir, rank_path, host
 
 
 def test_post_run_merge_adds_device_activity_to_the_rank_file(tmp_path: Path) -> None:
     profile_dir, rank_path, host = _profile_with_rank(tmp_path)
-    capture = profile_dir / "ip-1" / "neuron" / f"i-0f207fb2a99bd2d08_pid_{PID}"
-    capture.mkdir(parents=True)
-    shutil.copy(FIXTURE, capture / "system_profile.json")
-    (capture / "123_instid_0_vnc_0.ntff").write_bytes(b"")
+    system_capture(profile_dir)
     (profile_dir / "ip-1" / "neuron" / "i-0f207fb2a99bd2d08_pid_701").mkdir()
 
     report = merge_profile_dir(profile_dir)
@@ -157,15 +149,9 @@ def test_merge_runs_neuron_profile_view_when_only_raw_capture_exists(tmp_path: P
     capture.mkdir(parents=True)
     (capture / "ntrace.pb").write_bytes(b"raw")
     (capture / "trace_info.pb").write_bytes(b"raw")
-    fake_cli = tmp_path / "neuron-profile"
-    fake_cli.write_text(
-        "#!/bin/sh\n"
-        '[ "$1" = view ] && [ "$2" = -d ] && [ "$4" = --output-format ] && [ "$5" = json ]'
-        f' || exit 3\ncp {FIXTURE} "$3/system_profile.json"\n'
-    )
-    fake_cli.chmod(fake_cli.stat().st_mode | stat.S_IXUSR)
+    cli = fake_neuron_cli(tmp_path / "neuron-profile", "json", SYSTEM, "system_profile.json")
 
-    report = merge_profile_dir(profile_dir, cli=str(fake_cli))
+    report = merge_profile_dir(profile_dir, cli=cli)
     assert report.merged == [rank_path]
     assert any(e.name == "nc_exec_running" for e in read_rank_file(rank_path).events)
 

@@ -8,17 +8,24 @@ fixtures/neuron/README.md), not captured on Trainium hardware.
 from __future__ import annotations
 
 import shutil
-import stat
 from pathlib import Path
 
 import pytest
 
 from profiler import perfetto_fixture
+from profiler.neuron_capture import (
+    PID,
+    SYNC,
+    SYSTEM,
+    fake_neuron_cli,
+    rank_file,
+    system_capture,
+)
 from trainium_operator.contract import neuron_env, workload_env
 from trainium_operator.contract.neuron_env import neuron_inspect_env
-from trainium_operator.profiler.clock import ClockSyncPoint, WallToMonotonic
-from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind
-from trainium_operator.profiler.format import RankHeader, read_rank_file, write_rank_file
+from trainium_operator.profiler.clock import WallToMonotonic
+from trainium_operator.profiler.events import Event, EventKind
+from trainium_operator.profiler.format import read_rank_file
 from trainium_operator.profiler.sources import perfetto_reader
 from trainium_operator.profiler.sources.neuron import (
     DEVICE_PROFILE_STREAM_BASE,
@@ -29,11 +36,6 @@ from trainium_operator.profiler.sources.neuron import (
     merge_profile_dir,
     rank_neuron_core,
 )
-
-FIXTURES = Path(__file__).parent / "fixtures" / "neuron"
-SYSTEM = FIXTURES / "system_profile.json"
-PID = 1627711
-SYNC = ClockSyncPoint(monotonic_ns=5_000_000_000, wall_ns=1_729_888_370_000_000_000)
 
 
 def _system_events() -> list[Event]:
@@ -139,15 +141,9 @@ def test_device_relative_timestamps_start_with_the_ranks_first_execution() -> No
 
 def _native_capture(tmp_path: Path) -> tuple[Path, Path, Path]:
     profile_dir = tmp_path / "profile"
-    rank_path = profile_dir / "ip-1" / "rank-3.trnprof"
-    host = [Event(EventKind.STEP, "step", 5_900_000_000, 500_000_000, PID, value=1)]
-    header = RankHeader(rank=3, world_size=4, node="ip-1", pid=PID, clock_sync=(SYNC,))
-    write_rank_file(rank_path, header, host, track_names={(PID, HOST_DEVICE): "MainThread"})
-    capture = profile_dir / "ip-1" / "neuron" / f"i-0f207fb2a99bd2d08_pid_{PID}"
-    capture.mkdir(parents=True)
-    shutil.copy(SYSTEM, capture / "system_profile.json")
+    rank_path, _ = rank_file(profile_dir)
+    capture = system_capture(profile_dir)
     (capture / "graph_0.neff").write_bytes(b"")
-    (capture / "123_instid_0_vnc_0.ntff").write_bytes(b"")
     return profile_dir, rank_path, capture
 
 
@@ -179,15 +175,9 @@ def test_the_merge_exports_device_profiles_to_perfetto_with_neuron_explorer(
     tmp_path: Path,
 ) -> None:
     profile_dir, rank_path, _ = _native_capture(tmp_path)
-    fake_cli = tmp_path / "neuron-explorer"
-    fake_cli.write_text(
-        "#!/bin/sh\n"
-        '[ "$1" = view ] && [ "$2" = -d ] && [ "$4" = --output-format ] && [ "$5" = perfetto ]'
-        f' || exit 3\ncp {perfetto_fixture.UNIX_FIXTURE} "$3/"\n'
-    )
-    fake_cli.chmod(fake_cli.stat().st_mode | stat.S_IXUSR)
+    cli = fake_neuron_cli(tmp_path / "neuron-explorer", "perfetto", perfetto_fixture.UNIX_FIXTURE)
 
-    report = merge_profile_dir(profile_dir, cli=str(fake_cli))
+    report = merge_profile_dir(profile_dir, cli=cli)
 
     assert report.merged == [rank_path]
     assert read_rank_file(rank_path).header.extra["neuron_device_profile_events"] == "5"

@@ -8,7 +8,6 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -19,20 +18,9 @@ from trainium_operator.analysis.report import dashboard
 from trainium_operator.profiler.s3 import parse_s3_uri, upload_profile
 from trainium_operator.ui.app import create_app
 from trainium_operator.ui.profiles import JobInfo
-from ui_serving import serving
+from ui_serving import get_json, post_json, serving
 
 SPEC = SyntheticSpec(nodes=2, ranks_per_node=2, kernels_per_step=8, steps=6, detailed_steps=(1, 4))
-
-
-def get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=60) as response:
-        return json.loads(response.read())
-
-
-def post(url: str) -> Any:
-    request = urllib.request.Request(url, method="POST", headers={"X-Trainium-UI": "1"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
 
 
 def upload_tree(s3: S3Bucket, tmp_path: Path, root: str) -> Path:
@@ -63,7 +51,7 @@ def test_the_ui_lists_and_opens_profiles_from_s3(
     monkeypatch.setenv("TRAINIUM_PROFILE_CACHE", str(tmp_path / "cache"))
     local = upload_tree(s3, tmp_path, "profiles")
     with serving(create_app(s3.uri("profiles"), workers=1)) as url:
-        listing = get(f"{url}/api/profiles")
+        listing = get_json(f"{url}/api/profiles")
         assert listing["source"] == "s3"
         assert listing["root"] == s3.uri("profiles")
         rows = {row["id"]: row for row in listing["profiles"]}
@@ -76,12 +64,12 @@ def test_the_ui_lists_and_opens_profiles_from_s3(
         assert incomplete["job_name"] == "bert-large", "named from the key layout"
 
         with pytest.raises(urllib.error.HTTPError) as refused:
-            post(f"{url}/api/profiles/load?id=ml/bert-large/1")
+            post_json(f"{url}/api/profiles/load?id=ml/bert-large/1")
         assert refused.value.code == 409
 
-        loaded = post(f"{url}/api/profiles/load?id=ml/llama-pretrain/0&wait=1")
+        loaded = post_json(f"{url}/api/profiles/load?id=ml/llama-pretrain/0&wait=1")
         assert loaded["state"] == "loaded", loaded
-        served = get(f"{url}/api/dashboard?id=ml/llama-pretrain/0")
+        served = get_json(f"{url}/api/dashboard?id=ml/llama-pretrain/0")
         expected = dashboard(load_profile(local, workers=1))
         assert served["steps"] == json.loads(json.dumps(expected["steps"]))
         assert served["overview"]["ranks"] == expected["overview"]["ranks"]
@@ -94,7 +82,7 @@ def test_the_list_is_searched_by_job_name_and_filtered_by_status(
     monkeypatch.setenv("TRAINIUM_PROFILE_CACHE", str(tmp_path / "cache"))
     upload_tree(s3, tmp_path, "p")
     with serving(create_app(s3.uri("p"), job_lister=jobs, workers=1)) as url:
-        everything = get(f"{url}/api/profiles")
+        everything = get_json(f"{url}/api/profiles")
         by_id = {row["id"]: row["status"] for row in everything["profiles"]}
         # A profile's status is its job's phase when the cluster knows the job.
         assert by_id == {
@@ -103,12 +91,12 @@ def test_the_list_is_searched_by_job_name_and_filtered_by_status(
             "ml/llama-pretrain/0": "Succeeded",
         }
         assert everything["statuses"] == ["Failed", "Succeeded"]
-        searched = get(f"{url}/api/profiles?q={urllib.parse.quote('LLAMA')}")
+        searched = get_json(f"{url}/api/profiles?q={urllib.parse.quote('LLAMA')}")
         assert [row["id"] for row in searched["profiles"]] == ["ml/llama-pretrain/0"]
         assert [job["name"] for job in searched["jobs"]] == ["llama-pretrain"]
-        failed = get(f"{url}/api/profiles?status=Failed")
+        failed = get_json(f"{url}/api/profiles?status=Failed")
         assert [row["id"] for row in failed["profiles"]] == ["ml/bert-large/0", "ml/bert-large/1"]
-        both = get(f"{url}/api/profiles?status=Failed&q=bert-large/1")
+        both = get_json(f"{url}/api/profiles?status=Failed&q=bert-large/1")
         assert [row["id"] for row in both["profiles"]] == ["ml/bert-large/1"]
         assert everything["total"] == 3
 
@@ -118,7 +106,7 @@ def test_a_missing_bucket_is_reported_on_the_page_not_a_crash(
 ) -> None:
     monkeypatch.setenv("TRAINIUM_PROFILE_CACHE", str(tmp_path / "cache"))
     with serving(create_app("s3://no-such-bucket/profiles", workers=1)) as url:
-        listing = get(f"{url}/api/profiles")
+        listing = get_json(f"{url}/api/profiles")
         assert listing["profiles"] == []
         assert "bucket 'no-such-bucket' does not exist" in listing["profiles_error"]
-        assert get(f"{url}/api/profiles")["profiles_error"], "the server keeps answering"
+        assert get_json(f"{url}/api/profiles")["profiles_error"], "the server keeps answering"

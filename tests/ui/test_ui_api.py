@@ -6,10 +6,9 @@ import json
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from trainium_operator.analysis.loading import load_profile
 from trainium_operator.analysis.report import format_ns
@@ -22,19 +21,9 @@ from trainium_operator.analysis.stats import (
 )
 from trainium_operator.cli import main
 from trainium_operator.ui.profiles import ProfileStore, find_profiles
+from ui_serving import get_json, post_json
 
 PROFILE_ID = "ml/llama-pretrain/0"  # written by conftest.profile_root
-
-
-def get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=60) as response:
-        return json.loads(response.read())
-
-
-def post(url: str) -> Any:
-    request = urllib.request.Request(url, method="POST", headers={"X-Trainium-UI": "1"})
-    with urllib.request.urlopen(request, timeout=60) as response:
-        return json.loads(response.read())
 
 
 def test_profiles_are_found_below_the_root_without_descending_into_them(
@@ -56,7 +45,7 @@ def test_profile_ids_cannot_escape_the_root(profile_root: Path) -> None:
 
 
 def test_listing_includes_jobs_from_the_injected_lister(live_server: str) -> None:
-    listing = get(f"{live_server}/api/profiles")
+    listing = get_json(f"{live_server}/api/profiles")
 
     assert [p["id"] for p in listing["profiles"]] == [PROFILE_ID]
     assert listing["profiles"][0]["ranks"] == 16
@@ -67,10 +56,10 @@ def test_listing_includes_jobs_from_the_injected_lister(live_server: str) -> Non
 
 
 def test_load_dashboard_window_event_and_unload(live_server: str, profile_root: Path) -> None:
-    loaded = post(f"{live_server}/api/profiles/load?id={PROFILE_ID}&wait=1")
+    loaded = post_json(f"{live_server}/api/profiles/load?id={PROFILE_ID}&wait=1")
     assert loaded["state"] == "loaded"
 
-    dashboard = get(f"{live_server}/api/dashboard?id={PROFILE_ID}")
+    dashboard = get_json(f"{live_server}/api/dashboard?id={PROFILE_ID}")
     expected = load_profile(profile_root / PROFILE_ID, workers=1)
     assert dashboard["overview"]["events"] == len(expected.columns)
     assert [row["step"] for row in dashboard["steps"]["rows"]] == [
@@ -78,29 +67,29 @@ def test_load_dashboard_window_event_and_unload(live_server: str, profile_root: 
     ]
     assert dashboard["kernels"]["by_time"][0]["name"] == top_operations(expected.columns, 1)[0].name
 
-    tracks = get(f"{live_server}/api/tracks?id={PROFILE_ID}")
+    tracks = get_json(f"{live_server}/api/tracks?id={PROFILE_ID}")
     device = next(
         t["id"] for t in tracks["nodes"][0]["ranks"][0]["tracks"] if t["kind"] == "device"
     )
-    window = get(
+    window = get_json(
         f"{live_server}/api/window?id={PROFILE_ID}&start=0&end={tracks['end_ns']}&width=800&tracks={device}"
     )
     shown = window["tracks"][0]
     assert len(shown["ids"]) + sum(shown["agg"]["count"]) > 0
     event_id = shown["ids"][0] if shown["ids"] else 0
-    detail = get(f"{live_server}/api/event?id={PROFILE_ID}&event={event_id}")
+    detail = get_json(f"{live_server}/api/event?id={PROFILE_ID}&event={event_id}")
     assert detail["node"] == expected.nodes[0]
 
-    assert post(f"{live_server}/api/profiles/unload?id={PROFILE_ID}")["unloaded"] is True
+    assert post_json(f"{live_server}/api/profiles/unload?id={PROFILE_ID}")["unloaded"] is True
     with pytest.raises(urllib.error.HTTPError) as missing:
-        get(f"{live_server}/api/dashboard?id={PROFILE_ID}")
+        get_json(f"{live_server}/api/dashboard?id={PROFILE_ID}")
     assert missing.value.code == 404
 
 
 def test_bad_window_parameters_are_rejected(live_server: str) -> None:
-    post(f"{live_server}/api/profiles/load?id={PROFILE_ID}&wait=1")
+    post_json(f"{live_server}/api/profiles/load?id={PROFILE_ID}&wait=1")
     with pytest.raises(urllib.error.HTTPError) as bad:
-        get(f"{live_server}/api/window?id={PROFILE_ID}&start=x&end=1&width=10")
+        get_json(f"{live_server}/api/window?id={PROFILE_ID}&start=x&end=1&width=10")
     assert bad.value.code == 400
 
 
@@ -163,26 +152,16 @@ def test_report_json_holds_the_same_numbers_as_the_analysis_library(profile_root
     assert data["cpu"][0]["host_mean_cores"] > data["cpu"][0]["process_mean_cores"] > 0
 
 
+def export(profile_root: Path, target: Path, *options: str) -> Result:
+    """`trainium-operator profile export <the UI's profile> --perfetto target [options]`."""
+    command = ["profile", "export", str(profile_root / PROFILE_ID), "--perfetto", str(target)]
+    return CliRunner().invoke(main, [*command, *options])
+
+
 def test_export_command_writes_a_perfetto_trace(profile_root: Path, tmp_path: Path) -> None:
     target = tmp_path / "trace.perfetto-trace"
-    result = CliRunner().invoke(
-        main,
-        [
-            "profile",
-            "export",
-            str(profile_root / PROFILE_ID),
-            "--perfetto",
-            str(target),
-            "--from-step",
-            "3",
-            "--to-step",
-            "3",
-            "--ranks",
-            "0-1,8",
-            "--workers",
-            "1",
-        ],
-    )
+    steps = ("--from-step", "3", "--to-step", "3")
+    result = export(profile_root, target, *steps, "--ranks", "0-1,8", "--workers", "1")
 
     assert result.exit_code == 0, result.output
     assert target.stat().st_size > 1000
@@ -192,18 +171,7 @@ def test_export_command_writes_a_perfetto_trace(profile_root: Path, tmp_path: Pa
 def test_export_command_rejects_a_step_range_without_steps(
     profile_root: Path, tmp_path: Path
 ) -> None:
-    result = CliRunner().invoke(
-        main,
-        [
-            "profile",
-            "export",
-            str(profile_root / PROFILE_ID),
-            "--perfetto",
-            str(tmp_path / "t"),
-            "--from-step",
-            "999",
-        ],
-    )
+    result = export(profile_root, tmp_path / "t", "--from-step", "999")
 
     assert result.exit_code != 0
     assert "no step markers" in result.output

@@ -19,6 +19,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from click.testing import CliRunner
 
+from support.clock import FakeClock
 from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.cli import main
 from trainium_operator.k8s.reviews import (
@@ -81,14 +82,6 @@ class FakeReviews:
             and (user.name, question.namespace) in self.readable
         )
         return AccessReviewResult(allowed)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 # ------------------------------------------------------------------ Host and CSRF (pure)
@@ -224,7 +217,7 @@ def test_review_bodies_and_results_follow_the_api() -> None:
 
 
 def test_cache_entries_expire_after_the_ttl() -> None:
-    clock = Clock()
+    clock = FakeClock()
     cache: TtlCache[str, int] = TtlCache(ttl=10, max_entries=8, clock=clock)
     cache.put("a", 1)
     clock.now += 9.9
@@ -234,7 +227,7 @@ def test_cache_entries_expire_after_the_ttl() -> None:
 
 
 def test_cache_is_bounded_dropping_the_least_recently_used() -> None:
-    cache: TtlCache[int, int] = TtlCache(ttl=60, max_entries=3, clock=Clock())
+    cache: TtlCache[int, int] = TtlCache(ttl=60, max_entries=3, clock=FakeClock())
     for key in range(3):
         cache.put(key, key)
     cache.get(0)  # 1 is now the least recently used
@@ -246,7 +239,7 @@ def test_cache_is_bounded_dropping_the_least_recently_used() -> None:
 
 
 def test_reviews_are_reused_within_the_ttl_and_repeated_after_it() -> None:
-    reviews, clock = FakeReviews(), Clock()
+    reviews, clock = FakeReviews(), FakeClock()
     access = KubernetesAccess(reviews, ttl=10, clock=clock)
 
     async def page_loads() -> list[dict[str, bool]]:
@@ -376,16 +369,15 @@ def test_the_polled_job_list_shows_only_jobs_of_namespaces_the_user_may_read(
 
 def test_a_profile_of_another_namespace_is_403_on_every_route(two_namespaces: Path) -> None:
     post = {**ALICE_AUTH, **CSRF}
+    # Each route that reads a profile, with the query it needs besides the id.
+    reads = {"dashboard": "", "tracks": "", "window": "&start=0&end=1&width=1"}
+    reads |= {"event": "&event=0", "annotation": "&name=forward"}
     answers = call(
         kubernetes_app(two_namespaces, FakeReviews()),
         [
             ("POST", f"/api/profiles/load?id={PROFILE_B}&wait=1", post),
             ("POST", f"/api/profiles/unload?id={PROFILE_B}", post),
-            ("GET", f"/api/dashboard?id={PROFILE_B}", ALICE_AUTH),
-            ("GET", f"/api/tracks?id={PROFILE_B}", ALICE_AUTH),
-            ("GET", f"/api/window?id={PROFILE_B}&start=0&end=1&width=1", ALICE_AUTH),
-            ("GET", f"/api/event?id={PROFILE_B}&event=0", ALICE_AUTH),
-            ("GET", f"/api/annotation?id={PROFILE_B}&name=forward", ALICE_AUTH),
+            *(("GET", f"/api/{r}?id={PROFILE_B}{query}", ALICE_AUTH) for r, query in reads.items()),
             ("POST", "/api/profiles/load?id=team-a/sneaky/0&wait=1", post),
         ],
     )

@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 
+from support.clock import FakeClock
 from trainium_operator.controller.admission_holds import (
     RACED_RETRY_SECONDS,
     RECHECK_SECONDS,
@@ -13,16 +14,8 @@ from trainium_operator.controller.admission_holds import (
 )
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_held_job_is_not_reconciled_until_released() -> None:
-    holds = AdmissionHolds(Clock())
+    holds = AdmissionHolds(FakeClock())
     assert holds.remaining(("a", "job")) is None
     assert holds.hold(("a", "job"), "QuotaExceeded", holds.mark("a")) == RECHECK_SECONDS
     assert holds.remaining(("a", "job")) == RECHECK_SECONDS
@@ -32,7 +25,7 @@ def test_a_held_job_is_not_reconciled_until_released() -> None:
 
 
 def test_a_hold_expires_at_the_recheck_for_causes_no_watch_sees() -> None:
-    clock = Clock()
+    clock = FakeClock()
     holds = AdmissionHolds(clock)
     holds.hold(("a", "job"), "AdmissionWebhookRejected", holds.mark("a"))
     clock.now += RECHECK_SECONDS - 1
@@ -42,26 +35,38 @@ def test_a_hold_expires_at_the_recheck_for_causes_no_watch_sees() -> None:
     assert len(holds) == 0
 
 
+# Two namespaces, each with a job held for its quota and one for a missing priority class.
+HELD = [
+    ("a", "one", "QuotaExceeded"),
+    ("a", "two", "PriorityClassNotFound"),
+    ("b", "three", "QuotaExceeded"),
+    ("b", "four", "PriorityClassNotFound"),
+]
+
+
+def holding(jobs: list[tuple[str, str, str]]) -> AdmissionHolds:
+    """Holds of each (namespace, name, reason), taken after its namespace's mark."""
+    holds = AdmissionHolds(FakeClock())
+    for namespace, name, reason in jobs:
+        holds.hold((namespace, name), reason, holds.mark(namespace))
+    return holds
+
+
 def test_a_namespace_change_releases_only_that_namespaces_jobs() -> None:
-    holds = AdmissionHolds(Clock())
-    holds.hold(("a", "one"), "QuotaExceeded", holds.mark("a"))
-    holds.hold(("a", "two"), "ServiceAccountNotFound", holds.mark("a"))
-    holds.hold(("b", "three"), "QuotaExceeded", holds.mark("b"))
+    holds = holding(HELD)
     assert sorted(holds.release_namespace("a")) == [("a", "one"), ("a", "two")]
     assert holds.remaining(("b", "three")) is not None
+    assert len(holds) == 2
 
 
 def test_a_priority_class_releases_only_jobs_that_named_a_missing_one() -> None:
-    holds = AdmissionHolds(Clock())
-    holds.hold(("a", "one"), "PriorityClassNotFound", holds.mark("a"))
-    holds.hold(("b", "two"), "PriorityClassNotFound", holds.mark("b"))
-    holds.hold(("b", "three"), "QuotaExceeded", holds.mark("b"))
-    assert sorted(holds.release_reason("PriorityClassNotFound")) == [("a", "one"), ("b", "two")]
-    assert len(holds) == 1
+    holds = holding(HELD)
+    assert sorted(holds.release_reason("PriorityClassNotFound")) == [("a", "two"), ("b", "four")]
+    assert len(holds) == 2
 
 
 def test_a_change_seen_while_the_refused_pass_ran_means_a_quick_retry_not_a_hold() -> None:
-    holds = AdmissionHolds(Clock())
+    holds = AdmissionHolds(FakeClock())
     namespace_mark = holds.mark("a")
     holds.release_namespace("a")  # the quota was raised while the create was being refused
     assert holds.hold(("a", "job"), "QuotaExceeded", namespace_mark) == RACED_RETRY_SECONDS

@@ -4,17 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from support.clock import FakeClock
 from trainium_operator.builders.job import LABEL_JOB_NAME
 from trainium_operator.controller.cache import EXPECTATION_SECONDS, ClusterCache
 from trainium_operator.k8s.informer import WatchEvent
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def pod(name: str, job: str, node: str | None = None, **meta: Any) -> dict[str, Any]:
@@ -104,7 +97,7 @@ def test_created_and_deleted_pods_are_awaited_until_seen() -> None:
 
 
 def test_an_expectation_that_never_arrives_expires() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     cache = ClusterCache(clock)
     cache.expect(("ns", "a"), created=["a-0-0"])
     assert not cache.settled(("ns", "a"))

@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import http.server
 import json
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
@@ -25,6 +22,7 @@ from trainium_operator.controller.health_server import HealthChannel, ProgressSt
 from trainium_operator.k8s.informer import WatchEvent
 from trainium_operator.k8s.reviews import ReviewedUser
 from trainium_operator.profiler.channel import ChannelConfig, Reporter
+from unit.conftest import Posts
 from unit.jobs import UID, job_document, job_ref
 
 URL = "http://trainium-operator-health.trainium-system.svc:8090/v1/progress"
@@ -365,42 +363,22 @@ def channel_environ(url: str, token_file: Path) -> dict[str, str]:
     }
 
 
-class _Endpoint(http.server.BaseHTTPRequestHandler):
-    received: ClassVar[list[tuple[str, dict[str, Any]]]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        self.received.append((self.headers["Authorization"], json.loads(body)))
-        reply = contract.reply_json(accepted=True)
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
-
-    def log_message(self, *_args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def endpoint() -> Iterator[tuple[str, list[tuple[str, dict[str, Any]]]]]:
-    received: ClassVar[list[tuple[str, dict[str, Any]]]] = []
-    handler = type("Handler", (_Endpoint,), {"received": received})
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}{contract.PATH}", received
-    server.shutdown()
+def reporter_config(tmp_path: Path, url: str = "http://unused/") -> ChannelConfig:
+    """Rank 3's channel settings (channel_environ), its token file written under tmp_path."""
+    token = tmp_path / "token"
+    token.write_text("t")
+    config = ChannelConfig.from_env(channel_environ(url, token))
+    assert config is not None
+    return config
 
 
 def test_the_reporter_sends_step_and_step_times_with_the_current_token(
-    endpoint: tuple[str, list[tuple[str, dict[str, Any]]]], tmp_path: Path
+    endpoint: tuple[str, Posts], tmp_path: Path
 ) -> None:
     url, received = endpoint
+    reporter = Reporter(reporter_config(tmp_path, url))
     token = tmp_path / "token"
     token.write_text("first\n")
-    config = ChannelConfig.from_env(channel_environ(url, token))
-    assert config is not None
-    reporter = Reporter(config)
     for number in range(5):
         reporter.on_step(number)
     reporter.report(samples=32, tokens=4096)
@@ -427,12 +405,8 @@ def test_the_reporter_sends_step_and_step_times_with_the_current_token(
 def test_the_reporter_never_blocks_the_training_loop_when_the_operator_is_away(
     tmp_path: Path,
 ) -> None:
-    token = tmp_path / "token"
-    token.write_text("t")
     # Nothing listens there: every send fails; steps stay cheap and nothing queues.
-    config = ChannelConfig.from_env(channel_environ("http://127.0.0.1:9/v1/progress", token))
-    assert config is not None
-    reporter = Reporter(config)
+    reporter = Reporter(reporter_config(tmp_path, "http://127.0.0.1:9/v1/progress"))
     reporter.start()
     started = time.perf_counter()
     for number in range(20_000):
@@ -449,10 +423,6 @@ def test_the_reporter_never_blocks_the_training_loop_when_the_operator_is_away(
 def test_asked_for_its_stacks_a_rank_writes_every_threads_stack_once_and_says_so_at_once(
     tmp_path: Path,
 ) -> None:
-    token = tmp_path / "token"
-    token.write_text("t")
-    config = ChannelConfig.from_env(channel_environ("http://unused/", token))
-    assert config is not None
     sent: list[dict[str, Any]] = []
     request = "a0-20261203T080000Z"
 
@@ -460,7 +430,7 @@ def test_asked_for_its_stacks_a_rank_writes_every_threads_stack_once_and_says_so
         sent.append(json.loads(body))
         return {"accepted": True, "requests": {contract.REQUEST_DUMP_STACKS: request}}
 
-    reporter = Reporter(config, send=send)
+    reporter = Reporter(reporter_config(tmp_path), send=send)
     reporter.on_step(7)
     assert reporter.send_once()
     path = tmp_path / "stacks" / request / "rank-3.txt"
@@ -475,17 +445,13 @@ def test_asked_for_its_stacks_a_rank_writes_every_threads_stack_once_and_says_so
 
 
 def test_a_rank_stopping_sends_a_final_message(tmp_path: Path) -> None:
-    token = tmp_path / "token"
-    token.write_text("t")
-    config = ChannelConfig.from_env(channel_environ("http://unused/", token))
-    assert config is not None
     sent: list[dict[str, Any]] = []
 
     def send(_url: str, body: bytes, _token: str) -> dict[str, Any]:
         sent.append(json.loads(body))
         return {"accepted": True}
 
-    reporter = Reporter(config, send=send)
+    reporter = Reporter(reporter_config(tmp_path), send=send)
     reporter.start()
     reporter.stop()
     reporter.thread.join(5)

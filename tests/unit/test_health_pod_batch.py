@@ -6,12 +6,10 @@ objects of one process pointing at a tmp directory; a local HTTP stub or the rea
 from __future__ import annotations
 
 import dataclasses
-import http.server
 import json
 import os
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +21,9 @@ from trainium_operator.contract import channel as contract
 from trainium_operator.controller.health_server import HealthChannel, TokenCache
 from trainium_operator.profiler import pod_samples
 from trainium_operator.profiler.channel import ChannelConfig, Reporter
+from unit.conftest import Posts
 from unit.jobs import UID, job_document, job_ref
-from unit.test_health_channel import _cache_with, pod_identity, pod_jwt, training_pod
+from unit.test_health_channel import _cache_with, message, pod_identity, pod_jwt, training_pod
 
 Received = list[dict[str, Any]]
 Send = Callable[[str, bytes, str], dict[str, Any]]
@@ -71,33 +70,6 @@ def ranks_of(body: dict[str, Any]) -> list[int]:
     return [entry["rank"] for entry in body["ranks"]]
 
 
-class _Stub(http.server.BaseHTTPRequestHandler):
-    received: Received
-
-    def do_POST(self) -> None:
-        self.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        reply = contract.reply_json(accepted=True)
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
-
-    def log_message(self, *_args: Any) -> None:
-        pass
-
-
-@pytest.fixture
-def stub() -> Iterator[tuple[str, Received]]:
-    received: Received = []
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), type("Stub", (_Stub,), {"received": received})
-    )
-    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}{contract.PATH}", received
-    server.shutdown()
-
-
 def test_a_pod_of_four_ranks_sends_one_message_per_interval_carrying_all_four(
     tmp_path: Path,
 ) -> None:
@@ -137,9 +109,9 @@ def test_the_pods_batch_is_what_the_operators_endpoint_accepts_for_every_rank(
 
 
 def test_ranks_on_their_own_threads_post_only_through_local_rank_0(
-    stub: tuple[str, Received], tmp_path: Path
+    endpoint: tuple[str, Posts], tmp_path: Path
 ) -> None:
-    url, received = stub
+    url, posts = endpoint
     reporters = pod_of(tmp_path, 4, recorder([]), url=url, interval_s=0.1)
     reporters = [Reporter(r.config) for r in reporters]  # the real HTTP sender
     for reporter in reporters:
@@ -147,13 +119,14 @@ def test_ranks_on_their_own_threads_post_only_through_local_rank_0(
         reporter.start()
     started = time.monotonic()
     # Three intervals' POSTs, however loaded the machine (bounded: a stuck reporter fails).
-    while len(received) < 3 and time.monotonic() - started < 10:
+    while len(posts) < 3 and time.monotonic() - started < 10:
         time.sleep(0.05)
     for reporter in reporters:
         reporter.stop(final=False)
     elapsed = time.monotonic() - started
     for reporter in reporters:
         reporter.thread.join(2)
+    received = [body for _, body in posts]
     assert 3 <= len(received) <= elapsed / 0.1 + 1  # one POST per interval, not one per rank
     assert all("ranks" in body for body in received)
     assert ranks_of(received[-1]) == [32, 33, 34, 35]  # once every rank has written a sample
@@ -240,13 +213,8 @@ def test_malformed_huge_foreign_linked_and_fifo_samples_are_skipped_without_bloc
 
 
 def test_a_batch_of_absurd_samples_stays_within_the_message_bound_and_parses() -> None:
-    huge = contract.ProgressMessage(
+    huge = message(
         job="j" * 253,
-        namespace="n",
-        uid="u",
-        attempt=0,
-        rank=0,
-        node_rank=0,
         world_size=128,
         step=2**61,
         step_times_ms=(1.7976931348623157e308,) * 64,

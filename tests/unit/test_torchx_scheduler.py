@@ -196,6 +196,18 @@ def test_macros_in_script_args_and_env_become_the_job_name_and_node_rank() -> No
     assert job["spec"]["env"] == [{"name": "SHARD", "value": "part-$(TRAINIUM_NODE_RANK)"}]
 
 
+def one_role_app(**role: Any) -> specs.AppDef:
+    """An app of one role running x.py, but for `role`'s fields."""
+    return specs.AppDef(
+        name="app", roles=[specs.Role(**{"name": "a", "image": "i", "entrypoint": "x.py", **role})]
+    )
+
+
+def resource(**fields: Any) -> specs.Resource:
+    """A minimal resource (1 CPU, 1 MB), but for `fields`."""
+    return specs.Resource(**{"cpu": 1, "gpu": 0, "memMB": 1, **fields})
+
+
 @pytest.mark.parametrize(
     ("app", "message"),
     [
@@ -211,74 +223,28 @@ def test_macros_in_script_args_and_env_become_the_job_name_and_node_rank() -> No
             id="several-roles",
         ),
         pytest.param(
-            specs.AppDef(
-                name="e",
-                roles=[
-                    specs.Role(
-                        name="a", image="i", entrypoint="x.py", num_replicas=4, min_replicas=2
-                    )
-                ],
-            ),
+            one_role_app(num_replicas=4, min_replicas=2),
             "elastic jobs are not supported",
             id="elastic",
         ),
         pytest.param(
-            specs.AppDef(
-                name="m",
-                roles=[specs.Role(name="a", image="i", entrypoint="python", args=["-m", "pkg"])],
-            ),
+            one_role_app(entrypoint="python", args=["-m", "pkg"]),
             "python -m pkg: a TrainingJob runs a script file",
             id="python-module",
         ),
         pytest.param(
-            specs.AppDef(
-                name="d",
-                roles=[
-                    specs.Role(
-                        name="a",
-                        image="i",
-                        entrypoint="x.py",
-                        resource=specs.Resource(
-                            cpu=1, gpu=0, memMB=1, devices={"aws.amazon.com/neuron": 4}
-                        ),
-                    )
-                ],
-            ),
+            one_role_app(resource=resource(devices={"aws.amazon.com/neuron": 4})),
             "requests 4 Neuron devices; a TrainingJob pod takes a whole trn1.32xlarge node",
             id="partial-node",
         ),
         pytest.param(
-            specs.AppDef(
-                name="n",
-                roles=[
-                    specs.Role(
-                        name="a",
-                        image="i",
-                        entrypoint="torchrun",
-                        args=["--nnodes", "3", "x.py"],
-                        num_replicas=2,
-                    )
-                ],
-            ),
+            one_role_app(entrypoint="torchrun", args=["--nnodes", "3", "x.py"], num_replicas=2),
             "torchrun --nnodes 3 differs from the role's num_replicas 2",
             id="nnodes",
         ),
         pytest.param(
-            specs.AppDef(
-                name="g",
-                roles=[
-                    specs.Role(
-                        name="a",
-                        image="i",
-                        entrypoint="x.py",
-                        resource=specs.Resource(
-                            cpu=1,
-                            gpu=0,
-                            memMB=1,
-                            capabilities={"node.kubernetes.io/instance-type": "p5.48xlarge"},
-                        ),
-                    )
-                ],
+            one_role_app(
+                resource=resource(capabilities={"node.kubernetes.io/instance-type": "p5.48xlarge"})
             ),
             "instance type 'p5.48xlarge'",
             id="not-trainium",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import threading
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -331,55 +330,54 @@ def test_a_waiting_load_of_a_profile_unloaded_meanwhile_is_a_409_not_a_500(
 # ------------------------------------------------------------------ the job list
 
 
-def test_the_job_list_is_read_once_for_many_requests(profile_root: Path) -> None:
-    calls: list[float] = []
+def job_list_reads(
+    profile_root: Path, answer: Callable[[], list[JobInfo]], session: Session, **app: Any
+) -> int:
+    """Runs `session` against an app whose job lister answers `answer()` (after a 10 ms API
+    call); how many times the app read the list."""
+    reads = [0]
 
     async def lister() -> list[JobInfo]:
-        calls.append(time.monotonic())
+        reads[0] += 1
         await asyncio.sleep(0.01)
-        return [JobInfo("job-a", "team-a", "2026-01-01T00:00:00Z", "Running")]
+        return answer()
 
+    serve(create_app(profile_root, job_lister=lister, workers=1, **app), session)
+    return reads[0]
+
+
+def api_server_down() -> list[JobInfo]:
+    raise RuntimeError("API server down")
+
+
+def test_the_job_list_is_read_once_for_many_requests(profile_root: Path) -> None:
     async def session(client: TestClient[Any, Any], app: web.Application) -> None:
         answers = await asyncio.gather(*(client.get("/api/jobs") for _ in range(20)))
         answers += [await client.get("/api/profiles") for _ in range(5)]
         assert {answer.status for answer in answers} == {200}
         assert [job["name"] for job in (await answers[0].json())["jobs"]] == ["job-a"]
 
-    serve(create_app(profile_root, job_lister=lister, workers=1), session)
-    assert len(calls) == 1
+    job_a = JobInfo("job-a", "team-a", "2026-01-01T00:00:00Z", "Running")
+    assert job_list_reads(profile_root, lambda: [job_a], session) == 1
 
 
 def test_a_failing_job_list_is_not_read_again_per_request(profile_root: Path) -> None:
-    calls: list[int] = []
-
-    async def lister() -> list[JobInfo]:
-        calls.append(1)
-        raise RuntimeError("API server down")
-
     async def session(client: TestClient[Any, Any], app: web.Application) -> None:
         for _ in range(5):
             body = await (await client.get("/api/jobs")).json()
             assert body["jobs"] is None
             assert "API server down" in body["jobs_error"]
 
-    serve(create_app(profile_root, job_lister=lister, workers=1), session)
-    assert len(calls) == 1
+    assert job_list_reads(profile_root, api_server_down, session) == 1
 
 
 def test_the_job_list_is_read_again_after_its_ttl(profile_root: Path) -> None:
-    calls: list[int] = []
-
-    async def lister() -> list[JobInfo]:
-        calls.append(1)
-        return []
-
     async def session(client: TestClient[Any, Any], app: web.Application) -> None:
         await client.get("/api/jobs")
         await asyncio.sleep(0.06)
         await client.get("/api/jobs")
 
-    serve(create_app(profile_root, job_lister=lister, workers=1, job_list_ttl=0.05), session)
-    assert len(calls) == 2
+    assert job_list_reads(profile_root, list, session, job_list_ttl=0.05) == 2
 
 
 # ------------------------------------------------------------------ on-demand captures

@@ -19,12 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from integration.health_ranks import free_port, pod_token, wait_account
+from integration.health_ranks import pod_token, reporting_job, wait_account
 from integration.operator_harness import (
+    HealthOperator,
     create_job,
     get_job,
     job_manifest,
-    running_operator,
     wait_gang_running,
     wait_phase,
 )
@@ -148,91 +148,83 @@ def hostile_bodies(draw: st.DrawFn, base: dict[str, Any]) -> tuple[str, bytes]:
 
 
 def test_a_rank_with_a_genuine_token_posting_hostile_messages_neither_kills_nor_bloats_the_operator(
-    dev_cluster: Any, namespace: str, tmp_path: Path, hostile_report: Any
+    clients: Any, namespace: str, health_operator: HealthOperator, hostile_report: Any
 ) -> None:
-    clients = dev_cluster.clients
-    port, metrics_port = free_port(), free_port()
-    args = ("--health-port", str(port), "--metrics-port", str(metrics_port))
-    with running_operator(dev_cluster, namespace, tmp_path, extra_args=args) as operator:
-        create_job(
-            clients,
-            namespace,
-            job_manifest(
-                "victim",
-                processesPerNode=PPN,
-                compile={"enabled": False},
-                health={"reportIntervalSeconds": 0.2},
-            ),
-        )
-        gang = wait_gang_running(clients, namespace, "victim", "train", 0)
-        wait_phase(clients, namespace, "victim", "Training")
-        wait_account(clients, namespace)
-        job = get_job(clients, namespace, "victim")
-        url = f"http://127.0.0.1:{port}{contract.PATH}"
-        pod = gang[1]
-        token = pod_token(clients, pod)
-        base = header(pod, job)
-        idle = rss_mib(operator.process.pid)
-        seen: dict[str, set[int]] = {}
+    operator, port, metrics_port = health_operator
+    create_job(
+        clients,
+        namespace,
+        job_manifest(
+            "victim",
+            processesPerNode=PPN,
+            compile={"enabled": False},
+            health={"reportIntervalSeconds": 0.2},
+        ),
+    )
+    gang = wait_gang_running(clients, namespace, "victim", "train", 0)
+    wait_phase(clients, namespace, "victim", "Training")
+    wait_account(clients, namespace)
+    job = get_job(clients, namespace, "victim")
+    url = f"http://127.0.0.1:{port}{contract.PATH}"
+    pod = gang[1]
+    token = pod_token(clients, pod)
+    base = header(pod, job)
+    idle = rss_mib(operator.process.pid)
+    seen: dict[str, set[int]] = {}
 
-        @settings(
-            max_examples=150,
-            deadline=None,
-            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-        )
-        @given(hostile_bodies(base))
-        def fuzz(case: tuple[str, bytes]) -> None:
-            kind, body = case
-            status = post(url, body, token)
-            seen.setdefault(kind, set()).add(status)
-            # A junk field may still make a valid message (final: true), a few ranks may be
-            # this node's own: those may land; what lands is bounded below.
-            allowed = {400, 403, 413, 429} | (
-                {200} if kind in ("junk field", "many ranks") else set()
-            )
-            assert status in allowed, (kind, body[:200], status)
+    @settings(
+        max_examples=150,
+        deadline=None,
+        suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+    )
+    @given(hostile_bodies(base))
+    def fuzz(case: tuple[str, bytes]) -> None:
+        kind, body = case
+        status = post(url, body, token)
+        seen.setdefault(kind, set()).add(status)
+        # A junk field may still make a valid message (final: true), a few ranks may be
+        # this node's own: those may land; what lands is bounded below.
+        allowed = {400, 403, 413, 429} | ({200} if kind in ("junk field", "many ranks") else set())
+        assert status in allowed, (kind, body[:200], status)
 
-        fuzz()
-        for kind, statuses in sorted(seen.items()):
-            hostile_report.tried(
-                "health channel POST (genuine pod token)", kind, f"answered {sorted(statuses)}"
-            )
-
-        # 20 000 distinct ranks in batches of 128: none stored (not this node's).
-        refused = 0
-        for first in range(10_000, 30_000, 128):
-            ranks = [{"rank": r, "step": 1} for r in range(first, min(first + 128, 30_000))]
-            refused += post(url, json.dumps({**base, "ranks": ranks}).encode(), token) in (403, 429)
+    fuzz()
+    for kind, statuses in sorted(seen.items()):
         hostile_report.tried(
-            "health channel POST (genuine pod token)",
-            "20000 distinct ranks, 157 batches",
-            f"{refused} refused (403/429)",
+            "health channel POST (genuine pod token)", kind, f"answered {sorted(statuses)}"
         )
-        operator.assert_alive()
-        grown = rss_mib(operator.process.pid) - idle
-        # A legitimate batch of this node's ranks still lands, then the status says so.
-        time.sleep(1.5)  # the pod's budget refills
-        own = [
-            {"rank": base["nodeRank"] * PPN + r, "step": 3, "stepTimesMs": [50.0]}
-            for r in range(PPN)
-        ]
-        batch = json.dumps({**base, "ranks": own}).encode()
-        assert post(url, batch, token) == 200
-        # The same batch as fast as it goes: past two intervals' worth, 429.
-        bursts = [post(url, batch, token) for _ in range(20)]
-        hostile_report.tried(
-            "health channel POST (genuine pod token)",
-            "its own node's batch 20 times at once",
-            f"{bursts.count(200)} x 200, {bursts.count(429)} x 429",
-        )
-        deadline = time.monotonic() + 30
-        progress: dict[str, Any] = {}
-        while time.monotonic() < deadline and not progress:
-            progress = (get_job(clients, namespace, "victim").get("status") or {}).get(
-                "progress"
-            ) or {}
-            time.sleep(0.3)
-        counts = metrics(metrics_port)
+
+    # 20 000 distinct ranks in batches of 128: none stored (not this node's).
+    refused = 0
+    for first in range(10_000, 30_000, 128):
+        ranks = [{"rank": r, "step": 1} for r in range(first, min(first + 128, 30_000))]
+        refused += post(url, json.dumps({**base, "ranks": ranks}).encode(), token) in (403, 429)
+    hostile_report.tried(
+        "health channel POST (genuine pod token)",
+        "20000 distinct ranks, 157 batches",
+        f"{refused} refused (403/429)",
+    )
+    operator.assert_alive()
+    grown = rss_mib(operator.process.pid) - idle
+    # A legitimate batch of this node's ranks still lands, then the status says so.
+    time.sleep(1.5)  # the pod's budget refills
+    own = [
+        {"rank": base["nodeRank"] * PPN + r, "step": 3, "stepTimesMs": [50.0]} for r in range(PPN)
+    ]
+    batch = json.dumps({**base, "ranks": own}).encode()
+    assert post(url, batch, token) == 200
+    # The same batch as fast as it goes: past two intervals' worth, 429.
+    bursts = [post(url, batch, token) for _ in range(20)]
+    hostile_report.tried(
+        "health channel POST (genuine pod token)",
+        "its own node's batch 20 times at once",
+        f"{bursts.count(200)} x 200, {bursts.count(429)} x 429",
+    )
+    deadline = time.monotonic() + 30
+    progress: dict[str, Any] = {}
+    while time.monotonic() < deadline and not progress:
+        progress = (get_job(clients, namespace, "victim").get("status") or {}).get("progress") or {}
+        time.sleep(0.3)
+    counts = metrics(metrics_port)
 
     assert 429 in bursts, bursts
     assert refused == len(range(10_000, 30_000, 128))
@@ -250,43 +242,31 @@ def test_a_rank_with_a_genuine_token_posting_hostile_messages_neither_kills_nor_
 
 
 def test_a_flood_of_random_bearer_tokens_costs_no_review_and_evicts_no_good_rank(
-    dev_cluster: Any, namespace: str, tmp_path: Path, hostile_report: Any
+    clients: Any,
+    namespace: str,
+    tmp_path: Path,
+    health_operator: HealthOperator,
+    hostile_report: Any,
 ) -> None:
-    clients = dev_cluster.clients
-    port, metrics_port = free_port(), free_port()
-    args = ("--health-port", str(port), "--metrics-port", str(metrics_port))
-    with running_operator(dev_cluster, namespace, tmp_path, extra_args=args) as operator:
-        create_job(
-            clients,
-            namespace,
-            job_manifest(
-                "flooded",
-                nodes=1,
-                processesPerNode=1,
-                compile={"enabled": False},
-                health={"reportIntervalSeconds": 0.2},
-            ),
-        )
-        (pod,) = wait_gang_running(clients, namespace, "flooded", "train", 0, nodes=1)
-        wait_phase(clients, namespace, "flooded", "Training")
-        wait_account(clients, namespace)
-        job = get_job(clients, namespace, "flooded")
-        url = f"http://127.0.0.1:{port}{contract.PATH}"
-        token = pod_token(clients, pod)
-        good = json.dumps({**header(pod, job), "worldSize": 1, "rank": 0, "step": 1}).encode()
-        assert post(url, good, token) == 200
-        before = metrics(metrics_port)
-        statuses: set[int] = set()
-        for _ in range(3000):
-            statuses.add(post(url, good, secrets.token_urlsafe(64)))
-        after = metrics(metrics_port)
-        # Forged JWTs claiming the good pod pass the pre-filter: their reviews are limited per
-        # claimed pod (429 past a burst), and refused ones never evict the good pod's review.
-        forged_statuses = [post(url, good, forged_jwt(pod)) for _ in range(50)]
-        forged = metrics(metrics_port)
-        assert post(url, good, token) == 200
-        final = metrics(metrics_port)
-        operator.assert_alive()
+    operator, port, metrics_port = health_operator
+    pod, token_file = reporting_job(clients, namespace, "flooded", tmp_path)
+    job = get_job(clients, namespace, "flooded")
+    url = f"http://127.0.0.1:{port}{contract.PATH}"
+    token = token_file.read_text()
+    good = json.dumps({**header(pod, job), "worldSize": 1, "rank": 0, "step": 1}).encode()
+    assert post(url, good, token) == 200
+    before = metrics(metrics_port)
+    statuses: set[int] = set()
+    for _ in range(3000):
+        statuses.add(post(url, good, secrets.token_urlsafe(64)))
+    after = metrics(metrics_port)
+    # Forged JWTs claiming the good pod pass the pre-filter: their reviews are limited per
+    # claimed pod (429 past a burst), and refused ones never evict the good pod's review.
+    forged_statuses = [post(url, good, forged_jwt(pod)) for _ in range(50)]
+    forged = metrics(metrics_port)
+    assert post(url, good, token) == 200
+    final = metrics(metrics_port)
+    operator.assert_alive()
 
     reviews = 'trainium_operator_health_token_reviews_total{decided_by="review"}'
     prefiltered = 'trainium_operator_health_token_reviews_total{decided_by="prefilter"}'
