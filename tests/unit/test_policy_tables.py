@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from trainium_operator.builders.job import Stage
+from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import Observed, PodGroupView, PodView
 from unit.jobs import decide, job_ref
@@ -157,36 +158,22 @@ GANG = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("case", FINISHED, ids=lambda c: c.name)
-def test_finished(case: Case) -> None:
+TABLES = {
+    "Finished": FINISHED,
+    "Suspension": SUSPENSION,
+    "Deadline": DEADLINE,
+    "Failures": FAILURES,
+    "StageSuccess": STAGE_SUCCESS,
+    "Gang": GANG,
+}
+ROWS = [(policy, case) for policy, cases in TABLES.items() for case in cases]
+
+
+@pytest.mark.parametrize(("policy", "case"), ROWS, ids=[f"{p}: {c.name}" for p, c in ROWS])
+def test_policy_table(policy: str, case: Case) -> None:
     check(case)
 
 
-@pytest.mark.parametrize("case", SUSPENSION, ids=lambda c: c.name)
-def test_suspension(case: Case) -> None:
-    check(case)
-
-
-@pytest.mark.parametrize("case", DEADLINE, ids=lambda c: c.name)
-def test_deadline(case: Case) -> None:
-    check(case)
-
-
-@pytest.mark.parametrize("case", FAILURES, ids=lambda c: c.name)
-def test_failures(case: Case) -> None:
-    check(case)
-
-
-@pytest.mark.parametrize("case", STAGE_SUCCESS, ids=lambda c: c.name)
-def test_stage_success(case: Case) -> None:
-    check(case)
-
-
-@pytest.mark.parametrize("case", GANG, ids=lambda c: c.name)
-def test_gang(case: Case) -> None:
-    check(case)
-
-
-def test_every_table_row_has_a_distinct_name() -> None:
-    rows = [*FINISHED, *SUSPENSION, *DEADLINE, *FAILURES, *STAGE_SUCCESS, *GANG]
-    assert len({c.name for c in rows}) == len(rows)
+def test_every_table_names_a_policy_of_the_pipeline_and_rows_are_distinct() -> None:
+    assert set(TABLES) <= {policy.name for policy in machine.PIPELINE}
+    assert len({c.name for _, c in ROWS}) == len(ROWS)
