@@ -492,14 +492,14 @@ class Reconciler:
             self.events.post(body, "Warning", "CordonFailed", message, self.clock())
 
     def _delete_foreign(self, namespace: str, kind: str, name: str) -> None:
-        if kind == "Pod":
-            self.cluster.delete_pod(namespace, name, force=False)
-        elif kind == "PodGroup":
-            self.cluster.delete_podgroup(namespace, name)
-        elif kind == "Service":
-            self.cluster.delete_service(namespace, name)
-        elif kind == "NetworkPolicy":
-            self.cluster.delete_network_policy(namespace, name)
+        """Deletes a predecessor's leftover child (lifecycle.blockers decided it)."""
+        delete: dict[str, Callable[[str, str], None]] = {
+            "Pod": lambda ns, n: self.cluster.delete_pod(ns, n, force=False),
+            "PodGroup": self.cluster.delete_podgroup,
+            "Service": self.cluster.delete_service,
+            "NetworkPolicy": self.cluster.delete_network_policy,
+        }
+        delete[kind](namespace, name)
 
     def _create_side(self, body: Obj, obj: Obj) -> None:
         """Creates an object beside the job (a profile upload pod) after the job's own writes.

@@ -447,22 +447,23 @@ class Cluster:
         kind = obj["kind"]
         namespace = obj["metadata"]["namespace"]
         self.counter.add("create", CHILD_RESOURCES.get(kind, kind.lower() + "s"))
+        sends: dict[str, Callable[[], object]] = {
+            "Pod": lambda: self.core.create_namespaced_pod(namespace, obj),
+            "Service": lambda: self.core.create_namespaced_service(namespace, obj),
+            "NetworkPolicy": lambda: self.networking.create_namespaced_network_policy(
+                namespace, obj
+            ),
+            "PodGroup": lambda: self.custom.create_namespaced_custom_object(
+                VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, obj
+            ),
+        }
+        if kind not in sends:
+            raise ValueError(f"the operator does not create {kind} objects")
         try:
-            if kind == "Pod":
-                self.core.create_namespaced_pod(namespace, obj)
-            elif kind == "Service":
-                self.core.create_namespaced_service(namespace, obj)
-            elif kind == "NetworkPolicy":
-                self.networking.create_namespaced_network_policy(namespace, obj)
-            elif kind == "PodGroup":
-                self.custom.create_namespaced_custom_object(
-                    VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, obj
-                )
-            else:
-                raise ValueError(f"the operator does not create {kind} objects")
+            sends[kind]()
         except ApiException as error:
             if error.status == 409:
-                return False
+                return False  # ours from an earlier pass, or another owner's of that name
             raise
         return True
 
