@@ -40,7 +40,7 @@ def spec_too_large(spec: object) -> list[str]:
         value = child
     where = ".".join(path)
     return [
-        f"{where}: the spec is {size} bytes as JSON, {_json_size(value)} of them in {where}; "
+        f"{where}: the spec is {size} bytes as JSON ({_json_size(value)} of them in {where}), "
         f"at most {MAX_SPEC_BYTES} are allowed (the operator copies the spec into every pod of "
         "the gang): move large values into a ConfigMap or the claim"
     ]
