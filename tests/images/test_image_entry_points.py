@@ -83,8 +83,10 @@ def training_image(
 def test_the_training_images_cmd_runs_in_its_layout(
     training_image: tuple[Path, dict[str, str], str],
 ) -> None:
-    """The image's own CMD (`pretrain.py --help`): it failed with ModuleNotFoundError while the
-    Dockerfile copied only the profiler of our package."""
+    """The image's own CMD (`pretrain.py --help`) answers from the image's layout (it failed
+    with ModuleNotFoundError while the Dockerfile copied only the profiler of our package);
+    `--help` answers before torch is imported, so every module the script needs is imported by
+    the training run from the same layout below (e2e)."""
     root, env, name = training_image
     (cmd,) = Dockerfile(TRAINING_DOCKERFILES[name]).final("CMD")
     result = run(image_command(cmd.exec_form(), root), env, root)

@@ -136,7 +136,8 @@ def test_an_output_dir_that_is_a_file_is_refused(
 
 
 def test_the_script_runs_as_a_file_and_reports_bad_arguments() -> None:
-    """torchrun executes pretrain.py by path; its package imports must work that way."""
+    """torchrun executes pretrain.py by path; its package imports must work that way, and a bad
+    argument is refused before torch is imported (the e2e runs import the rest by path)."""
     result = run(
         [sys.executable, str(PRETRAIN), "--data_dir", "/x", "--grad_accum_usteps", "0"], child_env()
     )

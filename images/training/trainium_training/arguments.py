@@ -21,9 +21,13 @@ from trainium_operator.contract.training_flags import (
     RESUME_FLAG,
     STEPS_THIS_RUN_FLAG,
 )
-from trainium_training.devices import COMPILE_BACKEND_CHOICES, DEVICE_CHOICES
-from trainium_training.model_configs import DEFAULT_MODEL_CONFIG, MODEL_CONFIGS
-from trainium_training.optimizers import OPTIMIZERS
+from trainium_training.choices import (
+    COMPILE_BACKEND_CHOICES,
+    DEFAULT_MODEL_CONFIG,
+    DEVICE_CHOICES,
+    MODEL_CONFIGS,
+    OPTIMIZERS,
+)
 
 PRECISION_CHOICES: Final = ("auto", "bf16", "fp32")
 PRECISION_ENV: Final = "TRAINIUM_PRECISION"

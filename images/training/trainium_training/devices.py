@@ -41,14 +41,10 @@ from torch import nn
 
 from trainium_operator.contract import workload_env
 from trainium_training import checkpoints
+from trainium_training.choices import COMPILE_BACKEND_CHOICES, DEVICE_CHOICES
 
 log = logging.getLogger(__name__)
 
-DEVICE_CHOICES: Final = ("auto", "xla", "neuron", "cpu")
-# torch.compile backends of the native stack. auto: "neuron" on a Neuron device, off on the CPU
-# (compiling BERT there costs more than it saves in short runs); eager and aot_eager trace with
-# TorchDynamo but run eagerly, inductor generates CPU code.
-COMPILE_BACKEND_CHOICES: Final = ("auto", "off", "neuron", "eager", "aot_eager", "inductor")
 NEURON_DEVICE: Final = "neuron"
 GRAPH_EXTRACTION_ENV: Final = "NEURON_EXTRACT_GRAPHS_ONLY"
 """Set by neuron_parallel_compile while it runs the script to collect graphs."""

@@ -8,29 +8,9 @@ size that trains on a laptop CPU in seconds, for tests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final
-
 from transformers import BertConfig, BertForPreTraining
 
-
-@dataclass(frozen=True)
-class BertShape:
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    intermediate_size: int
-    max_position_embeddings: int
-    dropout: float = 0.1
-
-
-MODEL_CONFIGS: Final[dict[str, BertShape]] = {
-    "bert-large": BertShape(30522, 1024, 24, 16, 4096, 512),
-    "bert-base": BertShape(30522, 768, 12, 12, 3072, 512),
-    "tiny": BertShape(1024, 64, 2, 2, 128, 128),
-}
-DEFAULT_MODEL_CONFIG: Final = "bert-large"
+from trainium_training.choices import MODEL_CONFIGS
 
 
 def bert_config(name: str, attn_implementation: str = "eager") -> BertConfig:

@@ -19,7 +19,8 @@ from typing import Any, Final
 import torch
 from torch import nn
 
-OPTIMIZERS: Final = ("adamw", "lamb")
+from trainium_training.choices import OPTIMIZERS
+
 NO_DECAY_SUFFIXES: Final = ("bias", "LayerNorm.weight", "LayerNorm.bias")
 """Parameters BERT pretraining excludes from weight decay."""
 

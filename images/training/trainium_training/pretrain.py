@@ -38,6 +38,12 @@ if __name__ == "__main__" and not __package__:
     # than letting this folder's modules shadow top-level ones.
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+if __name__ == "__main__":
+    # --help and a bad argument answer before torch and transformers are imported (seconds).
+    from trainium_training.arguments import parse_arguments as _check_arguments
+
+    _check_arguments(sys.argv[1:])
+
 import numpy as np
 import torch
 from torch import nn
@@ -47,7 +53,8 @@ from trainium_operator.contract import workload_env
 from trainium_operator.contract.training_flags import OUTPUT_DIR_FLAG
 from trainium_training import checkpoints, data_stream, devices, metrics, shards
 from trainium_training.arguments import TrainingArguments, parse_arguments
-from trainium_training.model_configs import MODEL_CONFIGS, build_model
+from trainium_training.choices import MODEL_CONFIGS
+from trainium_training.model_configs import build_model
 from trainium_training.optimizers import build_optimizer, build_scheduler
 
 log = logging.getLogger("trainium_training")
