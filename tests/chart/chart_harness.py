@@ -7,6 +7,7 @@ static binary). Without helm the chart tests skip locally and fail under CI=true
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import os
@@ -99,9 +100,19 @@ def template_args(values: dict[str, Any], directory: Path) -> list[str]:
 
 
 def render(values: dict[str, Any], directory: Path) -> list[Manifest]:
-    """The objects `helm template` renders for these values (CRDs from crds/ excluded)."""
-    output = helm(*template_args(values, directory)).stdout
-    return [doc for doc in yaml.safe_load_all(output) if doc]
+    """The objects `helm template` renders for these values (CRDs from crds/ excluded); a test
+    gets its own copy, rendered once per session for the same values."""
+    return copy.deepcopy(_rendered(json.dumps(values, sort_keys=True), directory))
+
+
+_renders: dict[str, list[Manifest]] = {}
+
+
+def _rendered(key: str, directory: Path) -> list[Manifest]:
+    if key not in _renders:
+        output = helm(*template_args(json.loads(key), directory)).stdout
+        _renders[key] = [doc for doc in yaml.safe_load_all(output) if doc]
+    return _renders[key]
 
 
 def find(manifests: Iterable[Manifest], kind: str, name: str | None = None) -> list[Manifest]:
