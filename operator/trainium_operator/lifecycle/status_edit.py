@@ -13,6 +13,8 @@ import copy
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from pydantic import ValidationError
+
 from trainium_operator.api.model_base import ApiModel
 from trainium_operator.api.objects import Obj
 from trainium_operator.api.status import (
@@ -86,6 +88,18 @@ class SectionOf(Generic[Section]):
 
     def __set__(self, edit: StatusEdit, value: Section | None) -> None:
         edit.set_section(self.key, value)
+
+
+def readable_section(status: object, key: str, model: type[Section]) -> Section | None:
+    """status.<key> of a status as the API server returned it (not this pass's), as its model;
+    None when there is none or none this operator can read (fields of another version dropped)."""
+    raw = status.get(key) if isinstance(status, dict) else None
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return model.model_validate(known_fields(raw, model))
+    except ValidationError:
+        return None
 
 
 def timestamp(moment: datetime) -> str:

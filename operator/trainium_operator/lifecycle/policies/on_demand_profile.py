@@ -34,15 +34,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
 from trainium_operator.api.objects import Obj
-from trainium_operator.api.status import OnDemandProfile, OnDemandProfileState, Phase, known_fields
+from trainium_operator.api.status import OnDemandProfile, OnDemandProfileState, Phase
 from trainium_operator.builders.job import JobRef
 from trainium_operator.contract import channel as contract
 from trainium_operator.lifecycle.decision import Decision, EventRecord
 from trainium_operator.lifecycle.ranks import RankSample
-from trainium_operator.lifecycle.status_edit import timestamp
+from trainium_operator.lifecycle.status_edit import readable_section, timestamp
 
 if TYPE_CHECKING:
     from trainium_operator.lifecycle.snapshot import Pass
@@ -90,22 +88,10 @@ def capture_request(record: OnDemandProfile | None, attempt: int) -> contract.Ca
     return contract.CaptureRequest.from_json({"id": record.request_id, "steps": record.steps})
 
 
-def _stored_record(job: Obj | None) -> OnDemandProfile | None:
-    """status.onDemandProfile of a job body as the API server returned it; None when it has
-    none or one this operator cannot read (no capture is asked for then)."""
-    status = (job or {}).get("status")
-    record = status.get(STATUS_KEY) if isinstance(status, dict) else None
-    if not isinstance(record, dict):
-        return None
-    try:
-        return OnDemandProfile.model_validate(known_fields(record, OnDemandProfile))
-    except ValidationError:
-        return None
-
-
 def capture_requests_for(job: Obj | None, attempt: int, captured: str) -> dict[str, Any]:
     """What the reply to a rank of `attempt` asks of it (`captured`: its last capture)."""
-    request = capture_request(_stored_record(job), attempt)
+    record = readable_section((job or {}).get("status"), STATUS_KEY, OnDemandProfile)
+    request = capture_request(record, attempt)
     if request is None or request.request_id == captured:
         return {}
     return {contract.REQUEST_CAPTURE_STEPS: request.to_json()}

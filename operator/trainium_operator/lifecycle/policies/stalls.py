@@ -34,8 +34,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
 from trainium_operator.api.objects import Obj
 from trainium_operator.api.spec import HealthSpec, StallAction
 from trainium_operator.api.status import (
@@ -45,7 +43,6 @@ from trainium_operator.api.status import (
     StallStacks,
     StallStatus,
     StoppedRank,
-    known_fields,
 )
 from trainium_operator.builders.job import Stage
 from trainium_operator.contract import channel as contract
@@ -56,7 +53,7 @@ from trainium_operator.lifecycle.observed import parse_time
 from trainium_operator.lifecycle.policies.progress import recent_p50_ms
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.restarts import restart_for
-from trainium_operator.lifecycle.status_edit import timestamp
+from trainium_operator.lifecycle.status_edit import readable_section, timestamp
 
 if TYPE_CHECKING:
     from trainium_operator.lifecycle.snapshot import Pass
@@ -147,25 +144,13 @@ def stack_request_id(attempt: int, now: datetime) -> str:
 def stack_request(status: Obj, attempt: int) -> str | None:
     """The stack request the operator's replies carry to this attempt's ranks, if any: the
     health channel's endpoint reads it from the job's status (its one source of truth)."""
-    record = _stored_stall(status)
+    record = readable_section(status, "stall", StallStatus)
     stacks = record.stacks if record is not None else None
     if record is None or stacks is None or record.attempt != attempt:
         return None
     if stacks.state == "Requested" and contract.valid_request_id(stacks.request_id):
         return stacks.request_id
     return None
-
-
-def _stored_stall(status: Obj) -> StallStatus | None:
-    """status.stall of a job body as the API server holds it (the health channel's cache), or
-    None when it has none or none this operator can read."""
-    raw = status.get("stall")
-    if not isinstance(raw, dict):
-        return None
-    try:
-        return StallStatus.model_validate(known_fields(raw, StallStatus))
-    except ValidationError:
-        return None
 
 
 def requests_for(job: Obj | None, attempt: int, answered: str) -> dict[str, str]:
