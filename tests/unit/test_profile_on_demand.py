@@ -198,17 +198,18 @@ def captured_status() -> dict[str, Any]:
     return run(requested, {}, ranks).status
 
 
+def upload_pass(
+    decision: Decision, pods: tuple[dict[str, Any], ...], defaults: UploadDefaults
+) -> None:
+    """The on-demand upload policy on `decision`, with these upload pods and chart defaults."""
+    settings = PassSettings(defaults)
+    continue_with(on_demand_upload, job(), decision, T0, upload_pods=pods, settings=settings)
+
+
 def test_a_captured_profile_gets_its_own_upload_pod_when_s3_is_configured() -> None:
     defaults = UploadDefaults(s3_uri="s3://bucket/profiles", image="op:1")
     decision = Decision(status=captured_status())
-    continue_with(
-        on_demand_upload,
-        job(),
-        decision,
-        T0,
-        upload_pods=(),
-        settings=PassSettings(defaults),
-    )
+    upload_pass(decision, (), defaults)
     (pod,) = decision.side_create
     record = decision.status[STATUS_KEY]
     assert pod["metadata"]["name"] == "bert-profile-upload-p0-20261203t080000z"
@@ -223,15 +224,11 @@ def test_a_captured_profile_gets_its_own_upload_pod_when_s3_is_configured() -> N
     # The pod succeeded: recorded once, with its event; never created again.
     pod["status"] = {"phase": "Succeeded"}
     done = Decision(status=decision.status)
-    continue_with(
-        on_demand_upload, job(), done, T0, upload_pods=(pod,), settings=PassSettings(defaults)
-    )
+    upload_pass(done, (pod,), defaults)
     assert done.status[STATUS_KEY]["upload"]["state"] == "Succeeded"
     assert [(e.type, e.reason) for e in done.events] == [("Normal", "ProfileUploaded")]
     later = Decision(status=done.status)
-    continue_with(
-        on_demand_upload, job(), later, T0, upload_pods=(), settings=PassSettings(defaults)
-    )
+    upload_pass(later, (), defaults)
     assert (later.side_create, later.events) == ([], [])
 
 
@@ -241,14 +238,7 @@ def test_without_an_s3_uri_or_before_captured_nothing_is_uploaded() -> None:
         (run(training(), {ANNOTATION: "+3"}, []).status, UploadDefaults(s3_uri="s3://b/p")),
     ]:
         decision = Decision(status=status)
-        continue_with(
-            on_demand_upload,
-            job(),
-            decision,
-            T0,
-            upload_pods=(),
-            settings=PassSettings(defaults),
-        )
+        upload_pass(decision, (), defaults)
         assert decision.side_create == []
 
 
