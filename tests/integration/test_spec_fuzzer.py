@@ -304,6 +304,7 @@ LABEL_KEYS = [
     "",
     "trainium.dev/x",
     "app.kubernetes.io/part-of",
+    "kueue.x-k8s.io/queue-name",
 ]
 label_maps = st.dictionaries(
     st.sampled_from(LABEL_KEYS),
@@ -312,7 +313,9 @@ label_maps = st.dictionaries(
     max_size=3,
 )
 annotation_maps = st.dictionaries(
-    st.sampled_from([*LABEL_KEYS[:3], "bad key", "scheduling.k8s.io/group-name"]),
+    st.sampled_from(
+        [*LABEL_KEYS[:3], "bad key", "scheduling.k8s.io/group-name", "kueue.x-k8s.io/x"]
+    ),
     # Now and then past the 256 KiB the API server allows a pod's annotations altogether (rare:
     # every such job is a quarter of a megabyte through the API server and the operator).
     st.sampled_from(["", "v", "has space", "a" * 64, "x" * 270_000]),

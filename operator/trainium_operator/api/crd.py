@@ -131,6 +131,7 @@ def _printer_columns() -> list[JsonSchema]:
         {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
         {"name": "Nodes", "type": "integer", "jsonPath": ".spec.nodes"},
         {"name": "Workers", "type": "string", "jsonPath": ".status.workers.summary"},
+        {"name": "Queue", "type": "string", "jsonPath": ".status.queue.summary"},
         {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts.total"},
         {"name": "Step", "type": "string", "jsonPath": ".status.progress.stepSummary"},
         {"name": "Rate", "type": "string", "jsonPath": ".status.progress.rateSummary"},

@@ -13,9 +13,9 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field, ValidationInfo, model_validator
+from pydantic import ConfigDict, Field, JsonValue, ValidationInfo, model_validator
 
-from trainium_operator.api import object_names, pod_fields
+from trainium_operator.api import kueue, object_names, pod_fields
 from trainium_operator.api.instance_types import (
     DEFAULT_INSTANCE_TYPE,
     INSTANCE_TYPES,
@@ -339,13 +339,6 @@ class ResourceOverrides(ApiModel):
     """Extra or overriding limits (Neuron and EFA counts default from the instance type)."""
 
 
-class PodMetadata(ApiModel):
-    labels: dict[str, str] = {}
-    """Labels added to every pod."""
-    annotations: dict[str, str] = {}
-    """Annotations added to every pod."""
-
-
 class RunPolicy(ApiModel):
     backoff_limit: Annotated[int, Field(ge=0, le=MAX_RESTARTS)] = 3
     """Gang restarts allowed after training-process failures (non-zero exits) before the
@@ -375,11 +368,16 @@ class RunPolicy(ApiModel):
 
 class SchedulingSpec(ApiModel):
     queue: ObjectName = "default"
-    """Volcano queue of the job's PodGroups."""
+    """Volcano queue of the job's PodGroups. A job labelled kueue.x-k8s.io/queue-name is
+    queued by Kueue in that LocalQueue instead, and this field is not used."""
     priority_class_name: ObjectName | None = None
-    """PriorityClass of the pods and PodGroups."""
-    scheduler_name: str = "volcano"
-    """Scheduler of the pods; Volcano does gang scheduling through the PodGroup."""
+    """PriorityClass of the pods and PodGroups. Under Kueue the label
+    kueue.x-k8s.io/priority-class (a WorkloadPriorityClass) orders and preempts whole gangs;
+    a PriorityClass also lets the kube-scheduler preempt single pods."""
+    scheduler_name: ObjectName | None = None
+    """Scheduler of the pods: by default volcano, which gang-schedules through the PodGroup,
+    and for a job Kueue queues the kube-scheduler (default-scheduler), which places the pods
+    once Kueue admitted the whole gang."""
 
 
 class ProfileSpec(ApiModel):
@@ -627,7 +625,11 @@ PROTECTED_CONTAINER_FIELDS: dict[str, str] = {
     "resources": "use spec.resources",
     "env": "use spec.env",
 }
-PROTECTED_LABEL_PREFIXES = ("trainium.dev/", "app.kubernetes.io/")
+# Label and annotation keys no job sets on its pods: the operator selects its pods on its own
+# labels and writes Volcano's group annotation, and Kueue's keys decide which queue, group and
+# priority a pod has (a pod handed to Kueue behind the operator's back would be held by both).
+PROTECTED_LABEL_PREFIXES = ("trainium.dev/", "app.kubernetes.io/", kueue.RESERVED_PREFIX)
+PROTECTED_ANNOTATION_PREFIXES = (kueue.RESERVED_PREFIX,)
 PROTECTED_ANNOTATIONS = ("scheduling.k8s.io/group-name",)
 # The health channel's token volume is contract/channel.TOKEN_VOLUME (api imports no
 # profiler module; tests/unit/test_health_channel.py keeps the two equal).
@@ -647,30 +649,68 @@ def _protected_pod_field_rules() -> list[dict[str, str]]:
     ]
 
 
+def _metadata_rules(where: str) -> list[JsonValue]:
+    """CEL rules refusing the protected label and annotation keys in `where` (a labels and
+    annotations pair for the job's pods)."""
+    label_checks = " && ".join(f"!k.startsWith('{p}')" for p in PROTECTED_LABEL_PREFIXES)
+    annotation_checks = " && ".join(
+        [f"k != '{a}'" for a in PROTECTED_ANNOTATIONS]
+        + [f"!k.startsWith('{p}')" for p in PROTECTED_ANNOTATION_PREFIXES]
+    )
+    return [
+        {
+            "rule": f"!has(self.labels) || self.labels.all(k, {label_checks})",
+            "message": f"{where}.labels must not set "
+            + " or ".join(f"{p}*" for p in PROTECTED_LABEL_PREFIXES)
+            + " labels: the operator selects its pods on its own, and Kueue's come from the "
+            "TrainingJob's labels",
+            "fieldPath": ".labels",
+        },
+        {
+            "rule": f"!has(self.annotations) || self.annotations.all(k, {annotation_checks})",
+            "message": f"{where}.annotations must not set "
+            + ", ".join([*PROTECTED_ANNOTATIONS, *(f"{p}*" for p in PROTECTED_ANNOTATION_PREFIXES)])
+            + ": the operator puts each pod in its stage's gang",
+            "fieldPath": ".annotations",
+        },
+    ]
+
+
+def metadata_problems(where: str, labels: dict[str, str], annotations: dict[str, str]) -> list[str]:
+    """The protected keys among a pod metadata pair, each named with the fix (what the CEL
+    rules of _metadata_rules refuse, for `render` and a job admitted before them)."""
+    found: list[str] = []
+    for label in labels:
+        if label.startswith(PROTECTED_LABEL_PREFIXES):
+            found.append(
+                f"{where}.labels[{label}]: the operator selects its pods on trainium.dev/* and "
+                "app.kubernetes.io/* labels, and sets Kueue's from the TrainingJob's own "
+                f"{kueue.QUEUE_NAME_LABEL} and {kueue.PRIORITY_CLASS_LABEL} labels"
+            )
+    for annotation in annotations:
+        if annotation in PROTECTED_ANNOTATIONS or annotation.startswith(
+            PROTECTED_ANNOTATION_PREFIXES
+        ):
+            found.append(
+                f"{where}.annotations[{annotation}] is set by the operator (the stage's gang: "
+                "Volcano's PodGroup or Kueue's pod group)"
+            )
+    return found
+
+
+class PodMetadata(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": _metadata_rules("spec.podMetadata")}
+    )
+    labels: dict[str, str] = {}
+    """Labels added to every pod."""
+    annotations: dict[str, str] = {}
+    """Annotations added to every pod."""
+
+
 class PodTemplateMetadata(ApiModel):
     model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!has(self.labels) || self.labels.all(k, "
-                    + " && ".join(f"!k.startsWith('{p}')" for p in PROTECTED_LABEL_PREFIXES)
-                    + ")",
-                    "message": "spec.podTemplate.metadata.labels must not set "
-                    + " or ".join(f"{p}*" for p in PROTECTED_LABEL_PREFIXES)
-                    + " labels: the operator selects its pods on them",
-                    "fieldPath": ".labels",
-                },
-                {
-                    "rule": "!has(self.annotations) || self.annotations.all(k, "
-                    + " && ".join(f"k != '{a}'" for a in PROTECTED_ANNOTATIONS)
-                    + ")",
-                    "message": "spec.podTemplate.metadata.annotations must not set "
-                    + ", ".join(PROTECTED_ANNOTATIONS)
-                    + ": the operator puts each pod in its stage's PodGroup",
-                    "fieldPath": ".annotations",
-                },
-            ]
-        }
+        json_schema_extra={"x-kubernetes-validations": _metadata_rules("spec.podTemplate.metadata")}
     )
     labels: dict[str, str] = {}
     """Labels added to every pod."""
@@ -732,18 +772,9 @@ class PodTemplate(ApiModel):
         }
         if any(len(spec.get(field) or []) > bound for field, bound in bounds.items()):
             return found  # the checks below walk these lists: not past their bounds
-        for label in self.metadata.labels:
-            if label.startswith(PROTECTED_LABEL_PREFIXES):
-                found.append(
-                    f"spec.podTemplate.metadata.labels[{label}]: the operator selects its pods "
-                    "on trainium.dev/* and app.kubernetes.io/* labels"
-                )
-        for annotation in self.metadata.annotations:
-            if annotation in PROTECTED_ANNOTATIONS:
-                found.append(
-                    f"spec.podTemplate.metadata.annotations[{annotation}] is set by the "
-                    "operator (the stage's PodGroup)"
-                )
+        found += metadata_problems(
+            "spec.podTemplate.metadata", self.metadata.labels, self.metadata.annotations
+        )
         for index, volume in enumerate(self.spec.volumes):
             if volume.get("name") in OPERATOR_VOLUMES:
                 found.append(
@@ -936,6 +967,9 @@ class TrainingJobSpec(ApiModel):
                 f"spec.env[{index}].valueFrom", variable.value_from, pod_fields.ENV_VAR_SOURCE
             )
         problems += self.pod_template.problems(self.storage.mount_path.rstrip("/") or "/")
+        problems += metadata_problems(
+            "spec.podMetadata", self.pod_metadata.labels, self.pod_metadata.annotations
+        )
         output = self.profile.output_dir
         if output is not None and not output.startswith(self.storage.mount_path + "/"):
             problems.append(_PROFILE_ON_CLAIM["message"])

@@ -149,6 +149,9 @@ class Restarts(ApiModel):
     straggler: Count = 0
     """Restarts without a straggler's node (spec.health.onStraggler: Replace; budget
     spec.health.maxStragglerReplacements)."""
+    preempted: Count = 0
+    """Of the infrastructure restarts, those after Kueue preempted the gang for a
+    higher-priority one: charged to no budget (the job queues again)."""
 
 
 class LastFailure(ApiModel):
@@ -446,6 +449,29 @@ class OnDemandProfile(ApiModel):
     """Its own S3 upload once Captured, when an S3 URI is configured (attempt: unset)."""
 
 
+class QueueingScheduler(enum.StrEnum):
+    VOLCANO = "Volcano"
+    KUEUE = "Kueue"
+
+
+class QueueStatus(ApiModel):
+    """Where the current gang queues and whether it is admitted."""
+
+    scheduler: QueueingScheduler
+    """Volcano (spec.scheduling.queue) or Kueue (the label kueue.x-k8s.io/queue-name)."""
+    name: str
+    """The Volcano queue, or the Kueue LocalQueue in the job's namespace."""
+    admission: str
+    """Pending (waiting in the queue), Admitted (the whole gang may run), or Kueue's
+    QuotaReserved or Evicted."""
+    workload: str | None = None
+    """The current gang's PodGroup, or its Kueue Workload (kubectl describe workload)."""
+    cluster_queue: str | None = None
+    """The Kueue ClusterQueue that admitted the gang."""
+    summary: str | None = None
+    """<scheduler>/<queue> and the admission, for kubectl get."""
+
+
 class TrainingJobStatus(ApiModel):
     """Observed state, written by the operator."""
 
@@ -467,6 +493,7 @@ class TrainingJobStatus(ApiModel):
     compile: CompileStageStatus | None = None
     training: StageStatus | None = None
     workers: Workers | None = None
+    queue: QueueStatus | None = None
     restarts: Restarts | None = None
     last_failure: LastFailure | None = None
     profile: ProfileStatus | None = None

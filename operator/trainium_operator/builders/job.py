@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from trainium_operator.api import kueue
 from trainium_operator.api import spec as spec_model
 from trainium_operator.api.spec import TrainingJobSpec
 from trainium_operator.contract import neff_cache, workload_env
@@ -24,6 +25,7 @@ VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 # The API group and version of Volcano's PodGroups and Queues.
 VOLCANO_GROUP = "scheduling.volcano.sh"
 VOLCANO_VERSION = "v1beta1"
+VOLCANO_SCHEDULER = "volcano"
 DEFAULT_DATA_SUBDIR = "bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128"
 
 
@@ -47,6 +49,24 @@ class JobRef:
     # spec.podTemplate fields the allowlist refuses that a job admitted before it carries: its
     # pods are built without them (lifecycle/parse.py), and the operator warns naming them.
     dropped_pod_fields: tuple[str, ...] = ()
+    # The LocalQueue of the job's `kueue.x-k8s.io/queue-name` label: Kueue queues its gangs
+    # (builders/kueue.py); None: Volcano does, in spec.scheduling.queue.
+    kueue_queue: str | None = None
+    # The WorkloadPriorityClass of its `kueue.x-k8s.io/priority-class` label.
+    kueue_priority_class: str | None = None
+
+    @property
+    def queued_by_kueue(self) -> bool:
+        return self.kueue_queue is not None
+
+    @property
+    def scheduler_name(self) -> str:
+        """The scheduler of the job's pods: spec.scheduling.schedulerName, else Volcano for a
+        job Volcano queues and the kube-scheduler for one Kueue admits."""
+        given = self.spec.scheduling.scheduler_name
+        if given:
+            return given
+        return kueue.KUBE_SCHEDULER if self.queued_by_kueue else VOLCANO_SCHEDULER
 
     @property
     def health_channel(self) -> bool:
@@ -64,6 +84,10 @@ class JobRef:
 
     def podgroup_name(self, stage: Stage) -> str:
         return f"{self.name}-{stage.value}"
+
+    def kueue_group_name(self, stage: Stage, attempt: int) -> str:
+        """The Kueue pod group (and Workload) of one stage's gang of one attempt."""
+        return kueue.group_name(self.name, stage.value, attempt)
 
     def pod_name(self, stage: Stage, attempt: int, rank: int) -> str:
         if stage is Stage.COMPILE:

@@ -6,6 +6,7 @@ import copy
 import re
 from decimal import Decimal
 
+from trainium_operator.api import kueue
 from trainium_operator.api.instance_types import (
     EFA_RESOURCE,
     INSTANCE_TYPE_LABEL,
@@ -373,6 +374,22 @@ def container_resources(job: JobRef) -> Obj:
     return resources
 
 
+def gang_labels(job: JobRef, stage: Stage, attempt: int) -> dict[str, str]:
+    """What puts a pod in its gang's queue: Kueue's queue, pod group and priority labels for a
+    job Kueue queues; nothing for Volcano (its PodGroup names the queue)."""
+    if job.kueue_queue is None:
+        return {}
+    group = job.kueue_group_name(stage, attempt)
+    return kueue.pod_labels(job.kueue_queue, group, job.kueue_priority_class)
+
+
+def gang_annotations(job: JobRef, stage: Stage) -> dict[str, str]:
+    """Volcano's PodGroup annotation, or Kueue's group size and no-single-pod-retry marks."""
+    if job.kueue_queue is None:
+        return {VOLCANO_GROUP_ANNOTATION: job.podgroup_name(stage)}
+    return kueue.pod_annotations(job.spec.nodes)
+
+
 def pod(
     job: JobRef,
     stage: Stage,
@@ -393,14 +410,15 @@ def pod(
         **metadata["labels"],
         LABEL_NODE_RANK: str(rank),
         LABEL_ATTEMPT: str(attempt),
+        **gang_labels(job, stage, attempt),
     }
     metadata["annotations"] = {
         **spec.pod_metadata.annotations,
-        VOLCANO_GROUP_ANNOTATION: job.podgroup_name(stage),
+        **gang_annotations(job, stage),
     }
     pod_spec: Obj = {
         "restartPolicy": "Never",
-        "schedulerName": spec.scheduling.scheduler_name,
+        "schedulerName": job.scheduler_name,
         "hostname": job.pod_hostname(stage, rank),
         "subdomain": job.service_name,
         "nodeSelector": {**spec.node_selector, INSTANCE_TYPE_LABEL: spec.instance_type.value},

@@ -14,6 +14,7 @@ would otherwise hold the job forever).
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import deque
@@ -21,8 +22,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from trainium_operator.api import kueue
 from trainium_operator.api.objects import Obj
-from trainium_operator.builders.job import LABEL_JOB_NAME
+from trainium_operator.builders.job import LABEL_JOB_NAME, Stage
 from trainium_operator.k8s.informer import WatchEvent
 
 Key = tuple[str, str]  # (namespace, job name)
@@ -58,6 +60,28 @@ def _queue_of(job: Obj) -> str:
     return str(scheduling.get("queue") or "default")
 
 
+def _local_queue_of(job: Obj) -> str | None:
+    return ((job.get("metadata") or {}).get("labels") or {}).get(kueue.QUEUE_NAME_LABEL)
+
+
+_STAGES = "|".join(stage.value for stage in Stage)
+# A Kueue pod group of ours: <job>-<stage>-<attempt> (api/kueue.group_name).
+_GROUP_NAME = re.compile(rf"^(?P<job>[a-z0-9-]+)-(?:{_STAGES})-\d+$")
+
+
+def _job_of_workload(workload: Obj) -> Key | None:
+    """The job whose pod group a Workload is, or None for another's: Kueue names a plain pod
+    group's Workload after the group and makes its pods (<group>-<rank>) its owners."""
+    meta = workload["metadata"]
+    name, namespace = str(meta.get("name")), meta.get("namespace")
+    match = _GROUP_NAME.match(name)
+    owners = meta.get("ownerReferences") or []
+    ours = bool(owners) and all(
+        o.get("kind") == "Pod" and str(o.get("name", "")).startswith(name + "-") for o in owners
+    )
+    return (namespace, match.group("job")) if match and ours and namespace else None
+
+
 def _ready(node: Obj) -> bool:
     return any(
         c.get("type") == "Ready" and c.get("status") == "True"
@@ -89,6 +113,8 @@ class ClusterCache:
         self._network_policies: dict[Key, Obj] = {}  # by (namespace, policy name)
         self._nodes: dict[str, Obj] = {}
         self._queues: dict[str, Obj] = {}
+        self._workloads: dict[Key, dict[str, Obj]] = {}  # Kueue's, by the job they are of
+        self._local_queues: dict[Key, Obj] = {}  # Kueue's, by (namespace, name)
         self._pods_on_node: dict[str, set[tuple[Key, str]]] = {}
         self._expected: dict[Key, _Expected] = {}
         self._recent_versions: dict[Key, deque[str]] = {}
@@ -180,8 +206,28 @@ class ClusterCache:
                 return []
             return sorted(key for key, job in self._jobs.items() if _queue_of(job) == name)
 
-    def _on_child(self, store: dict[Key, dict[str, Obj]], event: WatchEvent) -> Key | None:
-        key = _job_of(event.obj)
+    def on_workload(self, event: WatchEvent) -> Key | None:
+        """Stores a Kueue Workload of one of our pod groups (any other is dropped); returns
+        its job."""
+        return self._on_child(self._workloads, event, _job_of_workload(event.obj))
+
+    def on_local_queue(self, event: WatchEvent) -> list[Key]:
+        """Stores the LocalQueue; returns the jobs labelled with it (a queue created late, or
+        deleted, changes what they wait for)."""
+        meta = event.obj["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        with self._lock:
+            _apply(self._local_queues, (namespace, name), event)
+            return sorted(
+                key
+                for key, job in self._jobs.items()
+                if key[0] == namespace and _local_queue_of(job) == name
+            )
+
+    def _on_child(
+        self, store: dict[Key, dict[str, Obj]], event: WatchEvent, job: Key | None = None
+    ) -> Key | None:
+        key = job or _job_of(event.obj)
         if key is None:
             return None
         name = event.obj["metadata"]["name"]
@@ -262,6 +308,14 @@ class ClusterCache:
         with self._lock:
             return self._network_policies.get((namespace, name))
 
+    def workloads(self, key: Key) -> list[Obj]:
+        with self._lock:
+            return list(self._workloads.get(key, {}).values())
+
+    def local_queue(self, namespace: str, name: str) -> Obj | None:
+        with self._lock:
+            return self._local_queues.get((namespace, name))
+
     def queue(self, name: str) -> Obj | None:
         with self._lock:
             return self._queues.get(name)
@@ -280,5 +334,7 @@ class ClusterCache:
                 "networkpolicies": len(self._network_policies),
                 "nodes": len(self._nodes),
                 "queues": len(self._queues),
+                "workloads": sum(len(w) for w in self._workloads.values()),
+                "localqueues": len(self._local_queues),
                 "expectations": len(self._expected),
             }

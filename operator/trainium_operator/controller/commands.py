@@ -17,6 +17,7 @@ from trainium_operator.api.reference import api_reference
 from trainium_operator.builders.job import Stage
 from trainium_operator.controller.settings import (
     ENV_JOB_NETWORK_POLICY,
+    ENV_KUEUE,
     ENV_OPERATOR_IMAGE,
     ENV_OPERATOR_IMAGE_PULL_POLICY,
     ENV_OPERATOR_IMAGE_PULL_SECRETS,
@@ -147,6 +148,14 @@ def _env_text_options(command: Callable[..., None]) -> Callable[..., None]:
     help="Give each job a NetworkPolicy admitting only its own pods (the chart's "
     f"networkPolicy.jobs). Env: {ENV_JOB_NETWORK_POLICY}.",
 )
+@click.option(
+    "--kueue/--no-kueue",
+    default=False,
+    show_default=True,
+    envvar=ENV_KUEUE,
+    help="Queue jobs labelled kueue.x-k8s.io/queue-name with Kueue (watches its Workloads and "
+    f"LocalQueues; Kueue's CRDs must be installed; the chart's kueue.enabled). Env: {ENV_KUEUE}.",
+)
 @_env_text_options
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-format", type=click.Choice(["plain", "json"]), default="plain")
@@ -165,6 +174,7 @@ def run(
     straggler_cordon_budget: int,
     workers: int,
     isolate_jobs: bool,
+    kueue: bool,
     reserved_service_accounts: str,
     profile_s3_uri: str,
     profile_upload_service_account: str,
@@ -199,6 +209,7 @@ def run(
             progress_interval=progress_interval,
             straggler_cordon_budget=straggler_cordon_budget,
             isolate_jobs=isolate_jobs,
+            kueue=kueue,
             reserved_service_accounts=frozenset(name_list(reserved_service_accounts)),
             upload=UploadDefaults(
                 s3_uri=profile_s3_uri.strip() or None,

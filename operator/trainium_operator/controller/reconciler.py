@@ -42,6 +42,7 @@ from trainium_operator.k8s.client import (
 from trainium_operator.lifecycle import blockers, cleanup, machine
 from trainium_operator.lifecycle.decision import Decision, NodePatch
 from trainium_operator.lifecycle.observed import (
+    local_queue_view,
     node_view,
     observe,
     parse_time,
@@ -183,8 +184,11 @@ class Reconciler:
         isolate_jobs: bool = True,
         straggler_cordon_budget: int = 0,
         reserved_service_accounts: frozenset[str] = frozenset(),
+        kueue: bool = False,
     ):
         self.cluster = cluster
+        # Kueue's Workloads and LocalQueues are watched: jobs labelled for Kueue are queued by it.
+        self.kueue = kueue
         # Nodes onStraggler: Replace may keep cordoned at once, cluster-wide; 0: none.
         self.cordons = CordonReservations(straggler_cordon_budget)
         # Where training ranks send progress (controller.health_server); None: nowhere.
@@ -204,7 +208,7 @@ class Reconciler:
         self.isolate_jobs = isolate_jobs
         # The chart's own ServiceAccounts: a job naming one is an invalid spec.
         self.reserved_service_accounts = reserved_service_accounts
-        self.pass_settings = PassSettings(self.upload_defaults, progress_interval)
+        self.pass_settings = PassSettings(self.upload_defaults, progress_interval, kueue=kueue)
         self.events = EventPoster(cluster)
         self.clock = clock
         self.holds = AdmissionHolds()
@@ -375,11 +379,18 @@ class Reconciler:
         pods = [p for p in owned if not is_upload_pod(p)]
         podgroups = [g for g in self.cache.podgroups(key) if _owned_by(g, job.uid)]
         queue = None
-        if not any(podgroup_view(g).admitted for g in podgroups):
+        if job.kueue_queue is None and not any(podgroup_view(g).admitted for g in podgroups):
             # Only while Volcano has not let a gang in: then a missing or closed queue is the
             # likely reason, and Volcano itself (without its admission webhook) says nothing.
             name = job.spec.scheduling.queue
             queue = queue_view(name, self.cache.queue(name))
+        workloads: list[Obj] = []
+        local_queue = None
+        if job.kueue_queue is not None and self.kueue:
+            workloads = self.cache.workloads(key)
+            local_queue = local_queue_view(
+                job.kueue_queue, self.cache.local_queue(job.namespace, job.kueue_queue)
+            )
         service = self.cache.service(job.namespace, job.service_name)
         policy = self.cache.network_policy(job.namespace, job.network_policy_name)
         observed = observe(
@@ -391,6 +402,8 @@ class Reconciler:
             nodes=nodes,
             now=now,
             queue=queue,
+            workloads=workloads,
+            local_queue=local_queue,
         )
         ranks = self.progress(key) if self.progress is not None and job.health_channel else None
         return Snapshot(
@@ -441,6 +454,10 @@ class Reconciler:
             self._patch_node(body, patch)
         for deletion in decision.delete_pods:
             self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
+            if deletion.release_finalizer is not None:
+                self.cluster.release_pod_finalizer(
+                    namespace, deletion.name, deletion.release_finalizer
+                )
         self.cache.expect(key, deleted=[d.name for d in decision.delete_pods])
         for podgroup in decision.delete_podgroups:
             self.cluster.delete_podgroup(namespace, podgroup)

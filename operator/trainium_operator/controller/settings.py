@@ -26,6 +26,8 @@ ENV_RESERVED_SERVICE_ACCOUNTS = "TRAINIUM_RESERVED_SERVICE_ACCOUNTS"
 # The operator's own image, as the chart's Deployment runs it (upload pods run it too).
 ENV_OPERATOR_IMAGE = "TRAINIUM_OPERATOR_IMAGE"
 ENV_OPERATOR_IMAGE_PULL_POLICY = "TRAINIUM_OPERATOR_IMAGE_PULL_POLICY"
+# "true": watch Kueue's objects and queue jobs labelled for Kueue there (the chart's kueue.enabled).
+ENV_KUEUE = "TRAINIUM_KUEUE"
 # Comma-separated names of the chart's imagePullSecrets (they must exist in the job's namespace).
 ENV_OPERATOR_IMAGE_PULL_SECRETS = "TRAINIUM_OPERATOR_IMAGE_PULL_SECRETS"
 
@@ -68,6 +70,9 @@ class OperatorSettings:
     progress_interval: float = DEFAULT_INTERVAL_SECONDS  # seconds between progress writes
     straggler_cordon_budget: int = 0  # nodes onStraggler: Replace may keep cordoned; 0: off
     isolate_jobs: bool = True  # a NetworkPolicy per job admitting only its own pods
+    # Watch Kueue's Workloads and LocalQueues: jobs labelled kueue.x-k8s.io/queue-name are
+    # queued by Kueue (the chart's kueue.enabled; Kueue's CRDs must be installed).
+    kueue: bool = False
     reserved_service_accounts: frozenset[str] = frozenset()
     upload: UploadDefaults = field(default_factory=UploadDefaults)
     log_format: str = "plain"

@@ -40,9 +40,11 @@ from trainium_operator.controller.settings import OperatorSettings
 from trainium_operator.controller.watch_scope import watch_scope
 from trainium_operator.controller.workqueue import Key, RetryableError, WorkQueue
 from trainium_operator.k8s.client import (
+    LOCAL_QUEUES,
     NETWORK_POLICIES,
     PODGROUPS,
     QUEUES,
+    WORKLOADS,
     Cluster,
     is_conflict,
     is_transient,
@@ -190,6 +192,7 @@ def build_operator(settings: OperatorSettings) -> Operator:
         isolate_jobs=settings.isolate_jobs,
         straggler_cordon_budget=settings.straggler_cordon_budget,
         reserved_service_accounts=settings.reserved_service_accounts,
+        kueue=settings.kueue,
     )
     health = None
     if progress is not None:
@@ -321,13 +324,17 @@ def _start_watches(operator: Operator, loop: asyncio.AbstractEventLoop) -> None:
         "services": child(cache.on_service),
         NETWORK_POLICIES: child(cache.on_network_policy),
         PODGROUPS: child(cache.on_podgroup),
+        WORKLOADS: child(cache.on_workload),
+        LOCAL_QUEUES: several(cache.on_local_queue),
     }
-    # Only the operator's children, selected by the API server: nothing else is held.
-    selectors = {spec_model.PLURAL: None}
+    # Only the operator's children, selected by the API server: nothing else is held. Kueue
+    # labels neither its Workloads nor the LocalQueues: the cache keeps only our groups'.
+    selectors = {spec_model.PLURAL: None, WORKLOADS: None, LOCAL_QUEUES: None}
     scope = watch_scope(operator.settings.namespaces)
     reflectors = operator.reflectors
     for namespace in scope.sources:
-        for resource, call in cluster.watch_sources(namespace).items():
+        sources = cluster.watch_sources(namespace, kueue_objects=operator.settings.kueue)
+        for resource, call in sources.items():
             reflectors.append(
                 Reflector(
                     resource,

@@ -26,6 +26,7 @@ import urllib3.exceptions
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from trainium_operator.api import kueue
 from trainium_operator.api import spec as spec_model
 from trainium_operator.api.objects import Obj
 from trainium_operator.builders.job import VOLCANO_GROUP, VOLCANO_VERSION
@@ -33,6 +34,8 @@ from trainium_operator.builders.job import VOLCANO_GROUP, VOLCANO_VERSION
 PODGROUPS = "podgroups"
 QUEUES = "queues"
 NETWORK_POLICIES = "networkpolicies"
+WORKLOADS = "workloads"  # Kueue's
+LOCAL_QUEUES = "localqueues"  # Kueue's
 # The resource (plural) of each kind the operator creates, as its requests name it.
 CHILD_RESOURCES = {
     "Pod": "pods",
@@ -404,14 +407,18 @@ class Cluster:
         result = self.core.list_namespaced_pod(namespace, label_selector=label_selector)
         return [self._to_dict(p) for p in result.items]
 
-    def watch_sources(self, namespace: str | None) -> dict[str, Callable[..., Any]]:
+    def watch_sources(
+        self, namespace: str | None, *, kueue_objects: bool = False
+    ) -> dict[str, Callable[..., Any]]:
         """The list functions the operator's watches use, for one namespace or (None) all:
-        TrainingJobs, and the kinds of their children (filtered by label by the caller)."""
+        TrainingJobs, and the kinds of their children (filtered by label by the caller); with
+        `kueue_objects`, Kueue's Workloads and LocalQueues too."""
         core, custom = self.core, self.custom
         job_api = (spec_model.GROUP, spec_model.VERSION)
         volcano = (VOLCANO_GROUP, VOLCANO_VERSION)
+        kueue_api = (kueue.KUEUE_GROUP, kueue.KUEUE_VERSION)
         if namespace is None:
-            return {
+            sources = {
                 spec_model.PLURAL: partial(
                     custom.list_cluster_custom_object, *job_api, spec_model.PLURAL
                 ),
@@ -419,18 +426,32 @@ class Cluster:
                 "services": core.list_service_for_all_namespaces,
                 NETWORK_POLICIES: self.networking.list_network_policy_for_all_namespaces,
                 PODGROUPS: partial(custom.list_cluster_custom_object, *volcano, PODGROUPS),
+                WORKLOADS: partial(custom.list_cluster_custom_object, *kueue_api, WORKLOADS),
+                LOCAL_QUEUES: partial(custom.list_cluster_custom_object, *kueue_api, LOCAL_QUEUES),
             }
-        return {
-            spec_model.PLURAL: partial(
-                custom.list_namespaced_custom_object, *job_api, namespace, spec_model.PLURAL
-            ),
-            "pods": partial(core.list_namespaced_pod, namespace),
-            "services": partial(core.list_namespaced_service, namespace),
-            NETWORK_POLICIES: partial(self.networking.list_namespaced_network_policy, namespace),
-            PODGROUPS: partial(
-                custom.list_namespaced_custom_object, *volcano, namespace, PODGROUPS
-            ),
-        }
+        else:
+            sources = {
+                spec_model.PLURAL: partial(
+                    custom.list_namespaced_custom_object, *job_api, namespace, spec_model.PLURAL
+                ),
+                "pods": partial(core.list_namespaced_pod, namespace),
+                "services": partial(core.list_namespaced_service, namespace),
+                NETWORK_POLICIES: partial(
+                    self.networking.list_namespaced_network_policy, namespace
+                ),
+                PODGROUPS: partial(
+                    custom.list_namespaced_custom_object, *volcano, namespace, PODGROUPS
+                ),
+                WORKLOADS: partial(
+                    custom.list_namespaced_custom_object, *kueue_api, namespace, WORKLOADS
+                ),
+                LOCAL_QUEUES: partial(
+                    custom.list_namespaced_custom_object, *kueue_api, namespace, LOCAL_QUEUES
+                ),
+            }
+        if not kueue_objects:
+            del sources[WORKLOADS], sources[LOCAL_QUEUES]
+        return sources
 
     def node_source(self) -> Callable[..., Any]:
         source: Callable[..., Any] = self.core.list_node
@@ -518,6 +539,19 @@ class Cluster:
             if error.status != 404:
                 raise
 
+    def release_pod_finalizer(self, namespace: str, name: str, finalizer: str) -> None:
+        """Removes one finalizer of a pod, leaving any other (a strategic merge patch's
+        deleteFromPrimitiveList: no read, no race with another controller's finalizers)."""
+        self.counter.add("patch", "pods")
+        patch = {"metadata": {"$deleteFromPrimitiveList/finalizers": [finalizer]}}
+        try:
+            self.core.patch_namespaced_pod(
+                name, namespace, patch, _content_type="application/strategic-merge-patch+json"
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
     def cordon_node(self, name: str, patch: Obj) -> bool:
         """A JSON merge patch of a node (a straggler's cordon); False when the node is gone."""
         self.counter.add("patch", "nodes")
@@ -576,6 +610,8 @@ class ClusterAPI(Protocol):
     def delete_network_policy(self, namespace: str, name: str) -> None: ...
 
     def delete_pod(self, namespace: str, name: str, *, force: bool) -> None: ...
+
+    def release_pod_finalizer(self, namespace: str, name: str, finalizer: str) -> None: ...
 
     def delete_podgroup(self, namespace: str, name: str) -> None: ...
 

@@ -1,6 +1,8 @@
-"""Admission: whether the gang may start, in Volcano's and the API server's own words.
+"""Admission: whether the gang may start, in Volcano's, Kueue's and the API server's own words.
 
-Volcano admits a gang into its queue (the PodGroup's phase), then places it; the API server may
+Volcano admits a gang into its queue (the PodGroup's phase), then places it; Kueue admits a
+gang's Workload against its ClusterQueue's quota and lifts its pods' gates, then the
+kube-scheduler places them; the API server may
 refuse a pod (quota, a missing PriorityClass or ServiceAccount, policy). A refusal only the spec
 can fix fails the job; one the cluster can fix is a Warning on a Pending job, held until
 something it depends on changes.
@@ -10,10 +12,11 @@ from __future__ import annotations
 
 import re
 
-from trainium_operator.api.status import ConditionType, Phase
+from trainium_operator.api import kueue
+from trainium_operator.api.status import ConditionType, Phase, QueueingScheduler, QueueStatus
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle.failures import start_blocker
-from trainium_operator.lifecycle.observed import Observed, PodView
+from trainium_operator.lifecycle.observed import Observed, PodGroupView, PodView, WorkloadView
 from trainium_operator.lifecycle.status_edit import StatusEdit
 
 
@@ -38,10 +41,12 @@ def _verdict_covers(message: str, pods: int) -> bool:
 
 
 def waiting_reason(
-    job: JobRef, stage: Stage, gang: dict[int, PodView], observed: Observed
+    job: JobRef, stage: Stage, gang: dict[int, PodView], observed: Observed, attempt: int
 ) -> tuple[str, str, bool]:
-    """Why a stage's gang is not running yet, in Volcano's own words where it gave some:
+    """Why a stage's gang is not running yet, in its scheduler's own words where it gave some:
     (reason, message, is a warning)."""
+    if job.queued_by_kueue:
+        return kueue_waiting_reason(job, stage, attempt, gang, observed)
     queue = job.spec.scheduling.queue
     nodes = job.spec.nodes
     if observed.queue is not None and not observed.queue.exists:
@@ -99,3 +104,100 @@ def waiting_reason(
             )
         return "Queued", message, fitting < nodes
     return "WaitingForGang", f"{stage.value} stage: {progress} (queue {queue})", False
+
+
+def _progress(gang: dict[int, PodView], nodes: int) -> str:
+    scheduled = sum(1 for p in gang.values() if p.node)
+    ready = sum(1 for p in gang.values() if p.phase == "Running" and p.ready and not p.deleting)
+    return f"{scheduled}/{nodes} pods scheduled, {ready}/{nodes} ready"
+
+
+def kueue_waiting_reason(
+    job: JobRef, stage: Stage, attempt: int, gang: dict[int, PodView], observed: Observed
+) -> tuple[str, str, bool]:
+    """Why a Kueue-queued gang is not running yet, in Kueue's words. Waiting for quota is what
+    a queue is for (no Warning); a queue that does not exist or admits nothing is."""
+    queue = job.kueue_queue
+    nodes = job.spec.nodes
+    local = observed.local_queue
+    if local is not None and not local.exists:
+        return (
+            "QueueNotFound",
+            f"metadata.labels[{kueue.QUEUE_NAME_LABEL}]: Kueue LocalQueue {queue!r} does not "
+            f"exist in namespace {job.namespace}; create it (kubectl get localqueues lists "
+            "them) or name an existing one",
+            True,
+        )
+    if local is not None and local.active is False:
+        return (
+            "QueueInactive",
+            f"Kueue LocalQueue {queue!r} admits nothing: {local.message}",
+            True,
+        )
+    blocker = start_blocker(job, gang)
+    if blocker is not None:
+        return blocker.reason, blocker.message, True
+    name = job.kueue_group_name(stage, attempt)
+    workload = observed.workloads.get(name)
+    if workload is None or not workload.admitted:
+        if len(gang) < nodes:
+            seen = f"{len(gang)}/{nodes} pods exist"
+        elif workload is None:
+            seen = "Kueue has not made its Workload yet"
+        elif workload.pending is not None:
+            reason, said = workload.pending
+            seen = f"Workload {name}: {said or reason}"
+        else:
+            seen = f"Workload {name} not admitted yet"
+        return (
+            "Queued",
+            f"{stage.value} stage: waiting in Kueue LocalQueue {queue!r} for the whole gang "
+            f"of {nodes} pods to be admitted ({seen})",
+            False,
+        )
+    return (
+        "WaitingForGang",
+        f"{stage.value} stage: {_progress(gang, nodes)} (admitted by Kueue ClusterQueue "
+        f"{workload.cluster_queue or 'unknown'})",
+        False,
+    )
+
+
+def _summary(scheduler: QueueingScheduler, name: str, admission: str) -> str:
+    return f"{scheduler.value.lower()}/{name} {admission}"
+
+
+def kueue_queue_status(job: JobRef, workload: WorkloadView | None, name: str) -> QueueStatus:
+    """status.queue of a Kueue-queued gang whose Workload is `name`."""
+    if workload is None:
+        admission = "Pending"
+    elif workload.evicted is not None:
+        admission = "Evicted"
+    elif workload.admitted:
+        admission = "Admitted"
+    elif workload.quota_reserved:
+        admission = "QuotaReserved"
+    else:
+        admission = "Pending"
+    queue = job.kueue_queue or ""
+    return QueueStatus(
+        scheduler=QueueingScheduler.KUEUE,
+        name=queue,
+        admission=admission,
+        workload=name,
+        cluster_queue=workload.cluster_queue if workload is not None else None,
+        summary=_summary(QueueingScheduler.KUEUE, queue, admission),
+    )
+
+
+def volcano_queue_status(job: JobRef, group: PodGroupView | None, name: str) -> QueueStatus:
+    """status.queue of a Volcano-queued gang whose PodGroup is `name`."""
+    admission = "Admitted" if group is not None and group.admitted else "Pending"
+    queue = job.spec.scheduling.queue
+    return QueueStatus(
+        scheduler=QueueingScheduler.VOLCANO,
+        name=queue,
+        admission=admission,
+        workload=name,
+        summary=_summary(QueueingScheduler.VOLCANO, queue, admission),
+    )

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+from trainium_operator.api import kueue
 from trainium_operator.api.objects import Obj
 from trainium_operator.api.status import TERMINAL_PHASES, ConditionType, Phase
 from trainium_operator.lifecycle.decision import PodDeletion
@@ -121,7 +122,14 @@ def blocked(status: StatusEdit, blocker: Blocker, *, bound_seconds: float) -> No
             else f"it is still Terminating {bound_seconds:.0f}s after its grace period ended "
             f"(node {blocker.node or 'none'} does not confirm)"
         )
-        decision.delete_pods.append(PodDeletion(blocker.name, force=True))
+        kueue_held = kueue.MANAGED_FINALIZER in blocker.finalizers
+        decision.delete_pods.append(
+            PodDeletion(
+                blocker.name,
+                force=True,
+                release_finalizer=kueue.MANAGED_FINALIZER if kueue_held else None,
+            )
+        )
         message = (
             f"{blocker.label} of a deleted job of this name ({owners}) is in the way and "
             f"{why}: force-deleted; waiting {waited} for it to go, the job fails at "

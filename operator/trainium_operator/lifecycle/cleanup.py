@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from trainium_operator.api import kueue
 from trainium_operator.api.spec import CleanPodPolicy
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.lifecycle.decision import Decision, PodDeletion
@@ -43,11 +44,18 @@ def is_overdue(pod: PodView, observed: Observed, bound: float) -> bool:
     )
 
 
+def deletion(pod: PodView, *, force: bool) -> PodDeletion:
+    """A pod's deletion; a forced one also lifts Kueue's finalizer, which would otherwise keep
+    the pod (and the next attempt waiting for it) until Kueue gives up on the node."""
+    release = kueue.MANAGED_FINALIZER if force and pod.kueue_finalizer else None
+    return PodDeletion(pod.name, force=force, release_finalizer=release)
+
+
 def delete_gang(decision: Decision, pods: list[PodView], observed: Observed, bound: float) -> None:
     for pod in pods:
         force = is_lost(pod, observed) or is_overdue(pod, observed, bound)
         if force or not pod.deleting:
-            decision.delete_pods.append(PodDeletion(pod.name, force=force))
+            decision.delete_pods.append(deletion(pod, force=force))
 
 
 def release_podgroups(job: JobRef, decision: Decision, observed: Observed) -> None:
@@ -82,7 +90,7 @@ def while_deleting(observed: Observed, bound: float) -> list[PodDeletion]:
     node, or whose deletion is overdue, would stay Terminating forever, so those are
     force-deleted."""
     return [
-        PodDeletion(p.name, force=True)
+        deletion(p, force=True)
         for p in observed.pods
         if p.deleting
         and not p.terminal

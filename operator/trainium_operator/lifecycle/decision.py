@@ -16,6 +16,9 @@ from trainium_operator.api.objects import Obj
 class PodDeletion:
     name: str
     force: bool  # grace period 0: the pod's node is gone and will never confirm
+    # A finalizer the operator removes after a forced delete: Kueue's, which its controller
+    # lifts only once the kubelet reports the pod ended (never, on a lost node).
+    release_finalizer: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

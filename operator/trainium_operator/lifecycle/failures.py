@@ -82,6 +82,16 @@ class Failure:
 
 def failure_of(pod: PodView, observed: Observed, grace: float) -> Failure | None:
     """Why this pod of the current gang counts as failed, if it does."""
+    if pod.stopped_by_kueue is not None and (pod.deleting or pod.terminal):
+        # Kueue took the gang's admission back (a preemption, a pods-ready timeout, a stopped
+        # queue) and deletes every pod of it: the platform's doing, in Kueue's words.
+        reason, said = pod.stopped_by_kueue
+        return Failure.of(
+            pod,
+            FailureClass.INFRASTRUCTURE,
+            reason,
+            f"Kueue stopped pod {pod.name} (rank {pod.rank}): {said or reason}",
+        )
     node = observed.nodes.get(pod.node) if pod.node else None
     if pod.node and not pod.terminal:
         node_gone = node is None and observed.nodes_known

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 
+from trainium_operator.api import kueue
 from trainium_operator.api.objects import Obj
 from trainium_operator.api.spec import TRAINING_CONTAINER
 from trainium_operator.builders.job import LABEL_ATTEMPT, LABEL_NODE_RANK, LABEL_STAGE, Stage
@@ -70,6 +72,12 @@ class PodView:
     # The training container's termination message, once it ended (the native compile stage's
     # NEFF cache summary, contract/neff_cache.py).
     termination_message: str | None = None
+    # Kueue stopped the pod (its TerminationTarget condition, set before Kueue deletes it):
+    # the reason (WorkloadEvictedDueTo<why>) and Kueue's message.
+    stopped_by_kueue: tuple[str, str] | None = None
+    # Held by Kueue's admission gate (not admitted yet), and Kueue's finalizer on it.
+    gated: bool = False
+    kueue_finalizer: bool = False
 
     @property
     def terminal(self) -> bool:
@@ -80,6 +88,7 @@ class PodView:
         reason = self.reason or ""
         return (
             self.disrupted
+            or self.stopped_by_kueue is not None
             or reason in INFRASTRUCTURE_POD_REASONS
             or reason.startswith(KUBELET_OUT_OF_RESOURCE_PREFIX)
         )
@@ -113,6 +122,32 @@ class PodGroupView:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkloadView:
+    """What Kueue wrote on the Workload of one gang (a plain pod group): whether it holds
+    quota and is admitted, where, and Kueue's words while it is not."""
+
+    name: str
+    quota_reserved: bool
+    admitted: bool
+    cluster_queue: str | None
+    # Kueue's reason and message while the Workload waits (QuotaReserved False) or was
+    # evicted (Evicted True), else None.
+    pending: tuple[str, str] | None = None
+    evicted: tuple[str, str] | None = None
+    finished: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LocalQueueView:
+    """A Kueue LocalQueue as the job's label names it: whether it exists and is active."""
+
+    name: str
+    exists: bool
+    active: bool | None = None  # None until Kueue reported on it
+    message: str | None = None  # Kueue's words while it is not active
+
+
+@dataclass(frozen=True, slots=True)
 class QueueView:
     name: str
     exists: bool
@@ -134,6 +169,10 @@ class Observed:
     # True when the operator isolates jobs (its default) and this job's NetworkPolicy is not
     # there: it is created before any other child, so no pod of the job runs unprotected.
     network_policy_missing: bool = False
+    # Jobs Kueue queues: the Workloads of the job's pod groups by name, and its LocalQueue
+    # (None when the reconciler did not look: the gang is admitted).
+    workloads: dict[str, WorkloadView] = field(default_factory=dict)
+    local_queue: LocalQueueView | None = None
 
     def gang(self, stage: Stage, attempt: int) -> dict[int, PodView]:
         return {p.rank: p for p in self.pods if p.stage is stage and p.attempt == attempt}
@@ -210,6 +249,63 @@ def pod_view(pod: Obj) -> PodView | None:
             else None
         ),
         termination_message=_trainer_termination_message(pod),
+        stopped_by_kueue=_kueue_stop(conditions.get(kueue.TERMINATION_TARGET_CONDITION)),
+        gated=kueue.has_admission_gate(pod),
+        kueue_finalizer=kueue.MANAGED_FINALIZER in (meta.get("finalizers") or ()),
+    )
+
+
+def _kueue_stop(condition: Obj | None) -> tuple[str, str] | None:
+    if not condition or condition.get("status") != "True":
+        return None
+    reason = str(condition.get("reason") or "StoppedByKueue")
+    return reason, str(condition.get("message") or "")
+
+
+def _condition(conditions: list[Obj], kind: str) -> Obj | None:
+    for condition in conditions:
+        if isinstance(condition, dict) and condition.get("type") == kind:
+            return condition
+    return None
+
+
+def _said(condition: Obj | None) -> tuple[str, str]:
+    condition = condition or {}
+    return str(condition.get("reason") or ""), str(condition.get("message") or "")
+
+
+def workload_view(workload: Obj) -> WorkloadView:
+    status = workload.get("status") or {}
+    conditions = [c for c in status.get("conditions") or [] if isinstance(c, dict)]
+    reserved = _condition(conditions, "QuotaReserved")
+    evicted = _condition(conditions, "Evicted")
+    admission = status.get("admission") or {}
+    quota_reserved = (reserved or {}).get("status") == "True"
+    return WorkloadView(
+        name=workload["metadata"]["name"],
+        quota_reserved=quota_reserved,
+        admitted=(_condition(conditions, "Admitted") or {}).get("status") == "True",
+        cluster_queue=admission.get("clusterQueue") if isinstance(admission, dict) else None,
+        pending=_said(reserved) if reserved is not None and not quota_reserved else None,
+        evicted=_said(evicted) if (evicted or {}).get("status") == "True" else None,
+        finished=(_condition(conditions, "Finished") or {}).get("status") == "True",
+    )
+
+
+def local_queue_view(name: str, queue: Obj | None) -> LocalQueueView:
+    if queue is None:
+        return LocalQueueView(name=name, exists=False)
+    conditions = [c for c in (queue.get("status") or {}).get("conditions") or [] if c]
+    active = _condition(conditions, "Active")
+    if active is None:
+        return LocalQueueView(name=name, exists=True)
+    reason, message = _said(active)
+    is_active = active.get("status") == "True"
+    return LocalQueueView(
+        name=name,
+        exists=True,
+        active=is_active,
+        message=None if is_active else (message or reason),
     )
 
 
@@ -267,6 +363,8 @@ def observe(
     queue: QueueView | None = None,
     nodes_known: bool = True,
     network_policy_missing: bool = False,
+    workloads: Sequence[Obj] = (),
+    local_queue: LocalQueueView | None = None,
 ) -> Observed:
     views = tuple(v for v in (pod_view(p) for p in pods) if v is not None)
     groups = (podgroup_view(o) for o in podgroups)
@@ -279,4 +377,6 @@ def observe(
         queue=queue,
         nodes_known=nodes_known,
         network_policy_missing=network_policy_missing,
+        workloads={w.name: w for w in (workload_view(o) for o in workloads)},
+        local_queue=local_queue,
     )

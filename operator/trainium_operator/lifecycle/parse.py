@@ -10,7 +10,7 @@ import json
 
 from pydantic import ValidationError
 
-from trainium_operator.api import object_names, pod_fields
+from trainium_operator.api import kueue, object_names, pod_fields
 from trainium_operator.api.objects import Obj
 from trainium_operator.api.spec import TrainingJobSpec, validation_context
 from trainium_operator.builders.job import JobRef
@@ -110,8 +110,10 @@ def parse_job(
         return [
             f"spec.podTemplate: content of an unexpected type ({type(error).__name__}: {error})"
         ]
-    if too_large:
-        return too_large
+    labels = meta.get("labels") or {}
+    refused = too_large + kueue.label_problems(labels, spec.scheduling.scheduler_name)
+    if refused:
+        return refused
     return JobRef(
         name=meta["name"],
         namespace=meta["namespace"],
@@ -120,6 +122,8 @@ def parse_job(
         spec=spec,
         health_url=health_url,
         dropped_pod_fields=tuple(dropped),
+        kueue_queue=labels.get(kueue.QUEUE_NAME_LABEL),
+        kueue_priority_class=labels.get(kueue.PRIORITY_CLASS_LABEL),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from trainium_operator.api import kueue
 from trainium_operator.api.status import ConditionType, FailureClass, Phase
 from trainium_operator.builders.job import Stage
 from trainium_operator.lifecycle.cleanup import cleanup_on_finish, delete_gang, stuck_bound
@@ -41,15 +42,17 @@ def handle_failures(p: Pass, failures: list[Failure]) -> None:
     if first.klass is FailureClass.APPLICATION:
         used, limit, budget = restarts.application, policy.backoff_limit, "backoffLimit"
     else:
-        used, limit = restarts.infrastructure, policy.infrastructure_backoff_limit
-        budget = "infrastructureBackoffLimit"
+        # A preemption by the queue is charged to no budget: the job waits in its queue again
+        # however often a higher-priority gang takes its place, as Kueue's own job types do.
+        used = restarts.infrastructure - restarts.preempted
+        limit, budget = policy.infrastructure_backoff_limit, "infrastructureBackoffLimit"
 
     if stage is Stage.COMPILE and first.klass is FailureClass.APPLICATION:
         status.condition(ConditionType.COMPILED, False, "CompileFailed", first.message)
         status.finish(Phase.FAILED, "CompileFailed", f"compile stage failed: {first.message}")
         cleanup_on_finish(job, p.plan, p.observed)
         return
-    if used >= limit:
+    if used >= limit and not is_preemption(first):
         reason = (
             "BackoffLimitExceeded"
             if first.klass is FailureClass.APPLICATION
@@ -65,7 +68,15 @@ def handle_failures(p: Pass, failures: list[Failure]) -> None:
     count_restart(
         status, "application" if first.klass is FailureClass.APPLICATION else "infrastructure"
     )
+    if is_preemption(first):
+        count_restart(status, "preempted")
     restart_gang(p, stage=stage, attempt=p.attempt, reason=first.reason, message=first.message)
+
+
+def is_preemption(failure: Failure) -> bool:
+    """Kueue evicted the gang to admit a higher-priority one (not a pods-ready timeout or a
+    stopped queue, which spend infrastructureBackoffLimit)."""
+    return failure.reason == kueue.EVICTED_REASON_PREFIX + kueue.PREEMPTED
 
 
 def restart_for(

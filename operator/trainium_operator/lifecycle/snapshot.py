@@ -33,6 +33,9 @@ class PassSettings:
     upload_defaults: UploadDefaults = field(default_factory=UploadDefaults)
     # Seconds between writes of status.progress (lifecycle.policies.progress).
     progress_interval: float = DEFAULT_INTERVAL_SECONDS
+    # The operator watches Kueue's Workloads and LocalQueues (`run --kueue`): jobs labelled
+    # kueue.x-k8s.io/queue-name are queued by Kueue; without it they wait, saying so.
+    kueue: bool = False
 
 
 @dataclass(frozen=True, slots=True)

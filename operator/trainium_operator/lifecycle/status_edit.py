@@ -29,6 +29,7 @@ from trainium_operator.api.status import (
     ProfileUpload,
     ProfileUploadCounts,
     ProgressStatus,
+    QueueStatus,
     Restarts,
     StageStatus,
     StallStatus,
@@ -176,6 +177,7 @@ class StatusEdit:
     profile = SectionOf("profile", ProfileStatus)
     profile_uploads_older = SectionOf("profileUploadsOlder", ProfileUploadCounts)
     workers = SectionOf("workers", Workers)
+    queue = SectionOf("queue", QueueStatus)
     compile = SectionOf("compile", CompileStageStatus)
     training = SectionOf("training", StageStatus)
 

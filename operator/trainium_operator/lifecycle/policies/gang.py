@@ -1,7 +1,9 @@
 """Gang: the stage's gang exists and runs. Its NetworkPolicy, Service and PodGroup first; while
 Volcano has not admitted the PodGroup, no pods (the reason for the wait is the status); then
-every missing rank's pod. The next attempt starts only once every older pod has stopped
-(bounded: a pod stuck Terminating is force-deleted, and one that survives that fails the job)."""
+every missing rank's pod. A gang Kueue queues has no PodGroup: its pods are created at once,
+held by Kueue's admission gate until Kueue admits the whole group (api/kueue.py). The next
+attempt starts only once every older pod has stopped (bounded: a pod stuck Terminating is
+force-deleted, and one that survives that fails the job)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,11 @@ from typing import TYPE_CHECKING
 from trainium_operator.api.status import ConditionType, Phase
 from trainium_operator.builders import pods as pod_builders
 from trainium_operator.builders.job import Stage
-from trainium_operator.lifecycle.admission import waiting_reason
+from trainium_operator.lifecycle.admission import (
+    kueue_queue_status,
+    volcano_queue_status,
+    waiting_reason,
+)
 from trainium_operator.lifecycle.cleanup import delete_gang, is_lost, is_overdue, stuck_bound
 from trainium_operator.lifecycle.failures import node_lost_requeue
 from trainium_operator.lifecycle.observed import PodView
@@ -40,7 +46,18 @@ def gang(p: Pass) -> None:
         plan.create.append(pod_builders.network_policy(job))
     if not observed.service_exists:
         plan.create.append(pod_builders.headless_service(job))
-    if job.podgroup_name(stage) not in observed.podgroups:
+    if job.queued_by_kueue and not p.snapshot.settings.kueue:
+        status.workers = workers_view(gang, job.spec.nodes)
+        status.transition(
+            Phase.PENDING,
+            "KueueNotEnabled",
+            "label kueue.x-k8s.io/queue-name: this operator runs without Kueue (chart value "
+            "kueue.enabled, flag --kueue); the job waits, nothing is created, until it does or "
+            "the label is removed (then Volcano queues it)",
+            warning=True,
+        )
+        return
+    if not job.queued_by_kueue and job.podgroup_name(stage) not in observed.podgroups:
         plan.create.append(pod_builders.podgroup(job, stage))
     _run_gang(p, gang)
     grace = float(job.spec.run_policy.node_lost_grace_period_seconds)
@@ -59,14 +76,22 @@ def _run_gang(p: Pass, gang: dict[int, PodView]) -> None:
         _wait_for_old_gang(p, older)
         status.workers = workers_view(gang, job.spec.nodes)
         return
-    group = observed.podgroups.get(job.podgroup_name(stage))
-    if not gang and (group is None or not group.admitted):
+    if job.queued_by_kueue:
+        # Kueue builds the gang's Workload from its pods: they are created now and wait behind
+        # Kueue's admission gate, holding no node, until the whole group is admitted.
+        name = job.kueue_group_name(stage, attempt)
+        status.queue = kueue_queue_status(job, observed.workloads.get(name), name)
+        group = None
+    else:
+        group = observed.podgroups.get(job.podgroup_name(stage))
+        status.queue = volcano_queue_status(job, group, job.podgroup_name(stage))
+    if not job.queued_by_kueue and not gang and (group is None or not group.admitted):
         # As Kubeflow's operator does under Volcano: a gang waiting in its queue holds one
         # PodGroup (with minResources, all Volcano's enqueue needs), not Pending pods in etcd.
         # The PodGroup's watch event wakes the job once Volcano lets it in.
         status.workers = workers_view(gang, job.spec.nodes)
         if status.phase is not Phase.RESTARTING:
-            reason, message, warning = waiting_reason(job, stage, gang, observed)
+            reason, message, warning = waiting_reason(job, stage, gang, observed, attempt)
             status.transition(Phase.PENDING, reason, message, warning=warning)
         return
     missing = [rank for rank in range(job.spec.nodes) if rank not in gang]
@@ -120,7 +145,7 @@ def _run_gang(p: Pass, gang: dict[int, PodView]) -> None:
             ConditionType.RESTARTING, False, "GangRunning", f"attempt {attempt} running"
         )
     elif status.phase is not Phase.RESTARTING:
-        reason, message, warning = waiting_reason(job, stage, gang, observed)
+        reason, message, warning = waiting_reason(job, stage, gang, observed, attempt)
         status.transition(Phase.PENDING, reason, message, warning=warning)
 
 
