@@ -149,6 +149,10 @@ class FakeCluster:
         if obj is not None:
             self._deliver("DELETED", obj)
 
+    def release_pod_finalizer(self, namespace: str, name: str, finalizer: str) -> None:
+        self.fail_if_refused("patch", "Pod")
+        self.writes.append(Write("patch", "Pod", name, f"-finalizer {finalizer}"))
+
     def delete_podgroup(self, namespace: str, name: str) -> None:
         self.fail_if_refused("delete", "PodGroup")
         self.writes.append(Write("delete", "PodGroup", name))

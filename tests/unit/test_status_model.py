@@ -82,7 +82,7 @@ def test_fields_another_operator_version_wrote_are_dropped_when_read_at_every_de
     stored = {
         "phase": "Training",
         "futureField": {"x": 1},
-        "restarts": {"total": 1, "application": 1, "infrastructure": 0, "preempted": 0},
+        "restarts": {"total": 1, "application": 1, "infrastructure": 0, "futureCount": 0},
         "conditions": [{"type": "Running", "status": "True", "severity": "Info"}],
     }
     assert known_fields(stored) == {
