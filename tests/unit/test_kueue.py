@@ -30,6 +30,7 @@ from trainium_operator.lifecycle.observed import (
     workload_view,
 )
 from trainium_operator.lifecycle.parse import parse_job
+from trainium_operator.lifecycle.render import render_stages
 from trainium_operator.lifecycle.snapshot import PassSettings
 from unit.jobs import decide, job_document
 
@@ -40,7 +41,7 @@ QUEUE_OPEN = LocalQueueView("team-a-queue", exists=True, active=True)
 
 
 def kueue_document(*, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
-    document = job_document(compile={"enabled": False}, **spec)
+    document = job_document(**{"compile": {"enabled": False}, **spec})
     document["metadata"]["labels"] = (
         {kueue.QUEUE_NAME_LABEL: "team-a-queue"} if labels is None else labels
     )
@@ -420,3 +421,19 @@ def test_a_local_queue_event_wakes_the_jobs_labelled_with_it_in_its_namespace() 
         cache.on_job(WatchEvent("ADDED", document))
     created = {"metadata": {"name": "q", "namespace": "team-a"}}
     assert cache.on_local_queue(WatchEvent("ADDED", created)) == [("team-a", "a")]
+
+
+def test_the_dry_run_shows_a_kueue_jobs_gated_pod_groups_and_no_podgroup() -> None:
+    document = kueue_document(compile={"enabled": True})
+    stages = render_stages(document, T0)
+    kinds = [(stage.value, o["kind"]) for stage, objects in stages for o in objects]
+    assert ("compile", "PodGroup") not in kinds
+    assert ("train", "PodGroup") not in kinds
+    groups = {
+        o["metadata"]["labels"][kueue.POD_GROUP_NAME_LABEL]
+        for _, objects in stages
+        for o in objects
+        if o["kind"] == "Pod"
+    }
+    assert groups == {"bert-compile-0", "bert-train-0"}
+    assert len([k for k in kinds if k[1] == "Pod"]) == 4  # two per stage, none twice

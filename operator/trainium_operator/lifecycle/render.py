@@ -19,7 +19,7 @@ from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import observe
 from trainium_operator.lifecycle.parse import parse_job
-from trainium_operator.lifecycle.snapshot import Snapshot
+from trainium_operator.lifecycle.snapshot import PassSettings, Snapshot
 
 RENDER_UID = "00000000-0000-0000-0000-000000000000"
 
@@ -70,6 +70,8 @@ def render_stages(
     that gang succeeded, which start training.
     """
     job = parse_manifest(document, health_url)
+    # What an operator with Kueue on creates: a job labelled for Kueue shows its pod groups.
+    settings = PassSettings(kueue=True)
 
     def decide(status: Obj, pods: list[Obj], groups: list[Obj], service: bool) -> Decision:
         seen = observe(
@@ -80,19 +82,24 @@ def render_stages(
             nodes=[],
             now=now,
         )
-        return machine.decide(Snapshot(job, job.generation, status, seen))
+        return machine.decide(Snapshot(job, job.generation, status, seen, settings=settings))
+
+    def pods(plan: Decision) -> list[Obj]:
+        return [o for o in plan.create if o["kind"] == "Pod"]
 
     stages = [Stage.COMPILE, Stage.TRAIN] if job.spec.compile.enabled else [Stage.TRAIN]
+    # A gang Volcano queues gets its pods once its PodGroup is admitted (the second pass); one
+    # Kueue queues gets them at once, held by Kueue's gate (the second pass then adds nothing).
     first = decide({}, [], [], False)
     groups = [_admitted(o) for o in first.create if o["kind"] == "PodGroup"]
-    first_pods = decide(first.status, [], groups, True)
+    first_pods = decide(first.status, pods(first), groups, True)
     rendered = [(stages[0], first.create + first_pods.create)]
     if len(stages) == 1:
         return rendered
-    compiled = [_finished(o) for o in first_pods.create if o["kind"] == "Pod"]
+    compiled = [_finished(o) for o in pods(first) + pods(first_pods)]
     second = decide(first_pods.status, compiled, groups, True)
     groups += [_admitted(o) for o in second.create if o["kind"] == "PodGroup"]
-    second_pods = decide(second.status, compiled, groups, True)
+    second_pods = decide(second.status, compiled + pods(second), groups, True)
     rendered.append((Stage.TRAIN, second.create + second_pods.create))
     return rendered
 
