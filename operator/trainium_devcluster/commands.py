@@ -37,7 +37,9 @@ def dev() -> None:
 @click.option(
     "--only",
     multiple=True,
-    type=click.Choice(["kubernetes", "etcd", "kwok", "volcano", "crds", "helm", "kubeflow"]),
+    type=click.Choice(
+        ["kubernetes", "etcd", "kwok", "volcano", "kueue", "crds", "helm", "kubeflow"]
+    ),
     help="Build just these components (repeatable); `kubeflow` (the benchmark's peer) is "
     "built only when named.",
 )
