@@ -235,3 +235,10 @@ def test_pods_without_a_queue_label_never_reach_kueue(
         timeout=30,
         description="the unlabelled pod Running without Kueue",
     )
+
+
+def test_the_cluster_queue_quota_follows_nodes_added_and_removed(dev_cluster: DevCluster) -> None:
+    before = neuron_quota(dev_cluster)
+    with testing.extra_nodes(dev_cluster, 1):
+        assert neuron_quota(dev_cluster) == before + NEURON_PER_NODE
+    assert neuron_quota(dev_cluster) == before
