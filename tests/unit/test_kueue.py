@@ -437,3 +437,18 @@ def test_the_dry_run_shows_a_kueue_jobs_gated_pod_groups_and_no_podgroup() -> No
     }
     assert groups == {"bert-compile-0", "bert-train-0"}
     assert len([k for k in kinds if k[1] == "Pod"]) == 4  # two per stage, none twice
+
+
+def test_a_restarted_kueue_gang_waiting_in_its_queue_is_pending_queued_not_restarting() -> None:
+    job = kueue_job()
+    restarting = training(
+        attempt=1,
+        phase="Restarting",
+        reason="GangRestart",
+        restarts={"total": 1, "application": 0, "infrastructure": 1, "preempted": 1},
+    )
+    gated = [pod(job, 1, r, "Pending", node=None, ready=False, gated=True) for r in range(2)]
+    waiting = WorkloadView("bert-train-1", quota_reserved=False, admitted=False, cluster_queue=None)
+    decision = decide(job, restarting, seen(*gated, workloads=(waiting,)), settings=KUEUE_ON)
+    assert (decision.status["phase"], decision.status["reason"]) == ("Pending", "Queued")
+    assert not [e for e in decision.events if e.type == "Warning"]

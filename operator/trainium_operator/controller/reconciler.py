@@ -454,7 +454,9 @@ class Reconciler:
             self._patch_node(body, patch)
         for deletion in decision.delete_pods:
             self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
-            if deletion.release_finalizer is not None:
+            # Only an operator running with Kueue has the grant (the chart's kueue.enabled);
+            # without it a Kueue that manages pods on its own keeps them, as before.
+            if deletion.release_finalizer is not None and self.kueue:
                 self.cluster.release_pod_finalizer(
                     namespace, deletion.name, deletion.release_finalizer
                 )

@@ -144,9 +144,19 @@ def _run_gang(p: Pass, gang: dict[int, PodView]) -> None:
         status.condition(
             ConditionType.RESTARTING, False, "GangRunning", f"attempt {attempt} running"
         )
-    elif status.phase is not Phase.RESTARTING:
+    elif status.phase is not Phase.RESTARTING or _queued_again(p):
         reason, message, warning = waiting_reason(job, stage, gang, observed, attempt)
         status.transition(Phase.PENDING, reason, message, warning=warning)
+
+
+def _queued_again(p: Pass) -> bool:
+    """A restarted gang Kueue has not admitted: the new attempt is a new Workload that waits in
+    its queue like any other (a preempted job, for as long as the gang that took its place runs),
+    so the status says it waits in the queue rather than that it is restarting."""
+    if not p.job.queued_by_kueue:
+        return False
+    workload = p.observed.workloads.get(p.job.kueue_group_name(p.stage, p.attempt))
+    return workload is None or not workload.admitted
 
 
 def _wait_for_old_gang(p: Pass, older: list[PodView]) -> None:
