@@ -270,7 +270,8 @@ def _type_name(value: Any, schema_node: Json | None) -> str:
         return "array"
     if isinstance(value, dict):
         return "object"
-    return "integer or null" if declared == ["integer", "null"] else "null"
+    # A nullable key whose default is null: the types it takes ("integer or null").
+    return " or ".join(declared) if isinstance(declared, list) else "null"
 
 
 def render_values_table(schema: Json, values: Json, docs: list[ValueDoc]) -> str:
