@@ -258,6 +258,12 @@ def dump_json(data: Json) -> str:
 
 def _type_name(value: Any, schema_node: Json | None) -> str:
     declared = schema_node.get("type") if schema_node else None
+    if declared is None and schema_node and "anyOf" in schema_node:
+        # Alternatives: their types, or the Kubernetes kind a `$ref` names ("LabelSelector").
+        declared = [
+            branch.get("type") or str(branch.get("$ref", "")).rsplit(".", 1)[-1]
+            for branch in schema_node["anyOf"]
+        ]
     if isinstance(declared, str):
         return declared
     if isinstance(value, bool):
