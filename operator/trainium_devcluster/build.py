@@ -93,6 +93,11 @@ def volcano_crd_dir() -> Path:
     return paths.cache_root() / "crds" / _component_key(versions.GO_COMPONENTS["volcano"])
 
 
+def kueue_manifest_dir() -> Path:
+    """Kueue's CRDs and webhook configurations, copied from the module its binary is built from."""
+    return paths.cache_root() / "manifests" / _component_key(versions.GO_COMPONENTS["kueue"])
+
+
 def kubeflow_manifest_dir() -> Path:
     """Kubeflow training-operator's PyTorchJob CRD and ClusterRole, from its pinned module."""
     return (
@@ -106,10 +111,12 @@ def helm_dir() -> Path:
 
 @dataclass(frozen=True, slots=True)
 class Toolchain:
-    """Paths of every built binary and of the generated Volcano CRD manifests."""
+    """Paths of every built binary and of the manifests copied from Volcano's and Kueue's
+    modules."""
 
     binaries: dict[str, Path]
     volcano_crd_dir: Path
+    kueue_manifest_dir: Path
 
     def binary(self, name: str) -> Path:
         return self.binaries[name]
@@ -131,13 +138,19 @@ def expected_toolchain() -> Toolchain:
         for binary in component.binaries:
             binaries[binary.name] = directory / binary.name
     binaries["helm"] = helm_dir() / "helm"
-    return Toolchain(binaries=binaries, volcano_crd_dir=volcano_crd_dir())
+    return Toolchain(
+        binaries=binaries,
+        volcano_crd_dir=volcano_crd_dir(),
+        kueue_manifest_dir=kueue_manifest_dir(),
+    )
 
 
 def missing_parts(toolchain: Toolchain) -> list[str]:
     missing = [name for name, path in toolchain.binaries.items() if not os.access(path, os.X_OK)]
     if not toolchain.volcano_crd_dir.is_dir():
         missing.append("volcano CRDs")
+    if not toolchain.kueue_manifest_dir.is_dir():
+        missing.append("kueue manifests")
     return missing
 
 
@@ -316,6 +329,24 @@ def install_volcano_crds(*, echo: Echo) -> BuildResult:
     )
 
 
+def install_kueue_manifests(*, echo: Echo) -> BuildResult:
+    """Kueue's CRDs and its webhook configurations, copied out of the pinned module."""
+
+    def pick(source: Path) -> list[Path]:
+        webhooks = source / versions.KUEUE_WEBHOOK_MANIFEST_IN_MODULE
+        crds = sorted((source / versions.KUEUE_CRD_DIR_IN_MODULE).glob("*.yaml"))
+        return [*crds, webhooks] if crds and webhooks.is_file() else []
+
+    return _copy_from_module(
+        versions.GO_COMPONENTS["kueue"],
+        versions.KUEUE_MODULE,
+        pick,
+        kueue_manifest_dir(),
+        name="kueue manifests",
+        echo=echo,
+    )
+
+
 def install_kubeflow_manifests(*, echo: Echo) -> BuildResult:
     """Kubeflow's PyTorchJob CRD and controller ClusterRole, copied from its pinned module."""
 
@@ -409,6 +440,8 @@ def build_all(*, jobs: int, echo: Echo, only: tuple[str, ...] = ()) -> list[Buil
                 results.append(build_go_component(component, jobs=jobs, echo=echo))
         if wanted("crds") or wanted("volcano"):
             results.append(install_volcano_crds(echo=echo))
+        if wanted("crds") or wanted("kueue"):
+            results.append(install_kueue_manifests(echo=echo))
         if wanted("helm"):
             results.append(install_helm(echo=echo))
     # Opt-in components are built only when named.

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
+
+from trainium_devcluster import sim
 
 
 @dataclass(frozen=True)
@@ -40,3 +44,48 @@ def clients_for(kubeconfig: Path) -> Clients:
 def is_status(error: BaseException, *codes: int) -> bool:
     """True for an API error with one of these HTTP status codes."""
     return isinstance(error, client.ApiException) and error.status in codes
+
+
+def create_if_missing(create: Callable[[], Any]) -> bool:
+    """Runs a create call; an object already there (409) is fine. True if it created one."""
+    try:
+        create()
+    except Exception as error:
+        if is_status(error, 409):
+            return False
+        raise
+    return True
+
+
+def apply_crds(clients: Clients, crds: list[dict[str, Any]], *, timeout: float = 30) -> None:
+    """Applies every CRD, then waits until each is Established (served)."""
+    for crd in crds:
+        apply_crd(clients, crd)
+    for crd in crds:
+        name = crd["metadata"]["name"]
+        sim.wait_for(
+            functools.partial(clients.apiextensions.read_custom_resource_definition, name),
+            until=lambda found: any(
+                c.type == "Established" and c.status == "True"
+                for c in (found.status.conditions or [])
+            ),
+            timeout=timeout,
+            description=f"CRD {name} established",
+        )
+
+
+def apply_crd(clients: Clients, crd: dict[str, Any]) -> None:
+    """Creates the CRD, or replaces the one there with it (a new version of its manifest)."""
+    name = crd["metadata"]["name"]
+    try:
+        existing = clients.apiextensions.read_custom_resource_definition(name)
+    except Exception as error:
+        if not is_status(error, 404):
+            raise
+        clients.apiextensions.create_custom_resource_definition(crd)
+        return
+    body = {
+        **crd,
+        "metadata": {**crd["metadata"], "resourceVersion": existing.metadata.resource_version},
+    }
+    clients.apiextensions.replace_custom_resource_definition(name, body)

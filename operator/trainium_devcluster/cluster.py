@@ -1,8 +1,9 @@
 """`dev up` / `dev down` / `dev status`: a kwokctl binary-runtime cluster plus our set-up.
 
 `up` is idempotent: it starts (or reuses) the control plane, then creates only what is missing:
-Volcano's CRDs and queues, fake Trainium nodes with their CSINodes, the FSx volume and claim, and
-the real Volcano scheduler and controller manager.
+Volcano's CRDs and queues, fake Trainium nodes with their CSINodes, the FSx volume and claim, the
+real Volcano scheduler and controller manager, and the real Kueue (its CRDs, webhooks, controller
+manager, and a ClusterQueue whose quota is the nodes' capacity).
 """
 
 from __future__ import annotations
@@ -20,8 +21,14 @@ from typing import Any
 
 import yaml
 
-from trainium_devcluster import build, objects, paths, sim, stages, versions, volcano
-from trainium_devcluster.clients import Clients, clients_for, is_status
+from trainium_devcluster import build, kueue, objects, paths, sim, stages, versions, volcano
+from trainium_devcluster.clients import (
+    Clients,
+    apply_crds,
+    clients_for,
+    create_if_missing,
+    is_status,
+)
 from trainium_operator.builders.job import VOLCANO_GROUP, VOLCANO_VERSION
 
 Echo = Callable[[str], None]
@@ -245,32 +252,6 @@ def start_control_plane(cluster: paths.ClusterPaths, toolchain: build.Toolchain)
     return "created"
 
 
-def _create_if_missing(create: Callable[[], Any]) -> bool:
-    try:
-        create()
-    except Exception as error:
-        if is_status(error, 409):
-            return False
-        raise
-    return True
-
-
-def _apply_crd(clients: Clients, crd: dict[str, Any]) -> None:
-    name = crd["metadata"]["name"]
-    try:
-        existing = clients.apiextensions.read_custom_resource_definition(name)
-    except Exception as error:
-        if not is_status(error, 404):
-            raise
-        clients.apiextensions.create_custom_resource_definition(crd)
-        return
-    body = {
-        **crd,
-        "metadata": {**crd["metadata"], "resourceVersion": existing.metadata.resource_version},
-    }
-    clients.apiextensions.replace_custom_resource_definition(name, body)
-
-
 def load_volcano_crds(crd_dir: Path) -> list[dict[str, Any]]:
     crds = []
     for manifest in sorted(crd_dir.glob("*.yaml")):
@@ -281,22 +262,9 @@ def load_volcano_crds(crd_dir: Path) -> list[dict[str, Any]]:
 
 
 def install_volcano_api(clients: Clients, crd_dir: Path) -> None:
-    crds = load_volcano_crds(crd_dir)
-    for crd in crds:
-        _apply_crd(clients, crd)
-    for crd in crds:
-        name = crd["metadata"]["name"]
-        sim.wait_for(
-            functools.partial(clients.apiextensions.read_custom_resource_definition, name),
-            until=lambda found: any(
-                c.type == "Established" and c.status == "True"
-                for c in (found.status.conditions or [])
-            ),
-            timeout=30,
-            description=f"CRD {name} established",
-        )
+    apply_crds(clients, load_volcano_crds(crd_dir))
     for queue in objects.volcano_queues():
-        _create_if_missing(
+        create_if_missing(
             functools.partial(
                 clients.custom.create_cluster_custom_object,
                 VOLCANO_GROUP,
@@ -310,18 +278,18 @@ def install_volcano_api(clients: Clients, crd_dir: Path) -> None:
 def create_nodes(clients: Clients, nodes: list[dict[str, Any]]) -> list[str]:
     created = []
     for node in nodes:
-        if _create_if_missing(functools.partial(clients.core.create_node, node)):
+        if create_if_missing(functools.partial(clients.core.create_node, node)):
             created.append(node["metadata"]["name"])
     return created
 
 
 def create_shared_storage(clients: Clients) -> None:
-    _create_if_missing(lambda: clients.storage.create_csi_driver(objects.fsx_csi_driver()))
-    _create_if_missing(
+    create_if_missing(lambda: clients.storage.create_csi_driver(objects.fsx_csi_driver()))
+    create_if_missing(
         lambda: clients.core.create_persistent_volume(objects.fsx_persistent_volume())
     )
     claim = objects.fsx_persistent_volume_claim()
-    _create_if_missing(
+    create_if_missing(
         lambda: clients.core.create_namespaced_persistent_volume_claim(
             claim["metadata"]["namespace"], claim
         )
@@ -331,7 +299,7 @@ def create_shared_storage(clients: Clients) -> None:
 def create_csi_nodes(clients: Clients, node_names: list[str]) -> None:
     for name in node_names:
         node = clients.api_client.sanitize_for_serialization(clients.core.read_node(name))
-        _create_if_missing(
+        create_if_missing(
             functools.partial(clients.storage.create_csi_node, objects.csi_node(node))
         )
 
@@ -400,7 +368,7 @@ class UpReport:
     kubeconfig: Path
     control_plane: str
     nodes_created: list[str]
-    volcano_pids: dict[str, int]
+    pids: dict[str, int]  # Volcano's two processes and Kueue's
     timer: StepTimer
 
 
@@ -433,6 +401,12 @@ def up(
             pids = volcano.start(cluster, toolchain, schedule_period=schedule_period)
         except volcano.VolcanoError as error:
             raise ClusterError(str(error)) from error
+    with timer.step("kueue"):
+        try:
+            pids[kueue.BINARY] = kueue.start(cluster, toolchain, clients)
+            kueue.create_queues(clients)
+        except (kueue.KueueError, sim.WaitTimeoutError) as error:
+            raise ClusterError(str(error)) from error
     with timer.step("ready"):
         wait_until_ready(clients, node_names)
     return UpReport(name, cluster.kubeconfig, how, created, pids, timer)
@@ -440,6 +414,8 @@ def up(
 
 def down(name: str, *, echo: Echo) -> None:
     cluster = paths.ClusterPaths(name)
+    if kueue.stop(cluster):
+        echo(f"stopped {kueue.BINARY}")
     for stopped in volcano.stop(cluster):
         echo(f"stopped {stopped}")
     toolchain = build.expected_toolchain()
@@ -461,10 +437,12 @@ class ClusterStatus:
     name: str
     kubeconfig: Path
     apiserver_running: bool
-    volcano: list[tuple[str, int | None, bool]]  # process, pid, healthy
+    volcano: list[tuple[str, int | None, bool]]  # process, pid, healthy (Kueue's too)
     nodes: list[tuple[str, str, bool]]  # name, instance type, ready
     queues: list[tuple[str, str, dict[str, int]]]  # name, state, PodGroups per phase
     fsx_claim_phase: str | None
+    cluster_queues: list[tuple[str, int, int]] = field(default_factory=list)  # Kueue: name,
+    # Workloads pending, Workloads admitted
 
 
 def status(name: str) -> ClusterStatus:
@@ -473,6 +451,7 @@ def status(name: str) -> ClusterStatus:
     node_rows: list[tuple[str, str, bool]] = []
     claim_phase = None
     queue_rows: list[tuple[str, str, dict[str, int]]] = []
+    cluster_queue_rows: list[tuple[str, int, int]] = []
     if running and cluster.kubeconfig.exists():
         clients = clients_for(cluster.kubeconfig)
         for node in clients.core.list_node().items:
@@ -493,6 +472,19 @@ def status(name: str) -> ClusterStatus:
                 for phase in ("Pending", "Inqueue", "Running", "Completed", "Unknown")
             }
             queue_rows.append((queue["metadata"]["name"], queue_status.get("state", "-"), counts))
+        if kueue.api_installed(clients):
+            found = clients.custom.list_cluster_custom_object(
+                kueue.GROUP, kueue.VERSION, "clusterqueues"
+            )
+            for item in found.get("items", []):
+                cq_status = item.get("status") or {}
+                cluster_queue_rows.append(
+                    (
+                        item["metadata"]["name"],
+                        int(cq_status.get("pendingWorkloads") or 0),
+                        int(cq_status.get("admittedWorkloads") or 0),
+                    )
+                )
         try:
             claim_phase = clients.core.read_namespaced_persistent_volume_claim(
                 objects.FSX_CLAIM_NAME, objects.FSX_CLAIM_NAMESPACE
@@ -505,10 +497,14 @@ def status(name: str) -> ClusterStatus:
         kubeconfig=cluster.kubeconfig,
         apiserver_running=running,
         volcano=[
-            (daemon.name, volcano.running_pid(daemon), volcano.healthy(daemon))
-            for daemon in volcano.daemons(cluster)
+            *(
+                (daemon.name, volcano.running_pid(daemon), volcano.healthy(daemon))
+                for daemon in volcano.daemons(cluster)
+            ),
+            (kueue.BINARY, volcano.running_pid(kueue.daemon(cluster)), kueue.ready(cluster)),
         ],
         nodes=node_rows,
         queues=queue_rows,
         fsx_claim_phase=claim_phase,
+        cluster_queues=cluster_queue_rows,
     )

@@ -37,7 +37,9 @@ def dev() -> None:
 @click.option(
     "--only",
     multiple=True,
-    type=click.Choice(["kubernetes", "etcd", "kwok", "volcano", "crds", "helm", "kubeflow"]),
+    type=click.Choice(
+        ["kubernetes", "etcd", "kwok", "volcano", "kueue", "crds", "helm", "kubeflow"]
+    ),
     help="Build just these components (repeatable); `kubeflow` (the benchmark's peer) is "
     "built only when named.",
 )
@@ -98,7 +100,7 @@ def up(name: str, nodes: int, instance_type: str, taint: bool, schedule_period: 
     _echo(
         f"cluster {name!r} ready in {report.timer.total:.1f}s "
         f"(control plane {report.control_plane}; {len(report.nodes_created)} node(s) created; "
-        + ", ".join(f"{process} pid {pid}" for process, pid in report.volcano_pids.items())
+        + ", ".join(f"{process} pid {pid}" for process, pid in report.pids.items())
         + ")"
     )
     _echo(f"kubeconfig: {report.kubeconfig}")
@@ -108,7 +110,7 @@ def up(name: str, nodes: int, instance_type: str, taint: bool, schedule_period: 
 @dev.command()
 @name_option
 def down(name: str) -> None:
-    """Stop Volcano and delete the cluster (kwokctl delete cluster)."""
+    """Stop Kueue and Volcano and delete the cluster (kwokctl delete cluster)."""
     started = time.monotonic()
     try:
         cluster.down(name, echo=_echo)
@@ -120,7 +122,7 @@ def down(name: str) -> None:
 @dev.command()
 @name_option
 def status(name: str) -> None:
-    """Control plane, Volcano, queues, nodes and the FSx claim at a glance."""
+    """Control plane, Volcano, Kueue, queues, nodes and the FSx claim at a glance."""
     state = cluster.status(name)
     click.echo(f"{'cluster':<22} {state.name}")
     click.echo(f"{'kube-apiserver':<22} {'running' if state.apiserver_running else 'not running'}")
@@ -136,6 +138,11 @@ def status(name: str) -> None:
     for queue, queue_state, counts in state.queues:
         phases = " ".join(f"{phase.lower()}={count}" for phase, count in counts.items())
         click.echo(f"{'queue':<22} {queue:<24} {queue_state:<16} {phases}")
+    for cluster_queue, pending, admitted in state.cluster_queues:
+        click.echo(
+            f"{'clusterqueue (kueue)':<22} {cluster_queue:<24} "
+            f"pending={pending} admitted={admitted}"
+        )
     if not state.apiserver_running:
         sys.exit(1)
 

@@ -52,6 +52,9 @@ def _expression(key: str, operator: str, *values: str) -> dict[str, Any]:
 
 
 _NOT_DELETING = _expression(".metadata.deletionTimestamp", "DoesNotExist")
+_DELETING = _expression(".metadata.deletionTimestamp", "Exists")
+_FINALIZERS = ".metadata.finalizers"
+_TERMINAL_PHASES = ("Succeeded", "Failed")
 _READY_STATUS = '.status.conditions.[] | select( .type == "Ready" ) | .status'
 
 
@@ -324,17 +327,12 @@ conditions:
 )
 
 
-def _pod_outcome_template(*, phase: str, default_exit_code: int, default_reason: str) -> str:
-    """Terminates every container with the annotated exit code, reason and message."""
+def _terminated_pod_template(*, phase: str, variables: str) -> str:
+    """Every container terminated with $exitCode, $reason and $message, which `variables` (Go
+    template assignments) define; the pod in `phase`, not Ready."""
     return (
         "{{ $now := Now }}\n"
-        "{{ $root := . }}\n"
-        "{{ $annotations := or .metadata.annotations dict }}\n"
-        "{{ $exitCode := or ( index $annotations "
-        f'"{EXIT_CODE_ANNOTATION}" ) {default_exit_code} }}}}\n'
-        f'{{{{ $reason := or ( index $annotations "{REASON_ANNOTATION}" ) "{default_reason}" }}}}\n'
-        f'{{{{ $message := or ( index $annotations "{MESSAGE_ANNOTATION}" ) "" }}}}\n'
-        "{{ $startedAt := or .status.startTime $now }}\n"
+        "{{ $root := . }}\n" + variables + "{{ $startedAt := or .status.startTime $now }}\n"
         "conditions:\n"
         "- lastTransitionTime: {{ $now | Quote }}\n"
         '  status: "False"\n'
@@ -361,6 +359,34 @@ def _pod_outcome_template(*, phase: str, default_exit_code: int, default_reason:
         "{{ end }}\n"
         f"phase: {phase}\n"
     )
+
+
+def _pod_outcome_template(*, phase: str, default_exit_code: int, default_reason: str) -> str:
+    """Terminates every container with the annotated exit code, reason and message."""
+    return _terminated_pod_template(
+        phase=phase,
+        variables=(
+            "{{ $annotations := or .metadata.annotations dict }}\n"
+            "{{ $exitCode := or ( index $annotations "
+            f'"{EXIT_CODE_ANNOTATION}" ) {default_exit_code} }}}}\n'
+            f'{{{{ $reason := or ( index $annotations "{REASON_ANNOTATION}" )'
+            f' "{default_reason}" }}}}\n'
+            f'{{{{ $message := or ( index $annotations "{MESSAGE_ANNOTATION}" ) "" }}}}\n'
+        ),
+    )
+
+
+# What a kubelet reports for a pod deleted while it ran: every container killed (SIGKILL's exit
+# code once the grace period is over: KWOK has no process to end on SIGTERM), the pod Failed.
+KILLED_EXIT_CODE = 137
+POD_KILLED_TEMPLATE = _terminated_pod_template(
+    phase="Failed",
+    variables=(
+        f"{{{{ $exitCode := {KILLED_EXIT_CODE} }}}}\n"
+        '{{ $reason := "Error" }}\n'
+        '{{ $message := "" }}\n'
+    ),
+)
 
 
 def _outcome_stage(name: str, outcome: str, template: str) -> dict[str, Any]:
@@ -442,14 +468,51 @@ def pod_stages() -> list[dict[str, Any]]:
             OUTCOME_FAILED,
             _pod_outcome_template(phase="Failed", default_exit_code=1, default_reason="Error"),
         ),
-        # A kubelet kills the containers of a pod being deleted and then removes it; finalizers
-        # other controllers hold still keep it, exactly as on a real node.
+        # A kubelet kills the containers of a pod being deleted and then removes it. A pod no
+        # finalizer holds goes at once. One a finalizer holds stays, exactly as on a real node,
+        # but not Running: the kubelet has stopped its containers, and the controller that holds
+        # it (Kueue, which lets go of a pod once it has ended) waits for just that.
         _stage(
             "pod-delete",
             "Pod",
             {
                 "selector": {
-                    "matchExpressions": [_expression(".metadata.deletionTimestamp", "Exists")]
+                    "matchExpressions": [_DELETING, _expression(_FINALIZERS, "DoesNotExist")]
+                },
+                "next": {"delete": True},
+            },
+        ),
+        _stage(
+            "pod-kill-held",
+            "Pod",
+            {
+                "selector": {
+                    "matchExpressions": [
+                        _DELETING,
+                        _expression(_FINALIZERS, "Exists"),
+                        _expression(".status.phase", "NotIn", *_TERMINAL_PHASES),
+                    ]
+                },
+                "next": {
+                    "event": {
+                        "type": "Normal",
+                        "reason": "Killing",
+                        "message": "Stopping container (pod deleted)",
+                    },
+                    "statusTemplate": POD_KILLED_TEMPLATE,
+                },
+            },
+        ),
+        _stage(
+            "pod-delete-held",
+            "Pod",
+            {
+                "selector": {
+                    "matchExpressions": [
+                        _DELETING,
+                        _expression(_FINALIZERS, "Exists"),
+                        _expression(".status.phase", "In", *_TERMINAL_PHASES),
+                    ]
                 },
                 "next": {"delete": True},
             },

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainium_devcluster import build, cluster, objects, paths, sim, volcano
+from trainium_devcluster import build, cluster, kueue, objects, paths, sim, volcano
 from trainium_devcluster.clients import Clients, clients_for, is_status
 from trainium_operator.builders.job import VOLCANO_GROUP, VOLCANO_VERSION
 
@@ -133,8 +133,9 @@ def extra_nodes(
     timeout: float = 60,
 ) -> Iterator[list[str]]:
     """`count` more fake nodes (with their CSINodes) for one suite, Ready when the block
-    starts, numbered after the cluster's own; deleted after it, so the suites that follow see
-    the session's NODES nodes again. Yields the added nodes' names."""
+    starts, numbered after the cluster's own, and counted in Kueue's ClusterQueue quota; deleted
+    after it (and the quota shrunk again), so the suites that follow see the session's NODES
+    nodes again. Yields the added nodes' names."""
     clients = dev_cluster.clients
     existing = [node.metadata.name for node in clients.core.list_node().items]
     first = objects.next_node_index(existing, instance_type)
@@ -144,9 +145,11 @@ def extra_nodes(
     try:
         cluster.create_csi_nodes(clients, created)
         cluster.wait_nodes_ready(clients, created, timeout=timeout)
+        kueue.sync_cluster_queue(clients)
         yield created
     finally:
         cluster.delete_nodes(clients, created, timeout=timeout)
+        kueue.sync_cluster_queue(clients)
 
 
 NAMESPACE_PREFIX = "t-"
@@ -163,9 +166,9 @@ def fresh_namespace(
     """A new namespace, usable once its default ServiceAccount exists; deleted after.
 
     The clean-up does not wait for the namespace controller (seconds per namespace): it marks
-    the namespace Terminating, so nothing can be created in it any more, then removes its pods
-    and PodGroups at once, which is what the next test would otherwise meet (node capacity and
-    Volcano queue capacity still held)."""
+    the namespace Terminating, so nothing can be created in it any more, then removes its pods,
+    PodGroups and Kueue Workloads at once, which is what the next test would otherwise meet
+    (node capacity, Volcano queue capacity and Kueue quota still held)."""
     name = f"{prefix}{uuid.uuid4().hex[:8]}"
     core = dev_cluster.core
     core.create_namespace({"metadata": {"name": name, "labels": {"trainium.dev/test": "true"}}})
@@ -179,7 +182,8 @@ def fresh_namespace(
 
 
 def release_namespace(dev_cluster: DevCluster, name: str, *, timeout: float = 30) -> None:
-    """Deletes the namespace in the background and its capacity-holding objects now."""
+    """Deletes the namespace in the background and its capacity-holding objects now: pods (Kueue's
+    finalizer stripped, so they go even while Kueue is busy or down), PodGroups and Workloads."""
     core, custom = dev_cluster.core, dev_cluster.custom
     try:
         core.delete_namespace(name)
@@ -191,12 +195,27 @@ def release_namespace(dev_cluster: DevCluster, name: str, *, timeout: float = 30
     custom.delete_collection_namespaced_custom_object(
         VOLCANO_GROUP, VOLCANO_VERSION, name, "podgroups"
     )
+    with_kueue = kueue.api_installed(dev_cluster.clients)
+    if with_kueue:
+        custom.delete_collection_namespaced_custom_object(
+            kueue.GROUP, kueue.VERSION, name, "workloads"
+        )
 
     def released() -> bool:
         pods = core.list_namespaced_pod(name).items
+        kueue.strip_finalizers(core, name, pods)
         groups = custom.list_namespaced_custom_object(
             VOLCANO_GROUP, VOLCANO_VERSION, name, "podgroups"
         )["items"]
-        return not pods and not groups
+        workloads = (
+            custom.list_namespaced_custom_object(kueue.GROUP, kueue.VERSION, name, "workloads")[
+                "items"
+            ]
+            if with_kueue
+            else []
+        )
+        return not pods and not groups and not workloads
 
-    sim.wait_for(released, timeout=timeout, description=f"pods and PodGroups of {name} gone")
+    sim.wait_for(
+        released, timeout=timeout, description=f"pods, PodGroups and Workloads of {name} gone"
+    )

@@ -22,6 +22,16 @@ VOLCANO_MODULE = "volcano.sh/volcano"
 # informers watch numatopologies too, and vcjob/command are harmless without their controller.
 VOLCANO_CRD_DIR_IN_MODULE = "config/crd/volcano/bases"
 
+# The real Kueue controller manager (its API kueue.x-k8s.io/v1beta2 is served and stored). The
+# Go module proxy serves v0.19.2, v0.19.1 and v0.17.0; v0.20.7, v0.19.3 and v0.18.0 answer 403
+# "This module version is not available" (checked 2026-12-05). v0.19.2 is the newest served.
+KUEUE_VERSION = "v0.19.2"
+KUEUE_MODULE = "sigs.k8s.io/kueue"
+# Its CRDs (all eleven: its informers watch topologies, cohorts, admission checks and the
+# MultiKueue kinds too) and its webhook configurations, as its kustomize base installs them.
+KUEUE_CRD_DIR_IN_MODULE = "config/components/crd/bases"
+KUEUE_WEBHOOK_MANIFEST_IN_MODULE = "config/components/webhook/manifests.yaml"
+
 # Kubeflow's training-operator (v1 API: PyTorchJob), the peer the operator benchmark measures
 # against (tests/bench/bench_operator.py). Served by the Go module proxy (v1.9.2, checked
 # 2026-12-01; its go.mod has no replace directives). Opt-in: not in GO_COMPONENTS, so neither
@@ -118,6 +128,14 @@ GO_COMPONENTS: dict[str, GoComponent] = _by_name(
             GoBinary(f"{VOLCANO_MODULE}/cmd/scheduler", "vc-scheduler"),
             GoBinary(f"{VOLCANO_MODULE}/cmd/controller-manager", "vc-controller-manager"),
         ),
+    ),
+    GoComponent(
+        name="kueue",
+        version=KUEUE_VERSION,
+        wrapper="kueue",
+        binaries=(GoBinary(f"{KUEUE_MODULE}/cmd/kueue", "kueue"),),
+        # Its Makefile's stamp: Kueue logs it at start and puts it in its user agent.
+        ldflags_x=((f"{KUEUE_MODULE}/pkg/version.GitVersion", KUEUE_VERSION),),
     ),
 )
 

@@ -35,9 +35,10 @@ class VolcanoError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Daemon:
-    """One Volcano process of one cluster: where its pid, port and log live."""
+    """One background process of one cluster (Volcano's two; Kueue's manager is one too): where
+    its pid, health port and log live."""
 
-    name: str  # also the binary's name: vc-scheduler | vc-controller-manager
+    name: str  # also the binary's name: vc-scheduler | vc-controller-manager | kueue
     cluster: paths.ClusterPaths
 
     @property
@@ -109,7 +110,7 @@ def controller_manager_argv(binary: Path, kubeconfig: Path, *, healthz_port: int
     ]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -144,18 +145,18 @@ def healthz_port(daemon: Daemon) -> int | None:
         return None
 
 
-def healthy(daemon: Daemon) -> bool:
+def healthy(daemon: Daemon, endpoint: str = "/healthz") -> bool:
     port = healthz_port(daemon)
     if port is None:
         return False
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as response:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{endpoint}", timeout=2) as response:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
 
 
-def _log_tail(daemon: Daemon, lines: int = 20) -> str:
+def log_tail(daemon: Daemon, lines: int = 20) -> str:
     try:
         return "".join(daemon.log.read_text(errors="replace").splitlines(keepends=True)[-lines:])
     except OSError:
@@ -165,17 +166,23 @@ def _log_tail(daemon: Daemon, lines: int = 20) -> str:
 def _start(daemon: Daemon, toolchain: build.Toolchain) -> subprocess.Popen[bytes]:
     binary = toolchain.binary(daemon.name)
     kubeconfig = daemon.cluster.kubeconfig
-    port = _free_port()
+    port = free_port()
     if daemon.name == "vc-scheduler":
         argv = scheduler_argv(
             binary,
             kubeconfig,
             healthz_port=port,
-            metrics_port=_free_port(),
+            metrics_port=free_port(),
             schedule_period=daemon.schedule_period(),
         )
     else:
         argv = controller_manager_argv(binary, kubeconfig, healthz_port=port)
+    return launch(daemon, argv, healthz_port=port)
+
+
+def launch(daemon: Daemon, argv: list[str], *, healthz_port: int) -> subprocess.Popen[bytes]:
+    """Starts `argv` in its own session (it outlives `dev up`), logging to the daemon's log,
+    and records its pid and health port."""
     daemon.cluster.state_dir.mkdir(parents=True, exist_ok=True)
     with daemon.log.open("a") as log:
         log.write(f"$ {' '.join(argv)}\n")
@@ -189,7 +196,7 @@ def _start(daemon: Daemon, toolchain: build.Toolchain) -> subprocess.Popen[bytes
             close_fds=True,
         )
     daemon.pid_file.write_text(f"{process.pid}\n")
-    daemon.port_file.write_text(f"{port}\n")
+    daemon.port_file.write_text(f"{healthz_port}\n")
     return process
 
 
@@ -213,41 +220,56 @@ def start(
         pids[daemon.name] = pid
     deadline = time.monotonic() + HEALTH_TIMEOUT
     for daemon in daemons(cluster):
-        while not healthy(daemon):
-            # For a process we just started, ask it: until it has exec'd, /proc shows our own
-            # command line, and running_pid would call it gone.
-            process = started.get(daemon.name)
-            exited = process.poll() is not None if process else running_pid(daemon) is None
-            if exited:
-                raise VolcanoError(
-                    f"{daemon.name} exited during start-up; log {daemon.log}:\n{_log_tail(daemon)}"
-                )
-            if time.monotonic() > deadline:
-                raise VolcanoError(
-                    f"{daemon.name} not healthy after {HEALTH_TIMEOUT:.0f}s; log {daemon.log}:\n"
-                    f"{_log_tail(daemon)}"
-                )
-            time.sleep(0.2)
+        failure = wait_healthy(daemon, started.get(daemon.name), deadline=deadline)
+        if failure:
+            raise VolcanoError(failure)
     return pids
+
+
+def wait_healthy(
+    daemon: Daemon,
+    process: subprocess.Popen[bytes] | None,
+    *,
+    deadline: float,
+    endpoint: str = "/healthz",
+) -> str | None:
+    """Waits until `endpoint` answers 200; else says why not (exited, or still unhealthy at
+    `deadline`, a time.monotonic() value), with the log's tail. `process`: the one just started,
+    if it was."""
+    while not healthy(daemon, endpoint):
+        # For a process we just started, ask it: until it has exec'd, /proc shows our own
+        # command line, and running_pid would call it gone.
+        exited = process.poll() is not None if process else running_pid(daemon) is None
+        if exited:
+            return f"{daemon.name} exited during start-up; log {daemon.log}:\n{log_tail(daemon)}"
+        if time.monotonic() > deadline:
+            return (
+                f"{daemon.name} not healthy ({endpoint}) in time; log {daemon.log}:\n"
+                f"{log_tail(daemon)}"
+            )
+        time.sleep(0.2)
+    return None
 
 
 def stop(cluster: paths.ClusterPaths, *, timeout: float = 10.0) -> list[str]:
     """SIGTERM, then SIGKILL after `timeout`; returns the names of the processes stopped."""
-    stopped = []
-    for daemon in daemons(cluster):
-        pid = running_pid(daemon)
-        if pid is not None:
+    return [daemon.name for daemon in daemons(cluster) if stop_daemon(daemon, timeout=timeout)]
+
+
+def stop_daemon(daemon: Daemon, *, timeout: float = 10.0) -> bool:
+    """SIGTERM, then SIGKILL after `timeout`; True if the process was running."""
+    pid = running_pid(daemon)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and running_pid(daemon) is not None:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.1)
+        if running_pid(daemon) is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and running_pid(daemon) is not None:
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
-                time.sleep(0.1)
-            if running_pid(daemon) is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            stopped.append(daemon.name)
-        daemon.pid_file.unlink(missing_ok=True)
-        daemon.port_file.unlink(missing_ok=True)
-    return stopped
+                os.kill(pid, signal.SIGKILL)
+    daemon.pid_file.unlink(missing_ok=True)
+    daemon.port_file.unlink(missing_ok=True)
+    return pid is not None

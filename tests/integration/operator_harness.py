@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from support import local_server
+from trainium_devcluster import kueue
 from trainium_devcluster.sim import simulate_pod_outcome, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -450,6 +451,10 @@ def delete_job_now(clients: Any, namespace: str, name: str) -> None:
     except Exception as error:
         if getattr(error, "status", None) != 404:
             raise
+    selector = f"{JOB_LABEL}={name}"
     clients.core.delete_collection_namespaced_pod(
-        namespace, label_selector=f"{JOB_LABEL}={name}", grace_period_seconds=0
+        namespace, label_selector=selector, grace_period_seconds=0
     )
+    # Kueue lets go of a pod only once it has ended; a clean-up does not wait for that.
+    pods = clients.core.list_namespaced_pod(namespace, label_selector=selector).items
+    kueue.strip_finalizers(clients.core, namespace, pods)

@@ -26,7 +26,7 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
-from trainium_devcluster import cluster, objects
+from trainium_devcluster import cluster, kueue, objects
 from trainium_devcluster.sim import simulate_pod_outcome
 from trainium_operator.contract import workload_env
 
@@ -175,9 +175,11 @@ def trn2_nodes(dev_cluster: Any) -> Iterator[list[str]]:
     created = cluster.create_nodes(dev_cluster.clients, nodes)
     cluster.create_csi_nodes(dev_cluster.clients, names)
     cluster.wait_until_ready(dev_cluster.clients, names)
+    kueue.sync_cluster_queue(dev_cluster.clients)  # a trn2 flavor with their capacity
     yield names
-    for name in created:  # its CSINode is owned by the Node and goes with it
-        dev_cluster.clients.core.delete_node(name)
+    # Their CSINodes are owned by the Nodes and go with them; the quota shrinks once they are gone.
+    cluster.delete_nodes(dev_cluster.clients, created)
+    kueue.sync_cluster_queue(dev_cluster.clients)
 
 
 def test_a_trn2_job_schedules_on_trn2_nodes_with_their_device_counts(

@@ -190,7 +190,7 @@ def _stage(name: str) -> dict[str, object]:
 def test_stages_include_the_node_stages_kwok_would_otherwise_drop() -> None:
     names = {s["metadata"]["name"] for s in stages.all_stages()}
     assert {"node-initialize", "node-heartbeat-with-lease"} <= names
-    assert {"pod-ready", "pod-succeeded", "pod-failed", "pod-delete"} <= names
+    assert {"pod-ready", "pod-succeeded", "pod-failed", "pod-delete", "pod-kill-held"} <= names
 
 
 def test_pod_outcome_stages_are_selected_by_annotation_and_delayed_by_it() -> None:
@@ -210,16 +210,63 @@ def test_pod_outcome_stages_are_selected_by_annotation_and_delayed_by_it() -> No
     assert '"sim.trainium.dev/exit-code" ) 1 }}' in template
 
 
+def _contradict(first: dict[str, object], second: dict[str, object]) -> bool:
+    """True when no object can satisfy both expressions (same key)."""
+    if first["key"] != second["key"]:
+        return False
+    operators = {first["operator"], second["operator"]}
+    if operators in ({"Exists", "DoesNotExist"}, {"In", "DoesNotExist"}):
+        return True
+    values = [set(e.get("values") or ()) for e in (first, second)]  # type: ignore[call-overload]
+    if operators == {"In", "NotIn"}:
+        inside = values[0] if first["operator"] == "In" else values[1]
+        outside = values[1] if first["operator"] == "In" else values[0]
+        return inside <= outside
+    return operators == {"In"} and not values[0] & values[1]
+
+
 def test_pod_stage_selectors_never_overlap() -> None:
-    """KWOK picks randomly among matching stages, so each pod state must match one stage."""
-    pod_stages = {s["metadata"]["name"]: s["spec"]["selector"] for s in stages.pod_stages()}
-    deleting = ".metadata.deletionTimestamp"
-    for name, selector in pod_stages.items():
-        keys = {e["key"]: e["operator"] for e in selector["matchExpressions"]}
-        if name == "pod-delete":
-            assert keys[deleting] == "Exists"
-        else:
-            assert keys[deleting] == "DoesNotExist"
+    """KWOK picks randomly among matching stages, so each pod state must match one stage: every
+    two pod stages have a pair of expressions no pod satisfies together."""
+    selectors = {s["metadata"]["name"]: s["spec"]["selector"] for s in stages.pod_stages()}
+    names = sorted(selectors)
+    for index, name in enumerate(names):
+        for other in names[index + 1 :]:
+            assert any(
+                _contradict(mine, theirs)
+                for mine in selectors[name]["matchExpressions"]
+                for theirs in selectors[other]["matchExpressions"]
+            ), f"{name} and {other} can match the same pod"
+
+
+def test_a_deleted_pod_no_finalizer_holds_is_removed_at_once_as_before() -> None:
+    delete = _stage("pod-delete")["spec"]
+    assert isinstance(delete, dict)
+    assert delete["next"] == {"delete": True}
+    assert {e["key"]: e["operator"] for e in delete["selector"]["matchExpressions"]} == {
+        ".metadata.deletionTimestamp": "Exists",
+        ".metadata.finalizers": "DoesNotExist",
+    }
+
+
+def test_a_deleted_pod_a_finalizer_holds_is_killed_first_then_deleted() -> None:
+    """Kueue removes its finalizer only from an ended pod: KWOK ends it as a kubelet would."""
+    kill = _stage("pod-kill-held")["spec"]
+    assert isinstance(kill, dict)
+    expressions = kill["selector"]["matchExpressions"]
+    assert {"key": ".metadata.finalizers", "operator": "Exists"} in expressions
+    assert {
+        "key": ".status.phase",
+        "operator": "NotIn",
+        "values": ["Succeeded", "Failed"],
+    } in expressions
+    template = kill["next"]["statusTemplate"]
+    assert "phase: Failed" in template
+    assert "{{ $exitCode := 137 }}" in template
+    assert "sim.trainium.dev" not in template, "a kill ignores the simulated outcome"
+    held = _stage("pod-delete-held")["spec"]
+    assert isinstance(held, dict)
+    assert held["next"] == {"delete": True}
 
 
 def test_kwokctl_config_serialises_once_to_parseable_documents(tmp_path: Path) -> None:
