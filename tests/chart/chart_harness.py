@@ -202,14 +202,10 @@ KUEUE_CRD_GLOB = "kueue.x-k8s.io_*.yaml"
 @cache
 def kueue_crds() -> tuple[Manifest, ...]:
     """Kueue's own CRDs, as the dev cluster copies them out of the sigs.k8s.io/kueue module its
-    Kueue is built from (`build.kueue_manifest_dir`); none in a checkout whose dev cluster runs
-    no Kueue."""
+    Kueue is built from (with its webhook configurations, which are not CRDs)."""
     from trainium_devcluster import build
 
-    locate = getattr(build, "kueue_manifest_dir", None)
-    if locate is None:
-        return ()
-    directory: Path = locate()
+    directory = build.kueue_manifest_dir()
     return tuple(
         doc
         for path in sorted(directory.glob(KUEUE_CRD_GLOB))
