@@ -258,6 +258,12 @@ def dump_json(data: Json) -> str:
 
 def _type_name(value: Any, schema_node: Json | None) -> str:
     declared = schema_node.get("type") if schema_node else None
+    if declared is None and schema_node and "anyOf" in schema_node:
+        # Alternatives: their types, or the Kubernetes kind a `$ref` names ("LabelSelector").
+        declared = [
+            branch.get("type") or str(branch.get("$ref", "")).rsplit(".", 1)[-1]
+            for branch in schema_node["anyOf"]
+        ]
     if isinstance(declared, str):
         return declared
     if isinstance(value, bool):
@@ -270,7 +276,8 @@ def _type_name(value: Any, schema_node: Json | None) -> str:
         return "array"
     if isinstance(value, dict):
         return "object"
-    return "integer or null" if declared == ["integer", "null"] else "null"
+    # A nullable key whose default is null: the types it takes ("integer or null").
+    return " or ".join(declared) if isinstance(declared, list) else "null"
 
 
 def render_values_table(schema: Json, values: Json, docs: list[ValueDoc]) -> str:

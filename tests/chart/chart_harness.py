@@ -179,6 +179,7 @@ def _crd_documents() -> Iterable[Manifest]:
     for path in sorted((ROOT / "crds").glob("*.yaml")):
         yield from (doc for doc in yaml.safe_load_all(path.read_text()) if doc)
     yield from volcano_crds()
+    yield from kueue_crds()
 
 
 @cache
@@ -190,6 +191,24 @@ def volcano_crds() -> tuple[Manifest, ...]:
     return tuple(
         doc
         for path in sorted(directory.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc
+    )
+
+
+KUEUE_CRD_GLOB = "kueue.x-k8s.io_*.yaml"
+
+
+@cache
+def kueue_crds() -> tuple[Manifest, ...]:
+    """Kueue's own CRDs, as the dev cluster copies them out of the sigs.k8s.io/kueue module its
+    Kueue is built from (with its webhook configurations, which are not CRDs)."""
+    from trainium_devcluster import build
+
+    directory = build.kueue_manifest_dir()
+    return tuple(
+        doc
+        for path in sorted(directory.glob(KUEUE_CRD_GLOB))
         for doc in yaml.safe_load_all(path.read_text())
         if doc
     )
@@ -222,6 +241,8 @@ def validate_manifest(manifest: Manifest) -> None:
         if validator is None:
             if key[0].startswith("scheduling.volcano.sh/") and not volcano_crds():
                 _missing("no Volcano CRDs generated")
+            if key[0].startswith("kueue.x-k8s.io/") and not kueue_crds():
+                _missing("no Kueue CRDs copied from its module")
             raise AssertionError(f"no schema for {key}: add its CRD or list it in SKIPPED_KINDS")
         errors = sorted(validator.iter_errors(manifest), key=lambda e: list(e.path))
         assert not errors, _describe(manifest, [f"{list(e.path)}: {e.message}" for e in errors])
@@ -245,10 +266,30 @@ FSX_ON: dict[str, Any] = {
     "enabled": True,
     "storageClass": {"subnetId": "subnet-0a1b2c3d", "securityGroupIds": ["sg-0123abcd"]},
 }
+TRN1_FLAVOR: dict[str, Any] = {
+    "name": "trn1-32xlarge",
+    "instanceType": "trn1.32xlarge",
+    "quota": {
+        "cpu": 250,
+        "memory": "950Gi",
+        "aws.amazon.com/neuron": 32,
+        "vpc.amazonaws.com/efa": 16,
+    },
+}
+KUEUE_ON: dict[str, Any] = {
+    "enabled": True,
+    "localQueue": {"create": True},
+    "clusterQueue": {"create": True, "flavors": [TRN1_FLAVOR]},
+    "workloadPriorityClasses": [
+        {"name": "high", "value": 1000, "description": "production runs"},
+        {"name": "low", "value": 100},
+    ],
+}
 SWITCHES: dict[str, dict[str, Any]] = {
     "peering": {"peering": {"enabled": True}},
     "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True}}},
     "volcano-queue": {"volcano": {"queue": {"enabled": True}}},
+    "kueue": {"kueue": KUEUE_ON},
     "etcd": {"etcd": {"enabled": True}},
     "fsx": {"fsx": FSX_ON},
     "neuron-device-plugin": {"neuronDevicePlugin": {"enabled": True}},

@@ -476,12 +476,15 @@ def kopf_watches(files: Iterable[Path]) -> set[tuple[str, str]]:
     return watched
 
 
-def component_calls(files: list[Path]) -> set[ApiCall]:
-    """Every permission the requests of a component's code need (kopf's own aside)."""
+def component_calls(
+    files: list[Path], *, without: frozenset[tuple[str, str]] = frozenset()
+) -> set[ApiCall]:
+    """Every permission the requests of a component's code need (kopf's own aside); `without`
+    leaves out the (class, method)s of an opt-in, to find what only they send."""
     classes = k8s_methods()
     calls: set[ApiCall] = set()
     runs_reflectors = constructs(files, "Reflector")
-    for holder, method in used_k8s_methods(files):
+    for holder, method in used_k8s_methods(files) - without:
         found = classes[holder][method]
         calls |= found.calls
         if found.list_functions:

@@ -76,6 +76,9 @@ def test_the_operator_never_creates_queues_claims_or_nodes(scenario: str, tmp_pa
         assert granted.get(("", "nodes"), set()) <= {"get", "list", "watch", "patch"}
         # Queues are read to report a missing or closed one, never written.
         assert granted.get(("scheduling.volcano.sh", "queues"), set()) <= {"get", "list", "watch"}
+        # Kueue makes its Workloads and the admins their LocalQueues: the operator only reads.
+        for resource in ("workloads", "localqueues"):
+            assert granted.get(("kueue.x-k8s.io", resource), set()) <= {"list", "watch"}
 
 
 @pytest.mark.parametrize(

@@ -9,14 +9,19 @@ does not grant fails as missing. TorchX and CLI paths are not here: they run as 
 
 from __future__ import annotations
 
+import ast
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from chart import code_api_calls
 from chart.chart_harness import FULLNAME, SCENARIOS, Manifest, render
 from chart.code_api_calls import ApiCall
+from trainium_operator.api import kueue
+from trainium_operator.k8s.client import LOCAL_QUEUES, WORKLOADS, Cluster
 
 UI_ACCOUNT = f"{FULLNAME}-profile-ui"
 OPERATOR_FILES = code_api_calls.component_files("controller")
@@ -45,6 +50,54 @@ PEERING_RESOURCE = {True: "clusterkopfpeerings", False: "kopfpeerings"}
 PEERING_GROUP = "kopf.dev"
 NODE_PATCH = ApiCall("", "nodes", "patch")
 REPLACEMENT_ON = {"health": {"stragglerReplacement": {"enabled": True}}}
+KUEUE_ON = {"kueue": {"enabled": True}}
+KUEUE_CALLS = {
+    ApiCall(kueue.KUEUE_GROUP, resource, verb)
+    for resource in (WORKLOADS, LOCAL_QUEUES)
+    for verb in ("list", "watch")
+} | {ApiCall("", "pods", "patch")}
+
+
+@dataclass(frozen=True)
+class OptIn:
+    """Requests the operator sends only under an opt-in the chart passes it with one value:
+    granted only with that value on. What they are is read from the code: the requests only
+    `methods` send (no other method the operator reaches sends them too) and every request to
+    one of `groups`."""
+
+    value: tuple[str, ...]  # the chart value, e.g. ("kueue", "enabled")
+    methods: frozenset[tuple[str, str]] = frozenset()  # (k8s class, method)
+    groups: frozenset[str] = frozenset()  # API groups addressed only under the opt-in
+
+
+OPT_INS = {
+    # `--straggler-cordon-budget`: spec.health.onStraggler: Replace cordons a straggler's node.
+    "straggler-replacement": OptIn(
+        ("health", "stragglerReplacement", "enabled"),
+        methods=frozenset({("Cluster", "cordon_node")}),
+    ),
+    # `--kueue`: Cluster.watch_sources hands out Kueue's list functions only with
+    # kueue_objects (test_kueue_objects_are_watched_only_when_the_operator_says_so), and the
+    # pod patch lifts Kueue's finalizer from a force-deleted pod.
+    "kueue": OptIn(
+        ("kueue", "enabled"),
+        methods=frozenset({("Cluster", "release_pod_finalizer")}),
+        groups=frozenset({kueue.KUEUE_GROUP}),
+    ),
+}
+
+
+def opt_in_calls(opt_in: OptIn) -> set[ApiCall]:
+    calls = code_api_calls.component_calls(OPERATOR_FILES)
+    without = code_api_calls.component_calls(OPERATOR_FILES, without=opt_in.methods)
+    return (calls - without) | {c for c in calls if c.group in opt_in.groups}
+
+
+def _value(values: dict[str, Any], path: tuple[str, ...]) -> Any:
+    node: Any = values
+    for key in path:
+        node = (node or {}).get(key)
+    return node
 
 
 def operator_calls(values: dict[str, Any]) -> set[ApiCall]:
@@ -58,11 +111,11 @@ def operator_calls(values: dict[str, Any]) -> set[ApiCall]:
         resource = PEERING_RESOURCE[clusterwide]
         calls |= {c for c in peering if c.resource == resource}
         calls |= {ApiCall(PEERING_GROUP, resource, verb) for verb in KOPF_PEERING_VERBS}
-    # The straggler cordon is the operator admin's opt-in (`--straggler-cordon-budget`): the
-    # code that sends it runs only with the flag the chart passes with this value.
-    replacement = (values.get("health") or {}).get("stragglerReplacement") or {}
-    if not replacement.get("enabled"):
-        calls.discard(NODE_PATCH)
+    # The straggler cordon and Kueue are the operator admin's opt-ins: the code that sends
+    # their requests runs only with the flag the chart passes with the value.
+    for opt_in in OPT_INS.values():
+        if not _value(values, opt_in.value):
+            calls -= opt_in_calls(opt_in)
     return calls
 
 
@@ -143,6 +196,8 @@ OPERATOR_VALUES = {
     "namespaced-peering": {"watchNamespaces": ["team-a", "team-b"], "peering": {"enabled": True}},
     "straggler-replacement": REPLACEMENT_ON,
     "namespaced-straggler-replacement": {"watchNamespaces": ["team-a"], **REPLACEMENT_ON},
+    "kueue": KUEUE_ON,
+    "namespaced-kueue": {"watchNamespaces": ["team-a", "team-b"], **KUEUE_ON},
 }
 
 
@@ -212,8 +267,52 @@ def test_the_analysis_sees_the_requests_it_is_built_for() -> None:
     assert NODE_PATCH in calls  # Cluster.cordon_node, granted only with REPLACEMENT_ON
     assert NODE_PATCH not in operator_calls({})
     assert NODE_PATCH in operator_calls(REPLACEMENT_ON)
+    assert calls >= KUEUE_CALLS  # Kueue's watches and the finalizer patch, only with KUEUE_ON
+    assert not KUEUE_CALLS & operator_calls(REPLACEMENT_ON)
+    assert operator_calls(KUEUE_ON) >= KUEUE_CALLS
+    assert is_namespaced(ApiCall(kueue.KUEUE_GROUP, WORKLOADS, "list"))
+    assert is_namespaced(ApiCall(kueue.KUEUE_GROUP, LOCAL_QUEUES, "watch"))
     assert ApiCall("", "resourcequotas", "watch") in calls  # a @kopf.on.event handler
     assert ApiCall("", "pods/log", "get") not in calls  # the CLI's, not the operator's
     assert is_namespaced(ApiCall("scheduling.volcano.sh", "podgroups", "get"))
     assert not is_namespaced(ApiCall("scheduling.volcano.sh", "queues", "list"))
     assert KOPF_RBAC_DOCS.startswith("https://kopf.readthedocs.io/")
+
+
+def test_each_opt_in_covers_exactly_the_requests_it_is_for() -> None:
+    """What the opt-ins take away without their value: the straggler cordon's node patch, and
+    Kueue's watches with the pod patch; nothing the operator sends otherwise (the pods' other
+    verbs stay: only the patch is Kueue's)."""
+    assert opt_in_calls(OPT_INS["straggler-replacement"]) == {NODE_PATCH}
+    assert opt_in_calls(OPT_INS["kueue"]) == KUEUE_CALLS
+
+
+@pytest.mark.parametrize("namespace", [None, "team-a"], ids=["cluster-wide", "namespaced"])
+def test_kueue_objects_are_watched_only_when_the_operator_says_so(namespace: str | None) -> None:
+    """The ground for granting Kueue's kinds only with kueue.enabled: the list functions the
+    operator's watches run address Kueue's API group only with kueue_objects, and the operator
+    passes its --kueue setting to every watch_sources call."""
+    cluster = Cluster(client.ApiClient())
+
+    def kueue_sources(kueue_objects: bool) -> set[str]:
+        sources = cluster.watch_sources(namespace, kueue_objects=kueue_objects)
+        return {
+            resource
+            for resource, source in sources.items()
+            if kueue.KUEUE_GROUP in getattr(source, "args", ())
+        }
+
+    assert kueue_sources(False) == set()
+    assert kueue_sources(True) == {WORKLOADS, LOCAL_QUEUES}
+    calls = [
+        node
+        for path in OPERATOR_FILES
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "watch_sources"
+    ]
+    assert calls
+    for call in calls:
+        (flag,) = [k.value for k in call.keywords if k.arg == "kueue_objects"]
+        assert ast.unparse(flag).endswith("settings.kueue"), ast.unparse(call)

@@ -108,8 +108,9 @@ def test_schema_validation_catches_an_invalid_object() -> None:
     [
         ("scheduling.volcano.sh/v1beta1", "Queue", {"wieght": 1}),
         ("kopf.dev/v1", "ClusterKopfPeering", {"priority": 1}),
+        ("kueue.x-k8s.io/v1beta2", "ClusterQueue", {"resourceGroup": []}),
     ],
-    ids=["volcano-queue", "kopf-peering"],
+    ids=["volcano-queue", "kopf-peering", "kueue-cluster-queue"],
 )
 def test_custom_resources_are_checked_against_their_crd(
     api_version: str, kind: str, misspelled_spec: dict[str, int]
@@ -587,6 +588,7 @@ def test_install_notes_tell_the_next_step(tmp_path: Path) -> None:
     assert "kubectl get trainingjobs -n default -w" in notes
     assert "this release installs no device plugins" in notes
     assert "port-forward" not in notes
+    assert "Kueue" not in notes
 
 
 def test_install_notes_follow_the_enabled_add_ons(tmp_path: Path) -> None:
@@ -594,6 +596,8 @@ def test_install_notes_follow_the_enabled_add_ons(tmp_path: Path) -> None:
     assert "kubectl -n default get pvc fsx-claim -w" in notes
     assert 'queue "test" created' in notes
     assert "endpoint: etcd-server:2379" in notes
+    assert 'LocalQueue "trainium" created in default' in notes
+    assert "kubectl get localqueues -n default" in notes
     assert f"port-forward service/{FULLNAME}-profile-ui 8090:8090" in notes
     assert "this release installs no device plugins" not in notes
 

@@ -12,7 +12,7 @@ import pytest
 
 from chart.chart_harness import FULLNAME, RELEASE_NAMESPACE, Manifest, find, helm, one, render
 from chart.chart_harness import template_args as chart_template_args
-from trainium_operator.api import pod_fields
+from trainium_operator.api import kueue, pod_fields
 
 POLICY = f"{FULLNAME}-tenancy"
 RIGHTS = ("privileged", "hostnamespaces", "hostpath", "capabilities")
@@ -269,3 +269,69 @@ def test_a_priority_class_needs_a_grant_and_queues_only_where_the_chart_lists_op
     assert "variables.queue in ['default']" in listed["variables.queue"]["expression"]
     assert "resource('queues')" in listed["variables.queue"]["expression"]
     assert "spec.scheduling.queue" in listed["variables.queue"]["messageExpression"]
+
+
+def workload_priority_rule(manifests: list[Manifest]) -> dict[str, Any] | None:
+    rules = [
+        rule
+        for rule in policy(manifests)["validations"]
+        if "resource('workloadpriorityclasses')" in rule["expression"]
+    ]
+    assert len(rules) <= 1
+    return rules[0] if rules else None
+
+
+def test_a_workload_priority_class_needs_a_grant_unless_the_chart_lists_it_open(
+    tmp_path: Path,
+) -> None:
+    """Mirrors the PriorityClass rule: Kueue's class (a TrainingJob label) lets a gang preempt
+    other teams' Workloads."""
+    spec = policy(render({}, tmp_path))
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    # The label the operator reads the class from.
+    assert variables["workloadPriorityClass"] == (
+        f"object.metadata.?labels[?'{kueue.PRIORITY_CLASS_LABEL}'].orValue('')"
+    )
+
+    rule = workload_priority_rule(render({}, tmp_path))
+    assert rule is not None
+    expression = " ".join(rule["expression"].split())
+    assert expression.startswith("variables.workloadPriorityClass == '' ||")
+    assert "variables.workloadPriorityClass in [] ||" in expression
+    assert (
+        "authorizer.group('kueue.x-k8s.io').resource('workloadpriorityclasses')"
+        ".namespace(request.namespace).name(variables.workloadPriorityClass)"
+        ".check('use').allowed()"
+    ) in expression
+    message = " ".join(rule["messageExpression"].split())
+    assert message.startswith("'metadata.labels[kueue.x-k8s.io/priority-class]: ' + variables.user")
+    assert 'needs verb "use" on workloadpriorityclasses (API group kueue.x-k8s.io)' in message
+    assert message.endswith("variables.workloadPriorityClass + variables.grantHint")
+
+    listed = workload_priority_rule(
+        render({"tenancy": {"scheduling": {"openWorkloadPriorityClasses": ["low"]}}}, tmp_path)
+    )
+    assert listed is not None
+    assert "variables.workloadPriorityClass in ['low']" in listed["expression"]
+    open_to_all = render(
+        {"tenancy": {"scheduling": {"openWorkloadPriorityClasses": ["*"]}}}, tmp_path
+    )
+    assert workload_priority_rule(open_to_all) is None
+
+
+def test_an_update_that_only_changes_the_workload_priority_class_is_checked(
+    tmp_path: Path,
+) -> None:
+    """The class is a label, not spec: without this a job created without it could be given a
+    higher class by a metadata patch; other metadata changes stay unchecked."""
+    (condition,) = policy(render({}, tmp_path))["matchConditions"]
+    expression = " ".join(condition["expression"].split())
+
+    assert expression.startswith(
+        "request.operation == 'CREATE' || object.spec != oldObject.spec ||"
+    )
+    label = kueue.PRIORITY_CLASS_LABEL
+    assert (
+        f"object.metadata.?labels[?'{label}'].orValue('') != "
+        f"oldObject.metadata.?labels[?'{label}'].orValue('')"
+    ) in expression

@@ -36,6 +36,7 @@ from integration.tenancy_harness import (
 )
 from trainium_devcluster import testing
 from trainium_devcluster.sim import wait_for
+from trainium_operator.api import kueue
 
 pytestmark = pytest.mark.integration
 TENANT_ACCOUNT = "team-runner"
@@ -275,3 +276,61 @@ def test_straggler_replacement_is_refused_to_everyone_while_the_chart_has_it_off
         finally:
             admission.delete_validating_admission_policy_binding(binding["metadata"]["name"])
             admission.delete_validating_admission_policy(policy["metadata"]["name"])
+
+
+def test_a_workload_priority_class_is_refused_until_granted_whether_created_or_patched_on(
+    tenancy: Tenancy,
+) -> None:
+    """Kueue's class is a TrainingJob label, so a label patch of a job created without one is
+    checked as a create with it is; the grant is RBAC `use` on the class by name (no Kueue CRD
+    is needed for the authorizer to answer)."""
+    alice = tenancy.as_user(TENANT)
+    field = f"metadata.labels[{kueue.PRIORITY_CLASS_LABEL}]"
+    permission = (
+        'needs verb "use" on workloadpriorityclasses (API group kueue.x-k8s.io), resourceName high'
+    )
+
+    def labelled(name: str, **labels: str) -> dict[str, Any]:
+        manifest = job_manifest(name)
+        manifest["metadata"]["labels"] = {kueue.QUEUE_NAME_LABEL: "trainium", **labels}
+        return manifest
+
+    high = labelled("high", **{kueue.PRIORITY_CLASS_LABEL: "high"})
+    message = refusal(alice, tenancy.team, high)
+    assert field in message
+    assert permission in message
+    assert TENANT in message
+
+    create(alice, tenancy.team, labelled("plain"))
+    with pytest.raises(ApiException) as patched:
+        alice.patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            tenancy.team,
+            PLURAL,
+            "plain",
+            {"metadata": {"labels": {kueue.PRIORITY_CLASS_LABEL: "high"}}},
+        )
+    assert patched.value.status == 403
+    assert permission in json.loads(patched.value.body)["message"]
+
+    tenancy.grant(
+        TENANT,
+        tenancy.team,
+        {
+            "apiGroups": [kueue.KUEUE_GROUP],
+            "resources": ["workloadpriorityclasses"],
+            "resourceNames": ["high"],
+            "verbs": ["use"],
+        },
+    )
+    wait_for(
+        lambda: create(alice, tenancy.team, high) is None,
+        timeout=30,
+        description=f"a job of WorkloadPriorityClass high once {TENANT} may use it",
+    )
+    assert field in refusal(
+        tenancy.as_user(OTHER_TENANT),
+        tenancy.team,
+        {**high, "metadata": {**high["metadata"], "name": "bob"}},
+    )

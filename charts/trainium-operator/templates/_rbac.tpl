@@ -7,7 +7,9 @@ from (see rbac.yaml). Each rule carries a scope:
 Least privilege: no wildcards, no Secrets or ConfigMaps, nothing the operator does not call. The
 operator never creates Volcano queues, PersistentVolumeClaims or nodes; it patches a node
 only to cordon a straggler's (spec.health.onStraggler: Replace), and only when the chart's
-health.stragglerReplacement.enabled grants it.
+health.stragglerReplacement.enabled grants it. Kueue's objects are read only with
+kueue.enabled (the operator's --kueue), which also grants the one pod patch: lifting Kueue's
+finalizer from a pod force-deleted on a lost node.
 tests/chart/test_chart_rbac_from_code.py derives from the code (and kopf's documented needs)
 what each account calls and fails on a verb granted here that nothing sends, or one missing.
 */}}
@@ -28,11 +30,13 @@ what each account calls and fails on a verb granted here that nothing sends, or 
 # A job's children: worker pods, their headless Service, the Volcano PodGroup of each stage and
 # the NetworkPolicy that admits only the job's own pods (networkPolicy.jobs; watched either way,
 # so turning it on needs no new grant). Watched into the cache, read when a name is taken,
-# created and deleted; never changed.
+# created and deleted; never changed, but for one pod patch, only with kueue.enabled: a pod
+# force-deleted on a lost node loses Kueue's finalizer (kueue.x-k8s.io/managed), a
+# strategic-merge patch of metadata.finalizers and nothing else.
 - scope: namespaced
   apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete"{{ if .Values.kueue.enabled }}, "patch"{{ end }}]
 - scope: namespaced
   apiGroups: [""]
   resources: ["services"]
@@ -56,6 +60,15 @@ what each account calls and fails on a verb granted here that nothing sends, or 
   apiGroups: ["scheduling.volcano.sh"]
   resources: ["queues"]
   verbs: ["list", "watch"]
+{{- if .Values.kueue.enabled }}
+# Kueue (kueue.enabled): the Workload of each gang Kueue queues (its admission, its reason for
+# waiting or evicting) and the LocalQueues jobs name (missing or stopped), watched read-only;
+# Kueue creates both kinds' objects, the operator never writes one.
+- scope: namespaced
+  apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads", "localqueues"]
+  verbs: ["list", "watch"]
+{{- end }}
 # Node loss: a job whose node disappears or turns NotReady is restarted (nodes are watched).
 # patch, only with health.stragglerReplacement.enabled: spec.health.onStraggler: Replace
 # cordons a persistent straggler's node (spec.unschedulable, a trainium.dev/cordoned label and
