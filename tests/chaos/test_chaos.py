@@ -80,6 +80,7 @@ from integration.operator_harness import (
     publish_report,
 )
 from trainium_devcluster import cluster, stages, testing
+from trainium_devcluster import kueue as dev_kueue
 from trainium_devcluster.sim import (
     WaitTimeoutError,
     node_is_ready,
@@ -88,6 +89,7 @@ from trainium_devcluster.sim import (
     simulate_pod_outcome,
     wait_for,
 )
+from trainium_operator.api import kueue
 
 pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 
@@ -112,6 +114,9 @@ TARGET_QUOTA = "chaos-quota"
 # refuses exactly them; the API server's ResourceQuota admission enforces it.
 UPLOAD_QUOTA = "chaos-no-upload-pods"
 CONTROL_JOBS = ("ctl-one", "ctl-two")
+# Queued by the dev cluster's real Kueue (the label kueue.x-k8s.io/queue-name), one targeted by
+# the faults and one control job; the others by Volcano. The replicas run with --kueue.
+KUEUE_JOBS = ("c-two", "ctl-two")
 UPLOAD_JOB = "p-two"
 # The node lifecycle controller marks a node whose Lease stopped NotReady after its monitor
 # grace period; the operator gives up on its pods `nodeLostGracePeriodSeconds` later. Past this
@@ -193,6 +198,9 @@ def chaos_jobs() -> dict[str, dict[str, Any]]:
         job_manifest("ctl-one", nodes=1, runPolicy=limits),
         job_manifest("ctl-two", nodes=2, compile=no_compile, runPolicy=limits),
     ]
+    for manifest in manifests:
+        if manifest["metadata"]["name"] in KUEUE_JOBS:
+            manifest["metadata"]["labels"] = {kueue.QUEUE_NAME_LABEL: dev_kueue.LOCAL_QUEUE}
     return {m["metadata"]["name"]: m for m in manifests}
 
 
@@ -511,7 +519,8 @@ def peered_replicas(
     clients.custom.create_namespaced_custom_object(
         "kopf.dev", "v1", namespace, "kopfpeerings", peering
     )
-    args = ("--peering", PEERING, "--peering-lifetime", str(PEERING_LIFETIME_SECONDS))
+    dev_kueue.ensure_local_queue(clients, namespace, dev_kueue.LOCAL_QUEUE)
+    args = ("--peering", PEERING, "--peering-lifetime", str(PEERING_LIFETIME_SECONDS), "--kueue")
     replicas = [
         OperatorProcess(
             Path(dev_cluster.kubeconfig), namespace, tmp_path / f"replica-{i}.log", extra_args=args
@@ -718,6 +727,10 @@ def test_invariants_hold_under_seeded_faults(
     report.append(
         f"  jobs                  {len(names)} ({len(CONTROL_JOBS)} control jobs no fault "
         f"targets: {', '.join(CONTROL_JOBS)})"
+    )
+    report.append(
+        f"  queued by Kueue       {', '.join(KUEUE_JOBS)} (LocalQueue {dev_kueue.LOCAL_QUEUE}; "
+        "the others by Volcano)"
     )
     report.append(
         f"  multi-node gangs ran  {sum(gangs.values())} "
