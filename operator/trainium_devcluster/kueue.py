@@ -31,18 +31,15 @@ from kubernetes.utils import parse_quantity
 from trainium_devcluster import build, paths, sim, versions, volcano
 from trainium_devcluster.clients import Clients, apply_crds, create_if_missing, is_status
 from trainium_operator.api import instance_types
+from trainium_operator.api.kueue import KUEUE_GROUP as GROUP
+from trainium_operator.api.kueue import KUEUE_VERSION as VERSION
+from trainium_operator.api.kueue import (
+    MANAGED_FINALIZER,
+    QUEUE_NAME_LABEL,
+)
 
-GROUP = "kueue.x-k8s.io"
-VERSION = "v1beta2"
 CONFIG_API_VERSION = "config.kueue.x-k8s.io/v1beta2"
 BINARY = "kueue"
-
-QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
-POD_GROUP_NAME_LABEL = "kueue.x-k8s.io/pod-group-name"
-POD_GROUP_TOTAL_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
-PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
-ADMISSION_GATE = "kueue.x-k8s.io/admission"
-MANAGED_FINALIZER = "kueue.x-k8s.io/managed"
 
 CLUSTER_QUEUE = "trainium"
 LOCAL_QUEUE = "trainium"

@@ -15,6 +15,7 @@ import pytest
 from trainium_devcluster import kueue, sim, testing
 from trainium_devcluster.testing import DevCluster
 from trainium_operator.api import instance_types
+from trainium_operator.api import kueue as kueue_api
 
 pytestmark = pytest.mark.integration
 
@@ -32,9 +33,9 @@ def group_pod(name: str, group: str, total: int, neuron: int) -> dict[str, Any]:
             "name": name,
             "labels": {
                 kueue.QUEUE_NAME_LABEL: kueue.LOCAL_QUEUE,
-                kueue.POD_GROUP_NAME_LABEL: group,
+                kueue_api.POD_GROUP_NAME_LABEL: group,
             },
-            "annotations": {kueue.POD_GROUP_TOTAL_COUNT_ANNOTATION: str(total)},
+            "annotations": {kueue_api.POD_GROUP_TOTAL_COUNT_ANNOTATION: str(total)},
         },
         "spec": {
             "restartPolicy": "Never",
@@ -98,11 +99,11 @@ def condition(found: dict[str, Any], kind: str) -> dict[str, Any]:
 
 
 def gated(pod: Any) -> bool:
-    return kueue.ADMISSION_GATE in [gate.name for gate in pod.spec.scheduling_gates or []]
+    return kueue_api.ADMISSION_GATE in [gate.name for gate in pod.spec.scheduling_gates or []]
 
 
 def group_pods(dev_cluster: DevCluster, namespace: str, group: str) -> list[Any]:
-    selector = f"{kueue.POD_GROUP_NAME_LABEL}={group}"
+    selector = f"{kueue_api.POD_GROUP_NAME_LABEL}={group}"
     return list(dev_cluster.core.list_namespaced_pod(namespace, label_selector=selector).items)
 
 
@@ -197,7 +198,7 @@ def test_a_running_kueue_pod_deleted_is_killed_and_let_go(
     arrives or the group is ended with `kueue.x-k8s.io/retriable-in-group: "false"`.)"""
     kueue.ensure_local_queue(dev_cluster.clients, namespace)
     body = group_pod("lone", "none", 1, 1)
-    del body["metadata"]["labels"][kueue.POD_GROUP_NAME_LABEL]
+    del body["metadata"]["labels"][kueue_api.POD_GROUP_NAME_LABEL]
     del body["metadata"]["annotations"]
     dev_cluster.core.create_namespaced_pod(namespace, body)
     sim.wait_for(
