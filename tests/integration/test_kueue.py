@@ -27,6 +27,7 @@ from integration.operator_harness import (
     job_manifest,
     job_pods,
     kubectl,
+    patch_job,
     supervised,
     wait_for,
     wait_gang_running,
@@ -276,3 +277,31 @@ def test_a_lost_nodes_pods_are_force_deleted_despite_kueues_finalizer(
         restore_node(clients.core, lost)
     again = wait_gang_running(clients, namespace, "lost", "train", 1)
     finish_job(clients, namespace, "lost", again)
+
+
+def test_a_suspended_kueue_job_frees_its_quota_and_queues_again_when_resumed(
+    dev_cluster: Any, queue_namespace: str
+) -> None:
+    """As Kueue's own job types: suspending stops the gang and ends its Workload (the quota goes
+    back to the queue); resuming queues the next attempt as a new Workload."""
+    clients, namespace = dev_cluster.clients, queue_namespace
+    nodes = trainium_nodes(clients)
+    create_job(clients, namespace, kueue_manifest("pause", nodes=nodes))
+    wait_gang_running(clients, namespace, "pause", "train", 0, nodes=nodes)
+    patch_job(clients, namespace, "pause", {"spec": {"runPolicy": {"suspend": True}}})
+    wait_phase(clients, namespace, "pause", "Suspended")
+    wait_for(
+        lambda: job_pods(clients, namespace, "pause"),
+        until=lambda pods: not pods,
+        timeout=60,
+        description="the suspended job's pods gone (Kueue's finalizer lifted once they ended)",
+    )
+    # The quota is free: another job of the whole cluster is admitted and runs meanwhile.
+    create_job(clients, namespace, kueue_manifest("other", nodes=nodes))
+    other = wait_gang_running(clients, namespace, "other", "train", 0, nodes=nodes)
+    patch_job(clients, namespace, "pause", {"spec": {"runPolicy": {"suspend": False}}})
+    waiting = wait_reason(clients, namespace, "pause", "Queued")
+    assert waiting["status"]["queue"]["workload"] == "pause-train-1"
+    finish_job(clients, namespace, "other", other)
+    resumed = wait_gang_running(clients, namespace, "pause", "train", 1, nodes=nodes)
+    finish_job(clients, namespace, "pause", resumed)
