@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 from kubernetes.utils import parse_quantity
 
-from trainium_devcluster import build, paths, sim, versions, volcano
+from trainium_devcluster import build, paths, sim, stages, versions, volcano
 from trainium_devcluster.clients import Clients, apply_crds, create_if_missing, is_status
 from trainium_operator.api import instance_types
 
@@ -42,7 +42,7 @@ POD_GROUP_NAME_LABEL = "kueue.x-k8s.io/pod-group-name"
 POD_GROUP_TOTAL_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
-MANAGED_FINALIZER = "kueue.x-k8s.io/managed"
+MANAGED_FINALIZER = stages.KUEUE_FINALIZER
 
 CLUSTER_QUEUE = "trainium"
 LOCAL_QUEUE = "trainium"
