@@ -11,6 +11,7 @@ check the configuration, the argv and the webhook rewrite without a cluster.
 
 from __future__ import annotations
 
+import base64
 import copy
 import datetime
 import functools
@@ -310,6 +311,10 @@ def certificates(cluster: paths.ClusterPaths) -> Certificates:
     return Certificates(cluster.state_dir / "kueue-certs")
 
 
+# cryptography is imported where it is used: it comes with the dev extras, and `dev status` or
+# `dev down` need none of it.
+
+
 def _private_key_pem(key: Any) -> bytes:
     from cryptography.hazmat.primitives import serialization
 
@@ -410,8 +415,6 @@ def ensure_metrics_certificate(directory: Path = METRICS_CERT_DIR) -> None:
 
 
 def ca_bundle(certs: Certificates) -> str:
-    import base64
-
     return base64.b64encode(certs.ca_cert.read_bytes()).decode()
 
 
