@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from trainium_operator.api import kueue
+
 OUTCOME_ANNOTATION = "sim.trainium.dev/outcome"
 EXIT_CODE_ANNOTATION = "sim.trainium.dev/exit-code"
 REASON_ANNOTATION = "sim.trainium.dev/reason"
@@ -53,8 +55,11 @@ def _expression(key: str, operator: str, *values: str) -> dict[str, Any]:
 
 _NOT_DELETING = _expression(".metadata.deletionTimestamp", "DoesNotExist")
 _DELETING = _expression(".metadata.deletionTimestamp", "Exists")
-_FINALIZERS = ".metadata.finalizers"
 _TERMINAL_PHASES = ("Succeeded", "Failed")
+# Kueue's pod finalizer: Kueue lets go of a pod only once it has ended.
+KUEUE_FINALIZER = kueue.MANAGED_FINALIZER
+_HELD_BY_KUEUE = _expression(".metadata.finalizers.[]", "In", KUEUE_FINALIZER)
+_NOT_HELD_BY_KUEUE = _expression(".metadata.finalizers.[]", "NotIn", KUEUE_FINALIZER)
 _READY_STATUS = '.status.conditions.[] | select( .type == "Ready" ) | .status'
 
 
@@ -468,28 +473,27 @@ def pod_stages() -> list[dict[str, Any]]:
             OUTCOME_FAILED,
             _pod_outcome_template(phase="Failed", default_exit_code=1, default_reason="Error"),
         ),
-        # A kubelet kills the containers of a pod being deleted and then removes it. A pod no
-        # finalizer holds goes at once. One a finalizer holds stays, exactly as on a real node,
-        # but not Running: the kubelet has stopped its containers, and the controller that holds
-        # it (Kueue, which lets go of a pod once it has ended) waits for just that.
+        # A kubelet kills the containers of a pod being deleted and then removes it; finalizers
+        # other controllers hold still keep it, exactly as on a real node. The tests' own
+        # finalizers keep such a pod Running, as a kubelet that never confirms the delete does.
+        # A pod Kueue holds is first ended as a kubelet would end it: Kueue removes its
+        # finalizer only from an ended pod, so it would stay Running and Terminating forever.
         _stage(
             "pod-delete",
             "Pod",
             {
-                "selector": {
-                    "matchExpressions": [_DELETING, _expression(_FINALIZERS, "DoesNotExist")]
-                },
+                "selector": {"matchExpressions": [_DELETING, _NOT_HELD_BY_KUEUE]},
                 "next": {"delete": True},
             },
         ),
         _stage(
-            "pod-kill-held",
+            "pod-kill-held-by-kueue",
             "Pod",
             {
                 "selector": {
                     "matchExpressions": [
                         _DELETING,
-                        _expression(_FINALIZERS, "Exists"),
+                        _HELD_BY_KUEUE,
                         _expression(".status.phase", "NotIn", *_TERMINAL_PHASES),
                     ]
                 },
@@ -504,13 +508,13 @@ def pod_stages() -> list[dict[str, Any]]:
             },
         ),
         _stage(
-            "pod-delete-held",
+            "pod-delete-held-by-kueue",
             "Pod",
             {
                 "selector": {
                     "matchExpressions": [
                         _DELETING,
-                        _expression(_FINALIZERS, "Exists"),
+                        _HELD_BY_KUEUE,
                         _expression(".status.phase", "In", *_TERMINAL_PHASES),
                     ]
                 },

@@ -190,7 +190,13 @@ def _stage(name: str) -> dict[str, object]:
 def test_stages_include_the_node_stages_kwok_would_otherwise_drop() -> None:
     names = {s["metadata"]["name"] for s in stages.all_stages()}
     assert {"node-initialize", "node-heartbeat-with-lease"} <= names
-    assert {"pod-ready", "pod-succeeded", "pod-failed", "pod-delete", "pod-kill-held"} <= names
+    assert {
+        "pod-ready",
+        "pod-succeeded",
+        "pod-failed",
+        "pod-delete",
+        "pod-kill-held-by-kueue",
+    } <= names
 
 
 def test_pod_outcome_stages_are_selected_by_annotation_and_delayed_by_it() -> None:
@@ -239,22 +245,28 @@ def test_pod_stage_selectors_never_overlap() -> None:
             ), f"{name} and {other} can match the same pod"
 
 
-def test_a_deleted_pod_no_finalizer_holds_is_removed_at_once_as_before() -> None:
+def test_a_deleted_pod_kueue_does_not_hold_is_removed_at_once_as_before() -> None:
+    """Other finalizers (the tests' own) keep a deleted pod Running, as a kubelet that never
+    confirms the delete would."""
     delete = _stage("pod-delete")["spec"]
     assert isinstance(delete, dict)
     assert delete["next"] == {"delete": True}
-    assert {e["key"]: e["operator"] for e in delete["selector"]["matchExpressions"]} == {
-        ".metadata.deletionTimestamp": "Exists",
-        ".metadata.finalizers": "DoesNotExist",
-    }
+    assert delete["selector"]["matchExpressions"] == [
+        {"key": ".metadata.deletionTimestamp", "operator": "Exists"},
+        {"key": ".metadata.finalizers.[]", "operator": "NotIn", "values": [stages.KUEUE_FINALIZER]},
+    ]
 
 
-def test_a_deleted_pod_a_finalizer_holds_is_killed_first_then_deleted() -> None:
+def test_a_deleted_pod_kueue_holds_is_killed_first_then_deleted() -> None:
     """Kueue removes its finalizer only from an ended pod: KWOK ends it as a kubelet would."""
-    kill = _stage("pod-kill-held")["spec"]
+    kill = _stage("pod-kill-held-by-kueue")["spec"]
     assert isinstance(kill, dict)
     expressions = kill["selector"]["matchExpressions"]
-    assert {"key": ".metadata.finalizers", "operator": "Exists"} in expressions
+    assert {
+        "key": ".metadata.finalizers.[]",
+        "operator": "In",
+        "values": ["kueue.x-k8s.io/managed"],
+    } in expressions
     assert {
         "key": ".status.phase",
         "operator": "NotIn",
@@ -264,7 +276,7 @@ def test_a_deleted_pod_a_finalizer_holds_is_killed_first_then_deleted() -> None:
     assert "phase: Failed" in template
     assert "{{ $exitCode := 137 }}" in template
     assert "sim.trainium.dev" not in template, "a kill ignores the simulated outcome"
-    held = _stage("pod-delete-held")["spec"]
+    held = _stage("pod-delete-held-by-kueue")["spec"]
     assert isinstance(held, dict)
     assert held["next"] == {"delete": True}
 
