@@ -32,10 +32,14 @@ from kubernetes.utils import parse_quantity
 from trainium_devcluster import build, paths, sim, versions, volcano
 from trainium_devcluster.clients import Clients, apply_crds, create_if_missing, is_status
 from trainium_operator.api import instance_types
-from trainium_operator.api.kueue import KUEUE_GROUP as GROUP
-from trainium_operator.api.kueue import KUEUE_VERSION as VERSION
-from trainium_operator.api.kueue import MANAGED_FINALIZER, QUEUE_NAME_LABEL
+from trainium_operator.api.kueue import (
+    KUEUE_GROUP,
+    KUEUE_VERSION,
+    MANAGED_FINALIZER,
+    QUEUE_NAME_LABEL,
+)
 
+GROUP, VERSION = KUEUE_GROUP, KUEUE_VERSION
 CONFIG_API_VERSION = "config.kueue.x-k8s.io/v1beta2"
 BINARY = "kueue"
 
