@@ -338,6 +338,24 @@ def test_cache_key_changes_with_the_module_graph_but_not_comments(
     assert build.component_digest(component) != original
 
 
+def test_kueues_build_replaces_its_list_of_integrations_and_its_cache_key_follows_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    component = versions.GO_COMPONENTS["kueue"]
+    ((module, path, replacement),) = component.overlays
+    assert (module, path) == (versions.KUEUE_MODULE, "pkg/controller/jobs/jobs.go")
+    assert build.module_version(component, module) == versions.KUEUE_VERSION
+    text = (build.wrapper_dir(component) / replacement).read_text()
+    assert '_ "sigs.k8s.io/kueue/pkg/controller/jobs/pod"' in text
+    assert text.count("sigs.k8s.io/kueue/pkg/controller/jobs/") == 1  # the pod integration only
+    wrapper = tmp_path / component.wrapper
+    shutil.copytree(build.wrapper_dir(component), wrapper)
+    monkeypatch.setattr(build, "GOMOD_DIR", tmp_path)
+    original = build.component_digest(component)
+    (wrapper / replacement).write_text(text + "\n// changed\n")
+    assert build.component_digest(component) != original
+
+
 def test_cache_lives_where_the_environment_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
