@@ -338,6 +338,37 @@ def test_volcanos_unschedulable_before_the_gangs_pods_exist_is_not_a_refusal() -
     assert (status["phase"], status["reason"]) == ("Pending", "WaitingForGang")
 
 
+@pytest.mark.parametrize(
+    ("volcano_says", "refused"),
+    [
+        (
+            "1/1 tasks in gang unschedulable: pod group is not ready, 1 Pending, 1 minAvailable; "
+            "Pending: 1 ",
+            False,
+        ),
+        (
+            "1/1 tasks in gang unschedulable: pod group is not ready, 1 Pending, 1 minAvailable; "
+            "Pending: 1 Unschedulable. Origin reason is x-0: 0/4 nodes are unavailable",
+            True,
+        ),
+        (
+            "1/1 tasks in gang unschedulable: pod group is not ready, 1 Pending, 1 minAvailable; "
+            "Pending: 1 Unschedulable",
+            True,
+        ),
+    ],
+    ids=["a task Volcano has not evaluated", "an origin reason", "a named reason"],
+)
+def test_a_volcano_verdict_that_names_no_reason_is_no_refusal_and_no_warning(
+    volcano_says: str, refused: bool
+) -> None:
+    job = job_ref(nodes=1)
+    pending = (pod(job, Stage.COMPILE, 0, 0, "Pending", node=None),)
+    group = PodGroupView("bert-compile", "Inqueue", volcano_says)
+    status = waiting(job, group=group, queue=None, pods=pending)
+    assert status["reason"] == ("Unschedulable" if refused else "WaitingForGang")
+
+
 def test_the_newer_of_volcanos_scheduled_and_unschedulable_conditions_wins() -> None:
     def group(unschedulable_at: str, scheduled_at: str) -> PodGroupView:
         return podgroup_view(

@@ -33,6 +33,23 @@ def admission_rejected(status: StatusEdit, reason: str, message: str, *, fatal: 
 _GANG_VERDICT = re.compile(r"(\d+)/(\d+) tasks in gang unschedulable")
 
 
+# Volcano's histogram of why the pending tasks wait: "; Pending: <n> <reason>, ...".
+_PENDING_REASONS = re.compile(r"; Pending: ([^.]*)")
+
+
+def _verdict_names_a_reason(message: str) -> bool:
+    """Whether Volcano's verdict says why the gang cannot be placed: an "Origin reason", or a
+    pending task with a reason. A task Volcano's session has not evaluated yet (a pod added
+    while it ran) is counted with an empty reason ("Pending: 1 "): no refusal, only a cycle
+    that raced the pod's creation, and the next one places the gang."""
+    if "Origin reason" in message:
+        return True
+    histogram = _PENDING_REASONS.search(message)
+    if histogram is None:
+        return True  # a message in another form is taken as it is
+    return any(part.strip().partition(" ")[2].strip() for part in histogram.group(1).split(","))
+
+
 def _verdict_covers(message: str, pods: int) -> bool:
     """Whether Volcano's "<unschedulable>/<tasks seen> tasks in gang unschedulable" saw at least
     `pods` tasks (a message in another form is taken as it is)."""
@@ -79,6 +96,7 @@ def waiting_reason(
         and scheduled < nodes
         and len(gang) >= nodes
         and _verdict_covers(group.unschedulable, len(gang))
+        and _verdict_names_a_reason(group.unschedulable)
     ):
         return (
             "Unschedulable",
