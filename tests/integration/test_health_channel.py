@@ -181,7 +181,7 @@ def test_steady_progress_shows_step_rate_and_an_eta_within_ten_percent_in_kubect
     assert figures.get("step", 0) >= 60, figures
     assert all(r["sent"] > 0 for r in results), results
     header, row = table.stdout.splitlines()[:2]
-    assert header.split()[5:8] == ["STEP", "RATE", "ETA"], header
+    assert header.split()[6:9] == ["STEP", "RATE", "ETA"], header
     starts = [header.index(name) for name in ("STEP", "RATE", "ETA", "AGE")]
     step, rate, left_text = (row[a:b].strip() for a, b in itertools.pairwise(starts))
     assert step.endswith(f"/{total}"), row

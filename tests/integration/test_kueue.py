@@ -134,11 +134,11 @@ def test_the_readme_job_runs_to_success_through_kueue_admitted_whole(
     assert not any(gated(p) for p in compile_gang)
     assert all(kueue.MANAGED_FINALIZER in (p.metadata.finalizers or ()) for p in compile_gang)
     job = wait_phase(clients, namespace, name, "Compiling")
-    assert job["status"]["queue"]["summary"] == f"kueue/{QUEUE} Admitted"
+    assert job["status"]["queue"]["summary"] == f"kueue/{QUEUE}:Admitted"
     assert job["status"]["queue"]["clusterQueue"] == dev_kueue.CLUSTER_QUEUE
     table = kubectl(dev_cluster, namespace, "get", "tj", name).stdout
     assert "QUEUE" in table.splitlines()[0]
-    assert f"kueue/{QUEUE} Admitted" in table
+    assert f"kueue/{QUEUE}:Admitted" in table
 
     finish_pods(clients, namespace, compile_gang)
     train = wait_gang_running(clients, namespace, name, "train", 0)

@@ -162,13 +162,13 @@ def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
         "PHASE",
         "NODES",
         "WORKERS",
+        "QUEUE",
         "RESTARTS",
         "STEP",
         "RATE",
         "ETA",
-        "AGE",
     ]
-    assert row.split()[:5] == [name, "Succeeded", "2", "0/2", "0"]
+    assert row.split()[:6] == [name, "Succeeded", "2", "0/2", "volcano/test:Admitted", "0"]
     assert "TrainingSucceeded" in row
     assert row.split()[-1] == goodput["summary"], "the GOODPUT column (wide) ends the row"
 

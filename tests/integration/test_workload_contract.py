@@ -254,7 +254,7 @@ def test_a_pod_template_adds_volumes_and_a_sidecar_to_running_pods(
         ),
         pytest.param(
             {"metadata": {"labels": {"trainium.dev/job-name": "other"}}},
-            "the operator selects its pods on them",
+            "the operator selects its pods on its own",
             id="selector-label",
         ),
     ],

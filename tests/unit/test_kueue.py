@@ -208,7 +208,7 @@ def test_a_kueue_gang_is_created_at_once_behind_kueues_gate_and_waits_quietly() 
     assert decision.status["phase"] == "Pending"
     assert decision.status["reason"] == "Queued"
     assert "waiting in Kueue LocalQueue 'team-a-queue'" in decision.status["message"]
-    assert decision.status["queue"]["summary"] == "kueue/team-a-queue Pending"
+    assert decision.status["queue"]["summary"] == "kueue/team-a-queue:Pending"
     assert not [e for e in decision.events if e.type == "Warning"]
 
 
@@ -244,7 +244,7 @@ def test_an_admitted_running_kueue_gang_trains_and_shows_its_cluster_queue() -> 
         "admission": "Admitted",
         "workload": "bert-train-0",
         "clusterQueue": "trainium",
-        "summary": "kueue/team-a-queue Admitted",
+        "summary": "kueue/team-a-queue:Admitted",
     }
 
 

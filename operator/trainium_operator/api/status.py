@@ -469,7 +469,7 @@ class QueueStatus(ApiModel):
     cluster_queue: str | None = None
     """The Kueue ClusterQueue that admitted the gang."""
     summary: str | None = None
-    """<scheduler>/<queue> and the admission, for kubectl get."""
+    """<scheduler>/<queue>:<admission>, one word for kubectl get (volcano/default:Admitted)."""
 
 
 class TrainingJobStatus(ApiModel):

@@ -182,7 +182,7 @@ def kueue_waiting_reason(
 
 
 def _summary(scheduler: QueueingScheduler, name: str, admission: str) -> str:
-    return f"{scheduler.value.lower()}/{name} {admission}"
+    return f"{scheduler.value.lower()}/{name}:{admission}"
 
 
 def kueue_queue_status(job: JobRef, workload: WorkloadView | None, name: str) -> QueueStatus:
