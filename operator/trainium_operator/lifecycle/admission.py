@@ -85,8 +85,7 @@ def waiting_reason(
         return blocker.reason, blocker.message, True
     group = observed.podgroups.get(job.podgroup_name(stage))
     scheduled = sum(1 for p in gang.values() if p.node)
-    ready = sum(1 for p in gang.values() if p.phase == "Running" and p.ready and not p.deleting)
-    progress = f"{scheduled}/{nodes} pods scheduled, {ready}/{nodes} ready"
+    progress = _progress(gang, nodes)
     # Until all of the gang's pods exist, Volcano's "16/0 tasks in gang unschedulable" only
     # says that the pods being created are not there yet; a verdict on fewer tasks than the gang
     # now has was written before its pods existed and is no refusal either.
