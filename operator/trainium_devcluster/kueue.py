@@ -659,3 +659,19 @@ def strip_finalizers(core: Any, namespace: str, pods: Iterable[Any]) -> list[str
             continue
         patched.append(pod.metadata.name)
     return patched
+
+
+def read_workload(custom: Any, namespace: str, name: str) -> dict[str, Any]:
+    """A Kueue Workload as the API server returns it (CustomObjectsApi `custom`)."""
+    found: dict[str, Any] = custom.get_namespaced_custom_object(
+        GROUP, VERSION, namespace, "workloads", name
+    )
+    return found
+
+
+def condition(found: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The condition `kind` of a Kueue object's status, or {} when it has none."""
+    for entry in (found.get("status") or {}).get("conditions") or []:
+        if entry.get("type") == kind:
+            return dict(entry)
+    return {}

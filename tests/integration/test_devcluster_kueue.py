@@ -84,20 +84,6 @@ def neuron_quota(dev_cluster: DevCluster) -> int:
     return int(quota)
 
 
-def workload(dev_cluster: DevCluster, namespace: str, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = dev_cluster.custom.get_namespaced_custom_object(
-        kueue.GROUP, kueue.VERSION, namespace, "workloads", name
-    )
-    return found
-
-
-def condition(found: dict[str, Any], kind: str) -> dict[str, Any]:
-    for entry in (found.get("status") or {}).get("conditions") or []:
-        if entry["type"] == kind:
-            return dict(entry)
-    return {}
-
-
 def gated(pod: Any) -> bool:
     return kueue_api.ADMISSION_GATE in [gate.name for gate in pod.spec.scheduling_gates or []]
 
@@ -136,8 +122,8 @@ def test_a_pod_group_is_admitted_whole_and_one_beyond_the_quota_waits_gated(
     assert all(kueue.MANAGED_FINALIZER in pod.metadata.finalizers for pod in created)
 
     admitted = sim.wait_for(
-        lambda: workload(dev_cluster, namespace, "g"),
-        until=lambda found: condition(found, "Admitted").get("status") == "True",
+        lambda: kueue.read_workload(dev_cluster.custom, namespace, "g"),
+        until=lambda found: kueue.condition(found, "Admitted").get("status") == "True",
         timeout=30,
         description="Workload g admitted",
     )
@@ -155,14 +141,14 @@ def test_a_pod_group_is_admitted_whole_and_one_beyond_the_quota_waits_gated(
 
     create_group(dev_cluster, namespace, "h", second, size)
     waiting = sim.wait_for(
-        lambda: workload(dev_cluster, namespace, "h"),
-        until=lambda found: condition(found, "QuotaReserved").get("status") == "False",
+        lambda: kueue.read_workload(dev_cluster.custom, namespace, "h"),
+        until=lambda found: kueue.condition(found, "QuotaReserved").get("status") == "False",
         timeout=30,
         description="Workload h refused a quota reservation",
     )
     assert (
         "insufficient unused quota for aws.amazon.com/neuron"
-        in condition(waiting, "QuotaReserved")["message"]
+        in kueue.condition(waiting, "QuotaReserved")["message"]
     )
     assert all(gated(pod) for pod in group_pods(dev_cluster, namespace, "h"))
 

@@ -93,20 +93,6 @@ def kueue_manifest(name: str, *, priority: str | None = None, **spec: Any) -> di
     return manifest
 
 
-def workload(clients: Any, namespace: str, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = clients.custom.get_namespaced_custom_object(
-        kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, namespace, "workloads", name
-    )
-    return found
-
-
-def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
-    for each in (obj.get("status") or {}).get("conditions") or []:
-        if each.get("type") == kind:
-            return dict(each)
-    return {}
-
-
 def gated(pod: Any) -> bool:
     return any(g.name == kueue.ADMISSION_GATE for g in pod.spec.scheduling_gates or ())
 
@@ -127,8 +113,8 @@ def test_the_readme_job_runs_to_success_through_kueue_admitted_whole(
     create_job(clients, namespace, manifest)
 
     compile_gang = wait_gang_running(clients, namespace, name, "compile", 0)
-    group = workload(clients, namespace, f"{name}-compile-0")
-    assert condition(group, "Admitted")["status"] == "True"
+    group = dev_kueue.read_workload(clients.custom, namespace, f"{name}-compile-0")
+    assert dev_kueue.condition(group, "Admitted")["status"] == "True"
     assert group["spec"]["podSets"][0]["count"] == 2, "one Workload holds the whole gang"
     assert all(p.spec.scheduler_name == "default-scheduler" for p in compile_gang)
     assert not any(gated(p) for p in compile_gang)
@@ -143,7 +129,10 @@ def test_the_readme_job_runs_to_success_through_kueue_admitted_whole(
     finish_pods(clients, namespace, compile_gang)
     train = wait_gang_running(clients, namespace, name, "train", 0)
     assert (
-        condition(workload(clients, namespace, f"{name}-train-0"), "Admitted")["status"] == "True"
+        dev_kueue.condition(
+            dev_kueue.read_workload(clients.custom, namespace, f"{name}-train-0"), "Admitted"
+        )["status"]
+        == "True"
     )
     done = finish_job(clients, namespace, name, train)
     assert done["status"]["restarts"]["total"] == 0
@@ -170,12 +159,12 @@ def test_a_gang_waits_behind_kueues_gate_for_quota_and_runs_when_the_first_ends(
     )
     assert held[0].spec.node_name is None
     group = wait_for(
-        lambda: workload(clients, namespace, "second-train-0"),
-        until=lambda w: condition(w, "QuotaReserved").get("status") == "False",
+        lambda: dev_kueue.read_workload(clients.custom, namespace, "second-train-0"),
+        until=lambda w: dev_kueue.condition(w, "QuotaReserved").get("status") == "False",
         timeout=30,
         description="the second job's Workload waiting for quota",
     )
-    said = condition(group, "QuotaReserved")["message"]
+    said = dev_kueue.condition(group, "QuotaReserved")["message"]
     assert said in get_job(clients, namespace, "second")["status"]["message"] or wait_for(
         lambda: get_job(clients, namespace, "second"),
         until=lambda job: said in job["status"]["message"],
@@ -248,7 +237,9 @@ def test_a_failed_rank_restarts_the_gang_and_the_restart_time_is_measured(
     job = get_job(clients, namespace, "flaky")
     assert job["status"]["restarts"]["application"] == 1
     if route == "kueue":
-        admitted = condition(workload(clients, namespace, "flaky-train-1"), "Admitted")
+        admitted = dev_kueue.condition(
+            dev_kueue.read_workload(clients.custom, namespace, "flaky-train-1"), "Admitted"
+        )
         assert admitted["status"] == "True"
     finish_job(clients, namespace, "flaky", again)
 
