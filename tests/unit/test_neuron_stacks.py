@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,56 @@ def test_the_crd_refuses_unsupported_stacks_with_the_models_messages() -> None:
     assert "default" not in stack, "defaulted per instance type by the operator, not the schema"
     for implied in ("neuron_parallel_compile", "TorchNeuron", "NEFF cache", "trn1"):
         assert implied in stack["description"]
+
+
+LEGACY_DEVICE = "aws.amazon.com/neurondevice"
+
+
+@pytest.mark.parametrize("instance_type", ["trn2.48xlarge", "trn2u.48xlarge"])
+@pytest.mark.parametrize(
+    ("request_", "field", "fix"),
+    [
+        ({"neuronResourceName": LEGACY_DEVICE}, "spec.neuronResourceName", "remove spec.neuron"),
+        (
+            {"resources": {"limits": {LEGACY_DEVICE: "16"}}},
+            "spec.resources",
+            f"remove {LEGACY_DEVICE} from spec.resources.limits",
+        ),
+        ({"resources": {"requests": {LEGACY_DEVICE: "1"}}}, "spec.resources", "remove"),
+    ],
+)
+def test_neurondevice_on_trainium2_is_refused_naming_the_field_the_reason_and_the_fix(
+    instance_type: str, request_: dict[str, Any], field: str, fix: str
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        _spec(instanceType=instance_type, **request_)
+    message = str(refused.value)
+    assert f"{field}: {LEGACY_DEVICE} has not been advertised since Neuron 2.20" in message
+    assert fix in message
+    assert re.search(r"aws\.amazon\.com/neuron(?!device)", message), "names the resource to use"
+
+
+def test_neurondevice_stays_allowed_on_trn1_where_plugins_before_neuron_2_20_advertised_it() -> (
+    None
+):
+    spec = _spec(instanceType="trn1.32xlarge", neuronResourceName=LEGACY_DEVICE)
+    assert spec.neuron_resource_name.value == LEGACY_DEVICE
+    assert _spec(instanceType="trn1.32xlarge", resources={"limits": {LEGACY_DEVICE: "16"}})
+
+
+def test_the_crd_refuses_neurondevice_on_trainium2_with_the_models_messages() -> None:
+    spec_schema = training_job_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
+        "properties"
+    ]["spec"]
+    rules = {r.get("fieldPath"): r for r in spec_schema["x-kubernetes-validations"]}
+    for path in (".neuronResourceName", ".resources"):
+        rule = rules[path]
+        assert LEGACY_DEVICE in rule["rule"]
+        assert "'trn2.48xlarge', 'trn2u.48xlarge'" in rule["rule"]
+        assert "trn1" not in rule["rule"]
+    with pytest.raises(ValidationError) as refused:
+        _spec(instanceType="trn2.48xlarge", neuronResourceName=LEGACY_DEVICE)
+    assert rules[".neuronResourceName"]["message"] in str(refused.value)
 
 
 def test_trn2_48xlarge_runs_64_ranks_per_node_at_lnc_2_and_128_at_lnc_1() -> None:

@@ -36,6 +36,10 @@ from dataclasses import dataclass, field
 from trainium_operator.contract.workload_env import NEURON_STACKS
 
 NEURON_RESOURCE = "aws.amazon.com/neuron"
+# The device plugin's old name for the same devices. Neuron 2.20 dropped it ("Starting with
+# Neuron release 2.20, Neuron no longer supports resource name 'neurondevice'": Neuron docs,
+# about-neuron/announcements/neuron2.x/announce-no-support-device-version.rst), and Trn2
+# support came with Neuron 2.21, so no plugin that runs on a Trainium2 node ever advertised it.
 NEURON_DEVICE_RESOURCE = "aws.amazon.com/neurondevice"
 NEURON_CORE_RESOURCE = "aws.amazon.com/neuroncore"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
@@ -54,7 +58,7 @@ TRN2_STACKS = (NATIVE_STACK, XLA_STACK)  # native is the default; XLA is frozen 
 @dataclass(frozen=True, slots=True)
 class InstanceType:
     name: str
-    neuron_devices: int  # Trainium chips, advertised as aws.amazon.com/neuron(device)
+    neuron_devices: int  # Trainium chips, advertised as aws.amazon.com/neuron
     physical_cores_per_device: int  # NeuronCore-v2: 2 per Trainium; NeuronCore-v3: 8 per Trn2
     efa_interfaces: int  # vpc.amazonaws.com/efa
     cpu: int  # vCPUs
@@ -63,6 +67,9 @@ class InstanceType:
     default_lnc: int = 1
     # The Neuron PyTorch stacks that run on it (contract/workload_env.NEURON_STACKS), default first.
     neuron_stacks: tuple[str, ...] = TRN1_STACKS
+    # A Neuron device plugin that runs on this type ever advertised aws.amazon.com/neurondevice
+    # (plugins of Neuron 2.19 and earlier, which predate Trainium2).
+    legacy_device_resource: bool = True
     # Facts of this row no source confirmed (field names), shown by the docs and `unconfirmed`.
     unconfirmed: tuple[str, ...] = field(default=())
 
@@ -87,7 +94,16 @@ class InstanceType:
 
 def _trn2(name: str) -> InstanceType:
     return InstanceType(
-        name, 16, 8, 16, 192, 2048, lnc_options=(1, 2), default_lnc=2, neuron_stacks=TRN2_STACKS
+        name,
+        16,
+        8,
+        16,
+        192,
+        2048,
+        lnc_options=(1, 2),
+        default_lnc=2,
+        neuron_stacks=TRN2_STACKS,
+        legacy_device_resource=False,
     )
 
 
@@ -120,6 +136,7 @@ UNCONFIRMED_SHAPES: dict[str, InstanceType] = {
             lnc_options=(1, 2),
             default_lnc=2,
             neuron_stacks=(NATIVE_STACK,),
+            legacy_device_resource=False,
             unconfirmed=_TRN3_UNKNOWN,
         ),
         InstanceType(
@@ -132,6 +149,7 @@ UNCONFIRMED_SHAPES: dict[str, InstanceType] = {
             lnc_options=(1, 2),
             default_lnc=2,
             neuron_stacks=(NATIVE_STACK,),
+            legacy_device_resource=False,
             unconfirmed=_TRN3_UNKNOWN,
         ),
     )

@@ -523,6 +523,45 @@ def _stack_support_summary() -> str:
     return "; ".join(f"{s.value}: {', '.join(_types_running(s))}" for s in NeuronStack)
 
 
+_NO_LEGACY_DEVICE_TYPES = [t.name for t in INSTANCE_TYPES.values() if not t.legacy_device_resource]
+_LEGACY_DEVICE_REASON = (
+    f"{NEURON_DEVICE_RESOURCE} has not been advertised since Neuron 2.20 and no device plugin "
+    f"for {', '.join(_NO_LEGACY_DEVICE_TYPES)} ever advertised it, so no such node could run "
+    "the pods"
+)
+_LEGACY_DEVICE_NAME_RULE = {
+    "rule": "!has(self.neuronResourceName) || "
+    f"self.neuronResourceName != '{NEURON_DEVICE_RESOURCE}' || "
+    f"!(self.instanceType in {_NO_LEGACY_DEVICE_TYPES})",
+    "message": f"spec.neuronResourceName: {_LEGACY_DEVICE_REASON}; remove spec.neuronResourceName "
+    f"(the default, {NEURON_RESOURCE}, is what the plugin advertises)",
+    "fieldPath": ".neuronResourceName",
+}
+_LEGACY_DEVICE_LIMIT_RULE = {
+    "rule": "!has(self.resources) || !(self.instanceType in "
+    f"{_NO_LEGACY_DEVICE_TYPES}) || ("
+    f"(!has(self.resources.limits) || !('{NEURON_DEVICE_RESOURCE}' in self.resources.limits)) && "
+    f"(!has(self.resources.requests) || !('{NEURON_DEVICE_RESOURCE}' in self.resources.requests)))",
+    "message": f"spec.resources: {_LEGACY_DEVICE_REASON}; remove {NEURON_DEVICE_RESOURCE} from "
+    f"spec.resources.limits and spec.resources.requests (the operator requests {NEURON_RESOURCE} "
+    "for the instance type's devices)",
+    "fieldPath": ".resources",
+}
+
+
+def _legacy_device_problems(spec: TrainingJobSpec) -> list[str]:
+    """Mirrors the two rules above: aws.amazon.com/neurondevice on a type whose plugins never
+    advertised it."""
+    if INSTANCE_TYPES[spec.instance_type.value].legacy_device_resource:
+        return []
+    problems = []
+    if spec.neuron_resource_name is NeuronResourceName.NEURON_DEVICE:
+        problems.append(_LEGACY_DEVICE_NAME_RULE["message"])
+    if NEURON_DEVICE_RESOURCE in {*spec.resources.limits, *spec.resources.requests}:
+        problems.append(_LEGACY_DEVICE_LIMIT_RULE["message"])
+    return problems
+
+
 _PROFILE_ON_CLAIM = {
     "rule": "!has(self.profile.outputDir) || "
     "self.profile.outputDir.startsWith(self.storage.mountPath + '/')",
@@ -597,6 +636,8 @@ _CROSS_FIELD_RULES: list[dict[str, str]] = [
         "fieldPath": ".neuron",
     },
     _PROFILE_ON_CLAIM,
+    _LEGACY_DEVICE_NAME_RULE,
+    _LEGACY_DEVICE_LIMIT_RULE,
 ]
 
 
@@ -886,8 +927,10 @@ class TrainingJobSpec(ApiModel):
     physical NeuronCores form one logical core. Defaults to 2 there (64 workers per node; 1
     gives 128); set as NEURON_LOGICAL_NC_CONFIG in the pods. Not allowed on trn1."""
     neuron_resource_name: NeuronResourceName = NeuronResourceName.NEURON
-    """Extended resource used to request Trainium devices (the Neuron device plugin
-    advertises aws.amazon.com/neuron; older plugins also aws.amazon.com/neurondevice)."""
+    """Extended resource used to request Trainium devices. aws.amazon.com/neuron is what the
+    Neuron device plugin advertises. aws.amazon.com/neurondevice is the name plugins of Neuron
+    2.19 and earlier also advertised (no longer since Neuron 2.20): only for trn1 nodes still
+    running such a plugin; refused on Trainium2, whose plugins never had it."""
     data_dir: str | None = None
     """The training data (TRAINIUM_DATA_DIR, and the value of command.dataDirArg); defaults
     to the tutorial's layout <mountPath>/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128."""
@@ -952,6 +995,7 @@ class TrainingJobSpec(ApiModel):
             problems.append(_CROSS_FIELD_RULES[2]["message"])
         if self.neuron.stack is not None and self.neuron.stack.value not in shape.neuron_stacks:
             problems.append(f"{_CROSS_FIELD_RULES[5]['message']} (got {self.neuron.stack.value})")
+        problems += _legacy_device_problems(self)
         native_controls = self.neuron.compile_only or self.neuron.hlo_cache
         if native_controls and self.effective_neuron_stack is not NeuronStack.NATIVE:
             problems.append(_CROSS_FIELD_RULES[6]["message"])
