@@ -478,3 +478,23 @@ def test_render_shows_a_trn2_native_job_and_a_trn1_xla_job_side_by_side(tmp_path
         "aws.amazon.com/neuron": "16",
         "vpc.amazonaws.com/efa": "8",
     }
+
+
+def test_the_lnc_field_says_the_node_sets_lnc_and_the_pods_only_state_it() -> None:
+    """AWS documents LNC on EKS per node (a file written at boot) or per DRA claim, never
+    through pod env alone: `kubectl explain` must not promise more."""
+    spec_schema = training_job_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
+        "properties"
+    ]["spec"]
+    description = " ".join(spec_schema["properties"]["lnc"]["description"].split())
+    assert "does not change the nodes' setting" in description
+    assert "/opt/aws/neuron/logical_nc_config" in description
+    assert "spec.nodeSelector" in description
+    pod_env = {e["name"]: e["value"] for e in _trn2_env(lnc=1) if "value" in e}
+    assert pod_env["NEURON_LOGICAL_NC_CONFIG"] == "1"
+    assert "--logical-nc-config=1" in pod_env["NEURON_CC_FLAGS"]
+
+
+def _trn2_env(**fields: Any) -> list[dict[str, Any]]:
+    job = job_ref(instanceType="trn2.48xlarge", **fields)
+    return pods.pod(job, Stage.TRAIN, 0, 0)["spec"]["containers"][0]["env"]

@@ -44,7 +44,12 @@ NEURON_DEVICE_RESOURCE = "aws.amazon.com/neurondevice"
 NEURON_CORE_RESOURCE = "aws.amazon.com/neuroncore"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-# The Neuron runtime's logical NeuronCore setting (Trainium2 and later).
+# The Neuron runtime's logical NeuronCore setting (Trainium2 and later), as the LNC page names
+# it. On EKS the documented places to set it are the node (a file written at boot,
+# /opt/aws/neuron/logical_nc_config: Neuron docs, deploy/eks/prerequisites.rst) and, with the
+# Neuron DRA driver, the claim (NeuronConfig.logicalNeuronCore: deploy/eks/dra.rst, "Earlier,
+# overriding LNC on a Node required a node template"). The docs do not say that the variable
+# in a pod's environment alone changes the LNC of a node set otherwise.
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 # The compiler's spelling of the same setting; it "must" equal the runtime's (Neuron docs,
 # "Logical NeuronCore configuration").
@@ -79,7 +84,8 @@ class InstanceType:
 
     @property
     def supports_lnc(self) -> bool:
-        """The runtime has a logical-core setting (Trainium2 and later): pods get LNC_ENV."""
+        """The runtime has a logical-core setting (Trainium2 and later): pods get LNC_ENV and the
+        compiler flag with the job's value, which must equal the node's."""
         return len(self.lnc_options) > 1
 
     def logical_cores(self, lnc: int | None = None) -> int:

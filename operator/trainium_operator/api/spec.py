@@ -925,7 +925,12 @@ class TrainingJobSpec(ApiModel):
     lnc: Annotated[int | None, Field(ge=1, le=2)] = None
     """Logical NeuronCore config on Trainium2 (trn2.48xlarge, trn2u.48xlarge): how many
     physical NeuronCores form one logical core. Defaults to 2 there (64 workers per node; 1
-    gives 128); set as NEURON_LOGICAL_NC_CONFIG in the pods. Not allowed on trn1."""
+    gives 128). It sizes the gang and is passed to the pods' runtime (NEURON_LOGICAL_NC_CONFIG)
+    and compiler (--logical-nc-config) so they agree; it does not change the nodes' setting.
+    On EKS with the device plugin, LNC is set per node when it boots
+    (/opt/aws/neuron/logical_nc_config in the launch template; Trn2 nodes default to 2),
+    so a job with lnc 1 needs nodes configured for 1 (select them with spec.nodeSelector).
+    Not allowed on trn1."""
     neuron_resource_name: NeuronResourceName = NeuronResourceName.NEURON
     """Extended resource used to request Trainium devices. aws.amazon.com/neuron is what the
     Neuron device plugin advertises. aws.amazon.com/neurondevice is the name plugins of Neuron

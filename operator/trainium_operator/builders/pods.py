@@ -326,8 +326,10 @@ def _operator_env(
     if stage is Stage.COMPILE:
         env.append({"name": workload_env.COMPILE_STEPS, "value": str(spec.compile.steps)})
     if spec.effective_lnc is not None:
-        # Trainium2: the runtime groups this many physical cores per logical core, and the
-        # framework compiles for the same setting (the two must agree).
+        # Trainium2: the LNC the gang is sized for, in the runtime's documented variable, next
+        # to the compiler flag of the same value (the two must agree). It states the job's LNC;
+        # the node's own setting (boot-time file or DRA claim) is what the EKS docs say sets
+        # it, and it must match: this variable is not documented to override it.
         env.append({"name": LNC_ENV, "value": str(spec.effective_lnc)})
     if spec.precision is Precision.BF16:
         # XLA_DOWNCAST_BF16 is deprecated since torch-xla 2.4; the script casts the model
