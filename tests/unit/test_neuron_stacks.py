@@ -271,20 +271,25 @@ def test_native_compile_only_and_hlo_cache_are_settings_that_default_off() -> No
         assert env[neff_cache.HLO_COMPILE_CACHE_ENV] == "1"
 
 
-def test_profiled_native_pods_capture_with_neuron_explorer_session_device_profiles() -> None:
+def test_profiled_native_pods_capture_the_window_through_torch_profiler_not_the_environment() -> (
+    None
+):
+    """Neuron's environment capture records the whole run ("enabled for the entire lifetime of
+    the application"); on TorchNeuron the window is captured through torch.profiler, and the
+    docs say not to combine the two, so a native pod gets no NEURON_RT_INSPECT_* variable."""
     job = _trn2(profile={"enabled": True, "neuronDeviceProfile": True})
     env = _env(pods.pod(job, Stage.TRAIN, 0, 0))
-    assert env["NEURON_RT_INSPECT_ENABLE"] == "1"
-    assert env["NEURON_RT_INSPECT_DEVICE_PROFILE"] == "session"
-    assert env["NEURON_RT_INSPECT_SYSTEM_PROFILE"] == "1"
-    assert env["NEURON_RT_INSPECT_CPU_UTIL"] == env["NEURON_RT_INSPECT_HOST_MEMORY"] == "1"
-    assert env["NEURON_RT_INSPECT_OUTPUT_DIR"].startswith(job.profile_dir(0))
+    assert env["TRAINIUM_PROFILE_NEURON_DEVICE"] == "1"
+    assert env["TRAINIUM_PROFILE_STEPS"] == "10:20"
+    assert not [name for name in env if name.startswith("NEURON_RT_INSPECT_")]
     xla = job_ref(
         instanceType="trn2.48xlarge",
         neuron={"stack": "xla"},
         profile={"enabled": True, "neuronDeviceProfile": True},
     )
-    assert _env(pods.pod(xla, Stage.TRAIN, 0, 0))["NEURON_RT_INSPECT_DEVICE_PROFILE"] == "1"
+    xla_env = _env(pods.pod(xla, Stage.TRAIN, 0, 0))
+    assert xla_env["NEURON_RT_INSPECT_DEVICE_PROFILE"] == "1"
+    assert "TRAINIUM_PROFILE_NEURON_DEVICE" not in xla_env
 
 
 def test_an_xla_job_on_trn2_keeps_neuron_parallel_compile_and_adds_the_lnc_compiler_flag() -> None:
@@ -469,7 +474,10 @@ def test_render_shows_a_trn2_native_job_and_a_trn1_xla_job_side_by_side(tmp_path
     train = found["bert-large-trn2-train-0-1", "train"]["spec"]["containers"][0]
     train_env = {e["name"]: e.get("value") for e in train["env"]}
     assert train_env["TORCH_NEURONX_NEFF_CACHE_DIR"] == native_env["TORCH_NEURONX_NEFF_CACHE_DIR"]
-    assert train_env["NEURON_RT_INSPECT_DEVICE_PROFILE"] == "session"
+    # The example's device profile covers its steps 10 to 20, not the 28,125-step run.
+    assert train_env["TRAINIUM_PROFILE_NEURON_DEVICE"] == "1"
+    assert train_env["TRAINIUM_PROFILE_STEPS"] == "10:20"
+    assert "NEURON_RT_INSPECT_ENABLE" not in train_env
     assert native["resources"]["limits"] == {
         "aws.amazon.com/neuron": "16",
         "vpc.amazonaws.com/efa": "16",

@@ -393,7 +393,11 @@ class ProfileSpec(ApiModel):
     """Root of profiles on the shared volume, below spec.storage.mountPath; defaults to
     <mountPath>/profiles. Each attempt writes <outputDir>/<namespace>/<job>/<attempt>."""
     neuron_device_profile: bool = False
-    """Also capture the Neuron runtime's system and device profiles (NEURON_RT_INSPECT_*)."""
+    """Also capture Neuron Explorer's runtime (system) and device profiles, merged into the
+    profile after training. Native stack: TorchNeuron's torch.profiler capture of the step
+    window only (device, runtime, host CPU and memory). XLA stack: the runtime's environment
+    capture (NEURON_RT_INSPECT_*), which covers the whole process: the newest events of the
+    system trace, and each program's first execution as its device profile."""
     s3_uri: Annotated[str | None, Field(pattern=S3_URI_PATTERN, max_length=1024)] = None
     """Upload each finished attempt's profile to <s3Uri>/<namespace>/<job>/<attempt>/ (for
     example s3://my-bucket/profiles), from a short pod of the operator's own image and upload

@@ -37,7 +37,7 @@ from trainium_operator.builders.job import (
 from trainium_operator.contract import channel as channel_contract
 from trainium_operator.contract import neff_cache, workload_env
 from trainium_operator.contract.channel import channel_env, stacks_dir
-from trainium_operator.contract.neuron_env import neuron_inspect_env
+from trainium_operator.contract.neuron_env import neuron_inspect_env, torch_capture_env
 from trainium_operator.contract.profiler_env import profiling_env
 
 CONTAINER_NAME = TRAINING_CONTAINER
@@ -348,10 +348,14 @@ def _operator_env(
         profiling = profiling_env(profile_dir, spec.profile.start_step, spec.profile.end_step)
         env += [{"name": name, "value": value} for name, value in profiling.items()]
         if spec.profile.neuron_device_profile:
-            inspect = neuron_inspect_env(
-                profile_dir, stack=spec.effective_neuron_stack.value, device_profile=True
-            )
-            env += [{"name": name, "value": value} for name, value in inspect.items()]
+            # XLA: the runtime's environment capture. Native: torch.profiler with TorchNeuron's
+            # NeuronConfig, which the profiler opens and closes at the step window (the
+            # environment capture would record every step of the run; contract/neuron_env.py).
+            if spec.effective_neuron_stack is NeuronStack.NATIVE:
+                capture = torch_capture_env()
+            else:
+                capture = neuron_inspect_env(profile_dir, device_profile=True)
+            env += [{"name": name, "value": value} for name, value in capture.items()]
     return env
 
 
