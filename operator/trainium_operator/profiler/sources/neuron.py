@@ -748,12 +748,11 @@ def _merge_sessions(
         merged.device_profiles += len(device_profiles(session))
         merged.exports += len(traces) - len(broken)
         merged.device_events += len(device.events)
-        if device.time_base != "none" or not merged.time_bases:
-            merged.time_bases |= set(device.time_base.split(","))
+        merged.time_bases |= set(device.time_base.split(","))
         flow_base = max((e.flow_id + 1 for e in converted.events), default=flow_base)
         stream_base = max((s + 1 for s, _ in device.track_names), default=stream_base)
     if len(merged.time_bases) > 1:
-        merged.time_bases.discard("none")
+        merged.time_bases.discard("none")  # "none" only when no session placed any
     return merged
 
 
