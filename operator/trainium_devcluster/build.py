@@ -54,7 +54,9 @@ def wrapper_dir(component: versions.GoComponent) -> Path:
 
 def go_build_args(component: versions.GoComponent, output: Path, jobs: int) -> list[str]:
     ldflags = ["-s", "-w"] + [f"-X {name}={value}" for name, value in component.ldflags_x]
-    args = ["go", "build", f"-p={jobs}", "-trimpath"]
+    # No DWARF from the compiler either: -w drops it from the binaries at link time anyway, and
+    # generating it is ~10 % of a cold build's compile CPU (etcd: 62 -> 56 s of user CPU).
+    args = ["go", "build", f"-p={jobs}", "-trimpath", "-gcflags=all=-dwarf=false"]
     if component.tags:
         args.append(f"-tags={','.join(component.tags)}")
     args.append(f"-ldflags={' '.join(ldflags)}")
@@ -472,18 +474,17 @@ def build_all(*, jobs: int, echo: Echo, only: tuple[str, ...] = ()) -> list[Buil
 
     results: list[BuildResult] = []
     with _build_lock():
-        # Two Go builds at once: one alone leaves a core idle through its links and its long
-        # single packages (Kueue's cold build used 1.2 of 2 cores), and Go's build and module
-        # caches are safe to share between concurrent builds.
-        go_components = sorted(
-            (c for c in versions.GO_COMPONENTS.values() if wanted(c.name)),
-            key=lambda c: BUILD_ORDER.index(c.name) if c.name in BUILD_ORDER else len(BUILD_ORDER),
-        )
+        # Two wrappers' builds at once: one alone leaves a core idle through its links and its
+        # long single packages, and Go's build and module caches are safe to share between
+        # concurrent builds. Within a wrapper, one component after another: they share compiled
+        # packages, which two concurrent `go build`s would each compile.
+        chains = build_chains([c for c in versions.GO_COMPONENTS.values() if wanted(c.name)])
         with ThreadPoolExecutor(max_workers=GO_BUILDS_AT_ONCE) as pool:
-            results += pool.map(
-                lambda component: build_go_component(component, jobs=jobs, echo=echo),
-                go_components,
-            )
+            for chain_results in pool.map(
+                lambda chain: [build_go_component(c, jobs=jobs, echo=echo) for c in chain],
+                chains,
+            ):
+                results += chain_results
         if wanted("crds") or wanted("volcano"):
             results.append(install_volcano_crds(echo=echo))
         if wanted("crds") or wanted("kueue"):
@@ -497,10 +498,36 @@ def build_all(*, jobs: int, echo: Echo, only: tuple[str, ...] = ()) -> list[Buil
 
 
 GO_BUILDS_AT_ONCE = 2
-# The two longest first, one on each side, then the short ones beside them; kwok last, as its
-# Kubernetes libraries are Kueue's (gomod/kwok pins the same versions), compiled by then.
-BUILD_ORDER = ("kueue", "kubernetes", "etcd", "volcano", "kwok")
+# Longest first within a wrapper (its shared packages are compiled by the first), and the
+# longest chain first: the Kubernetes family on one side, etcd then Volcano on the other.
+BUILD_ORDER = ("kubernetes", "kueue", "kwok", "etcd", "volcano")
+
+
+def build_chains(components: list[versions.GoComponent]) -> list[list[versions.GoComponent]]:
+    """The components grouped by wrapper module, each group in BUILD_ORDER, groups in the order
+    of their first member."""
+    ordered = sorted(
+        components,
+        key=lambda c: BUILD_ORDER.index(c.name) if c.name in BUILD_ORDER else len(BUILD_ORDER),
+    )
+    chains: dict[str, list[versions.GoComponent]] = {}
+    for component in ordered:
+        chains.setdefault(component.wrapper, []).append(component)
+    return list(chains.values())
 
 
 def default_jobs() -> int:
     return max(1, min(2, os.cpu_count() or 1))
+
+
+def main() -> None:
+    """`python -m trainium_devcluster.build`: the same build as `trainium-operator dev build`,
+    importable with the standard library alone, so .ci/bootstrap starts it before the
+    virtualenv exists."""
+    for result in build_all(jobs=default_jobs(), echo=print):
+        if result.built:
+            print(f"{result.component} {result.version}: built in {result.seconds:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

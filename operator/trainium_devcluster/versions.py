@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-KUBERNETES_VERSION = "v1.35.4"
+# Kubernetes' release line is Kueue's (v1.36): the wrapper `gomod/kubernetes` builds Kubernetes,
+# Kueue and kwok from one module graph so their shared libraries compile once. v1.36.5 is the
+# newest v1.36 patch the Go module proxy serves (v1.36.6 answers 403, checked 2026-12-05).
+KUBERNETES_VERSION = "v1.36.5"
 ETCD_VERSION = "v3.6.6"
 KWOK_VERSION = "v0.8.0"
 # The real Volcano scheduler and controller manager. The Go module proxy refuses most Volcano
@@ -76,7 +79,9 @@ class GoComponent:
 
     name: str
     version: str
-    wrapper: str  # directory under devcluster/gomod/
+    # Directory under devcluster/gomod/. Components that name the same wrapper share one module
+    # graph: `dev build` builds them one after another, so their shared packages compile once.
+    wrapper: str
     binaries: tuple[GoBinary, ...]
     tags: tuple[str, ...] = ()
     ldflags_x: tuple[tuple[str, str], ...] = field(default=())
@@ -116,7 +121,7 @@ GO_COMPONENTS: dict[str, GoComponent] = _by_name(
     GoComponent(
         name="kwok",
         version=KWOK_VERSION,
-        wrapper="kwok",
+        wrapper="kubernetes",
         binaries=(
             GoBinary("sigs.k8s.io/kwok/cmd/kwok", "kwok"),
             GoBinary("sigs.k8s.io/kwok/cmd/kwokctl", "kwokctl"),
@@ -135,14 +140,14 @@ GO_COMPONENTS: dict[str, GoComponent] = _by_name(
     GoComponent(
         name="kueue",
         version=KUEUE_VERSION,
-        wrapper="kueue",
+        wrapper="kubernetes",
         binaries=(GoBinary(f"{KUEUE_MODULE}/cmd/kueue", "kueue"),),
         # Its Makefile's stamp: Kueue logs it at start and puts it in its user agent.
         ldflags_x=((f"{KUEUE_MODULE}/pkg/version.GitVersion", KUEUE_VERSION),),
         # Only the plain-pod integration compiled in (the one TrainingJobs use): Kueue's list of
         # integrations (pkg/controller/jobs/jobs.go) pulls in JobSet, Kubeflow, Ray, MPI, Spark,
         # LWS and AppWrapper with their APIs, over half of a cold build's CPU.
-        overlays=((KUEUE_MODULE, "pkg/controller/jobs/jobs.go", "jobs.go.overlay"),),
+        overlays=((KUEUE_MODULE, "pkg/controller/jobs/jobs.go", "kueue-jobs.go.overlay"),),
     ),
 )
 

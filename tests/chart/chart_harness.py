@@ -143,7 +143,7 @@ def chartctl() -> ModuleType:
 
 # --- validation -----------------------------------------------------------------------------
 
-KUBERNETES_VERSION = "1.35.0"
+KUBERNETES_VERSION = "1.36.0"
 
 # Kinds defined by CRDs: validated against the CRD's own schema where we have it.
 SKIPPED_KINDS = {
@@ -232,7 +232,7 @@ def is_builtin(api_version: str) -> bool:
 
 
 def validate_manifest(manifest: Manifest) -> None:
-    """Validates against Kubernetes v1.35's strict OpenAPI schema, or the object's CRD."""
+    """Validates against Kubernetes v1.36's strict OpenAPI schema, or the object's CRD."""
     key = (manifest["apiVersion"], manifest["kind"])
     if key in SKIPPED_KINDS:
         return

@@ -457,4 +457,4 @@ def test_kubectl_and_helm_talk_to_the_cluster(dev_cluster: DevCluster) -> None:
 
     assert "node/trn1-32xlarge-0" in nodes
     assert helm.stdout.strip() == "[]"
-    assert '"gitVersion": "v1.35.4"' in server.stdout
+    assert '"gitVersion": "v1.36.5"' in server.stdout

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -295,7 +297,7 @@ def test_kwokctl_config_serialises_once_to_parseable_documents(tmp_path: Path) -
     }
     text = stages.dump_documents(
         stages.kwokctl_config_documents(
-            binaries=binaries, kube_version="v1.35.4", etcd_version="v3.6.6", kwok_version="v0.8.0"
+            binaries=binaries, kube_version="v1.36.5", etcd_version="v3.6.6", kwok_version="v0.8.0"
         )
     )
     documents = list(yaml.safe_load_all(text))
@@ -316,9 +318,57 @@ def test_go_build_names_a_single_binary_explicitly() -> None:
 def test_kubernetes_build_stamps_a_semver_version() -> None:
     args = build.go_build_args(versions.GO_COMPONENTS["kubernetes"], Path("/out"), jobs=2)
     ldflags = next(a for a in args if a.startswith("-ldflags="))
-    assert "-X k8s.io/component-base/version.gitVersion=v1.35.4" in ldflags
-    assert "-X k8s.io/client-go/pkg/version.gitMinor=35" in ldflags
+    assert "-X k8s.io/component-base/version.gitVersion=v1.36.5" in ldflags
+    assert "-X k8s.io/client-go/pkg/version.gitMinor=36" in ldflags
     assert "-tags=selinux,notest" in args
+
+
+def test_kubernetes_kueue_and_kwok_share_one_module_graph_with_one_version_of_each_library() -> (
+    None
+):
+    family = [versions.GO_COMPONENTS[name] for name in ("kubernetes", "kueue", "kwok")]
+    assert {component.wrapper for component in family} == {"kubernetes"}
+    go_mod = (build.wrapper_dir(family[0]) / "go.mod").read_text()
+    for pinned in (
+        f"k8s.io/kubernetes {versions.KUBERNETES_VERSION}",
+        f"sigs.k8s.io/kueue {versions.KUEUE_VERSION}",
+        f"sigs.k8s.io/kwok {versions.KWOK_VERSION}",
+        "k8s.io/client-go => k8s.io/client-go v0.36.5",  # staging at Kubernetes' own release
+    ):
+        assert pinned in go_mod
+
+
+def test_a_wrappers_components_build_one_after_another_and_the_longest_chain_first() -> None:
+    chains = build.build_chains(list(versions.GO_COMPONENTS.values()))
+    assert [[c.name for c in chain] for chain in chains] == [
+        ["kubernetes", "kueue", "kwok"],  # the first compiles what the other two share
+        ["etcd"],
+        ["volcano"],
+    ]
+    only_kwok_and_etcd = [versions.GO_COMPONENTS["kwok"], versions.GO_COMPONENTS["etcd"]]
+    assert [[c.name for c in chain] for chain in build.build_chains(only_kwok_and_etcd)] == [
+        ["kwok"],
+        ["etcd"],
+    ]
+
+
+def test_the_build_module_imports_with_the_standard_library_alone() -> None:
+    # .ci/bootstrap starts the Go build with the system python3 before the virtualenv exists.
+    operator_dir = Path(build.__file__).parents[1]
+    script = (
+        f"import sys; sys.path.insert(0, {str(operator_dir)!r}); import trainium_devcluster.build"
+    )
+    result = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", script], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_go_builds_emit_no_dwarf_from_the_compiler_as_none_is_linked() -> None:
+    args = build.go_build_args(versions.GO_COMPONENTS["kueue"], Path("/out"), jobs=2)
+    assert "-gcflags=all=-dwarf=false" in args
+    ldflags = next(a for a in args if a.startswith("-ldflags="))
+    assert ldflags.startswith("-ldflags=-s -w")
 
 
 def test_cache_key_changes_with_the_module_graph_but_not_comments(
