@@ -32,6 +32,7 @@ from kubernetes.utils import parse_quantity
 from trainium_devcluster import build, paths, sim, versions, volcano
 from trainium_devcluster.clients import Clients, apply_crds, create_if_missing, is_status
 from trainium_operator.api import instance_types
+from trainium_operator.api.dra import DRA_QUOTA_RESOURCES
 from trainium_operator.api.kueue import (
     KUEUE_GROUP,
     KUEUE_VERSION,
@@ -107,7 +108,21 @@ def configuration(
         # The visibility server is an aggregated API server on 0.0.0.0:8082 that needs an
         # APIService and a Service; two clusters on one machine would also clash on the port.
         "featureGates": {"VisibilityOnDemand": False},
+        # DRA (gate KueueDRAIntegration, beta and on since v0.18: pkg/features/kube_features.go):
+        # devices a pod claims through a ResourceClaimTemplate count against the quota of the
+        # resource its DeviceClass maps to (pkg/dra/claims.go; a class with no mapping makes the
+        # Workload inadmissible). Mapped to the device plugin's names, so one ClusterQueue quota
+        # counts a node group's devices whichever way its nodes publish them.
+        "resources": {"deviceClassMappings": dra_device_class_mappings()},
     }
+
+
+def dra_device_class_mappings() -> list[dict[str, Any]]:
+    """Kueue's `resources.deviceClassMappings` (config v1beta2 DeviceClassMapping)."""
+    return [
+        {"name": resource, "deviceClassNames": [device_class]}
+        for resource, device_class in DRA_QUOTA_RESOURCES.items()
+    ]
 
 
 def manager_argv(binary: Path, kubeconfig: Path, config_file: Path) -> list[str]:

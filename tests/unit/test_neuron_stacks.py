@@ -139,7 +139,11 @@ def test_the_crd_refuses_neurondevice_on_trainium2_with_the_models_messages() ->
     spec_schema = training_job_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
         "properties"
     ]["spec"]
-    rules = {r.get("fieldPath"): r for r in spec_schema["x-kubernetes-validations"]}
+    rules = {
+        r.get("fieldPath"): r
+        for r in spec_schema["x-kubernetes-validations"]
+        if "since Neuron 2.20" in r["message"]  # not the DRA rule, also on .resources
+    }
     for path in (".neuronResourceName", ".resources"):
         rule = rules[path]
         assert LEGACY_DEVICE in rule["rule"]

@@ -37,9 +37,19 @@ def test_the_deprecated_service_account_alias_is_refused_naming_the_field_to_use
     ]
 
 
+def test_pod_resource_claims_are_the_operators_naming_the_field_to_use() -> None:
+    claims = [{"name": "gpus", "resourceClaimTemplateName": "sixteen-devices"}]
+    problems = problems_of({"spec": {"resourceClaims": claims}})
+
+    assert problems == [
+        "spec.podTemplate.spec.resourceClaims is set by the operator (the operator claims the "
+        "instance type's devices: use spec.deviceAllocation)"
+    ]
+
+
 @pytest.mark.parametrize(
     "field",
-    ["runtimeClassName", "hostUsers", "resourceClaims", "os", "setHostnameAsFQDN", "overhead",
+    ["runtimeClassName", "hostUsers", "os", "setHostnameAsFQDN", "overhead",
      "ephemeralContainers", "topologySpreadConstraints", "aNewPodFieldOf2030"],
 )  # fmt: skip
 def test_a_pod_field_not_on_the_allowlist_is_refused_naming_it(field: str) -> None:

@@ -69,6 +69,14 @@ what each account calls and fails on a verb granted here that nothing sends, or 
   resources: ["workloads", "localqueues"]
   verbs: ["list", "watch"]
 {{- end }}
+{{- if .Values.dra.enabled }}
+# DRA (dra.enabled): the ResourceClaimTemplate of each job with spec.deviceAllocation dra,
+# owned by the job (get: to see who owns a name that is taken).
+- scope: namespaced
+  apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaimtemplates"]
+  verbs: ["get", "create"]
+{{- end }}
 # Node loss: a job whose node disappears or turns NotReady is restarted (nodes are watched).
 # patch, only with health.stragglerReplacement.enabled: spec.health.onStraggler: Replace
 # cordons a persistent straggler's node (spec.unschedulable, a trainium.dev/cordoned label and

@@ -222,6 +222,13 @@ RESERVED_POD_FIELDS: Mapping[str, tuple[str, Node]] = {
     "hostname": ("the operator names pods for the rendezvous", Passed("string")),
     "subdomain": ("the operator names pods for the rendezvous", Passed("string")),
     "nodeName": ("Volcano places the gang", Passed("string")),
+    # DRA: with spec.deviceAllocation dra the operator claims the instance type's devices
+    # through its own ResourceClaimTemplate; a claim of the author's could name any DeviceClass
+    # and count, beyond what the instance type has or the queue's quota counted.
+    "resourceClaims": (
+        "the operator claims the instance type's devices: use spec.deviceAllocation",
+        Passed("objects"),
+    ),
     "activeDeadlineSeconds": (
         "use spec.runPolicy.activeDeadlineSeconds",
         Passed("integer", minimum=1, maximum=MAX_POD_SECONDS),

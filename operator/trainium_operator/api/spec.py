@@ -18,8 +18,10 @@ from pydantic import ConfigDict, Field, JsonValue, ValidationInfo, model_validat
 from trainium_operator.api import kueue, object_names, pod_fields
 from trainium_operator.api.instance_types import (
     DEFAULT_INSTANCE_TYPE,
+    EFA_RESOURCE,
     INSTANCE_TYPES,
     NATIVE_STACK,
+    NEURON_CORE_RESOURCE,
     NEURON_DEVICE_RESOURCE,
     NEURON_RESOURCE,
     XLA_STACK,
@@ -93,6 +95,7 @@ IMMUTABLE_SPEC_FIELDS = (
     "processesPerNode",
     "instanceType",
     "neuronResourceName",
+    "deviceAllocation",
     "storage",
     "compile",
     "rendezvous",
@@ -118,6 +121,11 @@ assert {t.value for t in InstanceTypeName} == set(INSTANCE_TYPES), "enum follows
 class NeuronResourceName(enum.StrEnum):
     NEURON = NEURON_RESOURCE
     NEURON_DEVICE = NEURON_DEVICE_RESOURCE
+
+
+class DeviceAllocation(enum.StrEnum):
+    DEVICE_PLUGIN = "devicePlugin"
+    DRA = "dra"
 
 
 class NeuronStack(enum.StrEnum):
@@ -566,6 +574,36 @@ def _legacy_device_problems(spec: TrainingJobSpec) -> list[str]:
     return problems
 
 
+_DRA = DeviceAllocation.DRA.value
+_PLUGIN_RESOURCES = [NEURON_RESOURCE, NEURON_DEVICE_RESOURCE, NEURON_CORE_RESOURCE, EFA_RESOURCE]
+_DRA_NO_PLUGIN_RESOURCES_RULE = {
+    "rule": f"!has(self.deviceAllocation) || self.deviceAllocation != '{_DRA}' || "
+    "!has(self.resources) || ("
+    f"(!has(self.resources.limits) || !self.resources.limits.exists(k, k in {_PLUGIN_RESOURCES}))"
+    " && (!has(self.resources.requests) || "
+    f"!self.resources.requests.exists(k, k in {_PLUGIN_RESOURCES})))",
+    "message": "spec.resources: with spec.deviceAllocation dra a node publishes its Neuron devices "
+    "and EFA interfaces through DRA, not as " + ", ".join(_PLUGIN_RESOURCES) + " (AWS: never "
+    "the DRA driver and the device plugin on one node), so a pod requesting them never "
+    "schedules; remove them (the operator claims the instance type's devices)",
+    "fieldPath": ".resources",
+}
+
+
+def _dra_problems(spec: TrainingJobSpec) -> list[str]:
+    """Mirrors the rule above (spec.neuronResourceName, defaulted by the API server, is not
+    used under dra)."""
+    if spec.device_allocation is not DeviceAllocation.DRA:
+        return []
+    problems = []
+    named = {*spec.resources.limits, *spec.resources.requests} & set(_PLUGIN_RESOURCES)
+    if named:
+        problems.append(
+            f"{_DRA_NO_PLUGIN_RESOURCES_RULE['message']} (got {', '.join(sorted(named))})"
+        )
+    return problems
+
+
 _PROFILE_ON_CLAIM = {
     "rule": "!has(self.profile.outputDir) || "
     "self.profile.outputDir.startsWith(self.storage.mountPath + '/')",
@@ -642,6 +680,7 @@ _CROSS_FIELD_RULES: list[dict[str, str]] = [
     _PROFILE_ON_CLAIM,
     _LEGACY_DEVICE_NAME_RULE,
     _LEGACY_DEVICE_LIMIT_RULE,
+    _DRA_NO_PLUGIN_RESOURCES_RULE,
 ]
 
 
@@ -939,7 +978,20 @@ class TrainingJobSpec(ApiModel):
     """Extended resource used to request Trainium devices. aws.amazon.com/neuron is what the
     Neuron device plugin advertises. aws.amazon.com/neurondevice is the name plugins of Neuron
     2.19 and earlier also advertised (no longer since Neuron 2.20): only for trn1 nodes still
-    running such a plugin; refused on Trainium2, whose plugins never had it."""
+    running such a plugin; refused on Trainium2, whose plugins never had it. Not used with
+    spec.deviceAllocation dra."""
+    device_allocation: DeviceAllocation = DeviceAllocation.DEVICE_PLUGIN
+    """How the pods get the instance type's Neuron devices and EFA interfaces. devicePlugin:
+    extended resources in the trainer's limits (aws.amazon.com/neuron, vpc.amazonaws.com/efa),
+    as the Neuron and EFA device plugins advertise them. dra: Dynamic Resource Allocation
+    (Kubernetes 1.34+, the Neuron DRA driver and the EFA DRA driver DRANET on the nodes): each
+    pod claims, through a ResourceClaimTemplate the operator owns, all of the instance type's
+    devices as one connected group (DeviceClass neuron.aws.com, matchAttribute
+    resource.aws.com/devicegroup16_id) with its EFA interfaces (DeviceClass
+    efa.networking.k8s.aws), and on Trainium2 the job's LNC in the claim (NeuronConfig). dra
+    needs the operator's chart value dra.enabled and a job Kueue queues (label
+    kueue.x-k8s.io/queue-name): Volcano's queue and PodGroup accounting does not count claimed
+    devices. Immutable."""
     data_dir: str | None = None
     """The training data (TRAINIUM_DATA_DIR, and the value of command.dataDirArg); defaults
     to the tutorial's layout <mountPath>/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128."""
@@ -1005,6 +1057,7 @@ class TrainingJobSpec(ApiModel):
         if self.neuron.stack is not None and self.neuron.stack.value not in shape.neuron_stacks:
             problems.append(f"{_CROSS_FIELD_RULES[5]['message']} (got {self.neuron.stack.value})")
         problems += _legacy_device_problems(self)
+        problems += _dra_problems(self)
         native_controls = self.neuron.compile_only or self.neuron.hlo_cache
         if native_controls and self.effective_neuron_stack is not NeuronStack.NATIVE:
             problems.append(_CROSS_FIELD_RULES[6]["message"])

@@ -24,6 +24,7 @@ from trainium_operator.api.spec import (
     Precision,
     RendezvousBackend,
 )
+from trainium_operator.builders import claims
 from trainium_operator.builders.job import (
     LABEL_ATTEMPT,
     LABEL_JOB_NAME,
@@ -96,7 +97,7 @@ def scale_quantity(quantity: str, factor: int) -> str:
 def pod_requests(job: JobRef) -> dict[str, str]:
     """What the scheduler charges for one pod: requests, defaulting to limits as the API does."""
     resources = container_resources(job)
-    return {**resources["limits"], **resources.get("requests", {})}
+    return {**resources.get("limits", {}), **resources.get("requests", {})}
 
 
 def podgroup(job: JobRef, stage: Stage) -> Obj:
@@ -369,14 +370,19 @@ def container_env(job: JobRef, operator_env: list[Obj]) -> list[Obj]:
 
 def container_resources(job: JobRef) -> Obj:
     shape = INSTANCE_TYPES[job.spec.instance_type.value]
-    # Extended resources must be in limits (requests default to them).
-    limits: dict[str, str] = {job.spec.neuron_resource_name.value: str(shape.neuron_devices)}
-    if shape.efa_interfaces:
-        limits[EFA_RESOURCE] = str(shape.efa_interfaces)
+    limits: dict[str, str] = {}
+    if not claims.uses_dra(job):
+        # Extended resources must be in limits (requests default to them).
+        limits[job.spec.neuron_resource_name.value] = str(shape.neuron_devices)
+        if shape.efa_interfaces:
+            limits[EFA_RESOURCE] = str(shape.efa_interfaces)
     limits.update(job.spec.resources.limits)
-    resources: Obj = {"limits": limits}
+    resources: Obj = {"limits": limits} if limits else {}
     if job.spec.resources.requests:
         resources["requests"] = dict(job.spec.resources.requests)
+    if claims.uses_dra(job):
+        # DRA: the devices come from the pod's claim (builders/claims.py), none from limits.
+        resources["claims"] = claims.container_claims()
     return resources
 
 
@@ -463,6 +469,8 @@ def pod(
     pod_spec["serviceAccountName"] = spec.service_account_name or DEFAULT_SERVICE_ACCOUNT
     if spec.affinity:
         pod_spec["affinity"] = spec.affinity
+    if claims.uses_dra(job):
+        pod_spec["resourceClaims"] = claims.pod_resource_claims(job)
     built = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
     return merge_pod_template(built, spec.pod_template)
 

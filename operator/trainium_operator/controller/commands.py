@@ -16,6 +16,7 @@ from trainium_operator.api.crd import training_job_crd
 from trainium_operator.api.reference import api_reference
 from trainium_operator.builders.job import Stage
 from trainium_operator.controller.settings import (
+    ENV_DRA,
     ENV_JOB_NETWORK_POLICY,
     ENV_KUEUE,
     ENV_OPERATOR_IMAGE,
@@ -156,6 +157,15 @@ def _env_text_options(command: Callable[..., None]) -> Callable[..., None]:
     help="Queue jobs labelled kueue.x-k8s.io/queue-name with Kueue (watches its Workloads and "
     f"LocalQueues; Kueue's CRDs must be installed; the chart's kueue.enabled). Env: {ENV_KUEUE}.",
 )
+@click.option(
+    "--dra/--no-dra",
+    default=False,
+    show_default=True,
+    envvar=ENV_DRA,
+    help="Give jobs with spec.deviceAllocation dra their devices through a ResourceClaimTemplate "
+    "(resource.k8s.io/v1, Kubernetes 1.34+; the chart's dra.enabled). Env: "
+    f"{ENV_DRA}.",
+)
 @_env_text_options
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-format", type=click.Choice(["plain", "json"]), default="plain")
@@ -175,6 +185,7 @@ def run(
     workers: int,
     isolate_jobs: bool,
     kueue: bool,
+    dra: bool,
     reserved_service_accounts: str,
     profile_s3_uri: str,
     profile_upload_service_account: str,
@@ -210,6 +221,7 @@ def run(
             straggler_cordon_budget=straggler_cordon_budget,
             isolate_jobs=isolate_jobs,
             kueue=kueue,
+            dra=dra,
             reserved_service_accounts=frozenset(name_list(reserved_service_accounts)),
             upload=UploadDefaults(
                 s3_uri=profile_s3_uri.strip() or None,

@@ -185,6 +185,7 @@ class Reconciler:
         straggler_cordon_budget: int = 0,
         reserved_service_accounts: frozenset[str] = frozenset(),
         kueue: bool = False,
+        dra: bool = False,
     ):
         self.cluster = cluster
         # Kueue's Workloads and LocalQueues are watched: jobs labelled for Kueue are queued by it.
@@ -208,7 +209,9 @@ class Reconciler:
         self.isolate_jobs = isolate_jobs
         # The chart's own ServiceAccounts: a job naming one is an invalid spec.
         self.reserved_service_accounts = reserved_service_accounts
-        self.pass_settings = PassSettings(self.upload_defaults, progress_interval, kueue=kueue)
+        self.pass_settings = PassSettings(
+            self.upload_defaults, progress_interval, kueue=kueue, dra=dra
+        )
         self.events = EventPoster(cluster)
         self.clock = clock
         self.holds = AdmissionHolds()

@@ -28,6 +28,8 @@ ENV_OPERATOR_IMAGE = "TRAINIUM_OPERATOR_IMAGE"
 ENV_OPERATOR_IMAGE_PULL_POLICY = "TRAINIUM_OPERATOR_IMAGE_PULL_POLICY"
 # "true": watch Kueue's objects and queue jobs labelled for Kueue there (the chart's kueue.enabled).
 ENV_KUEUE = "TRAINIUM_KUEUE"
+# "true": create a ResourceClaimTemplate for jobs with spec.deviceAllocation dra (dra.enabled).
+ENV_DRA = "TRAINIUM_DRA"
 # Comma-separated names of the chart's imagePullSecrets (they must exist in the job's namespace).
 ENV_OPERATOR_IMAGE_PULL_SECRETS = "TRAINIUM_OPERATOR_IMAGE_PULL_SECRETS"
 
@@ -73,6 +75,9 @@ class OperatorSettings:
     # Watch Kueue's Workloads and LocalQueues: jobs labelled kueue.x-k8s.io/queue-name are
     # queued by Kueue (the chart's kueue.enabled; Kueue's CRDs must be installed).
     kueue: bool = False
+    # Create ResourceClaimTemplates for jobs with spec.deviceAllocation dra (the chart's
+    # dra.enabled; resource.k8s.io/v1 must be served).
+    dra: bool = False
     reserved_service_accounts: frozenset[str] = frozenset()
     upload: UploadDefaults = field(default_factory=UploadDefaults)
     log_format: str = "plain"

@@ -193,6 +193,7 @@ def build_operator(settings: OperatorSettings) -> Operator:
         straggler_cordon_budget=settings.straggler_cordon_budget,
         reserved_service_accounts=settings.reserved_service_accounts,
         kueue=settings.kueue,
+        dra=settings.dra,
     )
     health = None
     if progress is not None:

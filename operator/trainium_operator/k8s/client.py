@@ -36,12 +36,14 @@ QUEUES = "queues"
 NETWORK_POLICIES = "networkpolicies"
 WORKLOADS = "workloads"  # Kueue's
 LOCAL_QUEUES = "localqueues"  # Kueue's
+RESOURCE_CLAIM_TEMPLATES = "resourceclaimtemplates"  # resource.k8s.io/v1 (DRA jobs)
 # The resource (plural) of each kind the operator creates, as its requests name it.
 CHILD_RESOURCES = {
     "Pod": "pods",
     "Service": "services",
     "PodGroup": PODGROUPS,
     "NetworkPolicy": NETWORK_POLICIES,
+    "ResourceClaimTemplate": RESOURCE_CLAIM_TEMPLATES,
 }
 
 
@@ -239,6 +241,7 @@ class Cluster:
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.networking = client.NetworkingV1Api(api_client)
+        self.resource = client.ResourceV1Api(api_client)
         self.counter = counter or RequestCounter()
 
     def _to_dict(self, obj: Any) -> Obj:
@@ -477,6 +480,9 @@ class Cluster:
             "PodGroup": lambda: self.custom.create_namespaced_custom_object(
                 VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, obj
             ),
+            "ResourceClaimTemplate": lambda: (
+                self.resource.create_namespaced_resource_claim_template(namespace, obj)
+            ),
         }
         if kind not in sends:
             raise ValueError(f"the operator does not create {kind} objects")
@@ -499,6 +505,8 @@ class Cluster:
                 found = self.core.read_namespaced_service(name, namespace)
             elif kind == "NetworkPolicy":
                 found = self.networking.read_namespaced_network_policy(name, namespace)
+            elif kind == "ResourceClaimTemplate":
+                found = self.resource.read_namespaced_resource_claim_template(name, namespace)
             elif kind == "PodGroup":
                 return dict(
                     self.custom.get_namespaced_custom_object(

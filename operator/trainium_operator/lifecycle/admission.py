@@ -172,6 +172,20 @@ def kueue_waiting_reason(
             f"of {nodes} pods to be admitted ({seen})",
             False,
         )
+    refused = sorted(
+        (p.name, p.unschedulable) for p in gang.values() if p.unschedulable and not p.node
+    )
+    if refused:
+        # Admitted (the quota holds the gang) but the kube-scheduler finds no node for a pod: in
+        # its own words, e.g. a DRA claim no node's devices satisfy ("cannot allocate all claims").
+        name, said = refused[0]
+        return (
+            "Unschedulable",
+            f"{stage.value} stage: admitted by Kueue ClusterQueue "
+            f"{workload.cluster_queue or 'unknown'}, but {len(refused)}/{nodes} pods cannot be "
+            f"placed; {name}: {said}",
+            True,
+        )
     return (
         "WaitingForGang",
         f"{stage.value} stage: {_progress(gang, nodes)} (admitted by Kueue ClusterQueue "

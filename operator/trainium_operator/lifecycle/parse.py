@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from trainium_operator.api import kueue, object_names, pod_fields
 from trainium_operator.api.objects import Obj
-from trainium_operator.api.spec import TrainingJobSpec, validation_context
+from trainium_operator.api.spec import DeviceAllocation, TrainingJobSpec, validation_context
 from trainium_operator.builders.job import JobRef
 
 # The operator copies a job's spec into each of its gang's pods (nodes x spec): a spec this
@@ -112,6 +112,7 @@ def parse_job(
         ]
     labels = meta.get("labels") or {}
     refused = too_large + kueue.label_problems(labels, spec.scheduling.scheduler_name)
+    refused += dra_scheduler_problems(spec, labels)
     if refused:
         return refused
     return JobRef(
@@ -125,6 +126,23 @@ def parse_job(
         kueue_queue=labels.get(kueue.QUEUE_NAME_LABEL),
         kueue_priority_class=labels.get(kueue.PRIORITY_CLASS_LABEL),
     )
+
+
+def dra_scheduler_problems(spec: TrainingJobSpec, labels: object) -> list[str]:
+    """DRA jobs are Kueue's only: Volcano (v1.14.1) charges a queue and checks a PodGroup's
+    minResources with the containers' requests alone (pkg/scheduler/api/pod_info.go,
+    GetPodResourceRequest), so claimed devices count nowhere in its queues, and its DRA
+    predicate is off unless its scheduler config sets predicate.DynamicResourceAllocationEnable.
+    Kueue counts them through its deviceClassMappings (docs/neuron-stacks.md)."""
+    if spec.device_allocation is not DeviceAllocation.DRA:
+        return []
+    if isinstance(labels, dict) and labels.get(kueue.QUEUE_NAME_LABEL) is not None:
+        return []
+    return [
+        "spec.deviceAllocation: dra needs a job Kueue queues (label "
+        f"{kueue.QUEUE_NAME_LABEL}: <LocalQueue>): Volcano's queues and PodGroup minResources "
+        "do not count devices claimed through DRA; add the label or use devicePlugin"
+    ]
 
 
 # A Warning names at most this many dropped fields (an event message is at most 1 KiB).

@@ -70,8 +70,9 @@ def render_stages(
     that gang succeeded, which start training.
     """
     job = parse_manifest(document, health_url)
-    # What an operator with Kueue on creates: a job labelled for Kueue shows its pod groups.
-    settings = PassSettings(kueue=True)
+    # What an operator with Kueue and DRA on creates: a job labelled for Kueue shows its pod
+    # groups, one with spec.deviceAllocation dra its ResourceClaimTemplate.
+    settings = PassSettings(kueue=True, dra=True)
 
     def decide(status: Obj, pods: list[Obj], groups: list[Obj], service: bool) -> Decision:
         seen = observe(

@@ -36,6 +36,9 @@ class PassSettings:
     # The operator watches Kueue's Workloads and LocalQueues (`run --kueue`): jobs labelled
     # kueue.x-k8s.io/queue-name are queued by Kueue; without it they wait, saying so.
     kueue: bool = False
+    # The operator creates ResourceClaimTemplates (`run --dra`, the chart's dra.enabled): jobs
+    # with spec.deviceAllocation dra get their devices through DRA; without it they wait.
+    dra: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from trainium_operator.api.status import ConditionType, Phase
+from trainium_operator.builders import claims
 from trainium_operator.builders import pods as pod_builders
 from trainium_operator.builders.job import Stage
 from trainium_operator.lifecycle.admission import (
@@ -54,6 +55,17 @@ def gang(p: Pass) -> None:
             "label kueue.x-k8s.io/queue-name: this operator runs without Kueue (chart value "
             "kueue.enabled, flag --kueue); the job waits, nothing is created, until it does or "
             "the label is removed (then Volcano queues it)",
+            warning=True,
+        )
+        return
+    if claims.uses_dra(job) and not p.snapshot.settings.dra:
+        status.workers = workers_view(gang, job.spec.nodes)
+        status.transition(
+            Phase.PENDING,
+            "DRANotEnabled",
+            "spec.deviceAllocation: dra, and this operator does not create ResourceClaimTemplates "
+            "(chart value dra.enabled, flag --dra); the job waits, nothing more is created, until "
+            "it does",
             warning=True,
         )
         return
@@ -107,6 +119,11 @@ def _run_gang(p: Pass, gang: dict[int, PodView]) -> None:
     # before training raises the attempt too, and must not pick up an older run's checkpoints.
     resume = stage is Stage.TRAIN and attempt > first_attempt
     restarts = status.restarts.total
+    if missing and claims.uses_dra(job):
+        # Before the pods (the reconciler creates other kinds first): Kueue reads it to count
+        # the gang's devices, and a pod whose template is missing cannot be placed. An existing
+        # one (an earlier pass's) is left as it is: its spec comes from immutable fields.
+        decision.create.append(claims.device_claim_template(job))
     for rank in missing:
         decision.create.append(
             pod_builders.pod(job, stage, attempt, rank, resume=resume, restarts=restarts)
