@@ -24,6 +24,7 @@ class Clients:
     apps: Any  # AppsV1Api
     batch: Any  # BatchV1Api
     scheduling: Any  # SchedulingV1Api (PriorityClasses)
+    resource: Any  # ResourceV1Api (DRA: DeviceClasses, ResourceSlices, claims)
 
 
 def clients_for(kubeconfig: Path) -> Clients:
@@ -38,6 +39,7 @@ def clients_for(kubeconfig: Path) -> Clients:
         apps=client.AppsV1Api(api_client),
         batch=client.BatchV1Api(api_client),
         scheduling=client.SchedulingV1Api(api_client),
+        resource=client.ResourceV1Api(api_client),
     )
 
 

@@ -29,6 +29,7 @@ from trainium_devcluster.clients import (
     create_if_missing,
     is_status,
 )
+from trainium_operator.api import instance_types
 from trainium_operator.builders.job import VOLCANO_GROUP, VOLCANO_VERSION
 
 Echo = Callable[[str], None]
@@ -283,6 +284,29 @@ def create_nodes(clients: Clients, nodes: list[dict[str, Any]]) -> list[str]:
     return created
 
 
+def create_dra_nodes(
+    clients: Clients, count: int, instance_type: str, *, group_limit: int = 16
+) -> list[str]:
+    """`count` DRA nodes of `instance_type` (a node group of their own, numbered after any
+    there), the DeviceClasses, and each node's ResourceSlices (owned by the Node, as the
+    drivers' are, so they go with it); returns the created nodes' names."""
+    shape = instance_types.INSTANCE_TYPES[instance_type]
+    for device_class in objects.device_classes():
+        create_if_missing(functools.partial(clients.resource.create_device_class, device_class))
+    existing = [node.metadata.name for node in clients.core.list_node().items]
+    first = objects.next_node_index(existing, f"{instance_type}.{objects.DRA_NODE_INFIX}")
+    names = [objects.dra_node_name(instance_type, first + i) for i in range(count)]
+    created = create_nodes(clients, [objects.dra_fake_node(n, shape) for n in names])
+    for name in created:
+        uid = clients.core.read_node(name).metadata.uid
+        owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}
+        for published in objects.resource_slices(name, shape, group_limit=group_limit):
+            published["metadata"]["ownerReferences"] = [owner]
+            create_if_missing(functools.partial(clients.resource.create_resource_slice, published))
+    create_csi_nodes(clients, created)
+    return created
+
+
 def create_shared_storage(clients: Clients) -> None:
     create_if_missing(lambda: clients.storage.create_csi_driver(objects.fsx_csi_driver()))
     create_if_missing(
@@ -380,6 +404,7 @@ def up(
     neuron_taint: bool,
     echo: Echo,
     schedule_period: str | None = None,
+    dra_nodes: int = 0,
 ) -> UpReport:
     toolchain = build.require_toolchain()
     node_objects = objects.fake_nodes(nodes, instance_type, neuron_taint=neuron_taint)
@@ -396,6 +421,10 @@ def up(
         created = create_nodes(clients, node_objects)
         create_csi_nodes(clients, node_names)
         create_shared_storage(clients)
+        if dra_nodes:
+            dra_created = create_dra_nodes(clients, dra_nodes, instance_type)
+            created += dra_created
+            node_names += dra_created
     with timer.step("volcano"):
         try:
             pids = volcano.start(cluster, toolchain, schedule_period=schedule_period)

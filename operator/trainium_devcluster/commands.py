@@ -82,7 +82,24 @@ def build_command(jobs: int, only: tuple[str, ...], print_path: bool) -> None:
     f"session's cluster runs {volcano.TEST_SCHEDULE_PERIOD}; the demo and the benchmark keep "
     "the default, so their timings compare with a real cluster's.",
 )
-def up(name: str, nodes: int, instance_type: str, taint: bool, schedule_period: str | None) -> None:
+@click.option(
+    "--dra-nodes",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Also this many nodes of the instance type in a node group of their own whose devices "
+    "are published through DRA (ResourceSlices of the Neuron DRA driver and DRANET, no "
+    "aws.amazon.com/neuron or vpc.amazonaws.com/efa), for jobs with spec.deviceAllocation dra.",
+)
+def up(
+    *,
+    name: str,
+    nodes: int,
+    instance_type: str,
+    taint: bool,
+    schedule_period: str | None,
+    dra_nodes: int,
+) -> None:
     """Start (or complete) a dev cluster; safe to re-run on a running cluster."""
     try:
         report = cluster.up(
@@ -92,6 +109,7 @@ def up(name: str, nodes: int, instance_type: str, taint: bool, schedule_period: 
             neuron_taint=taint,
             echo=_echo,
             schedule_period=schedule_period,
+            dra_nodes=dra_nodes,
         )
     except (build.ToolchainMissingError, cluster.ClusterError) as error:
         raise click.ClickException(str(error)) from error

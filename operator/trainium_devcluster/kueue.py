@@ -32,7 +32,7 @@ from kubernetes.utils import parse_quantity
 from trainium_devcluster import build, paths, sim, versions, volcano
 from trainium_devcluster.clients import Clients, apply_crds, create_if_missing, is_status
 from trainium_operator.api import instance_types
-from trainium_operator.api.dra import DRA_QUOTA_RESOURCES
+from trainium_operator.api.dra import DRA_QUOTA_RESOURCES, DRIVER_QUOTA_RESOURCES
 from trainium_operator.api.kueue import (
     KUEUE_GROUP,
     KUEUE_VERSION,
@@ -228,10 +228,30 @@ def _format_quantity(value: Decimal) -> str:
     return str(whole)
 
 
-def node_quota(nodes: Iterable[dict[str, Any]]) -> dict[str, dict[str, str]]:
+def node_quota(
+    nodes: Iterable[dict[str, Any]], slices: Iterable[dict[str, Any]] = ()
+) -> dict[str, dict[str, str]]:
     """Per instance type, the sum of its nodes' allocatable resources: every resource any node
-    advertises (Kueue refuses a pod requesting a resource its ClusterQueue does not cover)."""
+    advertises (Kueue refuses a pod requesting a resource its ClusterQueue does not cover), and
+    the devices DRA nodes publish in ResourceSlices, under the resource Kueue's
+    deviceClassMappings count them as (api/dra.DRA_QUOTA_RESOURCES)."""
+    nodes = list(nodes)
     totals: dict[str, dict[str, Decimal]] = {}
+    types = {
+        n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(
+            instance_types.INSTANCE_TYPE_LABEL
+        )
+        for n in nodes
+        if not n["metadata"].get("deletionTimestamp")
+    }
+    for published in slices:
+        spec = published.get("spec") or {}
+        resource = DRIVER_QUOTA_RESOURCES.get(spec.get("driver", ""))
+        instance_type = types.get(spec.get("nodeName") or "")
+        if resource is None or instance_type is None:
+            continue
+        per_type = totals.setdefault(instance_type, {})
+        per_type[resource] = per_type.get(resource, Decimal(0)) + len(spec.get("devices") or [])
     for node in nodes:
         labels = node["metadata"].get("labels") or {}
         instance_type = labels.get(instance_types.INSTANCE_TYPE_LABEL)
@@ -578,7 +598,11 @@ def sync_cluster_queue(clients: Clients, *, attempts: int = 5) -> dict[str, dict
     nodes = [
         clients.api_client.sanitize_for_serialization(n) for n in clients.core.list_node().items
     ]
-    quota = node_quota(nodes)
+    slices = [
+        clients.api_client.sanitize_for_serialization(s)
+        for s in clients.resource.list_resource_slice().items
+    ]
+    quota = node_quota(nodes, slices)
     for instance_type in quota:
         _create_cluster_object(clients, "resourceflavors", resource_flavor(instance_type))
     wanted = cluster_queue(quota)

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from trainium_operator.api import instance_types
+from trainium_operator.api import dra, instance_types
 from trainium_operator.api.instance_types import InstanceType
 from trainium_operator.builders.job import VOLCANO_GROUP, VOLCANO_VERSION
 
@@ -231,3 +231,113 @@ def fsx_persistent_volume_claim() -> dict[str, Any]:
     }
     metadata = {"name": FSX_CLAIM_NAME, "namespace": FSX_CLAIM_NAMESPACE}
     return _object("v1", "PersistentVolumeClaim", metadata, spec)
+
+
+# --- DRA: devices published the way the Neuron DRA driver and DRANET publish them -------------
+# (api/dra.py has the sources.) AWS: never the DRA driver beside the device plugin on one node,
+# so a DRA node advertises no aws.amazon.com/neuron, neuroncore or vpc.amazonaws.com/efa, and
+# DRA nodes form their own node group, named apart from the device-plugin nodes.
+DRA_NODE_INFIX = "dra"
+DEVICE_ALLOCATION_LABEL = "trainium.dev/device-allocation"
+
+
+def dra_node_name(instance_type: str, index: int) -> str:
+    return f"{_node_prefix(instance_type)}{DRA_NODE_INFIX}-{index}"
+
+
+def dra_fake_node(name: str, shape: InstanceType) -> dict[str, Any]:
+    """A fake node of `shape` whose devices only its ResourceSlices publish."""
+    node = fake_node(
+        name,
+        shape,
+        nodegroup=f"{shape.name.replace('.', '-')}-{DRA_NODE_INFIX}-ng",
+        extra_labels={DEVICE_ALLOCATION_LABEL: "dra"},
+    )
+    device_plugin = {
+        instance_types.NEURON_RESOURCE,
+        instance_types.NEURON_CORE_RESOURCE,
+        instance_types.EFA_RESOURCE,
+    }
+    for key in ("capacity", "allocatable"):
+        node["status"][key] = {
+            k: v for k, v in node["status"][key].items() if k not in device_plugin
+        }
+    return node
+
+
+def device_class(name: str, driver: str) -> dict[str, Any]:
+    """A DeviceClass selecting every device of `driver` (as the drivers' charts install them)."""
+    selector = {"cel": {"expression": f"device.driver == '{driver}'"}}
+    return _object(dra.API_VERSION, "DeviceClass", {"name": name}, {"selectors": [selector]})
+
+
+def device_classes() -> list[dict[str, Any]]:
+    return [
+        device_class(dra.NEURON_DEVICE_CLASS, dra.NEURON_DRIVER),
+        device_class(dra.EFA_DEVICE_CLASS, dra.EFA_DRIVER),
+    ]
+
+
+def _group_ids(node: str, device: int, group_limit: int) -> dict[str, Any]:
+    """The devicegroup ids of one device: devices of one connected group share each id (a hash
+    in the driver; the group's name here). `group_limit` caps the largest connected group the
+    node publishes (16 on a healthy trn1/trn2; less simulates a node whose devices are not
+    all connected)."""
+    ids: dict[str, Any] = {}
+    for size in dra.DEVICE_GROUP_SIZES:
+        span = min(size, group_limit)
+        ids[dra.device_group_attribute(size)] = {"string": f"{node}-g{size}-{device // span}"}
+    return ids
+
+
+def _slice(node: str, driver: str, devices: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = {
+        "driver": driver,
+        "nodeName": node,
+        "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+        "devices": devices,
+    }
+    name = f"{node}-{driver.replace('.', '-')}"
+    return _object(dra.API_VERSION, "ResourceSlice", {"name": name}, spec)
+
+
+def neuron_resource_slice(
+    node: str, shape: InstanceType, *, group_limit: int = 16
+) -> dict[str, Any]:
+    """The Neuron DRA driver's ResourceSlice of one node: a pool named for the node, devices
+    neurondevice<N> with the documented attributes; the devicegroup ids only on an
+    EFA-enabled instance (trn1.2xlarge has none)."""
+    devices = []
+    for index in range(shape.neuron_devices):
+        attributes: dict[str, Any] = {
+            "deviceId": {"int": index},
+            "instanceType": {"string": shape.name},
+            "resourceType": {"string": "neuron_device"},
+        }
+        if shape.efa_interfaces:
+            attributes.update(_group_ids(node, index, group_limit))
+        devices.append({"name": f"neurondevice{index}", "attributes": attributes})
+    return _slice(node, dra.NEURON_DRIVER, devices)
+
+
+def efa_resource_slice(node: str, shape: InstanceType, *, group_limit: int = 16) -> dict[str, Any]:
+    """DRANET's ResourceSlice of one node's EFA interfaces, each carrying the devicegroup ids of
+    the Neuron devices it is aligned with (what lets one claim's matchAttribute cover both)."""
+    per_efa = max(1, shape.neuron_devices // max(1, shape.efa_interfaces))
+    devices = [
+        {
+            "name": f"efa{index}",
+            "attributes": _group_ids(node, index * per_efa, group_limit),
+        }
+        for index in range(shape.efa_interfaces)
+    ]
+    return _slice(node, dra.EFA_DRIVER, devices)
+
+
+def resource_slices(
+    node: str, shape: InstanceType, *, group_limit: int = 16
+) -> list[dict[str, Any]]:
+    slices = [neuron_resource_slice(node, shape, group_limit=group_limit)]
+    if shape.efa_interfaces:
+        slices.append(efa_resource_slice(node, shape, group_limit=group_limit))
+    return slices

@@ -152,6 +152,29 @@ def extra_nodes(
         kueue.sync_cluster_queue(clients)
 
 
+@contextlib.contextmanager
+def extra_dra_nodes(
+    dev_cluster: DevCluster,
+    count: int,
+    *,
+    instance_type: str = "trn2.48xlarge",
+    group_limit: int = 16,
+    timeout: float = 60,
+) -> Iterator[list[str]]:
+    """As `extra_nodes`, DRA nodes (cluster.create_dra_nodes): their devices only in
+    ResourceSlices, counted in Kueue's quota through its deviceClassMappings. `group_limit`
+    below 16 publishes no connected group of the whole instance."""
+    clients = dev_cluster.clients
+    created = cluster.create_dra_nodes(clients, count, instance_type, group_limit=group_limit)
+    try:
+        cluster.wait_nodes_ready(clients, created, timeout=timeout)
+        kueue.sync_cluster_queue(clients)
+        yield created
+    finally:
+        cluster.delete_nodes(clients, created, timeout=timeout)
+        kueue.sync_cluster_queue(clients)
+
+
 NAMESPACE_PREFIX = "t-"
 
 

@@ -5,6 +5,7 @@ DRA")."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ from unit.jobs import decide, job_document
 
 T0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 DRA_ON = PassSettings(kueue=True, dra=True)
+TRN2 = "trn2.48xlarge"
 PLUGIN_RESOURCES = {"aws.amazon.com/neuron", "aws.amazon.com/neuroncore", "vpc.amazonaws.com/efa"}
 
 
@@ -260,3 +262,85 @@ def test_an_admitted_pod_the_scheduler_cannot_place_is_named_with_the_schedulers
         "train stage: admitted by Kueue ClusterQueue cq, but 2/2 pods cannot be placed; "
         f"bert-train-0-0: {said}"
     )
+
+
+# -- the dev cluster's simulation --------------------------------------------------------------
+
+
+def test_a_dra_dev_node_publishes_its_devices_in_slices_and_advertises_no_plugin_resource() -> None:
+    from trainium_devcluster import objects
+
+    shape = INSTANCE_TYPES[TRN2]
+    node = objects.dra_fake_node("trn2-48xlarge-dra-0", shape)
+    assert not PLUGIN_RESOURCES & set(node["status"]["allocatable"])
+    assert node["metadata"]["labels"]["eks.amazonaws.com/nodegroup"] == "trn2-48xlarge-dra-ng"
+
+    neuron, efa = objects.resource_slices("trn2-48xlarge-dra-0", shape)
+    assert neuron["spec"]["driver"] == "neuron.aws.com"
+    assert neuron["spec"]["pool"] == {
+        "name": "trn2-48xlarge-dra-0",
+        "generation": 1,
+        "resourceSliceCount": 1,
+    }
+    assert [d["name"] for d in neuron["spec"]["devices"]] == [f"neurondevice{i}" for i in range(16)]
+    first = neuron["spec"]["devices"][0]["attributes"]
+    assert first["instanceType"] == {"string": TRN2}
+    assert first["resourceType"] == {"string": "neuron_device"}
+    group16 = {d["attributes"]["resource.aws.com/devicegroup16_id"]["string"]
+               for d in neuron["spec"]["devices"] + efa["spec"]["devices"]}  # fmt: skip
+    assert len(group16) == 1, "the devices and EFA interfaces of one instance share a group"
+    assert efa["spec"]["driver"] == "dra.net"
+    assert len(efa["spec"]["devices"]) == 16
+
+
+def test_a_split_dev_node_publishes_no_connected_group_of_16() -> None:
+    from trainium_devcluster import objects
+
+    (neuron, _) = objects.resource_slices("n", INSTANCE_TYPES[TRN2], group_limit=8)
+    group16 = {d["attributes"]["resource.aws.com/devicegroup16_id"]["string"]
+               for d in neuron["spec"]["devices"]}  # fmt: skip
+    assert len(group16) == 2
+
+
+def test_kueues_quota_counts_the_devices_dra_nodes_publish_under_the_plugin_names() -> None:
+    from trainium_devcluster import kueue as dev_kueue
+    from trainium_devcluster import objects
+
+    shape = INSTANCE_TYPES[TRN2]
+    nodes = [objects.dra_fake_node(f"d{i}", shape) for i in range(2)]
+    slices = [s for i in range(2) for s in objects.resource_slices(f"d{i}", shape)]
+    quota = dev_kueue.node_quota(nodes, slices)[TRN2]
+    assert quota["aws.amazon.com/neuron"] == "32"
+    assert quota["vpc.amazonaws.com/efa"] == "32"
+    config = dev_kueue.configuration(
+        webhook_port=1, cert_dir=Path("/c"), health_port=2, metrics_port=3
+    )
+    assert config["resources"]["deviceClassMappings"] == [
+        {"name": "aws.amazon.com/neuron", "deviceClassNames": ["neuron.aws.com"]},
+        {"name": "vpc.amazonaws.com/efa", "deviceClassNames": ["efa.networking.k8s.aws"]},
+    ]
+
+
+def test_a_pod_behind_a_scheduling_gate_is_waiting_not_refused() -> None:
+    from trainium_operator.lifecycle.observed import pod_view as observe_pod
+
+    gated = {
+        "metadata": {
+            "name": "bert-train-0-0",
+            "labels": {"trainium.dev/stage": "train", "trainium.dev/attempt": "0",
+                       "trainium.dev/node-rank": "0"},
+        },
+        "status": {
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+                 "message": "Scheduling is blocked due to non-empty scheduling gates"}
+            ]
+        },
+    }  # fmt: skip
+    view = observe_pod(gated)
+    assert view is not None
+    assert view.unschedulable is None
+    gated["status"]["conditions"][0].update(reason="Unschedulable", message="no claim fits")
+    refused = observe_pod(gated)
+    assert refused is not None
+    assert refused.unschedulable == "no claim fits"

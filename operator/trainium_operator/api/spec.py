@@ -577,11 +577,15 @@ def _legacy_device_problems(spec: TrainingJobSpec) -> list[str]:
 _DRA = DeviceAllocation.DRA.value
 _PLUGIN_RESOURCES = [NEURON_RESOURCE, NEURON_DEVICE_RESOURCE, NEURON_CORE_RESOURCE, EFA_RESOURCE]
 _DRA_NO_PLUGIN_RESOURCES_RULE = {
+    # One `in` per name (constant cost): a comprehension over the author's map would be
+    # costed by its unbounded size and exceed the API server's CEL budget.
     "rule": f"!has(self.deviceAllocation) || self.deviceAllocation != '{_DRA}' || "
     "!has(self.resources) || ("
-    f"(!has(self.resources.limits) || !self.resources.limits.exists(k, k in {_PLUGIN_RESOURCES}))"
-    " && (!has(self.resources.requests) || "
-    f"!self.resources.requests.exists(k, k in {_PLUGIN_RESOURCES})))",
+    "(!has(self.resources.limits) || "
+    + " && ".join(f"!('{r}' in self.resources.limits)" for r in _PLUGIN_RESOURCES)
+    + ") && (!has(self.resources.requests) || "
+    + " && ".join(f"!('{r}' in self.resources.requests)" for r in _PLUGIN_RESOURCES)
+    + "))",
     "message": "spec.resources: with spec.deviceAllocation dra a node publishes its Neuron devices "
     "and EFA interfaces through DRA, not as " + ", ".join(_PLUGIN_RESOURCES) + " (AWS: never "
     "the DRA driver and the device plugin on one node), so a pod requesting them never "

@@ -173,7 +173,9 @@ def kueue_waiting_reason(
             False,
         )
     refused = sorted(
-        (p.name, p.unschedulable) for p in gang.values() if p.unschedulable and not p.node
+        (p.name, p.unschedulable)
+        for p in gang.values()
+        if p.unschedulable and not p.node and not p.gated
     )
     if refused:
         # Admitted (the quota holds the gang) but the kube-scheduler finds no node for a pod: in

@@ -240,8 +240,11 @@ def pod_view(pod: Obj) -> PodView | None:
         created=parse_time(meta.get("creationTimestamp")),
         waiting_reason=waiting.get("reason"),
         waiting_message=waiting.get("message"),
+        # A scheduling gate (Kueue's, until it admits) is a wait, not the scheduler's refusal.
         unschedulable=(
-            str(scheduled.get("message") or "") if scheduled.get("status") == "False" else None
+            str(scheduled.get("message") or "")
+            if scheduled.get("status") == "False" and scheduled.get("reason") != "SchedulingGated"
+            else None
         ),
         scheduled_at=(
             parse_time(scheduled.get("lastTransitionTime"))
