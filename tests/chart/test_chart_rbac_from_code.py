@@ -84,6 +84,9 @@ OPT_INS = {
         methods=frozenset({("Cluster", "release_pod_finalizer")}),
         groups=frozenset({kueue.KUEUE_GROUP}),
     ),
+    # `--dra`: only a job with spec.deviceAllocation dra gets a ResourceClaimTemplate, and the
+    # operator creates one only with the flag (lifecycle/policies/gang.py, DRANotEnabled).
+    "dra": OptIn(("dra", "enabled"), groups=frozenset({"resource.k8s.io"})),
 }
 
 
@@ -198,6 +201,8 @@ OPERATOR_VALUES = {
     "namespaced-straggler-replacement": {"watchNamespaces": ["team-a"], **REPLACEMENT_ON},
     "kueue": KUEUE_ON,
     "namespaced-kueue": {"watchNamespaces": ["team-a", "team-b"], **KUEUE_ON},
+    "dra": {"dra": {"enabled": True}},
+    "namespaced-dra": {"watchNamespaces": ["team-a"], "dra": {"enabled": True}},
 }
 
 
