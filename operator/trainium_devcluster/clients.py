@@ -62,16 +62,21 @@ def apply_crds(clients: Clients, crds: list[dict[str, Any]], *, timeout: float =
     for crd in crds:
         apply_crd(clients, crd)
     for crd in crds:
-        name = crd["metadata"]["name"]
-        sim.wait_for(
-            functools.partial(clients.apiextensions.read_custom_resource_definition, name),
-            until=lambda found: any(
-                c.type == "Established" and c.status == "True"
-                for c in (found.status.conditions or [])
-            ),
-            timeout=timeout,
-            description=f"CRD {name} established",
-        )
+        wait_established(clients, crd["metadata"]["name"], timeout=timeout)
+
+
+def wait_established(clients: Clients, name: str, *, timeout: float = 30) -> None:
+    """Waits until the CRD is Established (served). Not `kubectl wait --for=condition`: kubectl
+    v1.36 fails at once on a CRD whose status has no conditions yet, as right after its apply."""
+    sim.wait_for(
+        functools.partial(clients.apiextensions.read_custom_resource_definition, name),
+        until=lambda found: any(
+            c.type == "Established" and c.status == "True"
+            for c in ((found.status.conditions if found.status else None) or [])
+        ),
+        timeout=timeout,
+        description=f"CRD {name} established",
+    )
 
 
 def apply_crd(clients: Clients, crd: dict[str, Any]) -> None:

@@ -29,7 +29,7 @@ import yaml
 
 from trainium_devcluster import build, cluster, paths, sim
 from trainium_devcluster.access import service_account_kubeconfig
-from trainium_devcluster.clients import Clients, clients_for
+from trainium_devcluster.clients import Clients, clients_for, wait_established
 
 Echo = Callable[[str], None]
 REPO = Path(__file__).resolve().parents[2]
@@ -119,7 +119,8 @@ class Demo:
         """CRDs, then the chart's ServiceAccount and RBAC; returns the operator's kubeconfig."""
         self.echo("installing the chart's CRDs, ServiceAccount and RBAC (helm template | kubectl)")
         self.kubectl("apply", "--server-side", "-f", str(CHART / "crds"))
-        self.kubectl("wait", "--for=condition=Established", "crd/trainingjobs.trainium.dev")
+        assert self.clients is not None
+        wait_established(self.clients, "trainingjobs.trainium.dev")
         manifests = _run(
             [
                 "helm",
