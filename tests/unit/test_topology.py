@@ -1,17 +1,11 @@
-"""The network topology model: nodes with the labels AWS documents -> Volcano HyperNodes and a
-Kueue Topology with its ResourceFlavor (builders/topology.py), and the writes that keep them
-(lifecycle/topology.py).
-
-The label sets are AWS's own examples: EKS's network-node labels (EKS user guide,
-ml-workload-topology: `nn-e50490a237cb0f01a` for layer 1; the other values have its form) and
-the Neuron device plugin's UltraServer labels of four trn2u nodes (Neuron docs,
-how-to-ultraserver: `bog79p1y8tetj5uu` shared by the four, node names ip-172-32-*)."""
+"""The network topology model: nodes with the labels AWS documents (unit/topology_nodes.py) ->
+Volcano HyperNodes and a Kueue Topology with its ResourceFlavor (builders/topology.py), and the
+writes that keep them (lifecycle/topology.py)."""
 
 from __future__ import annotations
 
 import random
 import re
-from typing import Any
 
 import pytest
 
@@ -20,34 +14,20 @@ from trainium_operator.api.instance_types import INSTANCE_TYPE_LABEL
 from trainium_operator.builders import topology as builder
 from trainium_operator.builders.topology import network_topology
 from trainium_operator.lifecycle.topology import plan_writes
+from unit.topology_nodes import (
+    BLOCK_A,
+    BLOCK_B,
+    BOTH,
+    LAYER1,
+    LAYER2,
+    TRN2U_NODES,
+    ULTRASERVER,
+    Obj,
+    node,
+    trn1_nodes,
+)
 
-Obj = dict[str, Any]
-LAYER1 = "nn-e50490a237cb0f01a"  # the EKS user guide's example
-LAYER2 = "nn-2c4f1a9e80d7b3365"
-BLOCK_A = "nn-7b1e0c44d9a2f6e01"
-BLOCK_B = "nn-0d93aa61c2e5b7f48"
-ULTRASERVER = "bog79p1y8tetj5uu"  # the Neuron docs' four-node UltraServer
-TRN2U_NODES = [
-    "ip-172-32-11-17.ap-southeast-4.compute.internal",
-    "ip-172-32-13-57.ap-southeast-4.compute.internal",
-    "ip-172-32-5-227.ap-southeast-4.compute.internal",
-    "ip-172-32-9-4.ap-southeast-4.compute.internal",
-]
-BOTH = frozenset(topology.SCHEDULERS)
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-
-def node(name: str, instance_type: str, *path: str, ultraserver: str | None = None) -> Obj:
-    labels = {INSTANCE_TYPE_LABEL: instance_type, "kubernetes.io/hostname": name}
-    labels |= {topology.LAYER_LABELS[i + 1]: value for i, value in enumerate(path)}
-    if ultraserver is not None:
-        # The device plugin's set (how-to-ultraserver): mode, 4- and 2-node server ids.
-        labels |= {
-            "neuron.amazonaws.com/ultraserver-mode": "1_2_4",
-            topology.ULTRASERVER_LABEL: ultraserver,
-            "neuron.amazonaws.com/ultraserver-server-id-2": "u5wy80u0o2saugxy",
-        }
-    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
 
 
 def by_tier(objects: list[Obj]) -> dict[int, list[Obj]]:
@@ -59,15 +39,6 @@ def by_tier(objects: list[Obj]) -> dict[int, list[Obj]]:
 
 def members(hypernode: Obj) -> set[tuple[str, str]]:
     return {(m["type"], m["selector"]["exactMatch"]["name"]) for m in hypernode["spec"]["members"]}
-
-
-def trn1_nodes() -> list[Obj]:
-    return [
-        node("trn1-a0", "trn1.32xlarge", LAYER1, LAYER2, BLOCK_A),
-        node("trn1-a1", "trn1.32xlarge", LAYER1, LAYER2, BLOCK_A),
-        node("trn1-b0", "trn1.32xlarge", LAYER1, LAYER2, BLOCK_B),
-        node("trn1-b1", "trn1.32xlarge", LAYER1, LAYER2, BLOCK_B),
-    ]
 
 
 def test_trn1_nodes_become_blocks_under_one_spine_under_one_layer_1() -> None:
