@@ -6,13 +6,17 @@ integration tier's (tests/integration/test_topology.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import logging
+from typing import Any
 
 import pytest
 
 from trainium_operator.api import topology
 from trainium_operator.builders.topology import network_topology
+from trainium_operator.controller import topology as controller_topology
 from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.controller.topology import TopologyReconciler
 from trainium_operator.k8s.informer import WatchEvent
@@ -166,3 +170,77 @@ def test_only_a_topology_change_of_a_trainium_node_wakes_the_reconciler() -> Non
     assert topo.node_changed(event("MODIFIED", moved))
     assert topo.node_changed(event("DELETED", moved))
     assert not topo.node_changed(event("ADDED", node("sys-0", "m5.large", LAYER1)))
+
+
+# -- the loop -------------------------------------------------------------------------------
+
+
+class CountingReconciler(TopologyReconciler):
+    def __init__(self, failures: list[Exception]) -> None:
+        super().__init__(FakeCluster(ClusterCache()), Nodes([]), frozenset({"volcano"}))
+        self.failures = failures
+        self.passes = 0
+
+    def sync(self) -> Any:
+        self.passes += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        return super().sync()
+
+
+def run_loop(
+    reconciler: TopologyReconciler,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    ready: bool = True,
+    may_work: bool = True,
+    seconds: float = 0.3,
+) -> None:
+    for name in ("DEBOUNCE_SECONDS", "RETRY_SECONDS", "SETUP_RETRY_SECONDS", "NOT_READY_SECONDS"):
+        monkeypatch.setattr(controller_topology, name, 0.01)
+
+    async def bounded() -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                controller_topology.run(
+                    reconciler, asyncio.Event(), lambda: ready, lambda: may_work
+                ),
+                timeout=seconds,
+            )
+
+    asyncio.run(bounded())
+
+
+def test_the_loop_passes_once_ready_and_then_waits_for_a_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    topo = CountingReconciler([])
+
+    run_loop(topo, monkeypatch)
+
+    assert topo.passes == 1
+
+
+@pytest.mark.parametrize(("ready", "may_work"), [(False, True), (True, False)])
+def test_the_loop_writes_nothing_before_the_node_list_or_in_a_standby_replica(
+    monkeypatch: pytest.MonkeyPatch, ready: bool, may_work: bool
+) -> None:
+    topo = CountingReconciler([])
+
+    run_loop(topo, monkeypatch, ready=ready, may_work=may_work)
+
+    assert topo.passes == 0
+
+
+def test_a_missing_scheduler_api_is_said_plainly_and_retried(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    topo = CountingReconciler([api_error(404, "the server could not find the requested resource")])
+
+    with caplog.at_level(logging.ERROR):
+        run_loop(topo, monkeypatch)
+
+    assert topo.passes == 2, "retried after the failure, then quiet"
+    (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "HyperNodes: Volcano v1.12 or newer" in record.getMessage()
+    assert record.exc_info is None, "no traceback for an API that is not installed"

@@ -24,7 +24,14 @@ from trainium_operator.api import topology
 from trainium_operator.api.instance_types import INSTANCE_TYPE_LABEL
 from trainium_operator.api.objects import Obj
 from trainium_operator.builders.topology import TopologyObjects, is_trainium, network_topology
-from trainium_operator.k8s.client import TopologyAPI, is_conflict, is_transient
+from trainium_operator.k8s.client import (
+    TopologyAPI,
+    api_error_message,
+    is_conflict,
+    is_forbidden,
+    is_not_found,
+    is_transient,
+)
 from trainium_operator.k8s.informer import WatchEvent
 from trainium_operator.lifecycle.topology import TopologyWrites, plan_writes
 
@@ -33,6 +40,8 @@ RESYNC_SECONDS = 120.0
 DEBOUNCE_SECONDS = 1.0
 RETRY_SECONDS = 5.0
 NOT_READY_SECONDS = 1.0
+# A missing API or permission is the admin's to fix: retried, not hammered.
+SETUP_RETRY_SECONDS = 30.0
 
 
 def topology_signature(node: Obj) -> tuple[str | None, ...]:
@@ -172,7 +181,23 @@ async def run(
                 continue  # another replica works
             await asyncio.to_thread(reconciler.sync)
         except Exception as error:
-            if not (is_conflict(error) or is_transient(error)):
-                log.exception("network topology: the pass failed; retrying")
-            await asyncio.sleep(RETRY_SECONDS)
+            await asyncio.sleep(_failed(error, reconciler.schedulers))
             changed.set()
+
+
+def _failed(error: Exception, schedulers: frozenset[str]) -> float:
+    """Logs a failed pass as what it is; returns how long to wait before the next."""
+    if is_conflict(error) or is_transient(error):
+        return RETRY_SECONDS  # a stale list or a busy API server: the next pass reads again
+    if is_not_found(error) or is_forbidden(error):
+        log.error(
+            "network topology: %s; the schedulers' APIs (%s) must be served (HyperNodes: Volcano "
+            "v1.12 or newer; Topology, ResourceFlavor: Kueue v1beta2) and the operator granted "
+            "them (the chart's topology.*); retrying in %.0f s",
+            api_error_message(error),
+            ", ".join(sorted(schedulers)),
+            SETUP_RETRY_SECONDS,
+        )
+        return SETUP_RETRY_SECONDS
+    log.exception("network topology: the pass failed; retrying")
+    return RETRY_SECONDS

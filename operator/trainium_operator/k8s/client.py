@@ -72,6 +72,11 @@ def is_conflict(error: BaseException) -> bool:
     return isinstance(error, ApiException) and error.status == 409
 
 
+def is_not_found(error: BaseException) -> bool:
+    """The object, or the API serving its kind (a CRD not installed), is not there."""
+    return isinstance(error, ApiException) and error.status == 404
+
+
 # The API server restarting, overloaded or behind a load balancer that is shifting.
 _TRANSIENT_STATUSES = frozenset({0, 429, 500, 502, 503, 504})
 
