@@ -74,6 +74,9 @@ def test_a_kueue_gang_carries_the_required_levels_node_label_on_every_pod() -> N
         annotations = pod["metadata"]["annotations"]
         assert annotations[REQUIRED] == "topology.k8s.aws/network-node-layer-2"
         assert PREFERRED not in annotations
+        # Kueue hands out the domains in the order of the ranks this label holds.
+        assert annotations["kueue.x-k8s.io/pod-group-pod-index-label"] == "trainium.dev/node-rank"
+        assert pod["metadata"]["labels"]["trainium.dev/node-rank"] in {"0", "1"}
 
 
 def test_a_kueue_gang_of_trn2u_prefers_one_ultraserver_by_its_neuron_label() -> None:
@@ -114,6 +117,7 @@ def test_the_trn2u_default_under_kueue_is_the_preferred_ultraserver_annotation()
         topology.ULTRASERVER_LABEL
     }
     assert not [p for p in without if PREFERRED in p["metadata"]["annotations"]]
+    assert not [p for p in without if "kueue.x-k8s.io/pod-group-pod-index-label" in str(p)]
 
 
 def test_trn1_and_trn2_get_no_default() -> None:

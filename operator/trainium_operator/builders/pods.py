@@ -392,10 +392,15 @@ def gang_annotations(
     job: JobRef, stage: Stage, placement: Placement | None = None
 ) -> dict[str, str]:
     """Volcano's PodGroup annotation (the PodGroup carries the placement), or Kueue's group
-    size and no-single-pod-retry marks and its pod-set topology annotation."""
+    size and no-single-pod-retry marks, and with a placement its pod-set topology annotation and
+    the label holding each pod's rank."""
     if job.kueue_queue is None:
         return {VOLCANO_GROUP_ANNOTATION: job.podgroup_name(stage)}
-    return {**kueue.pod_annotations(job.spec.nodes), **topology.kueue_annotations(placement)}
+    annotations = {**kueue.pod_annotations(job.spec.nodes), **topology.kueue_annotations(placement)}
+    if placement is not None:
+        # Domains in rank order: neighbouring ranks (which exchange most in a ring) share one.
+        annotations[kueue.POD_INDEX_LABEL_ANNOTATION] = LABEL_NODE_RANK
+    return annotations
 
 
 def pod(
