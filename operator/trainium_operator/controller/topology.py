@@ -42,6 +42,7 @@ RETRY_SECONDS = 5.0
 NOT_READY_SECONDS = 1.0
 # A missing API or permission is the admin's to fix: retried, not hammered.
 SETUP_RETRY_SECONDS = 30.0
+MAX_NAMED = 8  # names in one log line
 
 
 def topology_signature(node: Obj) -> tuple[str | None, ...]:
@@ -103,20 +104,25 @@ class TopologyReconciler:
         self._report(built)
         writes = plan_writes(list(built.objects), self.existing())
         taken: list[str] = []
-        for obj in writes.delete:
-            self._delete(obj)
+        # New domains first (lower tiers first), then the parents that list them or no longer
+        # do, then the domains nobody lists any more (higher tiers first): a HyperNode never
+        # names a member that is not there.
         for obj in writes.create:
             if not self._create(obj):
                 taken.append(f"{obj['kind']} {obj['metadata']['name']}")
         for obj in writes.replace:
             self.cluster.replace_hypernode(obj)
+        for obj in writes.delete:
+            self._delete(obj)
         if not writes.empty:
             log.info("network topology: %s", writes.summary())
         if taken:
+            more = f" and {len(taken) - MAX_NAMED} more" if len(taken) > MAX_NAMED else ""
             log.warning(
-                "network topology: %s exist without the labels %s: another owner's objects, "
+                "network topology: %s%s exist without the labels %s: another owner's objects, "
                 "left alone; delete or rename them for the operator's to be written",
-                ", ".join(taken),
+                ", ".join(taken[:MAX_NAMED]),
+                more,
                 topology.MANAGED_SELECTOR,
             )
         return PassOutcome(writes, taken, built)
