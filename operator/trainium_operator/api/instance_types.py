@@ -63,6 +63,9 @@ class InstanceType:
     default_lnc: int = 1
     # The Neuron PyTorch stacks that run on it (contract/workload_env.NEURON_STACKS), default first.
     neuron_stacks: tuple[str, ...] = TRN1_STACKS
+    # Instances joined by NeuronLink into one UltraServer (trn2u: 4, the Trn2 architecture page
+    # above); 0: the type is not sold as UltraServers. api/topology.py's ultraserver level.
+    ultraserver_nodes: int = 0
     # Facts of this row no source confirmed (field names), shown by the docs and `unconfirmed`.
     unconfirmed: tuple[str, ...] = field(default=())
 
@@ -85,9 +88,18 @@ class InstanceType:
         return self.logical_cores()
 
 
-def _trn2(name: str) -> InstanceType:
+def _trn2(name: str, ultraserver_nodes: int = 0) -> InstanceType:
     return InstanceType(
-        name, 16, 8, 16, 192, 2048, lnc_options=(1, 2), default_lnc=2, neuron_stacks=TRN2_STACKS
+        name,
+        16,
+        8,
+        16,
+        192,
+        2048,
+        lnc_options=(1, 2),
+        default_lnc=2,
+        neuron_stacks=TRN2_STACKS,
+        ultraserver_nodes=ultraserver_nodes,
     )
 
 
@@ -98,7 +110,7 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
         InstanceType("trn1.32xlarge", 16, 2, 8, 128, 512),
         InstanceType("trn1n.32xlarge", 16, 2, 16, 128, 512),
         _trn2("trn2.48xlarge"),
-        _trn2("trn2u.48xlarge"),
+        _trn2("trn2u.48xlarge", ultraserver_nodes=4),
     )
 }
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 import yaml
 
+from trainium_operator.api import topology
 from trainium_operator.api.crd import training_job_crd
 from trainium_operator.api.reference import api_reference
 from trainium_operator.builders.job import Stage
@@ -24,6 +25,7 @@ from trainium_operator.controller.settings import (
     ENV_PROFILE_S3_URI,
     ENV_PROFILE_UPLOAD_SERVICE_ACCOUNT,
     ENV_RESERVED_SERVICE_ACCOUNTS,
+    ENV_TOPOLOGY,
     HealthSettings,
     OperatorSettings,
     PeeringSettings,
@@ -156,6 +158,15 @@ def _env_text_options(command: Callable[..., None]) -> Callable[..., None]:
     help="Queue jobs labelled kueue.x-k8s.io/queue-name with Kueue (watches its Workloads and "
     f"LocalQueues; Kueue's CRDs must be installed; the chart's kueue.enabled). Env: {ENV_KUEUE}.",
 )
+@click.option(
+    "--topology",
+    "topology_schedulers",
+    default="",
+    envvar=ENV_TOPOLOGY,
+    help="Comma-separated schedulers to keep network topology for, from the nodes' AWS labels "
+    "(docs/topology.md): volcano (HyperNodes), kueue (a Topology and a ResourceFlavor per "
+    f"instance type); default: none (the chart's topology.*). Env: {ENV_TOPOLOGY}.",
+)
 @_env_text_options
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-format", type=click.Choice(["plain", "json"]), default="plain")
@@ -175,6 +186,7 @@ def run(
     workers: int,
     isolate_jobs: bool,
     kueue: bool,
+    topology_schedulers: str,
     reserved_service_accounts: str,
     profile_s3_uri: str,
     profile_upload_service_account: str,
@@ -187,6 +199,15 @@ def run(
 ) -> None:
     """Run the operator (watches TrainingJobs, their pods and nodes)."""
     from trainium_operator.controller import wiring
+
+    schedulers = frozenset(name_list(topology_schedulers))
+    unknown = sorted(schedulers - set(topology.SCHEDULERS))
+    if unknown:
+        raise click.BadParameter(
+            f"{', '.join(unknown)}: not a scheduler topology is written for (choose from "
+            f"{', '.join(topology.SCHEDULERS)})",
+            param_hint="--topology",
+        )
 
     wiring.run_operator(
         OperatorSettings(
@@ -210,6 +231,7 @@ def run(
             straggler_cordon_budget=straggler_cordon_budget,
             isolate_jobs=isolate_jobs,
             kueue=kueue,
+            topology=schedulers,
             reserved_service_accounts=frozenset(name_list(reserved_service_accounts)),
             upload=UploadDefaults(
                 s3_uri=profile_s3_uri.strip() or None,

@@ -185,6 +185,7 @@ class Reconciler:
         straggler_cordon_budget: int = 0,
         reserved_service_accounts: frozenset[str] = frozenset(),
         kueue: bool = False,
+        topology: frozenset[str] = frozenset(),
     ):
         self.cluster = cluster
         # Kueue's Workloads and LocalQueues are watched: jobs labelled for Kueue are queued by it.
@@ -208,7 +209,11 @@ class Reconciler:
         self.isolate_jobs = isolate_jobs
         # The chart's own ServiceAccounts: a job naming one is an invalid spec.
         self.reserved_service_accounts = reserved_service_accounts
-        self.pass_settings = PassSettings(self.upload_defaults, progress_interval, kueue=kueue)
+        # The schedulers network topology is kept for (controller.topology): a job's default
+        # placement applies only under those.
+        self.pass_settings = PassSettings(
+            self.upload_defaults, progress_interval, kueue=kueue, topology=topology
+        )
         self.events = EventPoster(cluster)
         self.clock = clock
         self.holds = AdmissionHolds()

@@ -28,6 +28,9 @@ ENV_OPERATOR_IMAGE = "TRAINIUM_OPERATOR_IMAGE"
 ENV_OPERATOR_IMAGE_PULL_POLICY = "TRAINIUM_OPERATOR_IMAGE_PULL_POLICY"
 # "true": watch Kueue's objects and queue jobs labelled for Kueue there (the chart's kueue.enabled).
 ENV_KUEUE = "TRAINIUM_KUEUE"
+# Comma-separated schedulers the operator writes network topology for: volcano (HyperNodes),
+# kueue (Topology and ResourceFlavors); empty: none (the chart's topology.*).
+ENV_TOPOLOGY = "TRAINIUM_TOPOLOGY"
 # Comma-separated names of the chart's imagePullSecrets (they must exist in the job's namespace).
 ENV_OPERATOR_IMAGE_PULL_SECRETS = "TRAINIUM_OPERATOR_IMAGE_PULL_SECRETS"
 
@@ -73,6 +76,8 @@ class OperatorSettings:
     # Watch Kueue's Workloads and LocalQueues: jobs labelled kueue.x-k8s.io/queue-name are
     # queued by Kueue (the chart's kueue.enabled; Kueue's CRDs must be installed).
     kueue: bool = False
+    # The schedulers the topology reconciler writes for (api/topology.SCHEDULERS); empty: off.
+    topology: frozenset[str] = frozenset()
     reserved_service_accounts: frozenset[str] = frozenset()
     upload: UploadDefaults = field(default_factory=UploadDefaults)
     log_format: str = "plain"

@@ -12,6 +12,7 @@ from datetime import datetime
 import yaml
 
 from trainium_operator.api import spec as spec_model
+from trainium_operator.api import topology
 from trainium_operator.api.objects import Obj
 from trainium_operator.api.spec import NeuronStack
 from trainium_operator.builders.job import JobRef, Stage
@@ -70,8 +71,9 @@ def render_stages(
     that gang succeeded, which start training.
     """
     job = parse_manifest(document, health_url)
-    # What an operator with Kueue on creates: a job labelled for Kueue shows its pod groups.
-    settings = PassSettings(kueue=True)
+    # What an operator with Kueue and topology on creates: a job labelled for Kueue shows its
+    # pod groups, and a job that asks no placement its instance type's default.
+    settings = PassSettings(kueue=True, topology=frozenset(topology.SCHEDULERS))
 
     def decide(status: Obj, pods: list[Obj], groups: list[Obj], service: bool) -> Decision:
         seen = observe(

@@ -36,6 +36,9 @@ class PassSettings:
     # The operator watches Kueue's Workloads and LocalQueues (`run --kueue`): jobs labelled
     # kueue.x-k8s.io/queue-name are queued by Kueue; without it they wait, saying so.
     kueue: bool = False
+    # The schedulers this operator keeps network topology for (`run --topology`): a job that
+    # asks for no placement gets its instance type's default only where topology exists.
+    topology: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,7 +58,8 @@ def gang(p: Pass) -> None:
         )
         return
     if not job.queued_by_kueue and job.podgroup_name(stage) not in observed.podgroups:
-        plan.create.append(pod_builders.podgroup(job, stage))
+        placement = job.placement(p.snapshot.settings.topology)
+        plan.create.append(pod_builders.podgroup(job, stage, placement))
     _run_gang(p, gang)
     grace = float(job.spec.run_policy.node_lost_grace_period_seconds)
     wait = node_lost_requeue(gang, observed, grace)
@@ -107,9 +108,12 @@ def _run_gang(p: Pass, gang: dict[int, PodView]) -> None:
     # before training raises the attempt too, and must not pick up an older run's checkpoints.
     resume = stage is Stage.TRAIN and attempt > first_attempt
     restarts = status.restarts.total
+    placement = job.placement(p.snapshot.settings.topology)
     for rank in missing:
         decision.create.append(
-            pod_builders.pod(job, stage, attempt, rank, resume=resume, restarts=restarts)
+            pod_builders.pod(
+                job, stage, attempt, rank, resume=resume, restarts=restarts, placement=placement
+            )
         )
     if len(gang) == job.spec.nodes:
         status.set_stage(stage, "fullGangAttempt", attempt)
