@@ -108,7 +108,8 @@ def blocks_of(clients: Any, pods: list[Any]) -> set[str]:
 
 
 def train_only(name: str, **spec: Any) -> dict[str, Any]:
-    return job_manifest(name, compile={"enabled": False}, scheduling={"queue": "default"}, **spec)
+    scheduling = {"queue": "default", **spec.pop("scheduling", {})}
+    return job_manifest(name, compile={"enabled": False}, scheduling=scheduling, **spec)
 
 
 def placed(level: str, mode: str = "Required") -> dict[str, Any]:
