@@ -54,14 +54,16 @@ def node_name(instance_type: str, index: int) -> str:
 
 
 def node_resources(shape: InstanceType) -> dict[str, str]:
-    """Capacity (= allocatable: no system reservations are simulated) advertised by a fake node."""
+    """Capacity (= allocatable: no system reservations are simulated) advertised by a fake node:
+    what the Neuron device plugin of the chart (Neuron 2.20 and later) advertises, devices as
+    aws.amazon.com/neuron and cores as aws.amazon.com/neuroncore. aws.amazon.com/neurondevice,
+    which plugins dropped in Neuron 2.20, is not simulated on any type."""
     resources = {
         "cpu": str(shape.cpu),
         "memory": f"{shape.memory_gib}Gi",
         "pods": str(PODS_PER_NODE),
         "ephemeral-storage": "500Gi",
         instance_types.NEURON_RESOURCE: str(shape.neuron_devices),
-        instance_types.NEURON_DEVICE_RESOURCE: str(shape.neuron_devices),
         instance_types.NEURON_CORE_RESOURCE: str(shape.neuron_cores),
     }
     if shape.efa_interfaces:

@@ -115,12 +115,18 @@ def test_operator_image_exposes_the_chart_ports() -> None:
     }
 
 
-def test_training_image_builds_on_the_last_torch_neuronx_training_dlc() -> None:
+def test_training_image_builds_on_the_last_published_pytorch_training_dlc() -> None:
+    """AWS stopped publishing pytorch-training-neuronx with Neuron 2.31.0: the last tag is
+    Neuron 2.30.0's (aws-neuron/deep-learning-containers README; Neuron container release
+    notes). The comment above the tag names those sources and the packages the tag holds."""
     base = Dockerfile(TRAINING_DOCKERFILE).stages()[-1][0]
-    assert base.startswith("public.ecr.aws/neuron/pytorch-training-neuronx:")
-    tag = base.rpartition(":")[2]
-    assert tag.startswith("2.9.0-neuronx-")
-    assert "-sdk2.31." in tag
+    assert base == (
+        "public.ecr.aws/neuron/pytorch-training-neuronx:2.9.0-neuronx-py312-sdk2.30.0-ubuntu24.04"
+    )
+    text = TRAINING_DOCKERFILE.read_text()
+    for fact in ("torch-neuronx 2.9.0.2.14", "neuronx-cc 2.25.3371.0", "deep-learning-containers"):
+        assert fact in text, f"the base image's comment should name {fact}"
+    assert "sdk2.31" not in text.replace("no sdk2.31 tag", ""), "no sdk2.31 training DLC exists"
 
 
 def test_the_native_training_image_builds_on_a_torchneuron_dlc_of_sdk_2_33() -> None:

@@ -409,6 +409,19 @@ INVALID_SPECS = [
         "spec.neuron.compileOnly and spec.neuron.hloCache are native-stack controls",
         id="native-compile-only-on-trn1",
     ),
+    pytest.param(
+        {"instanceType": "trn2.48xlarge", "neuronResourceName": "aws.amazon.com/neurondevice"},
+        "spec.neuronResourceName: aws.amazon.com/neurondevice has not been advertised since",
+        id="neurondevice-on-trn2",
+    ),
+    pytest.param(
+        {
+            "instanceType": "trn2u.48xlarge",
+            "resources": {"limits": {"aws.amazon.com/neurondevice": "16"}},
+        },
+        "spec.resources: aws.amazon.com/neurondevice has not been advertised since",
+        id="neurondevice-limit-on-trn2u",
+    ),
 ]
 
 

@@ -39,6 +39,36 @@ def system_capture(profile_dir: Path) -> Path:
     return capture
 
 
+# The files of one torch.profiler capture session, as Neuron Explorer's PyTorch guide lists
+# them under "Expected output" (the NEFF hashes are made up).
+NATIVE_SESSION_FILES = (
+    "cpu_util.pb",
+    "host_mem.pb",
+    "neff_1111_vnc_0.neff",
+    "neff_2222_vnc_0.neff",
+    "ntrace.pb",
+    "profile_nc_0_session_0.ntff",
+    "trace.json",
+    "trace_info.pb",
+)
+NATIVE_TIMESTAMP = "20261204T101500"
+
+
+def native_capture(
+    profile_dir: Path, timestamp: str = NATIVE_TIMESTAMP, *, exported: bool = False
+) -> Path:
+    """ip-1's torch.profiler capture of process PID in the documented native layout,
+    `<instance id>_pid_<pid>/<timestamp>/<files>` (raw files; `exported` adds the
+    system profile's JSON export, as `neuron-explorer view` leaves it)."""
+    session = profile_dir / "ip-1" / "neuron" / f"i-0f207fb2a99bd2d08_pid_{PID}" / timestamp
+    session.mkdir(parents=True)
+    for name in NATIVE_SESSION_FILES:
+        (session / name).write_bytes(b"raw")
+    if exported:
+        shutil.copy(SYSTEM, session / "system_profile.json")
+    return session
+
+
 def fake_neuron_cli(path: Path, output_format: str, export: Path, name: str = "") -> str:
     """An executable answering only `view -d <capture> <out> --output-format <output_format>`,
     by copying `export` into <out> (as `name` when given)."""

@@ -18,8 +18,8 @@ from profiler.neuron_capture import (
     SYNC,
     SYSTEM,
     fake_neuron_cli,
+    native_capture,
     rank_file,
-    system_capture,
 )
 from trainium_operator.contract import neuron_env, workload_env
 from trainium_operator.contract.neuron_env import neuron_inspect_env
@@ -47,31 +47,29 @@ def _trace(path: Path) -> perfetto_reader.PerfettoTrace:
     return perfetto_reader.read_trace(path.read_bytes())
 
 
-def test_the_native_stack_captures_session_device_profiles_cpu_util_and_host_memory() -> None:
-    env = neuron_inspect_env("/shared/profiles/ml/llama/0", stack="native", device_profile=True)
-    assert env == {
-        "NEURON_RT_INSPECT_ENABLE": "1",
-        "NEURON_RT_INSPECT_OUTPUT_DIR": "/shared/profiles/ml/llama/0/$(TRAINIUM_NODE_NAME)/neuron",
-        "NEURON_RT_INSPECT_SYSTEM_PROFILE": "1",
-        "NEURON_RT_INSPECT_DEVICE_PROFILE": "session",
-        "NEURON_RT_INSPECT_CPU_UTIL": "1",
-        "NEURON_RT_INSPECT_HOST_MEMORY": "1",
-    }
-    without = neuron_inspect_env("/p", "node-a", stack="native")
-    assert without["NEURON_RT_INSPECT_DEVICE_PROFILE"] == "0"
-    assert without["NEURON_RT_INSPECT_OUTPUT_DIR"] == "/p/node-a/neuron"
+def test_the_native_stack_is_never_captured_through_the_runtimes_environment() -> None:
+    """Environment capture records the whole run on TorchNeuron (session mode is required on
+    PJRT runtimes, and warm-up counts only work in model mode); the window is captured through
+    torch.profiler instead, which a single variable of ours turns on."""
+    with pytest.raises(ValueError, match="records the whole run"):
+        neuron_inspect_env("/p", stack="native", device_profile=True)
+    assert neuron_env.torch_capture_env() == {"TRAINIUM_PROFILE_NEURON_DEVICE": "1"}
 
 
 def test_the_xla_stacks_capture_env_is_what_it_was() -> None:
-    env = neuron_inspect_env("/p", stack="xla", device_profile=True)
-    assert env["NEURON_RT_INSPECT_DEVICE_PROFILE"] == "1"
-    assert "NEURON_RT_INSPECT_CPU_UTIL" not in env
-    assert neuron_inspect_env("/p", device_profile=True) == env
+    env = neuron_inspect_env("/p", "node-a", stack="xla", device_profile=True)
+    assert env == {
+        "NEURON_RT_INSPECT_ENABLE": "1",
+        "NEURON_RT_INSPECT_OUTPUT_DIR": "/p/node-a/neuron",
+        "NEURON_RT_INSPECT_SYSTEM_PROFILE": "1",
+        "NEURON_RT_INSPECT_DEVICE_PROFILE": "1",
+    }
+    assert neuron_inspect_env("/p", "node-a", device_profile=True) == env
+    assert neuron_inspect_env("/p")["NEURON_RT_INSPECT_DEVICE_PROFILE"] == "0"
 
 
-def test_the_capture_contract_knows_the_workload_contracts_stacks_and_refuses_others() -> None:
-    for stack in workload_env.NEURON_STACKS:
-        assert neuron_inspect_env("/p", stack=stack)[neuron_env.INSPECT_ENABLE] == "1"
+def test_the_capture_contract_refuses_a_stack_it_does_not_know() -> None:
+    assert "xla" in workload_env.NEURON_STACKS
     with pytest.raises(ValueError, match="unknown Neuron stack 'jax'"):
         neuron_inspect_env("/p", stack="jax")
 
@@ -142,8 +140,7 @@ def test_device_relative_timestamps_start_with_the_ranks_first_execution() -> No
 def _native_capture(tmp_path: Path) -> tuple[Path, Path, Path]:
     profile_dir = tmp_path / "profile"
     rank_path, _ = rank_file(profile_dir)
-    capture = system_capture(profile_dir)
-    (capture / "graph_0.neff").write_bytes(b"")
+    capture = native_capture(profile_dir, exported=True)
     return profile_dir, rank_path, capture
 
 

@@ -28,11 +28,11 @@ def test_fake_nodes_advertise_the_instance_shape(instance_type: str, efa: str) -
         "memory": "512Gi",
         "pods": "250",
         "aws.amazon.com/neuron": "16",
-        "aws.amazon.com/neurondevice": "16",
         "aws.amazon.com/neuroncore": "32",
         "vpc.amazonaws.com/efa": efa,
     }
     assert {name: capacity.get(name) for name in expected} == expected
+    assert "aws.amazon.com/neurondevice" not in capacity, "not advertised since Neuron 2.20"
     labels = node["metadata"]["labels"]
     assert labels["node.kubernetes.io/instance-type"] == instance_type
     assert labels[objects.ZONE_LABEL]
@@ -503,6 +503,8 @@ def test_trn2_fake_nodes_advertise_16_chips_64_logical_cores_and_16_efa(
     assert capacity["aws.amazon.com/neuron"] == "16"
     assert capacity["aws.amazon.com/neuroncore"] == "64"
     assert capacity["vpc.amazonaws.com/efa"] == "16"
+    # Trn2 support came in Neuron 2.21, after the plugin stopped advertising neurondevice.
+    assert "aws.amazon.com/neurondevice" not in capacity
 
 
 def test_the_schedule_period_chosen_at_up_is_kept_for_a_restarted_scheduler(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -97,6 +98,56 @@ def test_the_crd_refuses_unsupported_stacks_with_the_models_messages() -> None:
     assert "default" not in stack, "defaulted per instance type by the operator, not the schema"
     for implied in ("neuron_parallel_compile", "TorchNeuron", "NEFF cache", "trn1"):
         assert implied in stack["description"]
+
+
+LEGACY_DEVICE = "aws.amazon.com/neurondevice"
+
+
+@pytest.mark.parametrize("instance_type", ["trn2.48xlarge", "trn2u.48xlarge"])
+@pytest.mark.parametrize(
+    ("request_", "field", "fix"),
+    [
+        ({"neuronResourceName": LEGACY_DEVICE}, "spec.neuronResourceName", "remove spec.neuron"),
+        (
+            {"resources": {"limits": {LEGACY_DEVICE: "16"}}},
+            "spec.resources",
+            f"remove {LEGACY_DEVICE} from spec.resources.limits",
+        ),
+        ({"resources": {"requests": {LEGACY_DEVICE: "1"}}}, "spec.resources", "remove"),
+    ],
+)
+def test_neurondevice_on_trainium2_is_refused_naming_the_field_the_reason_and_the_fix(
+    instance_type: str, request_: dict[str, Any], field: str, fix: str
+) -> None:
+    with pytest.raises(ValidationError) as refused:
+        _spec(instanceType=instance_type, **request_)
+    message = str(refused.value)
+    assert f"{field}: {LEGACY_DEVICE} has not been advertised since Neuron 2.20" in message
+    assert fix in message
+    assert re.search(r"aws\.amazon\.com/neuron(?!device)", message), "names the resource to use"
+
+
+def test_neurondevice_stays_allowed_on_trn1_where_plugins_before_neuron_2_20_advertised_it() -> (
+    None
+):
+    spec = _spec(instanceType="trn1.32xlarge", neuronResourceName=LEGACY_DEVICE)
+    assert spec.neuron_resource_name.value == LEGACY_DEVICE
+    assert _spec(instanceType="trn1.32xlarge", resources={"limits": {LEGACY_DEVICE: "16"}})
+
+
+def test_the_crd_refuses_neurondevice_on_trainium2_with_the_models_messages() -> None:
+    spec_schema = training_job_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
+        "properties"
+    ]["spec"]
+    rules = {r.get("fieldPath"): r for r in spec_schema["x-kubernetes-validations"]}
+    for path in (".neuronResourceName", ".resources"):
+        rule = rules[path]
+        assert LEGACY_DEVICE in rule["rule"]
+        assert "'trn2.48xlarge', 'trn2u.48xlarge'" in rule["rule"]
+        assert "trn1" not in rule["rule"]
+    with pytest.raises(ValidationError) as refused:
+        _spec(instanceType="trn2.48xlarge", neuronResourceName=LEGACY_DEVICE)
+    assert rules[".neuronResourceName"]["message"] in str(refused.value)
 
 
 def test_trn2_48xlarge_runs_64_ranks_per_node_at_lnc_2_and_128_at_lnc_1() -> None:
@@ -220,20 +271,25 @@ def test_native_compile_only_and_hlo_cache_are_settings_that_default_off() -> No
         assert env[neff_cache.HLO_COMPILE_CACHE_ENV] == "1"
 
 
-def test_profiled_native_pods_capture_with_neuron_explorer_session_device_profiles() -> None:
+def test_profiled_native_pods_capture_the_window_through_torch_profiler_not_the_environment() -> (
+    None
+):
+    """Neuron's environment capture records the whole run ("enabled for the entire lifetime of
+    the application"); on TorchNeuron the window is captured through torch.profiler, and the
+    docs say not to combine the two, so a native pod gets no NEURON_RT_INSPECT_* variable."""
     job = _trn2(profile={"enabled": True, "neuronDeviceProfile": True})
     env = _env(pods.pod(job, Stage.TRAIN, 0, 0))
-    assert env["NEURON_RT_INSPECT_ENABLE"] == "1"
-    assert env["NEURON_RT_INSPECT_DEVICE_PROFILE"] == "session"
-    assert env["NEURON_RT_INSPECT_SYSTEM_PROFILE"] == "1"
-    assert env["NEURON_RT_INSPECT_CPU_UTIL"] == env["NEURON_RT_INSPECT_HOST_MEMORY"] == "1"
-    assert env["NEURON_RT_INSPECT_OUTPUT_DIR"].startswith(job.profile_dir(0))
+    assert env["TRAINIUM_PROFILE_NEURON_DEVICE"] == "1"
+    assert env["TRAINIUM_PROFILE_STEPS"] == "10:20"
+    assert not [name for name in env if name.startswith("NEURON_RT_INSPECT_")]
     xla = job_ref(
         instanceType="trn2.48xlarge",
         neuron={"stack": "xla"},
         profile={"enabled": True, "neuronDeviceProfile": True},
     )
-    assert _env(pods.pod(xla, Stage.TRAIN, 0, 0))["NEURON_RT_INSPECT_DEVICE_PROFILE"] == "1"
+    xla_env = _env(pods.pod(xla, Stage.TRAIN, 0, 0))
+    assert xla_env["NEURON_RT_INSPECT_DEVICE_PROFILE"] == "1"
+    assert "TRAINIUM_PROFILE_NEURON_DEVICE" not in xla_env
 
 
 def test_an_xla_job_on_trn2_keeps_neuron_parallel_compile_and_adds_the_lnc_compiler_flag() -> None:
@@ -418,7 +474,10 @@ def test_render_shows_a_trn2_native_job_and_a_trn1_xla_job_side_by_side(tmp_path
     train = found["bert-large-trn2-train-0-1", "train"]["spec"]["containers"][0]
     train_env = {e["name"]: e.get("value") for e in train["env"]}
     assert train_env["TORCH_NEURONX_NEFF_CACHE_DIR"] == native_env["TORCH_NEURONX_NEFF_CACHE_DIR"]
-    assert train_env["NEURON_RT_INSPECT_DEVICE_PROFILE"] == "session"
+    # The example's device profile covers its steps 10 to 20, not the 28,125-step run.
+    assert train_env["TRAINIUM_PROFILE_NEURON_DEVICE"] == "1"
+    assert train_env["TRAINIUM_PROFILE_STEPS"] == "10:20"
+    assert "NEURON_RT_INSPECT_ENABLE" not in train_env
     assert native["resources"]["limits"] == {
         "aws.amazon.com/neuron": "16",
         "vpc.amazonaws.com/efa": "16",
@@ -427,3 +486,23 @@ def test_render_shows_a_trn2_native_job_and_a_trn1_xla_job_side_by_side(tmp_path
         "aws.amazon.com/neuron": "16",
         "vpc.amazonaws.com/efa": "8",
     }
+
+
+def test_the_lnc_field_says_the_node_sets_lnc_and_the_pods_only_state_it() -> None:
+    """AWS documents LNC on EKS per node (a file written at boot) or per DRA claim, never
+    through pod env alone: `kubectl explain` must not promise more."""
+    spec_schema = training_job_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
+        "properties"
+    ]["spec"]
+    description = " ".join(spec_schema["properties"]["lnc"]["description"].split())
+    assert "does not change the nodes' setting" in description
+    assert "/opt/aws/neuron/logical_nc_config" in description
+    assert "spec.nodeSelector" in description
+    pod_env = {e["name"]: e["value"] for e in _trn2_env(lnc=1) if "value" in e}
+    assert pod_env["NEURON_LOGICAL_NC_CONFIG"] == "1"
+    assert "--logical-nc-config=1" in pod_env["NEURON_CC_FLAGS"]
+
+
+def _trn2_env(**fields: Any) -> list[dict[str, Any]]:
+    job = job_ref(instanceType="trn2.48xlarge", **fields)
+    return pods.pod(job, Stage.TRAIN, 0, 0)["spec"]["containers"][0]["env"]

@@ -67,3 +67,17 @@ def test_profiling_is_off_in_pods_of_unprofiled_jobs_and_compile_pods() -> None:
     assert not ProfilerConfig.from_env(pod_environment(unprofiled, "n", 0, 1)).enabled
     compile_pod = pods.pod(job_ref(profile={"enabled": True}), Stage.COMPILE, attempt=0, rank=0)
     assert not ProfilerConfig.from_env(pod_environment(compile_pod, "n", 0, 1)).enabled
+
+
+def test_a_native_device_profiled_pod_has_its_profiler_capture_neurons_window() -> None:
+    job = job_ref(
+        instanceType="trn2.48xlarge", profile={"enabled": True, "neuronDeviceProfile": True}
+    )
+    pod = pods.pod(job, Stage.TRAIN, attempt=0, rank=0)
+    config = ProfilerConfig.from_env(pod_environment(pod, node="ip-1", rank=0, world=128))
+    assert config.neuron_device
+    assert config.steps == StepWindow(10, 20)
+    plain = pods.pod(
+        job_ref(instanceType="trn2.48xlarge", profile={"enabled": True}), Stage.TRAIN, 0, 0
+    )
+    assert not ProfilerConfig.from_env(pod_environment(plain, "ip-1", 0, 128)).neuron_device

@@ -124,7 +124,8 @@ def neuron_capture_summary(profile: LoadedProfile) -> dict[str, Any]:
     if merged and not with_device:
         note = (
             f"the Neuron system profile was merged for {len(merged)} rank(s) but no device "
-            "profile: the native stack needs NEURON_RT_INSPECT_DEVICE_PROFILE=session, and the "
+            "profile: device profiles come from spec.profile.neuronDeviceProfile (on the "
+            "native stack, TorchNeuron's torch.profiler capture of the window), and the "
             ".ntff files are read only through neuron-explorer's Perfetto export "
             "(device_profile_model_<id>.pftrace)"
             + (

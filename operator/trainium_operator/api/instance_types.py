@@ -36,11 +36,20 @@ from dataclasses import dataclass, field
 from trainium_operator.contract.workload_env import NEURON_STACKS
 
 NEURON_RESOURCE = "aws.amazon.com/neuron"
+# The device plugin's old name for the same devices. Neuron 2.20 dropped it ("Starting with
+# Neuron release 2.20, Neuron no longer supports resource name 'neurondevice'": Neuron docs,
+# about-neuron/announcements/neuron2.x/announce-no-support-device-version.rst), and Trn2
+# support came with Neuron 2.21, so no plugin that runs on a Trainium2 node ever advertised it.
 NEURON_DEVICE_RESOURCE = "aws.amazon.com/neurondevice"
 NEURON_CORE_RESOURCE = "aws.amazon.com/neuroncore"
 EFA_RESOURCE = "vpc.amazonaws.com/efa"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-# The Neuron runtime's logical NeuronCore setting (Trainium2 and later).
+# The Neuron runtime's logical NeuronCore setting (Trainium2 and later), as the LNC page names
+# it. On EKS the documented places to set it are the node (a file written at boot,
+# /opt/aws/neuron/logical_nc_config: Neuron docs, deploy/eks/prerequisites.rst) and, with the
+# Neuron DRA driver, the claim (NeuronConfig.logicalNeuronCore: deploy/eks/dra.rst, "Earlier,
+# overriding LNC on a Node required a node template"). The docs do not say that the variable
+# in a pod's environment alone changes the LNC of a node set otherwise.
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 # The compiler's spelling of the same setting; it "must" equal the runtime's (Neuron docs,
 # "Logical NeuronCore configuration").
@@ -54,7 +63,7 @@ TRN2_STACKS = (NATIVE_STACK, XLA_STACK)  # native is the default; XLA is frozen 
 @dataclass(frozen=True, slots=True)
 class InstanceType:
     name: str
-    neuron_devices: int  # Trainium chips, advertised as aws.amazon.com/neuron(device)
+    neuron_devices: int  # Trainium chips, advertised as aws.amazon.com/neuron
     physical_cores_per_device: int  # NeuronCore-v2: 2 per Trainium; NeuronCore-v3: 8 per Trn2
     efa_interfaces: int  # vpc.amazonaws.com/efa
     cpu: int  # vCPUs
@@ -66,6 +75,9 @@ class InstanceType:
     # Instances joined by NeuronLink into one UltraServer (trn2u: 4, the Trn2 architecture page
     # above); 0: the type is not sold as UltraServers. api/topology.py's ultraserver level.
     ultraserver_nodes: int = 0
+    # A Neuron device plugin that runs on this type ever advertised aws.amazon.com/neurondevice
+    # (plugins of Neuron 2.19 and earlier, which predate Trainium2).
+    legacy_device_resource: bool = True
     # Facts of this row no source confirmed (field names), shown by the docs and `unconfirmed`.
     unconfirmed: tuple[str, ...] = field(default=())
 
@@ -75,7 +87,8 @@ class InstanceType:
 
     @property
     def supports_lnc(self) -> bool:
-        """The runtime has a logical-core setting (Trainium2 and later): pods get LNC_ENV."""
+        """The runtime has a logical-core setting (Trainium2 and later): pods get LNC_ENV and the
+        compiler flag with the job's value, which must equal the node's."""
         return len(self.lnc_options) > 1
 
     def logical_cores(self, lnc: int | None = None) -> int:
@@ -100,6 +113,7 @@ def _trn2(name: str, ultraserver_nodes: int = 0) -> InstanceType:
         default_lnc=2,
         neuron_stacks=TRN2_STACKS,
         ultraserver_nodes=ultraserver_nodes,
+        legacy_device_resource=False,
     )
 
 
@@ -132,6 +146,7 @@ UNCONFIRMED_SHAPES: dict[str, InstanceType] = {
             lnc_options=(1, 2),
             default_lnc=2,
             neuron_stacks=(NATIVE_STACK,),
+            legacy_device_resource=False,
             unconfirmed=_TRN3_UNKNOWN,
         ),
         InstanceType(
@@ -144,6 +159,7 @@ UNCONFIRMED_SHAPES: dict[str, InstanceType] = {
             lnc_options=(1, 2),
             default_lnc=2,
             neuron_stacks=(NATIVE_STACK,),
+            legacy_device_resource=False,
             unconfirmed=_TRN3_UNKNOWN,
         ),
     )

@@ -414,7 +414,11 @@ class ProfileSpec(ApiModel):
     """Root of profiles on the shared volume, below spec.storage.mountPath; defaults to
     <mountPath>/profiles. Each attempt writes <outputDir>/<namespace>/<job>/<attempt>."""
     neuron_device_profile: bool = False
-    """Also capture the Neuron runtime's system and device profiles (NEURON_RT_INSPECT_*)."""
+    """Also capture Neuron Explorer's runtime (system) and device profiles, merged into the
+    profile after training. Native stack: TorchNeuron's torch.profiler capture of the step
+    window only (device, runtime, host CPU and memory). XLA stack: the runtime's environment
+    capture (NEURON_RT_INSPECT_*), which covers the whole process: the newest events of the
+    system trace, and each program's first execution as its device profile."""
     s3_uri: Annotated[str | None, Field(pattern=S3_URI_PATTERN, max_length=1024)] = None
     """Upload each finished attempt's profile to <s3Uri>/<namespace>/<job>/<attempt>/ (for
     example s3://my-bucket/profiles), from a short pod of the operator's own image and upload
@@ -548,6 +552,44 @@ def _stack_support_summary() -> str:
 _ULTRASERVER_NODES = min(
     t.ultraserver_nodes for t in INSTANCE_TYPES.values() if t.ultraserver_nodes
 )
+_NO_LEGACY_DEVICE_TYPES = [t.name for t in INSTANCE_TYPES.values() if not t.legacy_device_resource]
+_LEGACY_DEVICE_REASON = (
+    f"{NEURON_DEVICE_RESOURCE} has not been advertised since Neuron 2.20 and no device plugin "
+    f"for {', '.join(_NO_LEGACY_DEVICE_TYPES)} ever advertised it, so no such node could run "
+    "the pods"
+)
+_LEGACY_DEVICE_NAME_RULE = {
+    "rule": "!has(self.neuronResourceName) || "
+    f"self.neuronResourceName != '{NEURON_DEVICE_RESOURCE}' || "
+    f"!(self.instanceType in {_NO_LEGACY_DEVICE_TYPES})",
+    "message": f"spec.neuronResourceName: {_LEGACY_DEVICE_REASON}; remove spec.neuronResourceName "
+    f"(the default, {NEURON_RESOURCE}, is what the plugin advertises)",
+    "fieldPath": ".neuronResourceName",
+}
+_LEGACY_DEVICE_LIMIT_RULE = {
+    "rule": "!has(self.resources) || !(self.instanceType in "
+    f"{_NO_LEGACY_DEVICE_TYPES}) || ("
+    f"(!has(self.resources.limits) || !('{NEURON_DEVICE_RESOURCE}' in self.resources.limits)) && "
+    f"(!has(self.resources.requests) || !('{NEURON_DEVICE_RESOURCE}' in self.resources.requests)))",
+    "message": f"spec.resources: {_LEGACY_DEVICE_REASON}; remove {NEURON_DEVICE_RESOURCE} from "
+    f"spec.resources.limits and spec.resources.requests (the operator requests {NEURON_RESOURCE} "
+    "for the instance type's devices)",
+    "fieldPath": ".resources",
+}
+
+
+def _legacy_device_problems(spec: TrainingJobSpec) -> list[str]:
+    """Mirrors the two rules above: aws.amazon.com/neurondevice on a type whose plugins never
+    advertised it."""
+    if INSTANCE_TYPES[spec.instance_type.value].legacy_device_resource:
+        return []
+    problems = []
+    if spec.neuron_resource_name is NeuronResourceName.NEURON_DEVICE:
+        problems.append(_LEGACY_DEVICE_NAME_RULE["message"])
+    if NEURON_DEVICE_RESOURCE in {*spec.resources.limits, *spec.resources.requests}:
+        problems.append(_LEGACY_DEVICE_LIMIT_RULE["message"])
+    return problems
+
 
 _PROFILE_ON_CLAIM = {
     "rule": "!has(self.profile.outputDir) || "
@@ -643,6 +685,8 @@ _CROSS_FIELD_RULES: list[dict[str, str]] = [
         "Preferred, or level block",
         "fieldPath": ".scheduling.topology",
     },
+    _LEGACY_DEVICE_NAME_RULE,
+    _LEGACY_DEVICE_LIMIT_RULE,
 ]
 
 
@@ -943,10 +987,17 @@ class TrainingJobSpec(ApiModel):
     lnc: Annotated[int | None, Field(ge=1, le=2)] = None
     """Logical NeuronCore config on Trainium2 (trn2.48xlarge, trn2u.48xlarge): how many
     physical NeuronCores form one logical core. Defaults to 2 there (64 workers per node; 1
-    gives 128); set as NEURON_LOGICAL_NC_CONFIG in the pods. Not allowed on trn1."""
+    gives 128). It sizes the gang and is passed to the pods' runtime (NEURON_LOGICAL_NC_CONFIG)
+    and compiler (--logical-nc-config) so they agree; it does not change the nodes' setting.
+    On EKS with the device plugin, LNC is set per node when it boots
+    (/opt/aws/neuron/logical_nc_config in the launch template; Trn2 nodes default to 2),
+    so a job with lnc 1 needs nodes configured for 1 (select them with spec.nodeSelector).
+    Not allowed on trn1."""
     neuron_resource_name: NeuronResourceName = NeuronResourceName.NEURON
-    """Extended resource used to request Trainium devices (the Neuron device plugin
-    advertises aws.amazon.com/neuron; older plugins also aws.amazon.com/neurondevice)."""
+    """Extended resource used to request Trainium devices. aws.amazon.com/neuron is what the
+    Neuron device plugin advertises. aws.amazon.com/neurondevice is the name plugins of Neuron
+    2.19 and earlier also advertised (no longer since Neuron 2.20): only for trn1 nodes still
+    running such a plugin; refused on Trainium2, whose plugins never had it."""
     data_dir: str | None = None
     """The training data (TRAINIUM_DATA_DIR, and the value of command.dataDirArg); defaults
     to the tutorial's layout <mountPath>/bert_pretrain_wikicorpus_tokenized_hdf5_seqlen128."""
@@ -1011,6 +1062,7 @@ class TrainingJobSpec(ApiModel):
             problems.append(_CROSS_FIELD_RULES[2]["message"])
         if self.neuron.stack is not None and self.neuron.stack.value not in shape.neuron_stacks:
             problems.append(f"{_CROSS_FIELD_RULES[5]['message']} (got {self.neuron.stack.value})")
+        problems += _legacy_device_problems(self)
         native_controls = self.neuron.compile_only or self.neuron.hlo_cache
         if native_controls and self.effective_neuron_stack is not NeuronStack.NATIVE:
             problems.append(_CROSS_FIELD_RULES[6]["message"])

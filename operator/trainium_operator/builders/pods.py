@@ -38,7 +38,7 @@ from trainium_operator.builders.job import (
 from trainium_operator.contract import channel as channel_contract
 from trainium_operator.contract import neff_cache, workload_env
 from trainium_operator.contract.channel import channel_env, stacks_dir
-from trainium_operator.contract.neuron_env import neuron_inspect_env
+from trainium_operator.contract.neuron_env import neuron_inspect_env, torch_capture_env
 from trainium_operator.contract.profiler_env import profiling_env
 
 CONTAINER_NAME = TRAINING_CONTAINER
@@ -331,8 +331,10 @@ def _operator_env(
     if stage is Stage.COMPILE:
         env.append({"name": workload_env.COMPILE_STEPS, "value": str(spec.compile.steps)})
     if spec.effective_lnc is not None:
-        # Trainium2: the runtime groups this many physical cores per logical core, and the
-        # framework compiles for the same setting (the two must agree).
+        # Trainium2: the LNC the gang is sized for, in the runtime's documented variable, next
+        # to the compiler flag of the same value (the two must agree). It states the job's LNC;
+        # the node's own setting (boot-time file or DRA claim) is what the EKS docs say sets
+        # it, and it must match: this variable is not documented to override it.
         env.append({"name": LNC_ENV, "value": str(spec.effective_lnc)})
     if spec.precision is Precision.BF16:
         # XLA_DOWNCAST_BF16 is deprecated since torch-xla 2.4; the script casts the model
@@ -351,10 +353,14 @@ def _operator_env(
         profiling = profiling_env(profile_dir, spec.profile.start_step, spec.profile.end_step)
         env += [{"name": name, "value": value} for name, value in profiling.items()]
         if spec.profile.neuron_device_profile:
-            inspect = neuron_inspect_env(
-                profile_dir, stack=spec.effective_neuron_stack.value, device_profile=True
-            )
-            env += [{"name": name, "value": value} for name, value in inspect.items()]
+            # XLA: the runtime's environment capture. Native: torch.profiler with TorchNeuron's
+            # NeuronConfig, which the profiler opens and closes at the step window (the
+            # environment capture would record every step of the run; contract/neuron_env.py).
+            if spec.effective_neuron_stack is NeuronStack.NATIVE:
+                capture = torch_capture_env()
+            else:
+                capture = neuron_inspect_env(profile_dir, device_profile=True)
+            env += [{"name": name, "value": value} for name, value in capture.items()]
     return env
 
 

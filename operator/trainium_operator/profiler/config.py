@@ -12,6 +12,7 @@ Environment (the first group is set by the operator; see the design notes):
 | `TRAINIUM_JOB_NAME`, `..._NAMESPACE`, `..._UID` | job identity for `profile.json` (*) |
 | `TRAINIUM_ATTEMPT` | attempt number (*) |
 | `TRAINIUM_PROFILE_SOURCES` | device sources: `torch,neuron` (default) or `none` |
+| `TRAINIUM_PROFILE_NEURON_DEVICE` | `1`: the torch source also captures TorchNeuron's profiles |
 | `TRAINIUM_PROFILE_RING_EVENTS` | records per thread ring (power of two, default 65536) |
 | `TRAINIUM_PROFILE_FLUSH_MS` | flush period of the background writer (default 1000) |
 | `TRAINIUM_PROFILE_SAMPLE_MS` | CPU/memory sample period in the window (200; 0 = off) (**) |
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from trainium_operator.contract import profiler_env
+from trainium_operator.contract import neuron_env, profiler_env
 
 # Variable names come from contract.profiler_env, which the operator's pod builder imports too.
 NumberT = TypeVar("NumberT", int, float)
@@ -91,6 +92,8 @@ class ProfilerConfig:
     job_uid: str = ""
     attempt: int = 0
     sources: frozenset[str] = DEFAULT_SOURCES
+    # The torch source passes TorchNeuron's NeuronConfig for the window (contract/neuron_env.py).
+    neuron_device: bool = False
     ring_events: int = DEFAULT_RING_EVENTS
     flush_interval_s: float = 1.0
     sample_interval_s: float = 0.2
@@ -151,6 +154,10 @@ class ProfilerConfig:
         output_dir = Path(raw_dir) if raw_dir else None
         path_ns, path_job, path_attempt = _identity_from_dir(output_dir)
 
+        neuron_flag = env.get(neuron_env.TORCH_CAPTURE, "").strip().lower()
+        if neuron_flag not in _TRUE | _FALSE:
+            problems.append(f"{neuron_env.TORCH_CAPTURE}={neuron_flag!r} is not 1/0/true/false")
+
         raw_sources = env.get(profiler_env.SOURCES)
         sources = DEFAULT_SOURCES if raw_sources is None else parse_sources(raw_sources, problems)
 
@@ -168,6 +175,7 @@ class ProfilerConfig:
             "job_uid": env.get(profiler_env.JOB_UID, "").strip(),
             "attempt": get_int(profiler_env.ATTEMPT, path_attempt),
             "sources": sources,
+            "neuron_device": neuron_flag in _TRUE,
             "ring_events": get_int(profiler_env.RING_EVENTS, DEFAULT_RING_EVENTS),
             "flush_interval_s": get_float(profiler_env.FLUSH_MS, 1000.0) / 1000.0,
             "sample_interval_s": get_float(profiler_env.SAMPLE_MS, 200.0) / 1000.0,

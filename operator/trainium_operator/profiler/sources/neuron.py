@@ -17,11 +17,25 @@ tested on fixtures written from them (tests/profiler/fixtures/neuron/README.md):
   `framework_stream_id`, `extra_attributes_json`. Events in either naming are read; numbers
   may be JSON strings (the guide's examples write `"lnc_idx": "0"`, `"process_id": "1627711"`).
 
-Capture. The runtime captures when the process starts with `NEURON_RT_INSPECT_ENABLE=1`;
-`neuron_inspect_env()` gives the variables, pointing `NEURON_RT_INSPECT_OUTPUT_DIR` inside the
-profile directory (`<profile dir>/<node>/neuron`). The runtime writes one directory per
-process, `<instance id>_pid_<pid>/`, holding `ntrace.pb`, `trace_info.pb`, `cpu_util.pb`,
-`host_mem.pb` and, with device profiles, `.neff` / `.ntff` pairs.
+Capture (contract/neuron_env.py). On the XLA stack the runtime captures the whole process when
+it starts with `NEURON_RT_INSPECT_ENABLE=1` (`neuron_inspect_env()`); on the native stack the
+torch source opens TorchNeuron's torch.profiler capture for the step window only. Both write
+into the profile directory (`<profile dir>/<node>/neuron`), one directory per process:
+
+    <instance id>_pid_<pid>/<files>               environment-variable capture (XLA)
+    <instance id>_pid_<pid>/<timestamp>/<files>   torch.profiler capture (native), one per window
+
+(the layouts of Neuron Explorer's `neuron-explorer inspect` example and of its PyTorch guide's
+"Expected output"), holding `ntrace.pb`, `trace_info.pb`, `cpu_util.pb`, `host_mem.pb` and,
+with device profiles, `.neff` / `.ntff` files (and `trace.json`, the framework trace, from
+torch.profiler). Every such directory holding capture files is a session; a process's
+sessions are merged in name order.
+
+Bounds. The tree is on the shared claim, written by the job's own processes: the merge looks
+at most MAX_DIR_ENTRIES entries of any directory, MAX_SESSIONS sessions per process, goes no
+deeper than the session's subdirectories for exports, never follows a symlink (one where a
+directory or file would be is skipped, and files are opened with O_NOFOLLOW) and reads no file
+larger than MAX_FILE_BYTES.
 
 Conversion. The `.pb` schemas are not documented; the documented, scriptable form is the JSON
 that `neuron-profile view -d <dir> --output-format json` writes (`system_profile.json`, with
@@ -46,10 +60,9 @@ Launch-to-run links: an event's `flow_id` list (newer runtimes; the Explorer sch
 it) when present, else a shared `exec_id`, else the latest unlinked `nrt_execute` on the same
 NeuronCore that started before the execution (a heuristic).
 
-Device profiles (the native stack). With `NEURON_RT_INSPECT_DEVICE_PROFILE=session` (what
-`neuron_env.neuron_inspect_env(..., stack="native", device_profile=True)` sets; the
-docs require `session` on PJRT runtimes such as TorchNeuron) the capture directory also holds
-`.ntff` files. Their raw format is not documented; Neuron Explorer's Perfetto export is
+Device profiles (the native stack). TorchNeuron's `ProfileMode.DEVICE` capture of the window
+leaves `.ntff` files in the session directory. Their raw format is not documented; Neuron
+Explorer's Perfetto export is
 (`neuron-explorer view -d <dir> --output-format perfetto` writes
 `device_profile_model_<id>.pftrace`), and Perfetto's TrackEvent protobuf is, so those files
 are read with `perfetto_reader` when present (or produced by that command when the tool is in
@@ -70,10 +83,14 @@ stop time when the JSON is already there.
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import itertools
 import json
 import logging
 import os
+import re
 import shutil
+import stat
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -109,6 +126,16 @@ DEVICE_PROFILE_TRACES = "device_profile_model_*.pftrace"  # neuron-explorer's Pe
 # 2001-09-09 in Unix ns: device-profile timestamps below it are not wall-clock times.
 PLAUSIBLE_UNIX_NS = 10**18
 
+# Bounds on the runtime's output tree (tenant-written, like every file on the shared claim). A
+# trn2 node has at most 128 ranks, and a session at most one .ntff per logical core plus a few
+# files: these are far above a real capture's counts.
+MAX_DIR_ENTRIES = 4096  # entries looked at in any one directory of the tree
+MAX_SESSIONS = 8  # sessions merged per process (one per profile window)
+MAX_FILE_BYTES = 1 << 30  # a system_profile.json or .pftrace export read whole
+PROCESS_DIR = re.compile(r"^[A-Za-z0-9._-]{1,128}_pid_([0-9]{1,10})$")
+CAPTURE_FILES = frozenset({SYSTEM_PROFILE_JSON, "ntrace.pb", "trace_info.pb"})
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+
 HARDWARE_EVENTS = frozenset(
     {
         "nc_exec_running",
@@ -142,8 +169,8 @@ def load_system_profile(path: Path) -> dict[str, Any]:
     """Read `system_profile.json`; accepts the documented object (`trace_events`, also spelt
     `trace_event`) or a bare event list."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        data = json.loads(read_regular(path).decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:
         raise NeuronProfileError(f"{path}: unreadable Neuron system profile: {exc}") from exc
     if isinstance(data, list):
         return {"trace_events": data}
@@ -250,9 +277,14 @@ def classify(raw: Mapping[str, Any]) -> tuple[EventKind, int, int] | None:
 
 
 def convert_system_profile(
-    data: Mapping[str, Any], pid: int, to_monotonic: WallToMonotonic
+    data: Mapping[str, Any],
+    pid: int,
+    to_monotonic: WallToMonotonic,
+    *,
+    flow_base: int = FLOW_ID_BASE,
 ) -> NeuronConversion:
-    """This process's events from a system profile, on its monotonic clock (pure)."""
+    """This process's events from a system profile, on its monotonic clock (pure). Launch
+    links take flow ids from `flow_base` up (a second session continues after the first's)."""
     result = NeuronConversion()
     rows: list[tuple[Mapping[str, Any], EventKind, int, int]] = []
     for raw in data.get("trace_events", []):
@@ -265,7 +297,7 @@ def convert_system_profile(
             continue
         rows.append((raw, *placed))
 
-    flow_of, heuristic = _link_launches(rows)
+    flow_of, heuristic = _link_launches(rows, flow_base)
     result.heuristic_links = heuristic
     for index, (raw, kind, device, thread) in enumerate(rows):
         value = 0
@@ -292,11 +324,11 @@ def convert_system_profile(
 
 
 def _link_launches(
-    rows: Sequence[tuple[Mapping[str, Any], EventKind, int, int]],
+    rows: Sequence[tuple[Mapping[str, Any], EventKind, int, int]], flow_base: int
 ) -> tuple[dict[int, int], int]:
     """Flow id per row index linking nrt_execute to its nc_exec_running; and heuristic count."""
     flow_of: dict[int, int] = {}
-    next_flow = FLOW_ID_BASE
+    next_flow = flow_base
     launches = [i for i, (raw, kind, _, _) in enumerate(rows) if kind == EventKind.LAUNCH]
     runs = [i for i, (raw, _, _, _) in enumerate(rows) if raw.get("name") == "nc_exec_running"]
 
@@ -359,16 +391,84 @@ def _link_launches(
 # Finding and producing the runtime's output
 
 
-def capture_dirs(neuron_dir: Path, pid: int) -> list[Path]:
-    """The runtime's per-process output directories (`<instance>_pid_<pid>`) for `pid`."""
-    if not neuron_dir.is_dir():
+def read_regular(path: Path, limit: int | None = None) -> bytes:
+    """A regular file's bytes, opened without following a symlink; OSError above `limit`
+    (MAX_FILE_BYTES by default)."""
+    limit = MAX_FILE_BYTES if limit is None else limit
+    fd = os.open(path, _OPEN_FLAGS)
+    with os.fdopen(fd, "rb") as file:
+        info = os.fstat(file.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise OSError(f"{path} is larger than {limit} bytes ({info.st_size})")
+        return file.read(limit + 1)[:limit]
+
+
+def _entries(directory: Path) -> list[os.DirEntry[str]]:
+    """The first MAX_DIR_ENTRIES entries of a real directory (not a symlink to one), symlinks
+    among them left out, sorted by name; [] when it is missing or not a directory."""
+    try:
+        if not stat.S_ISDIR(os.lstat(directory).st_mode):
+            return []
+        with os.scandir(directory) as scan:
+            found = [e for e in itertools.islice(scan, MAX_DIR_ENTRIES) if not e.is_symlink()]
+    except OSError:
         return []
-    suffix = f"_pid_{pid}"
-    return sorted(p for p in neuron_dir.iterdir() if p.is_dir() and p.name.endswith(suffix))
+    return sorted(found, key=lambda e: e.name)
+
+
+def _holds_capture(entries: Iterable[os.DirEntry[str]]) -> bool:
+    return any(
+        e.is_file(follow_symlinks=False) and (e.name in CAPTURE_FILES or e.name.endswith(".ntff"))
+        for e in entries
+    )
+
+
+def capture_dirs(neuron_dir: Path, pid: int) -> list[Path]:
+    """The capture sessions of process `pid` under the runtime's output directory: each
+    `<instance>_pid_<pid>/` that holds capture files itself, then each of its subdirectories
+    that does (`<timestamp>/`), at most MAX_SESSIONS, in that order."""
+    sessions: list[Path] = []
+    for entry in _entries(neuron_dir):
+        match = PROCESS_DIR.match(entry.name)
+        if match is None or int(match.group(1)) != pid or not entry.is_dir(follow_symlinks=False):
+            continue
+        process_dir = Path(entry.path)
+        inside = _entries(process_dir)
+        if _holds_capture(inside):
+            sessions.append(process_dir)
+        for child in inside:
+            if child.is_dir(follow_symlinks=False) and _holds_capture(_entries(Path(child.path))):
+                sessions.append(Path(child.path))
+    return sessions[:MAX_SESSIONS]
 
 
 def device_profiles(capture_dir: Path) -> list[Path]:
-    return sorted(capture_dir.glob("*.ntff"))
+    """The session's raw device traces (`.ntff`), regular files only."""
+    return [
+        Path(e.path)
+        for e in _entries(capture_dir)
+        if e.name.endswith(".ntff") and e.is_file(follow_symlinks=False)
+    ]
+
+
+def _exports(capture_dir: Path) -> list[Path]:
+    """Neuron Explorer's Perfetto exports of a session's device profiles, in the session or
+    one directory below it (where the export lands is not documented)."""
+    found: list[Path] = []
+    for entry in _entries(capture_dir):
+        if entry.is_dir(follow_symlinks=False):
+            found += [Path(inner.path) for inner in _entries(Path(entry.path)) if _is_export(inner)]
+        elif _is_export(entry):
+            found.append(Path(entry.path))
+    return sorted(found)
+
+
+def _is_export(entry: os.DirEntry[str]) -> bool:
+    return fnmatch.fnmatchcase(entry.name, DEVICE_PROFILE_TRACES) and entry.is_file(
+        follow_symlinks=False
+    )
 
 
 # Neuron Explorer (SDK 2.27+) first; `neuron-profile` is its predecessor with the same `view`
@@ -395,9 +495,9 @@ def system_profile_json(
     """`system_profile.json` for a capture directory, running `neuron-explorer view` (or
     `neuron-profile view`) if needed."""
     existing = capture_dir / SYSTEM_PROFILE_JSON
-    if existing.exists():
+    if _is_regular(existing):
         return existing
-    if cli is None or not (capture_dir / "ntrace.pb").exists():
+    if cli is None or not _is_regular(capture_dir / "ntrace.pb"):
         return None
     cmd = [
         cli,
@@ -413,7 +513,14 @@ def system_profile_json(
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("%s view failed for %s: %s", Path(cli).name, capture_dir, exc)
         return None
-    return existing if existing.exists() else None
+    return existing if _is_regular(existing) else None
+
+
+def _is_regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def device_profile_traces(
@@ -421,7 +528,7 @@ def device_profile_traces(
 ) -> list[Path]:
     """The Perfetto exports of a capture's device profiles, running `neuron-explorer view
     --output-format perfetto` when there are .ntff files but no export yet."""
-    found = sorted(capture_dir.rglob(DEVICE_PROFILE_TRACES))
+    found = _exports(capture_dir)
     if found or cli is None or not device_profiles(capture_dir):
         return found
     cmd = [cli, "view", "-d", str(capture_dir), "--output-format", "perfetto"]
@@ -430,7 +537,7 @@ def device_profile_traces(
     except (OSError, subprocess.SubprocessError) as exc:
         log.warning("%s view (perfetto) failed for %s: %s", Path(cli).name, capture_dir, exc)
         return []
-    return sorted(capture_dir.rglob(DEVICE_PROFILE_TRACES))
+    return _exports(capture_dir)
 
 
 def rank_neuron_core(events: Iterable[Event]) -> int | None:
@@ -462,8 +569,11 @@ def convert_device_profile(
     nc: int,
     to_monotonic: WallToMonotonic,
     anchor_ns: int | None,
+    *,
+    stream_base: int = DEVICE_PROFILE_STREAM_BASE,
 ) -> DeviceConversion:
-    """A device profile's slices as KERNEL events on NeuronCore `nc` (pure)."""
+    """A device profile's slices as KERNEL events on NeuronCore `nc`, one stream per Perfetto
+    track from `stream_base` up (pure)."""
     result = DeviceConversion(unmatched=trace.unmatched)
     if not trace.slices:
         return result
@@ -482,7 +592,7 @@ def convert_device_profile(
     else:
         return result
     used = {s.track_uuid for s in trace.slices} | {c.track_uuid for c in trace.counters}
-    streams = {uuid: DEVICE_PROFILE_STREAM_BASE + index for index, uuid in enumerate(sorted(used))}
+    streams = {uuid: stream_base + index for index, uuid in enumerate(sorted(used))}
     for uuid, stream in streams.items():
         label = trace.track_names.get(uuid) or f"track {uuid}"
         result.track_names[(stream, nc)] = f"NeuronCore {nc} device: {label}"
@@ -512,7 +622,11 @@ def convert_device_profile(
 
 
 def convert_device_profiles(
-    traces: Sequence[Path], system: NeuronConversion, to_monotonic: WallToMonotonic
+    traces: Sequence[Path],
+    system: NeuronConversion,
+    to_monotonic: WallToMonotonic,
+    *,
+    stream_base: int = DEVICE_PROFILE_STREAM_BASE,
 ) -> tuple[DeviceConversion, list[tuple[Path, str]]]:
     """Every export of a capture merged into one conversion, and the files that failed."""
     merged = DeviceConversion()
@@ -522,11 +636,14 @@ def convert_device_profiles(
     bases: set[str] = set()
     for path in traces:
         try:
-            trace = perfetto_reader.read_trace(path.read_bytes())
+            trace = perfetto_reader.read_trace(read_regular(path))
         except (OSError, perfetto_reader.PerfettoFormatError) as exc:
             damaged.append((path, f"unreadable device profile export: {exc}"))
             continue
-        converted = convert_device_profile(trace, 0 if nc is None else nc, to_monotonic, anchor)
+        base = max((s + 1 for s, _ in merged.track_names), default=stream_base)
+        converted = convert_device_profile(
+            trace, 0 if nc is None else nc, to_monotonic, anchor, stream_base=base
+        )
         merged.events += converted.events
         merged.track_names.update(converted.track_names)
         merged.unmatched += converted.unmatched
@@ -536,12 +653,18 @@ def convert_device_profiles(
 
 
 def convert_capture(
-    capture_dir: Path, pid: int, sync: Sequence[ClockSyncPoint], cli: str | None
+    capture_dir: Path,
+    pid: int,
+    sync: Sequence[ClockSyncPoint],
+    cli: str | None,
+    *,
+    flow_base: int = FLOW_ID_BASE,
 ) -> NeuronConversion | None:
     path = system_profile_json(capture_dir, cli)
     if path is None:
         return None
-    return convert_system_profile(load_system_profile(path), pid, WallToMonotonic(sync))
+    data = load_system_profile(path)
+    return convert_system_profile(data, pid, WallToMonotonic(sync), flow_base=flow_base)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -581,10 +704,62 @@ class MergeReport:
     damaged: list[tuple[Path, str]] = field(default_factory=list)  # unreadable rank/Neuron files
 
 
+@dataclass
+class _Merged:
+    """What a rank's capture sessions added up to."""
+
+    events: list[Event] = field(default_factory=list)
+    track_names: dict[tuple[int, int], str] = field(default_factory=dict)
+    sessions: list[Path] = field(default_factory=list)
+    device_profiles: int = 0
+    exports: int = 0
+    device_events: int = 0
+    time_bases: set[str] = field(default_factory=set)
+
+
+def _merge_sessions(
+    sessions: Sequence[Path],
+    header: RankHeader,
+    cli: str | None,
+    damaged: list[tuple[Path, str]],
+) -> _Merged:
+    """Every session of one process converted, with flow ids and device streams continuing
+    from one session to the next so they never collide."""
+    merged = _Merged()
+    flow_base, stream_base = FLOW_ID_BASE, DEVICE_PROFILE_STREAM_BASE
+    for session in sessions:
+        try:
+            converted = convert_capture(
+                session, header.pid, header.clock_sync, cli, flow_base=flow_base
+            )
+        except NeuronProfileError as exc:
+            damaged.append((session, str(exc)))
+            continue
+        if converted is None:
+            continue
+        traces = device_profile_traces(session, cli)
+        device, broken = convert_device_profiles(
+            traces, converted, WallToMonotonic(header.clock_sync), stream_base=stream_base
+        )
+        damaged += broken
+        merged.events += [*converted.events, *device.events]
+        merged.track_names.update({**converted.track_names, **device.track_names})
+        merged.sessions.append(session)
+        merged.device_profiles += len(device_profiles(session))
+        merged.exports += len(traces) - len(broken)
+        merged.device_events += len(device.events)
+        merged.time_bases |= set(device.time_base.split(","))
+        flow_base = max((e.flow_id + 1 for e in converted.events), default=flow_base)
+        stream_base = max((s + 1 for s, _ in device.track_names), default=stream_base)
+    if len(merged.time_bases) > 1:
+        merged.time_bases.discard("none")  # "none" only when no session placed any
+    return merged
+
+
 def merge_profile_dir(
     profile_dir: Path, node: str | None = None, cli: str | None = None
 ) -> MergeReport:
-    """Merge every rank's Neuron system profile into its rank file (idempotent)."""
+    """Merge every rank's Neuron capture sessions into its rank file (idempotent)."""
     report = MergeReport()
     cli = cli or find_neuron_profile_cli()
     for ref in discover_rank_files(profile_dir):
@@ -598,40 +773,24 @@ def merge_profile_dir(
         if SOURCE_NAME in header.sources:
             report.already.append(ref.path)
             continue
-        neuron_dir = ref.path.parent / NEURON_SUBDIR
-        converted: NeuronConversion | None = None
-        used: Path | None = None
-        for capture in capture_dirs(neuron_dir, header.pid):
-            try:
-                converted = convert_capture(capture, header.pid, header.clock_sync, cli)
-            except NeuronProfileError as exc:
-                report.damaged.append((capture, str(exc)))
-                continue
-            if converted is not None:
-                used = capture
-                break
-        if converted is None or used is None:
+        sessions = capture_dirs(ref.path.parent / NEURON_SUBDIR, header.pid)
+        merged = _merge_sessions(sessions, header, cli, report.damaged)
+        if not merged.sessions:
             report.missing.append(ref.path)
             continue
-        traces = device_profile_traces(used, cli)
-        device, broken = convert_device_profiles(
-            traces, converted, WallToMonotonic(header.clock_sync)
-        )
-        report.damaged += broken
         extra = {
-            "neuron_capture_dir": used.relative_to(profile_dir).as_posix(),
-            "neuron_device_profiles": str(len(device_profiles(used))),
-            "neuron_device_profile_exports": str(len(traces) - len(broken)),
-            "neuron_device_profile_events": str(len(device.events)),
-            "neuron_device_time_base": device.time_base,
+            "neuron_capture_dir": merged.sessions[0].relative_to(profile_dir).as_posix(),
+            "neuron_capture_sessions": str(len(merged.sessions)),
+            "neuron_device_profiles": str(merged.device_profiles),
+            "neuron_device_profile_exports": str(merged.exports),
+            "neuron_device_profile_events": str(merged.device_events),
+            "neuron_device_time_base": ",".join(sorted(merged.time_bases)) or "none",
         }
         neff_cache = os.environ.get(neuron_env.NEFF_CACHE_DIR)
         if neff_cache:
             # The NEFFs a device profile needs to be opened in Neuron Explorer.
             extra["neuron_neff_cache_dir"] = neff_cache
-        events = [*converted.events, *device.events]
-        names = {**converted.track_names, **device.track_names}
-        merge_into_rank_file(ref.path, events, names, SOURCE_NAME, extra)
+        merge_into_rank_file(ref.path, merged.events, merged.track_names, SOURCE_NAME, extra)
         report.merged.append(ref.path)
     return report
 
@@ -670,10 +829,13 @@ class NeuronRuntimeSource:
         sync = [self._context.start_sync, take_sync_point()]
         for capture in capture_dirs(self._neuron_dir, self._context.pid):
             path = capture / SYSTEM_PROFILE_JSON
-            if path.exists():
-                converted = convert_system_profile(
-                    load_system_profile(path), self._context.pid, WallToMonotonic(sync)
-                )
+            if _is_regular(path):
+                try:
+                    data = load_system_profile(path)
+                except NeuronProfileError as exc:
+                    log.warning("Neuron source: %s", exc)
+                    continue
+                converted = convert_system_profile(data, self._context.pid, WallToMonotonic(sync))
                 return SourceBatch(events=converted.events, track_names=converted.track_names)
         return SourceBatch()
 
@@ -682,11 +844,14 @@ class NeuronRuntimeSource:
 
 
 def create(context: SourceContext) -> ActivitySource | None:
-    """The Neuron source when the runtime is capturing into this rank's node directory."""
-    if os.environ.get(neuron_env.INSPECT_ENABLE, "0") != "1":
-        return None
-    out = os.environ.get(neuron_env.INSPECT_OUTPUT_DIR, neuron_env.DEFAULT_OUTPUT_DIR)
-    return NeuronRuntimeSource(context, Path(out))
+    """The Neuron source when the runtime is capturing: through its environment (into the
+    directory it names) or through the torch source's window (into this rank's node directory)."""
+    if os.environ.get(neuron_env.INSPECT_ENABLE, "0") == "1":
+        out = os.environ.get(neuron_env.INSPECT_OUTPUT_DIR, neuron_env.DEFAULT_OUTPUT_DIR)
+        return NeuronRuntimeSource(context, Path(out))
+    if context.config.neuron_device:
+        return NeuronRuntimeSource(context, context.node_dir / NEURON_SUBDIR)
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,6 +20,17 @@ sync point taken when the window closes.
 torch is imported only when a window opens. The source is off without a step window (Kineto
 keeps every event in memory until it stops) and when the Neuron runtime's own inspection is on
 (the Neuron docs say not to combine NEURON_RT_INSPECT_ENABLE with torch.profiler).
+
+On the native Neuron stack with device profiling (`ProfilerConfig.neuron_device`, set by the
+operator through `contract/neuron_env.torch_capture_env`) the window is also TorchNeuron's
+device capture, as Neuron Explorer's PyTorch guide documents it: activities CPU and
+PrivateUse1 (the `neuron` device), `experimental_config=NeuronConfig(modes=[DEVICE, RUNTIME,
+CPU_UTIL, HOST_MEMORY], profile_output_dir=<node dir>/neuron)`, `on_trace_ready` Neuron's
+exporter (the framework trace beside the runtime's files) and `torch.neuron.synchronize()`
+before stopping, so the device's queued work is in the capture. The runtime writes
+`<node dir>/neuron/<instance id>_pid_<pid>/<timestamp>/`, which the post-run merge
+(`sources/neuron.py`) reads. Without torch_neuronx the window captures what torch alone can.
+UNVERIFIED ON HARDWARE: written against the documented API; the tests use a stand-in module.
 """
 
 from __future__ import annotations
@@ -30,8 +41,10 @@ import os
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
+from trainium_operator.contract import neuron_env
 from trainium_operator.profiler.clock import take_sync_point
 from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind
 from trainium_operator.profiler.sources.base import ActivitySource, SourceBatch, SourceContext
@@ -236,6 +249,49 @@ def with_host_depths(events: list[Event]) -> list[Event]:
     return result
 
 
+# TorchNeuron's profiling modes the window captures (Neuron Explorer's PyTorch guide):
+# instruction-level device traces (which reserve about 5 GB of HBM on Trn2 while on), the
+# runtime's system trace, host CPU utilisation and host memory.
+NEURON_PROFILE_MODES = ("DEVICE", "RUNTIME", "CPU_UTIL", "HOST_MEMORY")
+
+
+def neuron_capture_options(output_dir: Path) -> dict[str, Any]:
+    """torch.profiler arguments for TorchNeuron's capture into `output_dir`: its
+    `NeuronConfig` as `experimental_config` and Neuron's exporter as `on_trace_ready`; empty
+    (logged) when torch_neuronx.profiling is not importable."""
+    try:
+        from torch_neuronx.profiling import (
+            NeuronConfig,
+            NeuronProfiler,
+            ProfileMode,
+        )
+    except ImportError as error:
+        log.warning("Neuron device capture off: torch_neuronx.profiling unavailable (%s)", error)
+        return {}
+    options: dict[str, Any] = {
+        "modes": [getattr(ProfileMode, mode) for mode in NEURON_PROFILE_MODES],
+        "profile_output_dir": str(output_dir),
+    }
+    neff_cache = os.environ.get(neuron_env.NEFF_CACHE_DIR)
+    if neff_cache:
+        # NEFFs of the cache are copied beside the capture at stop (they open its device traces).
+        options["neff_cache_dir"] = neff_cache
+    config = NeuronConfig(**options)
+    return {"experimental_config": config, "on_trace_ready": NeuronProfiler(config).export_trace}
+
+
+def synchronize_neuron() -> None:
+    """Wait for the Neuron device's queued work (`torch.neuron.synchronize()`, as the guide
+    does before export); the generic accelerator call where that is missing."""
+    import torch
+
+    neuron = getattr(torch, "neuron", None)
+    if neuron is not None and hasattr(neuron, "synchronize"):
+        neuron.synchronize()
+    elif hasattr(torch, "accelerator") and torch.accelerator.is_available():
+        torch.accelerator.synchronize()
+
+
 class TorchProfilerSource:
     """An ActivitySource on torch.profiler for the detailed step window."""
 
@@ -247,6 +303,7 @@ class TorchProfilerSource:
         self._pending: list[_Window] = []
         self._lock = threading.Lock()
         self._flows = FlowIds()
+        self._neuron_window = False
         self.windows_captured = 0
 
     def start_window(self) -> None:
@@ -258,15 +315,23 @@ class TorchProfilerSource:
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
-        prof = profile(activities=activities, record_shapes=False, with_stack=False)
+        neuron: dict[str, Any] = {}
+        if self._context.config.neuron_device:
+            neuron = neuron_capture_options(self._context.node_dir / neuron_env.NEURON_SUBDIR)
+            if neuron:
+                activities.append(ProfilerActivity.PrivateUse1)
+        prof = profile(activities=activities, record_shapes=False, with_stack=False, **neuron)
         prof.start()
         self._profile = prof
+        self._neuron_window = bool(neuron)
 
     def stop_window(self) -> None:
         prof = self._profile
         if prof is None:
             return
         self._profile = None
+        if self._neuron_window:
+            synchronize_neuron()  # the device's queued work belongs to the window
         prof.stop()
         results = prof.profiler.kineto_results if prof.profiler is not None else None
         if results is None:
@@ -299,7 +364,7 @@ def create(context: SourceContext) -> ActivitySource | None:
     if context.config.steps is None:
         log.info("torch.profiler source off: it needs a step window (TRAINIUM_PROFILE_STEPS)")
         return None
-    if os.environ.get("NEURON_RT_INSPECT_ENABLE", "0") == "1":
+    if os.environ.get(neuron_env.INSPECT_ENABLE, "0") == "1":
         log.info("torch.profiler source off: Neuron runtime inspection is on")
         return None
     if importlib.util.find_spec("torch") is None:
