@@ -6,11 +6,12 @@ cluster and `dev up` serialises nothing by hand.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Iterable
 from typing import Any
 
-from trainium_operator.api import dra, instance_types
+from trainium_operator.api import dra, instance_types, topology
 from trainium_operator.api.instance_types import InstanceType
 from trainium_operator.builders.job import VOLCANO_GROUP, VOLCANO_VERSION
 
@@ -122,11 +123,64 @@ def fake_node(
     }
 
 
+# The fake network, deterministic from a node's index: 4 nodes per layer-3 block (8 on trn2u: two
+# UltraServers of 4), 2 blocks per layer-2 spine, 2 spines per layer-1 network node. So 16
+# trn1.32xlarge nodes sit in 4 blocks under 2 spines under one layer-1 node.
+NODES_PER_BLOCK = 4
+BLOCKS_PER_SPINE = 2
+SPINES_PER_LAYER1 = 2
+# What the Neuron device plugin writes beside the UltraServer id (Neuron docs,
+# how-to-ultraserver): the 2-node pair's id, each node's index in its server, the modes.
+ULTRASERVER_MODE_LABEL = "neuron.amazonaws.com/ultraserver-mode"
+ULTRASERVER_PAIR_LABEL = "neuron.amazonaws.com/ultraserver-server-id-2"
+ULTRASERVER_NODE_LABEL = "neuron.amazonaws.com/ultraserver-node-id-4"
+_BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _digest(*parts: object) -> bytes:
+    return hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+
+
+def network_node_id(instance_type: str, layer: int, group: int) -> str:
+    """An id of the form EKS shows (`nn-` and 17 hex digits), fixed per type, layer and group."""
+    return "nn-" + _digest(DEFAULT_ZONE, instance_type, layer, group).hex()[:17]
+
+
+def ultraserver_id(instance_type: str, size: int, group: int) -> str:
+    """An id of the form the Neuron docs show (16 lowercase letters and digits)."""
+    return "".join(_BASE36[b % 36] for b in _digest(instance_type, "ultraserver", size, group)[:16])
+
+
+def topology_labels(instance_type: str, index: int) -> dict[str, str]:
+    """The network labels EKS (and on trn2u the Neuron device plugin) would give node `index` of
+    the type: its layer-1, -2 and -3 network nodes and its UltraServer."""
+    shape = instance_types.INSTANCE_TYPES[instance_type]
+    per_block = max(NODES_PER_BLOCK, 2 * shape.ultraserver_nodes)
+    block = index // per_block
+    spine = block // BLOCKS_PER_SPINE
+    layer1 = spine // SPINES_PER_LAYER1
+    labels = {
+        topology.LAYER_LABELS[1]: network_node_id(instance_type, 1, layer1),
+        topology.LAYER_LABELS[2]: network_node_id(instance_type, 2, spine),
+        topology.LAYER_LABELS[3]: network_node_id(instance_type, 3, block),
+    }
+    size = shape.ultraserver_nodes
+    if size:
+        labels |= {
+            ULTRASERVER_MODE_LABEL: "1_2_4",
+            topology.ULTRASERVER_LABEL: ultraserver_id(instance_type, size, index // size),
+            ULTRASERVER_NODE_LABEL: str(index % size),
+            ULTRASERVER_PAIR_LABEL: ultraserver_id(instance_type, 2, index // 2),
+        }
+    return labels
+
+
 def fake_nodes(
     count: int, instance_type: str, *, neuron_taint: bool = False, first_index: int = 0
 ) -> list[dict[str, Any]]:
     """`count` nodes named `<instance-type>-<index>` from `first_index` on (a suite that adds
-    nodes to a running cluster continues its numbering: see `next_node_index`)."""
+    nodes to a running cluster continues its numbering: see `next_node_index`), each with the
+    network topology labels of its index (`topology_labels`)."""
     if count < 0:
         raise ValueError(f"--nodes must be >= 0, got {count}")
     try:
@@ -137,7 +191,12 @@ def fake_nodes(
             f"--instance-type {instance_type!r} is unknown; choose one of {known}"
         ) from None
     return [
-        fake_node(node_name(instance_type, index), shape, neuron_taint=neuron_taint)
+        fake_node(
+            node_name(instance_type, index),
+            shape,
+            neuron_taint=neuron_taint,
+            extra_labels=topology_labels(instance_type, index),
+        )
         for index in range(first_index, first_index + count)
     ]
 

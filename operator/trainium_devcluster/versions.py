@@ -16,10 +16,13 @@ from dataclasses import dataclass, field
 KUBERNETES_VERSION = "v1.36.5"
 ETCD_VERSION = "v3.6.6"
 KWOK_VERSION = "v0.8.0"
-# The real Volcano scheduler and controller manager. The Go module proxy refuses most Volcano
-# releases one by one (403): v1.13.0, v1.12.0-2, v1.11.0-2, v1.10.1-2 and v1.9.0 are refused;
-# v1.10.0 and v1.8.2 are served (checked 2026-12-01). v1.10.0 is the newest served release.
-VOLCANO_VERSION = "v1.10.0"
+# The real Volcano scheduler and controller manager: v1.14.1, the newest release that builds from
+# the Go module proxy (checked 2026-12-05). v1.15.1 and v1.15.0 need volcano.sh/apis v1.15.x,
+# which the proxy refuses (403 "This module version is not available"; v1.14.1 of the API too);
+# v1.15.1 against the served volcano.sh/apis v1.14.0 does not compile (undefined
+# schedulingv1beta1.QueueAllocationGateKey). volcano.sh/volcano v1.14.0 and v1.13.0 are refused.
+# v1.14.1 builds against volcano.sh/apis v1.14.0 (gomod/volcano/go.mod).
+VOLCANO_VERSION = "v1.14.1"
 VOLCANO_MODULE = "volcano.sh/volcano"
 # Volcano's own CRD manifests inside that module. All five are installed: the scheduler's
 # informers watch numatopologies too, and vcjob/command are harmless without their controller.

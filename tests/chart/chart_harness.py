@@ -290,6 +290,7 @@ SWITCHES: dict[str, dict[str, Any]] = {
     "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True}}},
     "volcano-queue": {"volcano": {"queue": {"enabled": True}}},
     "kueue": {"kueue": KUEUE_ON},
+    "topology": {"topology": {"enabled": True}},
     "etcd": {"etcd": {"enabled": True}},
     "fsx": {"fsx": FSX_ON},
     "neuron-device-plugin": {"neuronDevicePlugin": {"enabled": True}},

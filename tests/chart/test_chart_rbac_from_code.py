@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from chart import code_api_calls
-from chart.chart_harness import FULLNAME, SCENARIOS, Manifest, render
+from chart.chart_harness import CHART_DIR, FULLNAME, SCENARIOS, Manifest, render
 from chart.code_api_calls import ApiCall
-from trainium_operator.api import kueue
+from trainium_operator.api import kueue, topology
 from trainium_operator.k8s.client import LOCAL_QUEUES, WORKLOADS, Cluster
 
 UI_ACCOUNT = f"{FULLNAME}-profile-ui"
@@ -56,16 +57,26 @@ KUEUE_CALLS = {
     for resource in (WORKLOADS, LOCAL_QUEUES)
     for verb in ("list", "watch")
 } | {ApiCall("", "pods", "patch")}
+TOPOLOGY_ON = {"topology": {"enabled": True}}
+TOPOLOGY_VOLCANO_CALLS = {
+    ApiCall(topology.HYPERNODE_GROUP, topology.HYPERNODES, verb)
+    for verb in ("list", "create", "update", "delete")
+}
+TOPOLOGY_KUEUE_CALLS = {
+    ApiCall(kueue.KUEUE_GROUP, resource, verb)
+    for resource in (topology.KUEUE_TOPOLOGIES, topology.RESOURCE_FLAVORS)
+    for verb in ("list", "create", "delete")
+}
 
 
 @dataclass(frozen=True)
 class OptIn:
-    """Requests the operator sends only under an opt-in the chart passes it with one value:
-    granted only with that value on. What they are is read from the code: the requests only
-    `methods` send (no other method the operator reaches sends them too) and every request to
-    one of `groups`."""
+    """Requests the operator sends only under an opt-in the chart passes it with its values:
+    granted only with every one of them on (the chart's defaults count). What they are is read
+    from the code: the requests only `methods` send (no other method the operator reaches sends
+    them too) and every request to one of `groups`."""
 
-    value: tuple[str, ...]  # the chart value, e.g. ("kueue", "enabled")
+    values: tuple[tuple[str, ...], ...]  # the chart values, e.g. (("kueue", "enabled"),)
     methods: frozenset[tuple[str, str]] = frozenset()  # (k8s class, method)
     groups: frozenset[str] = frozenset()  # API groups addressed only under the opt-in
 
@@ -73,20 +84,42 @@ class OptIn:
 OPT_INS = {
     # `--straggler-cordon-budget`: spec.health.onStraggler: Replace cordons a straggler's node.
     "straggler-replacement": OptIn(
-        ("health", "stragglerReplacement", "enabled"),
+        (("health", "stragglerReplacement", "enabled"),),
         methods=frozenset({("Cluster", "cordon_node")}),
     ),
     # `--kueue`: Cluster.watch_sources hands out Kueue's list functions only with
     # kueue_objects (test_kueue_objects_are_watched_only_when_the_operator_says_so), and the
     # pod patch lifts Kueue's finalizer from a force-deleted pod.
     "kueue": OptIn(
-        ("kueue", "enabled"),
+        (("kueue", "enabled"),),
         methods=frozenset({("Cluster", "release_pod_finalizer")}),
         groups=frozenset({kueue.KUEUE_GROUP}),
     ),
     # `--dra`: only a job with spec.deviceAllocation dra gets a ResourceClaimTemplate, and the
     # operator creates one only with the flag (lifecycle/policies/gang.py, DRANotEnabled).
-    "dra": OptIn(("dra", "enabled"), groups=frozenset({"resource.k8s.io"})),
+    "dra": OptIn((("dra", "enabled"),), groups=frozenset({"resource.k8s.io"})),
+    # `--topology volcano`: the topology reconciler's HyperNode writes (controller/topology.py
+    # calls each scheduler's methods only when it writes for that scheduler).
+    "topology-volcano": OptIn(
+        (("topology", "enabled"), ("topology", "volcano")),
+        methods=frozenset(
+            ("Cluster", m)
+            for m in (
+                "list_hypernodes",
+                "create_hypernode",
+                "replace_hypernode",
+                "delete_hypernode",
+            )
+        ),
+    ),
+    # `--topology kueue`: its Topology and ResourceFlavor writes, only beside --kueue.
+    "topology-kueue": OptIn(
+        (("topology", "enabled"), ("topology", "kueue"), ("kueue", "enabled")),
+        methods=frozenset(
+            ("Cluster", m)
+            for m in ("list_kueue_topology", "create_kueue_topology", "delete_kueue_topology")
+        ),
+    ),
 }
 
 
@@ -96,11 +129,23 @@ def opt_in_calls(opt_in: OptIn) -> set[ApiCall]:
     return (calls - without) | {c for c in calls if c.group in opt_in.groups}
 
 
+def _merged(defaults: Any, override: Any) -> Any:
+    if isinstance(defaults, dict) and isinstance(override, dict):
+        return {k: _merged(defaults.get(k), override.get(k, defaults.get(k))) for k in defaults}
+    return override
+
+
 def _value(values: dict[str, Any], path: tuple[str, ...]) -> Any:
-    node: Any = values
+    """A chart value as helm sees it: `values` over the chart's defaults (values.yaml)."""
+    defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text(encoding="utf-8"))
+    node: Any = _merged(defaults, values)
     for key in path:
         node = (node or {}).get(key)
     return node
+
+
+def _opted_in(values: dict[str, Any], opt_in: OptIn) -> bool:
+    return all(_value(values, path) for path in opt_in.values)
 
 
 def operator_calls(values: dict[str, Any]) -> set[ApiCall]:
@@ -117,7 +162,7 @@ def operator_calls(values: dict[str, Any]) -> set[ApiCall]:
     # The straggler cordon and Kueue are the operator admin's opt-ins: the code that sends
     # their requests runs only with the flag the chart passes with the value.
     for opt_in in OPT_INS.values():
-        if not _value(values, opt_in.value):
+        if not _opted_in(values, opt_in):
             calls -= opt_in_calls(opt_in)
     return calls
 
@@ -203,6 +248,10 @@ OPERATOR_VALUES = {
     "namespaced-kueue": {"watchNamespaces": ["team-a", "team-b"], **KUEUE_ON},
     "dra": {"dra": {"enabled": True}},
     "namespaced-dra": {"watchNamespaces": ["team-a"], "dra": {"enabled": True}},
+    "topology": TOPOLOGY_ON,
+    "topology-kueue": {**TOPOLOGY_ON, **KUEUE_ON},
+    "topology-kueue-only": {"topology": {"enabled": True, "volcano": False}, **KUEUE_ON},
+    "namespaced-topology": {"watchNamespaces": ["team-a"], **TOPOLOGY_ON, **KUEUE_ON},
 }
 
 
@@ -273,6 +322,10 @@ def test_the_analysis_sees_the_requests_it_is_built_for() -> None:
     assert NODE_PATCH not in operator_calls({})
     assert NODE_PATCH in operator_calls(REPLACEMENT_ON)
     assert calls >= KUEUE_CALLS  # Kueue's watches and the finalizer patch, only with KUEUE_ON
+    assert calls >= TOPOLOGY_VOLCANO_CALLS | TOPOLOGY_KUEUE_CALLS  # only with TOPOLOGY_ON
+    assert not (TOPOLOGY_VOLCANO_CALLS | TOPOLOGY_KUEUE_CALLS) & operator_calls(KUEUE_ON)
+    assert operator_calls(TOPOLOGY_ON) >= TOPOLOGY_VOLCANO_CALLS
+    assert not TOPOLOGY_KUEUE_CALLS & operator_calls(TOPOLOGY_ON)  # Kueue's need kueue.enabled
     assert not KUEUE_CALLS & operator_calls(REPLACEMENT_ON)
     assert operator_calls(KUEUE_ON) >= KUEUE_CALLS
     assert is_namespaced(ApiCall(kueue.KUEUE_GROUP, WORKLOADS, "list"))
@@ -289,7 +342,10 @@ def test_each_opt_in_covers_exactly_the_requests_it_is_for() -> None:
     Kueue's watches with the pod patch; nothing the operator sends otherwise (the pods' other
     verbs stay: only the patch is Kueue's)."""
     assert opt_in_calls(OPT_INS["straggler-replacement"]) == {NODE_PATCH}
-    assert opt_in_calls(OPT_INS["kueue"]) == KUEUE_CALLS
+    # Kueue's group is Kueue's opt-in: the topology objects for Kueue need it on too.
+    assert opt_in_calls(OPT_INS["kueue"]) == KUEUE_CALLS | TOPOLOGY_KUEUE_CALLS
+    assert opt_in_calls(OPT_INS["topology-volcano"]) == TOPOLOGY_VOLCANO_CALLS
+    assert opt_in_calls(OPT_INS["topology-kueue"]) == TOPOLOGY_KUEUE_CALLS
 
 
 @pytest.mark.parametrize("namespace", [None, "team-a"], ids=["cluster-wide", "namespaced"])

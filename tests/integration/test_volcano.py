@@ -1,4 +1,4 @@
-"""What a Volcano user depends on, with the operator and the real Volcano v1.10.0 scheduler.
+"""What a Volcano user depends on, with the operator and the real Volcano v1.14.1 scheduler.
 
 The session cluster has two trn1.32xlarge nodes; each job's pod takes a whole node (16 Neuron
 devices, 8 EFA interfaces). Every test fails if the scheduler binds part of a gang, ignores a

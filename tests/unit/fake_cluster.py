@@ -16,6 +16,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from trainium_operator.api.topology import MANAGED_LABELS
 from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.k8s.client import RequestCounter
 from trainium_operator.k8s.informer import WatchEvent
@@ -35,7 +36,7 @@ def api_error(status: int, message: str, causes: list[Obj] | None = None) -> Api
 
 @dataclass(frozen=True)
 class Write:
-    verb: str  # create | delete | status | event | delete-job
+    verb: str  # create | delete | update | list | status | event | delete-job
     kind: str
     name: str
     detail: str = ""  # the status phase written, the event's type and reason
@@ -203,6 +204,68 @@ class FakeCluster:
         self.writes.append(Write("patch", "TrainingJob", name, f"-{key}"))
         self._deliver("MODIFIED", job)
         return True
+
+    # -- k8s.client.TopologyAPI: what the topology reconciler calls ---------------------------
+    def add_object(self, obj: Obj) -> Obj:
+        """An object someone else wrote (an admin's HyperNode, a chart's ResourceFlavor)."""
+        stored = copy.deepcopy(obj)
+        stored["metadata"]["resourceVersion"] = self._next_version()
+        self.objects[(obj["kind"], obj["metadata"]["name"])] = stored
+        return stored
+
+    def _managed(self, kind: str) -> list[Obj]:
+        self.writes.append(Write("list", kind, ""))
+        self.fail_if_refused("list", kind)
+        return [
+            copy.deepcopy(o)
+            for (k, _), o in sorted(self.objects.items())
+            if k == kind
+            and all(
+                (o["metadata"].get("labels") or {}).get(key) == value
+                for key, value in MANAGED_LABELS.items()
+            )
+        ]
+
+    def _create_cluster_object(self, obj: Obj) -> bool:
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        self.fail_if_refused("create", kind)
+        if (kind, name) in self.objects:
+            return False
+        self.add_object(obj)
+        self.writes.append(Write("create", kind, name))
+        return True
+
+    def _delete_cluster_object(self, kind: str, name: str) -> None:
+        self.fail_if_refused("delete", kind)
+        self.writes.append(Write("delete", kind, name))
+        self.objects.pop((kind, name), None)
+
+    def list_hypernodes(self) -> list[Obj]:
+        return self._managed("HyperNode")
+
+    def create_hypernode(self, obj: Obj) -> bool:
+        return self._create_cluster_object(obj)
+
+    def replace_hypernode(self, obj: Obj) -> None:
+        name = obj["metadata"]["name"]
+        self.fail_if_refused("update", "HyperNode")
+        current = self.objects[("HyperNode", name)]
+        if obj["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+            raise api_error(409, f"Operation cannot be fulfilled on hypernodes {name!r}")
+        self.add_object(obj)
+        self.writes.append(Write("update", "HyperNode", name))
+
+    def delete_hypernode(self, name: str) -> None:
+        self._delete_cluster_object("HyperNode", name)
+
+    def list_kueue_topology(self, kind: str) -> list[Obj]:
+        return self._managed(kind)
+
+    def create_kueue_topology(self, obj: Obj) -> bool:
+        return self._create_cluster_object(obj)
+
+    def delete_kueue_topology(self, kind: str, name: str) -> None:
+        self._delete_cluster_object(kind, name)
 
     # -- the instant watch -------------------------------------------------------------------
     def _next_version(self) -> str:

@@ -128,19 +128,21 @@ def test_each_node_gets_a_csinode_listing_the_fsx_driver_owned_by_the_node() -> 
 
 def test_volcano_is_one_pinned_component_building_both_processes() -> None:
     component = versions.GO_COMPONENTS["volcano"]
-    assert component.version == versions.VOLCANO_VERSION == "v1.10.0"
+    assert component.version == versions.VOLCANO_VERSION == "v1.14.1"
     assert [b.name for b in component.binaries] == ["vc-scheduler", "vc-controller-manager"]
     go_mod = (build.wrapper_dir(component) / "go.mod").read_text()
     assert f"volcano.sh/volcano {versions.VOLCANO_VERSION}" in go_mod
-    # volcano's own replace directives, repeated: its k8s.io staging modules are v0.30.2.
-    assert "k8s.io/api => k8s.io/api v0.30.2" in go_mod
+    # volcano's own replace directives, repeated: its k8s.io staging modules are v0.34.1; its
+    # API module (a staging directory upstream) is the published v1.14.0.
+    assert "k8s.io/api => k8s.io/api v0.34.1" in go_mod
+    assert "volcano.sh/apis => volcano.sh/apis v1.14.0" in go_mod
     assert "controller-gen" not in versions.GO_COMPONENTS
 
 
 def test_volcano_crds_and_binaries_share_the_module_cache_key() -> None:
     component = versions.GO_COMPONENTS["volcano"]
     assert build.volcano_crd_dir().name.endswith(build.component_digest(component))
-    assert "volcano-v1.10.0" in build.volcano_crd_dir().name
+    assert "volcano-v1.14.1" in build.volcano_crd_dir().name
 
 
 def test_scheduler_conf_uses_proportion_gang_and_priority_not_capacity() -> None:

@@ -87,6 +87,22 @@ def test_the_health_channel_defaults_to_a_local_url_and_peering_to_a_random_prio
     assert chosen.peering.priority >= 1, "0 would tie with another replica's default"
 
 
+def test_topology_is_written_for_the_schedulers_the_chart_names() -> None:
+    assert settings_of([], {"TRAINIUM_TOPOLOGY": "volcano,kueue"}).topology == {"volcano", "kueue"}
+    assert settings_of(["--topology", "kueue"]).topology == {"kueue"}
+    assert settings_of([], {"TRAINIUM_TOPOLOGY": ""}).topology == frozenset()
+
+
+def test_an_unknown_topology_scheduler_is_refused_naming_the_choices() -> None:
+    result = CliRunner().invoke(
+        commands.run, ["--topology", "volcano,slurm"], env=dict.fromkeys(ENV_NAMES)
+    )
+
+    assert result.exit_code != 0
+    assert "slurm" in result.output
+    assert "volcano, kueue" in result.output
+
+
 def test_the_settings_are_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         OperatorSettings().workers = 8  # type: ignore[misc]

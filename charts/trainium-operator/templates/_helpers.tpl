@@ -126,3 +126,21 @@ from jobs because jobs may not run in the release namespace.
 {{- end -}}
 {{- without (uniq $names) "default" | toJson -}}
 {{- end -}}
+
+{{/*
+The schedulers the operator keeps network topology for (--topology), comma-separated; empty
+when topology.enabled is off. Kueue's only with kueue.enabled (the operator then queues jobs
+with Kueue, whose CRDs are installed).
+*/}}
+{{- define "trainium-operator.topologySchedulers" -}}
+{{- $schedulers := list }}
+{{- if .Values.topology.enabled }}
+{{- if .Values.topology.volcano }}
+{{- $schedulers = append $schedulers "volcano" }}
+{{- end }}
+{{- if and .Values.topology.kueue .Values.kueue.enabled }}
+{{- $schedulers = append $schedulers "kueue" }}
+{{- end }}
+{{- end }}
+{{- join "," $schedulers }}
+{{- end }}

@@ -77,6 +77,25 @@ what each account calls and fails on a verb granted here that nothing sends, or 
   resources: ["resourceclaimtemplates"]
   verbs: ["get", "create"]
 {{- end }}
+{{- $topology := include "trainium-operator.topologySchedulers" . | splitList "," }}
+{{- if has "volcano" $topology }}
+# Network topology (topology.enabled, topology.volcano): the HyperNodes the operator writes from
+# the nodes' labels, listed by its managed-by labels, created, replaced when their members
+# change and deleted when their last node went; never one without those labels.
+- scope: cluster
+  apiGroups: ["topology.volcano.sh"]
+  resources: ["hypernodes"]
+  verbs: ["list", "create", "update", "delete"]
+{{- end }}
+{{- if has "kueue" $topology }}
+# Network topology for Kueue (topology.enabled, topology.kueue, kueue.enabled): a Topology and a
+# ResourceFlavor per Trainium instance type, listed by the managed-by labels, created, and
+# deleted to be created again when their (immutable) spec changed.
+- scope: cluster
+  apiGroups: ["kueue.x-k8s.io"]
+  resources: ["topologies", "resourceflavors"]
+  verbs: ["list", "create", "delete"]
+{{- end }}
 # Node loss: a job whose node disappears or turns NotReady is restarted (nodes are watched).
 # patch, only with health.stragglerReplacement.enabled: spec.health.onStraggler: Replace
 # cordons a persistent straggler's node (spec.unschedulable, a trainium.dev/cordoned label and

@@ -72,6 +72,9 @@ class InstanceType:
     default_lnc: int = 1
     # The Neuron PyTorch stacks that run on it (contract/workload_env.NEURON_STACKS), default first.
     neuron_stacks: tuple[str, ...] = TRN1_STACKS
+    # Instances joined by NeuronLink into one UltraServer (trn2u: 4, the Trn2 architecture page
+    # above); 0: the type is not sold as UltraServers. api/topology.py's ultraserver level.
+    ultraserver_nodes: int = 0
     # A Neuron device plugin that runs on this type ever advertised aws.amazon.com/neurondevice
     # (plugins of Neuron 2.19 and earlier, which predate Trainium2).
     legacy_device_resource: bool = True
@@ -98,7 +101,7 @@ class InstanceType:
         return self.logical_cores()
 
 
-def _trn2(name: str) -> InstanceType:
+def _trn2(name: str, ultraserver_nodes: int = 0) -> InstanceType:
     return InstanceType(
         name,
         16,
@@ -109,6 +112,7 @@ def _trn2(name: str) -> InstanceType:
         lnc_options=(1, 2),
         default_lnc=2,
         neuron_stacks=TRN2_STACKS,
+        ultraserver_nodes=ultraserver_nodes,
         legacy_device_resource=False,
     )
 
@@ -120,7 +124,7 @@ INSTANCE_TYPES: dict[str, InstanceType] = {
         InstanceType("trn1.32xlarge", 16, 2, 8, 128, 512),
         InstanceType("trn1n.32xlarge", 16, 2, 16, 128, 512),
         _trn2("trn2.48xlarge"),
-        _trn2("trn2u.48xlarge"),
+        _trn2("trn2u.48xlarge", ultraserver_nodes=4),
     )
 }
 

@@ -30,6 +30,10 @@ PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"
 POD_GROUP_NAME_LABEL = "kueue.x-k8s.io/pod-group-name"
 POD_GROUP_TOTAL_COUNT_ANNOTATION = "kueue.x-k8s.io/pod-group-total-count"
 RETRIABLE_IN_GROUP_ANNOTATION = "kueue.x-k8s.io/retriable-in-group"
+# Names the pod label holding the pod's index in its group: Kueue's webhook copies it into
+# kueue.x-k8s.io/pod-group-pod-index, by which TAS hands out the topology domains in rank order
+# (pkg/controller/jobs/pod/pod_webhook.go, pkg/controller/tas/topology_ungater.go, v0.19.2).
+POD_INDEX_LABEL_ANNOTATION = "kueue.x-k8s.io/pod-group-pod-index-label"
 # Kueue's finalizer on the pods it manages, and its scheduling gate until admission.
 MANAGED_FINALIZER = "kueue.x-k8s.io/managed"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"

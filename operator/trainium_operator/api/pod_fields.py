@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from trainium_operator.api import topology
 from trainium_operator.api.object_names import (
     CONFIG_MAP,
     CONFIG_MAP_REFERENCE,
@@ -233,6 +234,16 @@ RESERVED_POD_FIELDS: Mapping[str, tuple[str, Node]] = {
         "use spec.runPolicy.activeDeadlineSeconds",
         Passed("integer", minimum=1, maximum=MAX_POD_SECONDS),
     ),
+}
+
+# Pod annotations the operator owns: where in the network a gang is placed comes from
+# spec.scheduling.topology alone. Kueue's TAS reads its two from a group's pods
+# (api/topology.py); Volcano's PodGroup controller reads its two from pods it makes a PodGroup
+# for (pkg/controllers/podgroup/pg_controller_handler.go, v1.15.1), so they are refused too.
+TOPOLOGY_FIX = "use spec.scheduling.topology"
+RESERVED_POD_ANNOTATIONS: Mapping[str, str] = {
+    **dict.fromkeys(topology.TOPOLOGY_ANNOTATIONS, TOPOLOGY_FIX),
+    **dict.fromkeys(topology.VOLCANO_TOPOLOGY_ANNOTATIONS, TOPOLOGY_FIX),
 }
 
 # Pod fields a job may set, beyond what spec.* owns.

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, JsonValue, ValidationInfo, model_validator
 
 from trainium_operator.api import kueue, object_names, pod_fields
+from trainium_operator.api import topology as topology_model
 from trainium_operator.api.instance_types import (
     DEFAULT_INSTANCE_TYPE,
     EFA_RESOURCE,
@@ -374,6 +375,19 @@ class RunPolicy(ApiModel):
     Waiting in the Volcano queue for capacity never times out."""
 
 
+class TopologySpec(ApiModel):
+    level: topology_model.TopologyLevel
+    """The network domain the gang's nodes sit in, smallest first: ultraserver (the four
+    trn2u.48xlarge instances NeuronLink joins; trn2u only), block (one layer-3 network node,
+    the label topology.k8s.aws/network-node-layer-3), spine (layer 2), layer-1 (layer 1, the
+    broadest)."""
+    mode: topology_model.TopologyMode = topology_model.TopologyMode.REQUIRED
+    """Required: the gang waits until it fits in one domain of the level (a Kueue
+    podset-required-topology, a Volcano hard networkTopology). Preferred: it fits in the
+    smallest domain that has room and spreads only when none has (Kueue
+    podset-preferred-topology from that level up, Volcano soft)."""
+
+
 class SchedulingSpec(ApiModel):
     queue: ObjectName = "default"
     """Volcano queue of the job's PodGroups. A job labelled kueue.x-k8s.io/queue-name is
@@ -386,6 +400,13 @@ class SchedulingSpec(ApiModel):
     """Scheduler of the pods: by default volcano, which gang-schedules through the PodGroup,
     and for a job Kueue queues the kube-scheduler (default-scheduler), which places the pods
     once Kueue admitted the whole gang."""
+    topology: TopologySpec | None = None
+    """Where in the AWS network the gang's nodes must or should sit (docs/topology.md): Kueue's
+    pod-set topology annotation on each pod of a job Kueue queues, the PodGroup's
+    networkTopology under Volcano. Needs the schedulers' topology objects (the chart's
+    topology.enabled writes them from the nodes' labels). Unset: a trn2u.48xlarge job of at
+    most 4 nodes prefers one UltraServer where the operator keeps topology for its
+    scheduler; any other job, no placement."""
 
 
 class ProfileSpec(ApiModel):
@@ -535,6 +556,10 @@ def _stack_support_summary() -> str:
     return "; ".join(f"{s.value}: {', '.join(_types_running(s))}" for s in NeuronStack)
 
 
+# Nodes of one UltraServer (every UltraServer type of the table has the same).
+_ULTRASERVER_NODES = min(
+    t.ultraserver_nodes for t in INSTANCE_TYPES.values() if t.ultraserver_nodes
+)
 _NO_LEGACY_DEVICE_TYPES = [t.name for t in INSTANCE_TYPES.values() if not t.legacy_device_resource]
 _LEGACY_DEVICE_REASON = (
     f"{NEURON_DEVICE_RESOURCE} has not been advertised since Neuron 2.20 and no device plugin "
@@ -682,6 +707,26 @@ _CROSS_FIELD_RULES: list[dict[str, str]] = [
         "fieldPath": ".neuron",
     },
     _PROFILE_ON_CLAIM,
+    {
+        "rule": "!has(self.scheduling) || !has(self.scheduling.topology) || "
+        f"self.scheduling.topology.level != '{topology_model.TopologyLevel.ULTRASERVER.value}' || "
+        f"self.instanceType in {topology_model.ultraserver_types()}",
+        "message": "spec.scheduling.topology.level: ultraserver applies only to UltraServer "
+        f"instance types ({', '.join(topology_model.ultraserver_types())}); use block, spine "
+        "or layer-1",
+        "fieldPath": ".scheduling.topology.level",
+    },
+    {
+        "rule": "!has(self.scheduling) || !has(self.scheduling.topology) || "
+        f"self.scheduling.topology.level != '{topology_model.TopologyLevel.ULTRASERVER.value}' || "
+        "(has(self.scheduling.topology.mode) && "
+        f"self.scheduling.topology.mode == '{topology_model.TopologyMode.PREFERRED.value}') || "
+        f"self.nodes <= {_ULTRASERVER_NODES}",
+        "message": f"spec.scheduling.topology: an UltraServer holds {_ULTRASERVER_NODES} nodes, "
+        "so a larger gang can never fit in one (Required would wait forever): use mode "
+        "Preferred, or level block",
+        "fieldPath": ".scheduling.topology",
+    },
     _LEGACY_DEVICE_NAME_RULE,
     _LEGACY_DEVICE_LIMIT_RULE,
     _DRA_NO_PLUGIN_RESOURCES_RULE,
@@ -755,6 +800,14 @@ def _metadata_rules(where: str) -> list[JsonValue]:
             "fieldPath": ".labels",
         },
         {
+            "rule": "!has(self.annotations) || self.annotations.all(k, !(k in "
+            f"{sorted(pod_fields.RESERVED_POD_ANNOTATIONS)}))",
+            "message": f"{where}.annotations must not set "
+            + ", ".join(sorted(pod_fields.RESERVED_POD_ANNOTATIONS))
+            + f": {pod_fields.TOPOLOGY_FIX}",
+            "fieldPath": ".annotations",
+        },
+        {
             "rule": f"!has(self.annotations) || self.annotations.all(k, {annotation_checks})",
             "message": f"{where}.annotations must not set "
             + ", ".join([*PROTECTED_ANNOTATIONS, *(f"{p}*" for p in PROTECTED_ANNOTATION_PREFIXES)])
@@ -776,7 +829,12 @@ def metadata_problems(where: str, labels: dict[str, str], annotations: dict[str,
                 f"{kueue.QUEUE_NAME_LABEL} and {kueue.PRIORITY_CLASS_LABEL} labels"
             )
     for annotation in annotations:
-        if annotation in PROTECTED_ANNOTATIONS or annotation.startswith(
+        if annotation in pod_fields.RESERVED_POD_ANNOTATIONS:
+            found.append(
+                f"{where}.annotations[{annotation}] is set by the operator: "
+                f"{pod_fields.RESERVED_POD_ANNOTATIONS[annotation]}"
+            )
+        elif annotation in PROTECTED_ANNOTATIONS or annotation.startswith(
             PROTECTED_ANNOTATION_PREFIXES
         ):
             found.append(
@@ -1080,6 +1138,7 @@ class TrainingJobSpec(ApiModel):
         problems += metadata_problems(
             "spec.podMetadata", self.pod_metadata.labels, self.pod_metadata.annotations
         )
+        problems += self._topology_problems()
         output = self.profile.output_dir
         if output is not None and not output.startswith(self.storage.mount_path + "/"):
             problems.append(_PROFILE_ON_CLAIM["message"])
@@ -1092,6 +1151,17 @@ class TrainingJobSpec(ApiModel):
         if problems:
             raise ValueError("; ".join(problems))
         return self
+
+    def _topology_problems(self) -> list[str]:
+        """Mirrors the CRD's topology rules (_CROSS_FIELD_RULES 8 and 9)."""
+        asked = self.scheduling.topology
+        if asked is None or asked.level is not topology_model.TopologyLevel.ULTRASERVER:
+            return []
+        if not INSTANCE_TYPES[self.instance_type.value].ultraserver_nodes:
+            return [_CROSS_FIELD_RULES[8]["message"]]
+        if asked.mode is topology_model.TopologyMode.REQUIRED and self.nodes > _ULTRASERVER_NODES:
+            return [_CROSS_FIELD_RULES[9]["message"]]
+        return []
 
     @property
     def effective_processes_per_node(self) -> int:

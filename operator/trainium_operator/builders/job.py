@@ -10,9 +10,11 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from trainium_operator.api import kueue
+from trainium_operator.api import kueue, topology
 from trainium_operator.api import spec as spec_model
+from trainium_operator.api.instance_types import INSTANCE_TYPES
 from trainium_operator.api.spec import TrainingJobSpec
+from trainium_operator.api.topology import Placement, TopologyLevel, TopologyMode
 from trainium_operator.contract import neff_cache, workload_env
 
 APP_NAME = "trainium-operator"
@@ -67,6 +69,22 @@ class JobRef:
         if given:
             return given
         return kueue.KUBE_SCHEDULER if self.queued_by_kueue else VOLCANO_SCHEDULER
+
+    def placement(self, topology_for: frozenset[str] = frozenset()) -> Placement | None:
+        """Where the gang must or should sit in the network: spec.scheduling.topology, else, for
+        a gang that fits in one UltraServer, Preferred within one, but only where the operator
+        keeps topology for the job's scheduler (`topology_for`, `run --topology`): a Kueue pod
+        set asking for topology is admitted only to a flavor that has one (Kueue's
+        checkPodSetAndFlavorMatchForTAS, v0.19.2). Preferred, never Required: a gang that
+        waits for one free UltraServer could wait forever."""
+        asked = self.spec.scheduling.topology
+        if asked is not None:
+            return Placement(asked.level, asked.mode)
+        scheduler = topology.KUEUE if self.queued_by_kueue else topology.VOLCANO
+        fits = INSTANCE_TYPES[self.spec.instance_type.value].ultraserver_nodes
+        if scheduler in topology_for and self.spec.nodes <= fits:
+            return Placement(TopologyLevel.ULTRASERVER, TopologyMode.PREFERRED)
+        return None
 
     @property
     def health_channel(self) -> bool:

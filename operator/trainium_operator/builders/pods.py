@@ -6,7 +6,7 @@ import copy
 import re
 from decimal import Decimal
 
-from trainium_operator.api import kueue
+from trainium_operator.api import kueue, topology
 from trainium_operator.api.instance_types import (
     EFA_RESOURCE,
     INSTANCE_TYPE_LABEL,
@@ -24,6 +24,7 @@ from trainium_operator.api.spec import (
     Precision,
     RendezvousBackend,
 )
+from trainium_operator.api.topology import Placement
 from trainium_operator.builders import claims
 from trainium_operator.builders.job import (
     LABEL_ATTEMPT,
@@ -100,9 +101,10 @@ def pod_requests(job: JobRef) -> dict[str, str]:
     return {**resources.get("limits", {}), **resources.get("requests", {})}
 
 
-def podgroup(job: JobRef, stage: Stage) -> Obj:
+def podgroup(job: JobRef, stage: Stage, placement: Placement | None = None) -> Obj:
     # minResources is what Volcano's enqueue action checks against the cluster and the queue's
     # capability, so a job that cannot fit waits as a PodGroup instead of as pending pods.
+    # networkTopology: where in the network Volcano may (hard) or should (soft) place the gang.
     spec: Obj = {
         "minMember": job.spec.nodes,
         "queue": job.spec.scheduling.queue,
@@ -113,6 +115,9 @@ def podgroup(job: JobRef, stage: Stage) -> Obj:
     }
     if job.spec.scheduling.priority_class_name:
         spec["priorityClassName"] = job.spec.scheduling.priority_class_name
+    network = topology.volcano_network_topology(placement)
+    if network is not None:
+        spec["networkTopology"] = network
     return {
         "apiVersion": f"{VOLCANO_GROUP}/{VOLCANO_VERSION}",
         "kind": "PodGroup",
@@ -395,11 +400,19 @@ def gang_labels(job: JobRef, stage: Stage, attempt: int) -> dict[str, str]:
     return kueue.pod_labels(job.kueue_queue, group, job.kueue_priority_class)
 
 
-def gang_annotations(job: JobRef, stage: Stage) -> dict[str, str]:
-    """Volcano's PodGroup annotation, or Kueue's group size and no-single-pod-retry marks."""
+def gang_annotations(
+    job: JobRef, stage: Stage, placement: Placement | None = None
+) -> dict[str, str]:
+    """Volcano's PodGroup annotation (the PodGroup carries the placement), or Kueue's group
+    size and no-single-pod-retry marks, and with a placement its pod-set topology annotation and
+    the label holding each pod's rank."""
     if job.kueue_queue is None:
         return {VOLCANO_GROUP_ANNOTATION: job.podgroup_name(stage)}
-    return kueue.pod_annotations(job.spec.nodes)
+    annotations = {**kueue.pod_annotations(job.spec.nodes), **topology.kueue_annotations(placement)}
+    if placement is not None:
+        # Domains in rank order: neighbouring ranks (which exchange most in a ring) share one.
+        annotations[kueue.POD_INDEX_LABEL_ANNOTATION] = LABEL_NODE_RANK
+    return annotations
 
 
 def pod(
@@ -410,6 +423,7 @@ def pod(
     *,
     resume: bool | None = None,
     restarts: int = 0,
+    placement: Placement | None = None,
 ) -> Obj:
     spec = job.spec
     name = job.pod_name(stage, attempt, rank)
@@ -426,7 +440,7 @@ def pod(
     }
     metadata["annotations"] = {
         **spec.pod_metadata.annotations,
-        **gang_annotations(job, stage),
+        **gang_annotations(job, stage, placement),
     }
     pod_spec: Obj = {
         "restartPolicy": "Never",
@@ -583,5 +597,7 @@ def merge_pod_template(built: Obj, template: PodTemplate) -> Obj:
     return pod
 
 
-def stage_pods(job: JobRef, stage: Stage, attempt: int) -> list[Obj]:
-    return [pod(job, stage, attempt, rank) for rank in range(job.spec.nodes)]
+def stage_pods(
+    job: JobRef, stage: Stage, attempt: int, placement: Placement | None = None
+) -> list[Obj]:
+    return [pod(job, stage, attempt, rank, placement=placement) for rank in range(job.spec.nodes)]

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 import yaml
 
+from trainium_operator.api import topology
 from trainium_operator.api.crd import training_job_crd
 from trainium_operator.api.reference import api_reference
 from trainium_operator.builders.job import Stage
@@ -25,6 +26,7 @@ from trainium_operator.controller.settings import (
     ENV_PROFILE_S3_URI,
     ENV_PROFILE_UPLOAD_SERVICE_ACCOUNT,
     ENV_RESERVED_SERVICE_ACCOUNTS,
+    ENV_TOPOLOGY,
     HealthSettings,
     OperatorSettings,
     PeeringSettings,
@@ -166,6 +168,15 @@ def _env_text_options(command: Callable[..., None]) -> Callable[..., None]:
     "(resource.k8s.io/v1, Kubernetes 1.34+; the chart's dra.enabled). Env: "
     f"{ENV_DRA}.",
 )
+@click.option(
+    "--topology",
+    "topology_schedulers",
+    default="",
+    envvar=ENV_TOPOLOGY,
+    help="Comma-separated schedulers to keep network topology for, from the nodes' AWS labels "
+    "(docs/topology.md): volcano (HyperNodes), kueue (a Topology and a ResourceFlavor per "
+    f"instance type); default: none (the chart's topology.*). Env: {ENV_TOPOLOGY}.",
+)
 @_env_text_options
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
 @click.option("--log-format", type=click.Choice(["plain", "json"]), default="plain")
@@ -186,6 +197,7 @@ def run(
     isolate_jobs: bool,
     kueue: bool,
     dra: bool,
+    topology_schedulers: str,
     reserved_service_accounts: str,
     profile_s3_uri: str,
     profile_upload_service_account: str,
@@ -198,6 +210,15 @@ def run(
 ) -> None:
     """Run the operator (watches TrainingJobs, their pods and nodes)."""
     from trainium_operator.controller import wiring
+
+    schedulers = frozenset(name_list(topology_schedulers))
+    unknown = sorted(schedulers - set(topology.SCHEDULERS))
+    if unknown:
+        raise click.BadParameter(
+            f"{', '.join(unknown)}: not a scheduler topology is written for (choose from "
+            f"{', '.join(topology.SCHEDULERS)})",
+            param_hint="--topology",
+        )
 
     wiring.run_operator(
         OperatorSettings(
@@ -222,6 +243,7 @@ def run(
             isolate_jobs=isolate_jobs,
             kueue=kueue,
             dra=dra,
+            topology=schedulers,
             reserved_service_accounts=frozenset(name_list(reserved_service_accounts)),
             upload=UploadDefaults(
                 s3_uri=profile_s3_uri.strip() or None,

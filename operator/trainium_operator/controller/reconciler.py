@@ -186,6 +186,7 @@ class Reconciler:
         reserved_service_accounts: frozenset[str] = frozenset(),
         kueue: bool = False,
         dra: bool = False,
+        topology: frozenset[str] = frozenset(),
     ):
         self.cluster = cluster
         # Kueue's Workloads and LocalQueues are watched: jobs labelled for Kueue are queued by it.
@@ -209,8 +210,10 @@ class Reconciler:
         self.isolate_jobs = isolate_jobs
         # The chart's own ServiceAccounts: a job naming one is an invalid spec.
         self.reserved_service_accounts = reserved_service_accounts
+        # The schedulers network topology is kept for (controller.topology): a job's default
+        # placement applies only under those.
         self.pass_settings = PassSettings(
-            self.upload_defaults, progress_interval, kueue=kueue, dra=dra
+            self.upload_defaults, progress_interval, kueue=kueue, dra=dra, topology=topology
         )
         self.events = EventPoster(cluster)
         self.clock = clock

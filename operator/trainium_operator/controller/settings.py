@@ -30,6 +30,9 @@ ENV_OPERATOR_IMAGE_PULL_POLICY = "TRAINIUM_OPERATOR_IMAGE_PULL_POLICY"
 ENV_KUEUE = "TRAINIUM_KUEUE"
 # "true": create a ResourceClaimTemplate for jobs with spec.deviceAllocation dra (dra.enabled).
 ENV_DRA = "TRAINIUM_DRA"
+# Comma-separated schedulers the operator writes network topology for: volcano (HyperNodes),
+# kueue (Topology and ResourceFlavors); empty: none (the chart's topology.*).
+ENV_TOPOLOGY = "TRAINIUM_TOPOLOGY"
 # Comma-separated names of the chart's imagePullSecrets (they must exist in the job's namespace).
 ENV_OPERATOR_IMAGE_PULL_SECRETS = "TRAINIUM_OPERATOR_IMAGE_PULL_SECRETS"
 
@@ -78,6 +81,8 @@ class OperatorSettings:
     # Create ResourceClaimTemplates for jobs with spec.deviceAllocation dra (the chart's
     # dra.enabled; resource.k8s.io/v1 must be served).
     dra: bool = False
+    # The schedulers the topology reconciler writes for (api/topology.SCHEDULERS); empty: off.
+    topology: frozenset[str] = frozenset()
     reserved_service_accounts: frozenset[str] = frozenset()
     upload: UploadDefaults = field(default_factory=UploadDefaults)
     log_format: str = "plain"

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from trainium_operator.api import spec as spec_model
 from trainium_operator.builders.job import LABEL_JOB_NAME
 from trainium_operator.controller import health_server, metrics
+from trainium_operator.controller import topology as topology_reconciler
 from trainium_operator.controller.admission_holds import AdmissionHolds
 from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.controller.health_server import (
@@ -37,6 +38,7 @@ from trainium_operator.controller.reconciler import (
     Reconciler,
 )
 from trainium_operator.controller.settings import OperatorSettings
+from trainium_operator.controller.topology import TopologyReconciler
 from trainium_operator.controller.watch_scope import watch_scope
 from trainium_operator.controller.workqueue import Key, RetryableError, WorkQueue
 from trainium_operator.k8s.client import (
@@ -158,6 +160,9 @@ class Operator:
     progress: ProgressStore | None  # None: no health channel
     health: HealthChannel | None
     gate: PeeringGate | None  # None: standalone (no peering)
+    # The opt-in topology reconciler (`--topology`) and what wakes it; None: off.
+    topology: TopologyReconciler | None = None
+    topology_changed: asyncio.Event = field(default_factory=asyncio.Event)
     reflectors: list[Reflector] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     counts: metrics.PassCounts = field(default_factory=metrics.PassCounts)
@@ -194,6 +199,7 @@ def build_operator(settings: OperatorSettings) -> Operator:
         reserved_service_accounts=settings.reserved_service_accounts,
         kueue=settings.kueue,
         dra=settings.dra,
+        topology=settings.topology,
     )
     health = None
     if progress is not None:
@@ -215,6 +221,11 @@ def build_operator(settings: OperatorSettings) -> Operator:
         progress=progress,
         health=health,
         gate=gate,
+        topology=(
+            TopologyReconciler(cluster, cache.nodes, settings.topology)
+            if settings.topology
+            else None
+        ),
         reflectors=reflectors,
     )
 
@@ -227,6 +238,17 @@ def start(operator: Operator) -> None:
         tasks.append(asyncio.create_task(queue.run_worker(partial(_process, operator))))
     tasks.append(asyncio.create_task(_resync(queue)))
     _start_watches(operator, asyncio.get_running_loop())
+    if operator.topology is not None:
+        tasks.append(
+            asyncio.create_task(
+                topology_reconciler.run(
+                    operator.topology,
+                    operator.topology_changed,
+                    ready=lambda: all(r.synced.is_set() for r in operator.reflectors),
+                    may_work=partial(_may_write_topology, operator),
+                )
+            )
+        )
     if settings.metrics_port:
         tasks.append(
             asyncio.create_task(metrics.serve(operator.metrics_text, settings.metrics_port))
@@ -347,15 +369,34 @@ def _start_watches(operator: Operator, loop: asyncio.AbstractEventLoop) -> None:
                 )
             )
     counter = cluster.counter
+    on_node = several(cache.on_node, release=True)
+    topology, changed = operator.topology, operator.topology_changed
+    if topology is not None:
+        wake_jobs = on_node
+
+        def on_node(event: WatchEvent) -> None:
+            wake_jobs(event)
+            if topology.node_changed(event):
+                loop.call_soon_threadsafe(changed.set)
+
     reflectors += [
-        # A node's readiness changed: the jobs with pods on it (a lost node restarts them).
-        Reflector(
-            "nodes", cluster.node_source(), several(cache.on_node, release=True), counter=counter
-        ),
+        # A node's readiness changed: the jobs with pods on it (a lost node restarts them);
+        # its topology changed: the topology reconciler's next pass.
+        Reflector("nodes", cluster.node_source(), on_node, counter=counter),
         Reflector(QUEUES, cluster.queue_source(), several(cache.on_queue), counter=counter),
     ]
     for reflector in reflectors:
         reflector.start()
+
+
+def _may_write_topology(operator: Operator) -> bool:
+    """The cluster-scoped topology objects are written by the working replica only: the one
+    kopf's peering lets work (cluster-wide, or in the first watched namespace)."""
+    gate = operator.gate
+    if gate is None:
+        return True
+    namespaces = operator.settings.namespaces
+    return gate.may_work(namespaces[0] if namespaces else "")
 
 
 def _pod_ended(event: WatchEvent) -> bool:

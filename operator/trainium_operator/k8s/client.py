@@ -26,7 +26,7 @@ import urllib3.exceptions
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from trainium_operator.api import kueue
+from trainium_operator.api import kueue, topology
 from trainium_operator.api import spec as spec_model
 from trainium_operator.api.objects import Obj
 from trainium_operator.builders.job import VOLCANO_GROUP, VOLCANO_VERSION
@@ -38,6 +38,11 @@ WORKLOADS = "workloads"  # Kueue's
 LOCAL_QUEUES = "localqueues"  # Kueue's
 RESOURCE_CLAIM_TEMPLATES = "resourceclaimtemplates"  # resource.k8s.io/v1 (DRA jobs)
 # The resource (plural) of each kind the operator creates, as its requests name it.
+# Kueue's topology kinds the topology reconciler writes, by kind.
+_KUEUE_TOPOLOGY_KINDS = {
+    "Topology": topology.KUEUE_TOPOLOGIES,
+    "ResourceFlavor": topology.RESOURCE_FLAVORS,
+}
 CHILD_RESOURCES = {
     "Pod": "pods",
     "Service": "services",
@@ -67,6 +72,11 @@ class RequestCounter:
 def is_conflict(error: BaseException) -> bool:
     """A write lost a race (stale resourceVersion, object changed meanwhile): just re-read."""
     return isinstance(error, ApiException) and error.status == 409
+
+
+def is_not_found(error: BaseException) -> bool:
+    """The object, or the API serving its kind (a CRD not installed), is not there."""
+    return isinstance(error, ApiException) and error.status == 404
 
 
 # The API server restarting, overloaded or behind a load balancer that is shifting.
@@ -582,6 +592,113 @@ class Cluster:
             if error.status != 404:
                 raise
 
+    # -- network topology (the opt-in topology reconciler, controller/topology.py) ---------
+    # Cluster-scoped objects, listed by the operator's managed-by labels only: nothing it did
+    # not create is read back as its own. Volcano's and Kueue's are separate methods, each
+    # called only when the operator writes topology for that scheduler (`run --topology`).
+    def list_hypernodes(self) -> list[Obj]:
+        self.counter.add("list", topology.HYPERNODES)
+        result = self.custom.list_cluster_custom_object(
+            topology.HYPERNODE_GROUP,
+            topology.HYPERNODE_VERSION,
+            topology.HYPERNODES,
+            label_selector=topology.MANAGED_SELECTOR,
+        )
+        items: list[Obj] = result.get("items", [])
+        return items
+
+    def create_hypernode(self, obj: Obj) -> bool:
+        """False when the name is taken (another owner's HyperNode, or ours from a pass whose
+        list did not see it yet)."""
+        self.counter.add("create", topology.HYPERNODES)
+        try:
+            self.custom.create_cluster_custom_object(
+                topology.HYPERNODE_GROUP, topology.HYPERNODE_VERSION, topology.HYPERNODES, obj
+            )
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+    def replace_hypernode(self, obj: Obj) -> None:
+        """PUT under the resourceVersion the pass listed: a concurrent change fails with 409."""
+        self.counter.add("update", topology.HYPERNODES)
+        self.custom.replace_cluster_custom_object(
+            topology.HYPERNODE_GROUP,
+            topology.HYPERNODE_VERSION,
+            topology.HYPERNODES,
+            obj["metadata"]["name"],
+            obj,
+        )
+
+    def delete_hypernode(self, name: str) -> None:
+        self.counter.add("delete", topology.HYPERNODES)
+        try:
+            self.custom.delete_cluster_custom_object(
+                topology.HYPERNODE_GROUP, topology.HYPERNODE_VERSION, topology.HYPERNODES, name
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def list_kueue_topology(self, kind: str) -> list[Obj]:
+        """The operator's Kueue Topologies or ResourceFlavors (`kind`)."""
+        self.counter.add("list", _KUEUE_TOPOLOGY_KINDS[kind])
+        selector = topology.MANAGED_SELECTOR
+        lists: dict[str, Callable[[], Any]] = {
+            "Topology": lambda: self.custom.list_cluster_custom_object(
+                kueue.KUEUE_GROUP,
+                kueue.KUEUE_VERSION,
+                topology.KUEUE_TOPOLOGIES,
+                label_selector=selector,
+            ),
+            "ResourceFlavor": lambda: self.custom.list_cluster_custom_object(
+                kueue.KUEUE_GROUP,
+                kueue.KUEUE_VERSION,
+                topology.RESOURCE_FLAVORS,
+                label_selector=selector,
+            ),
+        }
+        items: list[Obj] = lists[kind]().get("items", [])
+        return items
+
+    def create_kueue_topology(self, obj: Obj) -> bool:
+        """Creates a Topology or ResourceFlavor; False when the name is taken."""
+        kind = obj["kind"]
+        self.counter.add("create", _KUEUE_TOPOLOGY_KINDS[kind])
+        sends: dict[str, Callable[[], object]] = {
+            "Topology": lambda: self.custom.create_cluster_custom_object(
+                kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, topology.KUEUE_TOPOLOGIES, obj
+            ),
+            "ResourceFlavor": lambda: self.custom.create_cluster_custom_object(
+                kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, topology.RESOURCE_FLAVORS, obj
+            ),
+        }
+        try:
+            sends[kind]()
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+    def delete_kueue_topology(self, kind: str, name: str) -> None:
+        self.counter.add("delete", _KUEUE_TOPOLOGY_KINDS[kind])
+        sends: dict[str, Callable[[], object]] = {
+            "Topology": lambda: self.custom.delete_cluster_custom_object(
+                kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, topology.KUEUE_TOPOLOGIES, name
+            ),
+            "ResourceFlavor": lambda: self.custom.delete_cluster_custom_object(
+                kueue.KUEUE_GROUP, kueue.KUEUE_VERSION, topology.RESOURCE_FLAVORS, name
+            ),
+        }
+        try:
+            sends[kind]()
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
 
 class EventsAPI(Protocol):
     """The one CoreV1Api call made outside `Cluster`'s methods: EventPoster's create."""
@@ -624,6 +741,24 @@ class ClusterAPI(Protocol):
     def delete_podgroup(self, namespace: str, name: str) -> None: ...
 
     def cordon_node(self, name: str, patch: Obj) -> bool: ...
+
+
+class TopologyAPI(Protocol):
+    """What the topology reconciler calls on the cluster: `Cluster`, or the unit tier's fake."""
+
+    def list_hypernodes(self) -> list[Obj]: ...
+
+    def create_hypernode(self, obj: Obj) -> bool: ...
+
+    def replace_hypernode(self, obj: Obj) -> None: ...
+
+    def delete_hypernode(self, name: str) -> None: ...
+
+    def list_kueue_topology(self, kind: str) -> list[Obj]: ...
+
+    def create_kueue_topology(self, obj: Obj) -> bool: ...
+
+    def delete_kueue_topology(self, kind: str, name: str) -> None: ...
 
 
 def event_name(involved: Obj) -> str:

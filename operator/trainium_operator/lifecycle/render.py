@@ -12,6 +12,7 @@ from datetime import datetime
 import yaml
 
 from trainium_operator.api import spec as spec_model
+from trainium_operator.api import topology
 from trainium_operator.api.objects import Obj
 from trainium_operator.api.spec import NeuronStack
 from trainium_operator.builders.job import JobRef, Stage
@@ -70,9 +71,10 @@ def render_stages(
     that gang succeeded, which start training.
     """
     job = parse_manifest(document, health_url)
-    # What an operator with Kueue and DRA on creates: a job labelled for Kueue shows its pod
-    # groups, one with spec.deviceAllocation dra its ResourceClaimTemplate.
-    settings = PassSettings(kueue=True, dra=True)
+    # What an operator with Kueue, DRA and topology on creates: a job labelled for Kueue shows
+    # its pod groups, one with spec.deviceAllocation dra its ResourceClaimTemplate, and a job
+    # that asks no placement its instance type's default.
+    settings = PassSettings(kueue=True, dra=True, topology=frozenset(topology.SCHEDULERS))
 
     def decide(status: Obj, pods: list[Obj], groups: list[Obj], service: bool) -> Decision:
         seen = observe(

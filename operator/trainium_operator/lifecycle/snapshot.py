@@ -39,6 +39,9 @@ class PassSettings:
     # The operator creates ResourceClaimTemplates (`run --dra`, the chart's dra.enabled): jobs
     # with spec.deviceAllocation dra get their devices through DRA; without it they wait.
     dra: bool = False
+    # The schedulers this operator keeps network topology for (`run --topology`): a job that
+    # asks for no placement gets its instance type's default only where topology exists.
+    topology: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,7 +70,8 @@ def gang(p: Pass) -> None:
         )
         return
     if not job.queued_by_kueue and job.podgroup_name(stage) not in observed.podgroups:
-        plan.create.append(pod_builders.podgroup(job, stage))
+        placement = job.placement(p.snapshot.settings.topology)
+        plan.create.append(pod_builders.podgroup(job, stage, placement))
     _run_gang(p, gang)
     grace = float(job.spec.run_policy.node_lost_grace_period_seconds)
     wait = node_lost_requeue(gang, observed, grace)
@@ -124,9 +125,12 @@ def _run_gang(p: Pass, gang: dict[int, PodView]) -> None:
         # the gang's devices, and a pod whose template is missing cannot be placed. An existing
         # one (an earlier pass's) is left as it is: its spec comes from immutable fields.
         decision.create.append(claims.device_claim_template(job))
+    placement = job.placement(p.snapshot.settings.topology)
     for rank in missing:
         decision.create.append(
-            pod_builders.pod(job, stage, attempt, rank, resume=resume, restarts=restarts)
+            pod_builders.pod(
+                job, stage, attempt, rank, resume=resume, restarts=restarts, placement=placement
+            )
         )
     if len(gang) == job.spec.nodes:
         status.set_stage(stage, "fullGangAttempt", attempt)
