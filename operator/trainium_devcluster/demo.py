@@ -15,6 +15,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -30,6 +32,11 @@ import yaml
 from trainium_devcluster import build, cluster, paths, sim
 from trainium_devcluster.access import service_account_kubeconfig
 from trainium_devcluster.clients import Clients, clients_for, wait_established
+from trainium_operator.builders.job import (
+    VOLCANO_GROUP,
+    VOLCANO_GROUP_ANNOTATION,
+    VOLCANO_VERSION,
+)
 
 Echo = Callable[[str], None]
 REPO = Path(__file__).resolve().parents[2]
@@ -267,7 +274,9 @@ class Demo:
             f"{', '.join(p.spec.node_name for p in gang)}; running their {stage} command locally "
             f"on CPU at demo size (log: {log})"
         )
-        # The gang's PodGroups as Volcano's scheduler and controller manager wrote them.
+        # The gang's PodGroups as Volcano's scheduler and controller manager wrote them. Volcano
+        # writes a group's Running phase in the scheduling cycle after its pods were bound.
+        self.wait_podgroup_running(pod)
         self.echo("$ kubectl get podgroups")
         self.echo(
             self.kubectl(
@@ -284,6 +293,24 @@ class Demo:
             log,
         )
         self.driven.update(self.local.pods)
+
+    def wait_podgroup_running(self, pod: Any, timeout: float = 15) -> None:
+        """Waits (bounded: the demo goes on either way) until Volcano says the pod's gang runs."""
+        assert self.clients is not None
+        group = (pod.metadata.annotations or {}).get(VOLCANO_GROUP_ANNOTATION)
+        if group is None:
+            return
+        read = functools.partial(
+            self.clients.custom.get_namespaced_custom_object,
+            VOLCANO_GROUP, VOLCANO_VERSION, JOB_NAMESPACE, "podgroups", group,
+        )  # fmt: skip
+        with contextlib.suppress(sim.WaitTimeoutError):
+            sim.wait_for(
+                read,
+                until=lambda found: found.get("status", {}).get("phase") != "Inqueue",
+                timeout=timeout,
+                description=f"PodGroup {group} past Inqueue",
+            )
 
     def finish_local_run(self) -> None:
         run = self.local
