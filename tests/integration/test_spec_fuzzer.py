@@ -185,13 +185,20 @@ def out_of_range(leaf: Leaf) -> st.SearchStrategy[Any] | None:
     return None
 
 
+# Enum values valid only beside something outside the spec, so not an edge of the spec alone:
+# spec.deviceAllocation dra needs the job's Kueue queue label (metadata); tests/unit/test_dra.py
+# and tests/integration/test_dra.py hold both sides of that rule.
+NOT_EDGES_ALONE = {("deviceAllocation",): {"dra"}}
+
+
 def edge_valid(leaf: Leaf) -> st.SearchStrategy[Any] | None:
     schema = leaf.schema
     if schema.get("type") == "integer":
         bounds = [schema[k] for k in ("minimum", "maximum") if k in schema]
         return st.sampled_from(bounds) if bounds else None
     if "enum" in schema:
-        return st.sampled_from(schema["enum"])
+        values = [v for v in schema["enum"] if v not in NOT_EDGES_ALONE.get(leaf.path, set())]
+        return st.sampled_from(values) if values else None
     return None
 
 

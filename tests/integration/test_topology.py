@@ -103,6 +103,10 @@ def node_members(clients: Any) -> set[str]:
     }
 
 
+def tiers_of(clients: Any) -> dict[str, int]:
+    return {h["spec"]["tierName"]: h["spec"]["tier"] for h in managed_hypernodes(clients)}
+
+
 def blocks_of(clients: Any, pods: list[Any]) -> set[str]:
     return {clients.core.read_node(p.spec.node_name).metadata.labels[BLOCK_LABEL] for p in pods}
 
@@ -122,13 +126,12 @@ def test_the_topology_objects_follow_nodes_added_and_removed(
     clients = dev_cluster.clients
     with testing.extra_nodes(dev_cluster, 6) as added:
         wait_for(
-            lambda: node_members(clients),
-            until=lambda members: set(added) <= members,
+            lambda: (node_members(clients), tiers_of(clients)),
+            until=lambda seen: set(added) <= seen[0] and len(seen[1]) == 3,
             timeout=60,
-            description="HyperNodes listing the added nodes",
+            description="HyperNodes listing the added nodes, at every tier",
         )
-        tiers = {h["spec"]["tierName"]: h["spec"]["tier"] for h in managed_hypernodes(clients)}
-        assert tiers == {"block": 2, "spine": 3, "layer-1": 4}
+        assert tiers_of(clients) == {"block": 2, "spine": 3, "layer-1": 4}
         blocks = [h for h in managed_hypernodes(clients) if h["spec"]["tierName"] == "block"]
         assert sorted(len(b["spec"]["members"]) for b in blocks) == [4, 4]
         flavor = clients.custom.get_cluster_custom_object(
