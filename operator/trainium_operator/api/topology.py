@@ -23,7 +23,7 @@ What is read (every key is written by AWS software on the node, never by a tenan
 Levels, smallest first: `ultraserver` (trn2u only), `block` (layer 3), `spine` (layer 2),
 `layer-1`. Each has one fixed Volcano tier, whatever the instance type: Volcano keeps one tier
 per tierName cluster-wide ("Conflicting tiers for tierName", pkg/scheduler/api/hyper_node_info.go,
-v1.15.1), so a block is tier 2 on trn1 (which has no tier 1) as on trn2u.
+v1.14.1 and v1.15.1), so a block is tier 2 on trn1 (which has no tier 1) as on trn2u.
 """
 
 from __future__ import annotations
@@ -143,10 +143,13 @@ def kueue_annotations(placement: Placement | None) -> dict[str, str]:
 
 def volcano_network_topology(placement: Placement | None) -> Obj | None:
     """The PodGroup's spec.networkTopology. Required: hard, no higher than the level's tier.
-    Preferred: soft, which Volcano v1.15.1 turns into hard up to its top tier and tries tier by
+    Preferred: soft. Volcano v1.15.1 turns it into hard up to its top tier and tries tier by
     tier from the smallest (adjustNetworkTopologySpec in pkg/scheduler/framework/session.go,
     hyperNodeGradientFn in the network-topology-aware plugin): the tightest domain that fits,
-    at every level, then anywhere."""
+    at every level, then anywhere. On v1.14.1, which the dev cluster runs, a soft gang keeps to
+    the HyperNode its first pods took where it can (allocate.go, getNewAllocatedHyperNode);
+    tests/integration/test_topology.py shows a gang that fits one block staying in it and a
+    larger one spreading."""
     if placement is None:
         return None
     if placement.required:
