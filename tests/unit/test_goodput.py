@@ -71,6 +71,7 @@ def test_queue_compile_train_restart_train_splits_wall_time_and_charges_the_lost
         "trainingSeconds": 175.0,  # 200 s trained, less 50 steps x 0.5 s lost
         "restartingSeconds": 20.0,
         "suspendedSeconds": 0.0,
+        "preflightSeconds": 0.0,
         "lostSeconds": 25.0,
         "wallSeconds": 360.0,
     }
@@ -177,6 +178,7 @@ def test_suspended_time_is_its_own_part_outside_goodput_and_suspending_loses_wor
         "compilingSeconds": 0.0,
         "trainingSeconds": 180.0,  # 200 s less 20 steps x 1 s after the checkpoint
         "restartingSeconds": 0.0,
+        "preflightSeconds": 0.0,
         "suspendedSeconds": 300.0,
         "lostSeconds": 20.0,
         "wallSeconds": 530.0,
@@ -281,3 +283,31 @@ def test_the_reporter_sends_the_newest_checkpoint_step_the_script_saved() -> Non
     reporter.checkpoint_saved(100)
     reporter.checkpoint_saved(200)
     assert reporter.message().last_checkpoint_step == 200
+
+
+def test_a_gang_that_failed_its_preflight_moves_the_checks_seconds_to_preflight_and_loses_no_work() -> (
+    None
+):
+    """Queued 30 s, a training gang 40 s whose preflight ran 12 s of it and found an unfit node
+    (the restart's status records it), restarting 10 s, the new gang trains 100 s."""
+    record = {"attempt": 0, "stage": "train", "outcome": "Unfit", "seconds": 12.0}
+    passes = [step_to({}, 0, "Pending", attempt=0)]
+    passes.append(step_to(passes[-1], 30, "Training"))
+    passes.append(step_to(passes[-1], 70, "Restarting", attempt=1, preflight=record))
+    passes.append(step_to(passes[-1], 80, "Training"))
+    passes.append(step_to(passes[-1], 180, "Succeeded"))
+    final = passes[-1]["goodput"]
+    assert figures(passes[-1]) == {
+        "queuedSeconds": 30.0,
+        "compilingSeconds": 0.0,
+        "trainingSeconds": 128.0,  # 40 - 12 s of the first gang, 100 s of the second
+        "restartingSeconds": 10.0,
+        "suspendedSeconds": 0.0,
+        "preflightSeconds": 12.0,
+        "lostSeconds": 0.0,
+        "wallSeconds": 180.0,
+    }
+    assert final["lostUnknown"] == 0  # the preflighted gang trained nothing: no unknown loss
+    # The record stays in the status: a later restart does not move its seconds again.
+    again = step_to(passes[-2], 200, "Restarting", attempt=2)
+    assert again["goodput"]["preflightSeconds"] == 12.0

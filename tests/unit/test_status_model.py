@@ -33,6 +33,7 @@ def test_crd_status_schema_declares_every_model_field_by_its_json_name() -> None
         "Infrastructure",
         "Stall",
         "Straggler",
+        "Preflight",
     ]
 
 

@@ -512,6 +512,27 @@ class HealthSpec(ApiModel):
         return self
 
 
+class PreflightSpec(ApiModel):
+    enabled: bool | None = None
+    """Check each new gang before its compile or training command starts (docs/preflight.md):
+    every node's devices (the count and state its instance type promises) and throughput, a
+    short all-reduce across exactly the gang's nodes, and each node's bandwidth to its ring
+    neighbours, judged against the other nodes' median. An unfit node is named in
+    status.preflight and a Warning event, and the gang restarts without it (this job's pods
+    avoid the node; nothing else changes on the node). Unset: the operator's default for
+    multi-node jobs (the chart's preflight.multiNodeDefault, off unless the admin turns it on);
+    single-node jobs are never checked unless this is true."""
+    timeout_seconds: Annotated[int, Field(ge=30, le=3600)] = 300
+    """How long the whole check may take on a node, the gang's rendezvous included. A gang that
+    does not finish it in time restarts (counted against maxRetries)."""
+    threshold: Annotated[float, Field(ge=0.05, le=0.9)] = 0.25
+    """A node whose device throughput or network bandwidth is below (1 - threshold) x the other
+    nodes' median is unfit (0.25: under 75 % of the median)."""
+    max_retries: Annotated[int, Field(ge=0, le=10)] = 3
+    """Gangs restarted after a failed preflight; one more failure fails the job with reason
+    PreflightFailed."""
+
+
 def _cores_expression(shape: InstanceType) -> str:
     """CEL: the logical NeuronCores of one instance type at the job's spec.lnc."""
     if not shape.supports_lnc:
@@ -1080,6 +1101,8 @@ class TrainingJobSpec(ApiModel):
     """Profiling of the training stage."""
     health: HealthSpec = HealthSpec()
     """Live health: the ranks' progress channel to the operator."""
+    preflight: PreflightSpec = PreflightSpec()
+    """A check of each new gang's nodes before it compiles or trains."""
     env: Annotated[list[EnvVar], Field(max_length=pod_fields.MAX_ENV)] = []
     """Extra environment of the training and compile containers; a name the operator also
     sets (e.g. CCOM_SOCKET_IFNAME) replaces the operator's value."""
@@ -1100,6 +1123,13 @@ class TrainingJobSpec(ApiModel):
     volumeMounts of the trainer container, sidecars, initContainers, imagePullSecrets,
     securityContext, labels, annotations). Fields the operator owns (its resources,
     command, names, the labels it selects on) are refused with the field to use."""
+
+    def preflight_on(self, multi_node_default: bool) -> bool:
+        """Whether the job's gangs are preflighted: spec.preflight.enabled, else the operator's
+        default for multi-node jobs."""
+        if self.preflight.enabled is not None:
+            return self.preflight.enabled
+        return multi_node_default and self.nodes > 1
 
     @model_validator(mode="after")
     def _check_cross_fields(self, info: ValidationInfo) -> TrainingJobSpec:

@@ -58,6 +58,8 @@ class FailureClass(enum.StrEnum):
     STALL = "Stall"  # no rank advanced (spec.health.onStall: Restart); its own budget
     # A persistent straggler's node replaced (spec.health.onStraggler: Replace); its own budget.
     STRAGGLER = "Straggler"
+    # The gang's preflight found an unfit node or did not finish (spec.preflight); its own budget.
+    PREFLIGHT = "Preflight"
 
 
 Int32 = Annotated[int, Field(json_schema_extra={"format": "int32"})]
@@ -138,7 +140,8 @@ class Workers(ApiModel):
 
 
 class Restarts(ApiModel):
-    """Gang restarts by cause; total = application + infrastructure + stall + straggler."""
+    """Gang restarts by cause; total = application + infrastructure + stall + straggler +
+    preflight."""
 
     total: Count = 0
     application: Count = 0
@@ -149,6 +152,8 @@ class Restarts(ApiModel):
     straggler: Count = 0
     """Restarts without a straggler's node (spec.health.onStraggler: Replace; budget
     spec.health.maxStragglerReplacements)."""
+    preflight: Count = 0
+    """Restarts after a gang's preflight failed (budget spec.preflight.maxRetries)."""
     preempted: Count = 0
     """Of the infrastructure restarts, those after Kueue preempted the gang for a
     higher-priority one: charged to no budget (the job queues again)."""
@@ -376,6 +381,43 @@ class StragglersStatus(ApiModel):
     other node could take the gang, or its node is unknown); cleared when one is."""
 
 
+class PreflightOutcome(enum.StrEnum):
+    UNFIT = "Unfit"  # a node is below the bound: it is excluded
+    TIMED_OUT = "TimedOut"  # the check did not finish on some node within its timeout
+    FAILED = "Failed"  # the pods said unfit, but no node is below the bound by their reports
+
+
+class PreflightNode(ApiModel):
+    """A node the preflight judged unfit, in the operator's words (numbers from the node's own
+    report; never the report's text)."""
+
+    node: str
+    reason: str
+    """Devices (fewer devices than the instance type has, or not usable), DeviceThroughput or
+    NetworkBandwidth (below the other nodes' median by more than spec.preflight.threshold)."""
+    detail: str
+    ratio: float | None = None
+    """The node's figure over the other nodes' median."""
+
+
+class PreflightStatus(ApiModel):
+    """The latest failed gang preflight (lifecycle/policies/preflight.py) and the nodes the job
+    avoids since."""
+
+    attempt: Count | None = None
+    stage: str | None = None
+    outcome: PreflightOutcome | None = None
+    seconds: float | None = None
+    """How long the check ran (the longest any node reported): goodput's preflightSeconds."""
+    reports: Count = 0
+    """Nodes whose report was read (of spec.nodes)."""
+    unfit: list[PreflightNode] = Field(default_factory=list)
+    """The unfit nodes of that attempt (up to 16)."""
+    excluded_nodes: list[str] = Field(default_factory=list)
+    """Every node the job's later gangs avoid (node affinity NotIn), oldest first, up to 16."""
+    time: Timestamp | None = None
+
+
 class GoodputStatus(ApiModel):
     """Where the job's wall time went (lifecycle/policies/goodput.py): every second since
     startTime is in exactly one of queued, compiling, training, restarting, suspended or lost,
@@ -402,6 +444,9 @@ class GoodputStatus(ApiModel):
     """In Restarting: stopping a failed gang before the next one is created."""
     suspended_seconds: float = 0
     """In Suspended (spec.runPolicy.suspend); not counted against goodput."""
+    preflight_seconds: float = 0
+    """Gangs whose preflight failed (spec.preflight): the time the check ran, moved from the
+    stage's part when the gang restarts."""
     lost_seconds: float = 0
     """Training work that restarts lost: at each restart of a training gang, its steps after
     the last complete checkpoint (status.progress.lastCheckpointStep) times the recent p50
@@ -500,6 +545,7 @@ class TrainingJobStatus(ApiModel):
     progress: ProgressStatus | None = None
     stall: StallStatus | None = None
     stragglers: StragglersStatus | None = None
+    preflight: PreflightStatus | None = None
     goodput: GoodputStatus | None = None
     on_demand_profile: OnDemandProfile | None = None
     profile_uploads: list[ProfileUpload] = Field(

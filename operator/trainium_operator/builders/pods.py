@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Sequence
 from decimal import Decimal
 
 from trainium_operator.api import kueue, topology
@@ -37,7 +38,7 @@ from trainium_operator.builders.job import (
     Stage,
 )
 from trainium_operator.contract import channel as channel_contract
-from trainium_operator.contract import neff_cache, workload_env
+from trainium_operator.contract import neff_cache, preflight, workload_env
 from trainium_operator.contract.channel import channel_env, stacks_dir
 from trainium_operator.contract.neuron_env import neuron_inspect_env, torch_capture_env
 from trainium_operator.contract.profiler_env import profiling_env
@@ -252,16 +253,60 @@ NEURON_PROFILE_MERGE_SCRIPT = (
 )
 
 
+def preflight_command(job: JobRef, stage: Stage, attempt: int) -> list[str]:
+    """The gang preflight (contract/preflight.py) before the stage's command: it meets the
+    gang through the stage's own rendezvous endpoint, under a run id of its own."""
+    spec = job.spec
+    return preflight.argv(
+        nodes=spec.nodes,
+        rdzv_backend=spec.rendezvous.backend.value,
+        rdzv_endpoint=rendezvous_endpoint(job, stage),
+        rdzv_id=f"{job.rendezvous_id(stage, attempt)}-preflight",
+        timeout_seconds=spec.preflight.timeout_seconds,
+        threshold=spec.preflight.threshold,
+        devices=preflight.DEVICES_NEURON,
+        expected_devices=INSTANCE_TYPES[spec.instance_type.value].neuron_devices,
+    )
+
+
 def container_command(
-    job: JobRef, stage: Stage, attempt: int, *, resume: bool | None = None
+    job: JobRef,
+    stage: Stage,
+    attempt: int,
+    *,
+    resume: bool | None = None,
+    preflighted: bool = False,
 ) -> list[str]:
+    """The trainer container's command: torchrun (wrapped for the device-profile merge or the
+    native compile cache summary), after the gang preflight when `preflighted`, which execs it
+    once the gang passed."""
     command = torchrun_command(job, stage, attempt, resume=resume)
     if stage is Stage.TRAIN and job.spec.profile.enabled and job.spec.profile.neuron_device_profile:
-        return ["/bin/sh", "-c", NEURON_PROFILE_MERGE_SCRIPT, "sh", *command]
-    if stage is Stage.COMPILE and job.spec.effective_neuron_stack is NeuronStack.NATIVE:
+        command = ["/bin/sh", "-c", NEURON_PROFILE_MERGE_SCRIPT, "sh", *command]
+    elif stage is Stage.COMPILE and job.spec.effective_neuron_stack is NeuronStack.NATIVE:
         # The pod's termination message then says what the cache holds (status.compile.cache).
-        return ["/bin/sh", "-c", neff_cache.SUMMARY_SCRIPT, "sh", *command]
+        command = ["/bin/sh", "-c", neff_cache.SUMMARY_SCRIPT, "sh", *command]
+    if preflighted:
+        return [*preflight_command(job, stage, attempt), preflight.COMMAND_SEPARATOR, *command]
     return command
+
+
+def avoid_nodes(pod_spec: Obj, nodes: Sequence[str]) -> None:
+    """Keeps the pod off `nodes` (the job's preflight exclusions): a required node affinity on
+    the node's name (`matchFields metadata.name NotIn`: the name itself, not a label that may
+    differ from it), added to every term the pod's own affinity has (terms are alternatives;
+    a requirement added to each holds for all of them)."""
+    if not nodes:
+        return
+    requirement = {"key": "metadata.name", "operator": "NotIn", "values": list(nodes)}
+    affinity = pod_spec.setdefault("affinity", {})
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    for term in terms:
+        term["matchFields"] = [*term.get("matchFields", []), dict(requirement)]
 
 
 def _cache_env(job: JobRef, stage: Stage, rank: int) -> list[Obj]:
@@ -424,6 +469,8 @@ def pod(
     resume: bool | None = None,
     restarts: int = 0,
     placement: Placement | None = None,
+    preflighted: bool = False,
+    excluded_nodes: Sequence[str] = (),
 ) -> Obj:
     spec = job.spec
     name = job.pod_name(stage, attempt, rank)
@@ -459,7 +506,9 @@ def pod(
                 "name": CONTAINER_NAME,
                 "image": spec.image,
                 "imagePullPolicy": spec.image_pull_policy,
-                "command": container_command(job, stage, attempt, resume=resume),
+                "command": container_command(
+                    job, stage, attempt, resume=resume, preflighted=preflighted
+                ),
                 "env": container_env(job, operator_env),
                 "resources": container_resources(job),
                 "securityContext": copy.deepcopy(TRAINING_CONTAINER_SECURITY_CONTEXT),
@@ -486,7 +535,9 @@ def pod(
     if claims.uses_dra(job):
         pod_spec["resourceClaims"] = claims.pod_resource_claims(job)
     built = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
-    return merge_pod_template(built, spec.pod_template)
+    merged = merge_pod_template(built, spec.pod_template)
+    avoid_nodes(merged["spec"], excluded_nodes)
+    return merged
 
 
 def health_token_volume() -> Obj:
@@ -598,6 +649,23 @@ def merge_pod_template(built: Obj, template: PodTemplate) -> Obj:
 
 
 def stage_pods(
-    job: JobRef, stage: Stage, attempt: int, placement: Placement | None = None
+    job: JobRef,
+    stage: Stage,
+    attempt: int,
+    placement: Placement | None = None,
+    *,
+    preflighted: bool = False,
+    excluded_nodes: Sequence[str] = (),
 ) -> list[Obj]:
-    return [pod(job, stage, attempt, rank, placement=placement) for rank in range(job.spec.nodes)]
+    return [
+        pod(
+            job,
+            stage,
+            attempt,
+            rank,
+            placement=placement,
+            preflighted=preflighted,
+            excluded_nodes=excluded_nodes,
+        )
+        for rank in range(job.spec.nodes)
+    ]

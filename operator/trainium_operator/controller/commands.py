@@ -23,6 +23,7 @@ from trainium_operator.controller.settings import (
     ENV_OPERATOR_IMAGE,
     ENV_OPERATOR_IMAGE_PULL_POLICY,
     ENV_OPERATOR_IMAGE_PULL_SECRETS,
+    ENV_PREFLIGHT_MULTI_NODE,
     ENV_PROFILE_S3_URI,
     ENV_PROFILE_UPLOAD_SERVICE_ACCOUNT,
     ENV_RESERVED_SERVICE_ACCOUNTS,
@@ -169,6 +170,14 @@ def _env_text_options(command: Callable[..., None]) -> Callable[..., None]:
     f"{ENV_DRA}.",
 )
 @click.option(
+    "--preflight-multi-node/--no-preflight-multi-node",
+    default=False,
+    show_default=True,
+    envvar=ENV_PREFLIGHT_MULTI_NODE,
+    help="Preflight every new gang of multi-node jobs that leave spec.preflight.enabled unset "
+    f"(the chart's preflight.multiNodeDefault). Env: {ENV_PREFLIGHT_MULTI_NODE}.",
+)
+@click.option(
     "--topology",
     "topology_schedulers",
     default="",
@@ -197,6 +206,7 @@ def run(
     isolate_jobs: bool,
     kueue: bool,
     dra: bool,
+    preflight_multi_node: bool,
     topology_schedulers: str,
     reserved_service_accounts: str,
     profile_s3_uri: str,
@@ -243,6 +253,7 @@ def run(
             isolate_jobs=isolate_jobs,
             kueue=kueue,
             dra=dra,
+            preflight_multi_node=preflight_multi_node,
             topology=schedulers,
             reserved_service_accounts=frozenset(name_list(reserved_service_accounts)),
             upload=UploadDefaults(

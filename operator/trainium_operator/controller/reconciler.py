@@ -186,6 +186,7 @@ class Reconciler:
         reserved_service_accounts: frozenset[str] = frozenset(),
         kueue: bool = False,
         dra: bool = False,
+        preflight_multi_node: bool = False,
         topology: frozenset[str] = frozenset(),
     ):
         self.cluster = cluster
@@ -213,7 +214,12 @@ class Reconciler:
         # The schedulers network topology is kept for (controller.topology): a job's default
         # placement applies only under those.
         self.pass_settings = PassSettings(
-            self.upload_defaults, progress_interval, kueue=kueue, dra=dra, topology=topology
+            self.upload_defaults,
+            progress_interval,
+            kueue=kueue,
+            dra=dra,
+            topology=topology,
+            preflight_multi_node=preflight_multi_node,
         )
         self.events = EventPoster(cluster)
         self.clock = clock

@@ -30,6 +30,9 @@ ENV_OPERATOR_IMAGE_PULL_POLICY = "TRAINIUM_OPERATOR_IMAGE_PULL_POLICY"
 ENV_KUEUE = "TRAINIUM_KUEUE"
 # "true": create a ResourceClaimTemplate for jobs with spec.deviceAllocation dra (dra.enabled).
 ENV_DRA = "TRAINIUM_DRA"
+# "true": multi-node jobs that leave spec.preflight.enabled unset get a gang preflight
+# (the chart's preflight.multiNodeDefault).
+ENV_PREFLIGHT_MULTI_NODE = "TRAINIUM_PREFLIGHT_MULTI_NODE"
 # Comma-separated schedulers the operator writes network topology for: volcano (HyperNodes),
 # kueue (Topology and ResourceFlavors); empty: none (the chart's topology.*).
 ENV_TOPOLOGY = "TRAINIUM_TOPOLOGY"
@@ -81,6 +84,8 @@ class OperatorSettings:
     # Create ResourceClaimTemplates for jobs with spec.deviceAllocation dra (the chart's
     # dra.enabled; resource.k8s.io/v1 must be served).
     dra: bool = False
+    # Multi-node jobs that leave spec.preflight.enabled unset are preflighted.
+    preflight_multi_node: bool = False
     # The schedulers the topology reconciler writes for (api/topology.SCHEDULERS); empty: off.
     topology: frozenset[str] = frozenset()
     reserved_service_accounts: frozenset[str] = frozenset()

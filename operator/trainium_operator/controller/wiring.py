@@ -199,6 +199,7 @@ def build_operator(settings: OperatorSettings) -> Operator:
         reserved_service_accounts=settings.reserved_service_accounts,
         kueue=settings.kueue,
         dra=settings.dra,
+        preflight_multi_node=settings.preflight_multi_node,
         topology=settings.topology,
     )
     health = None

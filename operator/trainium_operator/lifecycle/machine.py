@@ -36,6 +36,7 @@ from trainium_operator.lifecycle.policies.on_demand_upload import (
     on_demand_upload_refused,
 )
 from trainium_operator.lifecycle.policies.pod_fields import dropped_pod_fields
+from trainium_operator.lifecycle.policies.preflight import preflight
 from trainium_operator.lifecycle.policies.profile_upload import profile_upload, upload_refused
 from trainium_operator.lifecycle.policies.progress import progress
 from trainium_operator.lifecycle.policies.spec import spec
@@ -67,6 +68,7 @@ PIPELINE: tuple[Policy, ...] = (
     Policy("Finished", finished),
     Policy("Suspension", suspension),
     Policy("Deadline", deadline),
+    Policy("Preflight", preflight),
     Policy("Failures", failures),
     Policy("StageSuccess", stage_success),
     Policy("Gang", gang),

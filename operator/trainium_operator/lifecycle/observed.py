@@ -72,6 +72,8 @@ class PodView:
     # The training container's termination message, once it ended (the native compile stage's
     # NEFF cache summary, contract/neff_cache.py).
     termination_message: str | None = None
+    # When the training container ended (its terminated.finishedAt).
+    finished_at: datetime | None = None
     # Kueue stopped the pod (its TerminationTarget condition, set before Kueue deletes it):
     # the reason (WorkloadEvictedDueTo<why>) and Kueue's message.
     stopped_by_kueue: tuple[str, str] | None = None
@@ -252,6 +254,7 @@ def pod_view(pod: Obj) -> PodView | None:
             else None
         ),
         termination_message=_trainer_termination_message(pod),
+        finished_at=parse_time(terminated.get("finishedAt")),
         stopped_by_kueue=_kueue_stop(conditions.get(kueue.TERMINATION_TARGET_CONDITION)),
         gated=kueue.has_admission_gate(pod),
         kueue_finalizer=kueue.MANAGED_FINALIZER in (meta.get("finalizers") or ()),

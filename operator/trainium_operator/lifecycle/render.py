@@ -74,7 +74,9 @@ def render_stages(
     # What an operator with Kueue, DRA and topology on creates: a job labelled for Kueue shows
     # its pod groups, one with spec.deviceAllocation dra its ResourceClaimTemplate, and a job
     # that asks no placement its instance type's default.
-    settings = PassSettings(kueue=True, dra=True, topology=frozenset(topology.SCHEDULERS))
+    settings = PassSettings(
+        kueue=True, dra=True, topology=frozenset(topology.SCHEDULERS), preflight_multi_node=False
+    )
 
     def decide(status: Obj, pods: list[Obj], groups: list[Obj], service: bool) -> Decision:
         seen = observe(

@@ -42,6 +42,9 @@ class PassSettings:
     # The schedulers this operator keeps network topology for (`run --topology`): a job that
     # asks for no placement gets its instance type's default only where topology exists.
     topology: frozenset[str] = frozenset()
+    # Multi-node jobs that leave spec.preflight.enabled unset are preflighted (`run
+    # --preflight-multi-node`, the chart's preflight.multiNodeDefault).
+    preflight_multi_node: bool = False
 
 
 @dataclass(frozen=True, slots=True)

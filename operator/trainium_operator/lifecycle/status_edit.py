@@ -25,6 +25,7 @@ from trainium_operator.api.status import (
     LastFailure,
     OnDemandProfile,
     Phase,
+    PreflightStatus,
     ProfileStatus,
     ProfileUpload,
     ProfileUploadCounts,
@@ -171,6 +172,7 @@ class StatusEdit:
 
     stall = SectionOf("stall", StallStatus)
     stragglers = SectionOf("stragglers", StragglersStatus)
+    preflight = SectionOf("preflight", PreflightStatus)
     progress = SectionOf("progress", ProgressStatus)
     goodput = SectionOf("goodput", GoodputStatus)
     on_demand_profile = SectionOf("onDemandProfile", OnDemandProfile)

@@ -126,10 +126,21 @@ def _run_gang(p: Pass, gang: dict[int, PodView]) -> None:
         # one (an earlier pass's) is left as it is: its spec comes from immutable fields.
         decision.create.append(claims.device_claim_template(job))
     placement = job.placement(p.snapshot.settings.topology)
+    preflighted = job.spec.preflight_on(p.snapshot.settings.preflight_multi_node)
+    record = status.preflight
+    excluded = record.excluded_nodes if record is not None else []
     for rank in missing:
         decision.create.append(
             pod_builders.pod(
-                job, stage, attempt, rank, resume=resume, restarts=restarts, placement=placement
+                job,
+                stage,
+                attempt,
+                rank,
+                resume=resume,
+                restarts=restarts,
+                placement=placement,
+                preflighted=preflighted,
+                excluded_nodes=excluded,
             )
         )
     if len(gang) == job.spec.nodes:

@@ -2,7 +2,9 @@
 
 Wall time, from the job's creation to now (or to its end), is split by phase:
 Pending -> queued, Compiling -> compiling, Training -> training, Restarting -> restarting,
-Suspended -> suspended. When a gang that trained stops for a restart or a suspend, the work
+Suspended -> suspended. A gang whose preflight failed (spec.preflight) trained nothing: when it
+stops, the seconds its check ran move from its stage's part to preflight. When a gang that
+trained stops for a restart or a suspend, the work
 since its last complete checkpoint is lost: (status.progress.step - lastCheckpointStep) x the
 recent p50 step time moves from training to lost. Without a reported checkpoint step (or step
 time) the lost work is unknown: it stays in training and `lostUnknown` counts the restart, so
@@ -52,7 +54,7 @@ BUCKETS = {
     Phase.RESTARTING: "restarting_seconds",
     Phase.SUSPENDED: "suspended_seconds",
 }
-_PART_FIELDS = (*BUCKETS.values(), "lost_seconds")
+_PART_FIELDS = (*BUCKETS.values(), "preflight_seconds", "lost_seconds")
 # The parts as stored (camelCase): they sum to wallSeconds.
 PARTS = tuple(GoodputStatus.model_fields[name].alias or name for name in _PART_FIELDS)
 # Entering one of these stops the gang; the next resumes from the newest checkpoint.
@@ -66,14 +68,23 @@ class JobState:
     phase: Phase | None
     attempt: int  # 0 when unset
     progress: ProgressStatus | None
+    # (attempt, seconds) of the latest failed preflight (status.preflight), if any.
+    preflight: tuple[int, float] | None = None
 
     @classmethod
     def of(cls, status: Obj) -> JobState:
         phase, progress = status.get("phase"), status.get("progress")
+        record = status.get("preflight") or {}
+        failed = (
+            (int(record["attempt"]), float(record.get("seconds") or 0.0))
+            if record.get("attempt") is not None and record.get("outcome")
+            else None
+        )
         return cls(
             Phase(phase) if phase else None,
             int(status.get("attempt") or 0),
             _read(ProgressStatus, progress) if progress else None,
+            failed,
         )
 
 
@@ -137,7 +148,21 @@ def accounted(
     attempt_training = ledger.attempt_training_seconds if ledger.attempt == attempt else 0.0
     if before is Phase.TRAINING:
         attempt_training += elapsed
-    if status.phase in STOPPING and before not in STOPPING and attempt_training > 0:
+    stopping = status.phase in STOPPING and before not in STOPPING
+    preflight_failed = status.preflight is not None and status.preflight[0] == attempt
+    if stopping and preflight_failed and status.preflight != previous.preflight:
+        # The gang checked its nodes and trained nothing: no work lost, the check's time moves.
+        assert status.preflight is not None
+        moved = min(status.preflight[1], getattr(ledger, bucket))
+        ledger = ledger.model_copy(
+            update={
+                bucket: getattr(ledger, bucket) - moved,
+                "preflight_seconds": ledger.preflight_seconds + moved,
+            }
+        )
+        training = ledger.training_seconds
+        attempt_training = 0.0
+    elif stopping and attempt_training > 0:
         # This pass's progress: as fresh as the stored one, or fresher.
         charged = lost_work_seconds(status.progress or previous.progress, attempt)
         if charged is None:
