@@ -285,9 +285,7 @@ def test_the_reporter_sends_the_newest_checkpoint_step_the_script_saved() -> Non
     assert reporter.message().last_checkpoint_step == 200
 
 
-def test_a_gang_that_failed_its_preflight_moves_the_checks_seconds_to_preflight_and_loses_no_work() -> (
-    None
-):
+def test_a_failed_preflight_moves_its_seconds_to_preflight_and_loses_no_work() -> None:
     """Queued 30 s, a training gang 40 s whose preflight ran 12 s of it and found an unfit node
     (the restart's status records it), restarting 10 s, the new gang trains 100 s."""
     record = {"attempt": 0, "stage": "train", "outcome": "Unfit", "seconds": 12.0}
