@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from trainium_devcluster import build, cluster, paths, sim
+from trainium_devcluster import build, cluster, local_preflight, paths, sim
 from trainium_devcluster.access import service_account_kubeconfig
 from trainium_devcluster.clients import Clients, clients_for, wait_established
 from trainium_operator.builders.job import (
@@ -294,6 +294,22 @@ class Demo:
         )
         self.driven.update(self.local.pods)
 
+    def preflight_passed(self, gang: list[Any]) -> bool:
+        """Runs the gang's preflight here first when its pods have one (spec.preflight): True
+        when it passed (or there is none); else the pods ended as the check did."""
+        assert self.clients is not None
+        runs = local_preflight.start(gang, self.workdir, _training_env())
+        if not runs:
+            return True
+        self.echo(f"  preflight of {', '.join(r.pod for r in runs)}: one process per node")
+        codes = local_preflight.finish(runs, self.clients.core, JOB_NAMESPACE, timeout=120)
+        if all(code == 0 for code in codes.values()):
+            return True
+        self.echo(f"  preflight failed (exit codes {sorted(set(codes.values()))}); see "
+                  f"{runs[0].log.parent}")  # fmt: skip
+        self.driven.update(codes)
+        return False
+
     def wait_podgroup_running(self, pod: Any, timeout: float = 15) -> None:
         """Waits (bounded: the demo goes on either way) until Volcano says the pod's gang runs."""
         assert self.clients is not None
@@ -355,7 +371,7 @@ class Demo:
             self.finish_local_run()
             if self.local is None:
                 gang = self._running_gang(name, nodes)
-                if gang:
+                if gang and self.preflight_passed(gang):
                     self.start_local_run(gang)
             time.sleep(0.5)
         raise DemoError(f"the job did not finish in {timeout:.0f}s; see {self.workdir}")
