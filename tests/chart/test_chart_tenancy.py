@@ -335,3 +335,19 @@ def test_an_update_that_only_changes_the_workload_priority_class_is_checked(
         f"object.metadata.?labels[?'{label}'].orValue('') != "
         f"oldObject.metadata.?labels[?'{label}'].orValue('')"
     ) in expression
+
+
+def test_preflight_cordon_is_refused_unless_the_chart_turns_cordons_on_and_rbac_grants_it(
+    tmp_path: Path,
+) -> None:
+    def cordon_rule(values: dict[str, Any]) -> dict[str, Any]:
+        manifests = render(values, tmp_path)
+        (rule,) = [v for v in policy(manifests)["validations"] if "onUnfit" in v["expression"]]
+        return rule
+
+    off = cordon_rule({})
+    assert off["expression"] == "object.spec.?preflight.?onUnfit.orValue('Exclude') != 'Cordon'"
+    assert "spec.preflight.onUnfit: Cordon is off in this cluster" in off["message"]
+    on = cordon_rule({"health": {"stragglerReplacement": {"enabled": True}}})
+    assert "subresource('stragglerreplacement')" in on["expression"]
+    assert 'needs verb "use" on trainingjobs/stragglerreplacement' in on["messageExpression"]

@@ -118,6 +118,11 @@ ATTEMPTS: dict[str, tuple[dict[str, Any], str, dict[str, Any]]] = {
         "spec.health.onStraggler: Replace",
         use("stragglerreplacement"),
     ),
+    "preflight-cordon": (
+        {"preflight": {"enabled": True, "onUnfit": "Cordon"}},
+        "spec.preflight.onUnfit: Cordon",
+        use("stragglerreplacement"),
+    ),
     "another-service-account": (
         {"serviceAccountName": TENANT_ACCOUNT},
         "spec.serviceAccountName",
@@ -138,6 +143,7 @@ PERMISSION = {
     "host-ipc": 'needs verb "use" on trainingjobs/hostnamespaces',
     "added-capabilities": 'needs verb "use" on trainingjobs/capabilities',
     "straggler-replacement": 'needs verb "use" on trainingjobs/stragglerreplacement',
+    "preflight-cordon": 'needs verb "use" on trainingjobs/stragglerreplacement',
     "another-service-account": (
         f'needs verb "use" on serviceaccounts (API group ""), resourceName {TENANT_ACCOUNT}'
     ),

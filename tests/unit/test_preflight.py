@@ -14,6 +14,7 @@ from trainium_operator.builders import pods as pod_builders
 from trainium_operator.builders.job import JobRef, Stage
 from trainium_operator.contract import preflight as contract
 from trainium_operator.lifecycle.observed import PodView
+from trainium_operator.lifecycle.policies.stragglers import CordonBudget
 from trainium_operator.lifecycle.snapshot import PassSettings
 from unit.jobs import decide, job_ref
 from unit.test_lifecycle import T0, gang, names, observed, pod
@@ -340,3 +341,52 @@ def test_the_operators_multi_node_default_preflights_a_job_that_does_not_say() -
     commands = [o["spec"]["containers"][0]["command"] for o in created if o["kind"] == "Pod"]
     assert commands
     assert all(c[:3] == ["python3", "-m", contract.MODULE] for c in commands)
+
+
+def slow_second_node(job: JobRef) -> list[PodView]:
+    slow, ok = report(network=0.5).to_json(), report().to_json()
+    return [ended(job, 0, "n0", ok), ended(job, 1, "n1", slow), ended(job, 2, "n2", ok)]
+
+
+def test_on_unfit_cordon_cordons_the_node_within_the_operators_budget() -> None:
+    job = preflight_job(preflight={"enabled": True, "onUnfit": "Cordon"})
+    decision = decide(
+        job, training(job), observed(*slow_second_node(job)), cordon_budget=CordonBudget(2)
+    )
+    [patch] = decision.patch_nodes
+    assert patch.name == "n1"
+    assert patch.body["spec"] == {"unschedulable": True}
+    assert patch.body["metadata"]["labels"] == {"trainium.dev/cordoned": "preflight"}
+    assert decision.status["preflight"]["cordoned"] == ["n1"]
+    assert decision.status["phase"] == "Restarting"
+    assert decision.status_first  # the verdict is stored before the cordon and the deletes
+
+
+@pytest.mark.parametrize(
+    ("budget", "says"),
+    [
+        (CordonBudget(0), "cordons no nodes"),
+        (CordonBudget(1, frozenset({"n9"})), "cordon budget is spent"),
+    ],
+)
+def test_without_room_in_the_cordon_budget_an_unfit_node_is_only_excluded(
+    budget: CordonBudget, says: str
+) -> None:
+    job = preflight_job(preflight={"enabled": True, "onUnfit": "Cordon"})
+    decision = decide(job, training(job), observed(*slow_second_node(job)), cordon_budget=budget)
+    assert decision.patch_nodes == []
+    record = decision.status["preflight"]
+    assert record["excludedNodes"] == ["n1"]
+    assert says in record["held"]
+    assert [e.reason for e in decision.events if e.reason == "PreflightNodeNotCordoned"] == [
+        "PreflightNodeNotCordoned"
+    ]
+
+
+def test_the_default_exclude_never_cordons_even_with_a_budget() -> None:
+    job = preflight_job()
+    decision = decide(
+        job, training(job), observed(*slow_second_node(job)), cordon_budget=CordonBudget(5)
+    )
+    assert decision.patch_nodes == []
+    assert "held" not in decision.status["preflight"]

@@ -512,6 +512,11 @@ class HealthSpec(ApiModel):
         return self
 
 
+class PreflightAction(enum.StrEnum):
+    EXCLUDE = "Exclude"
+    CORDON = "Cordon"
+
+
 class PreflightSpec(ApiModel):
     enabled: bool | None = None
     """Check each new gang before its compile or training command starts (docs/preflight.md):
@@ -531,6 +536,15 @@ class PreflightSpec(ApiModel):
     max_retries: Annotated[int, Field(ge=0, le=10)] = 3
     """Gangs restarted after a failed preflight; one more failure fails the job with reason
     PreflightFailed."""
+    on_unfit: PreflightAction = PreflightAction.EXCLUDE
+    """What an unfit node leads to besides this job's restart without it. Exclude: this job's
+    later pods avoid it (a required node affinity); nothing changes on the node. Cordon: it is
+    also cordoned (spec.unschedulable, trainium.dev/cordon-* annotations naming the job and
+    its figure), within the operator's cluster-wide cordon budget, which it shares with
+    onStraggler: Replace. Cordon is the cluster admin's opt-in, as Replace is: off (the chart's
+    health.stragglerReplacement.enabled: false, the default) it is refused at admission, and
+    an operator without a budget only excludes; on, it needs verb use on
+    trainingjobs/stragglerreplacement in the namespace."""
 
 
 def _cores_expression(shape: InstanceType) -> str:

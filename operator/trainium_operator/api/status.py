@@ -415,6 +415,11 @@ class PreflightStatus(ApiModel):
     """The unfit nodes of that attempt (up to 16)."""
     excluded_nodes: list[str] = Field(default_factory=list)
     """Every node the job's later gangs avoid (node affinity NotIn), oldest first, up to 16."""
+    cordoned: list[str] = Field(default_factory=list)
+    """Of those, the nodes cordoned (spec.preflight.onUnfit: Cordon), oldest first."""
+    held: str | None = None
+    """Why an unfit node of the latest verdict was not cordoned (onUnfit: Cordon: the operator
+    has no cordon budget, or it is spent)."""
     time: Timestamp | None = None
 
 

@@ -14,7 +14,11 @@ job in the compile stage):
   preflightSeconds).
 - Unfit nodes join status.preflight.excludedNodes, which the job's later pods avoid through a
   required node affinity (builders/pods.avoid_nodes). The verdict comes from the job's own
-  pods, which its author controls, so it changes nothing beyond this job: no cordon, no taint.
+  pods, which its author controls, so by default it changes nothing beyond this job. With
+  spec.preflight.onUnfit: Cordon (admitted only for authors the cluster admin allows to cordon,
+  as onStraggler: Replace is) each newly unfit node is also cordoned, within the operator's
+  cluster-wide cordon budget (shared with stragglers; the applier checks it again under its
+  lock); past the budget it is only excluded, and status.preflight.held says why.
 - Then the gang restarts (status.restarts.preflight, budget spec.preflight.maxRetries), or the
   job fails with PreflightFailed once the budget or MAX_EXCLUDED_NODES is spent.
 """
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from trainium_operator.api.spec import PreflightAction
 from trainium_operator.api.status import (
     FailureClass,
     Phase,
@@ -32,9 +37,20 @@ from trainium_operator.api.status import (
 )
 from trainium_operator.contract import preflight as contract
 from trainium_operator.lifecycle.cleanup import cleanup_on_finish
-from trainium_operator.lifecycle.decision import EventRecord
+from trainium_operator.lifecycle.decision import EventRecord, NodePatch
 from trainium_operator.lifecycle.failures import Failure
-from trainium_operator.lifecycle.observed import PodView
+from trainium_operator.lifecycle.observed import (
+    CORDON_REASON_ANNOTATION,
+    CORDON_TIME_ANNOTATION,
+    CORDONED_BY_ANNOTATION,
+    CORDONED_LABEL,
+    PodView,
+)
+from trainium_operator.lifecycle.policies.stragglers import (
+    CORDON_BUDGET_SETTING,
+    CORDONED_FOR_PREFLIGHT,
+    CordonBudget,
+)
 from trainium_operator.lifecycle.restarts import restart_for
 from trainium_operator.lifecycle.status_edit import timestamp
 
@@ -98,6 +114,11 @@ def preflight(p: Pass) -> None:
     excluded = list(previous.excluded_nodes) if previous is not None else []
     added = [v.node for v in verdicts if v.node not in excluded]
     seconds = max((r.seconds for r in reports.values()), default=0.0)
+    cordoned, held = list(previous.cordoned) if previous is not None else [], None
+    if job.spec.preflight.on_unfit is PreflightAction.CORDON and added:
+        patches, held = _cordons(p, [v for v in verdicts if v.node in added], attempt)
+        p.plan.patch_nodes += patches
+        cordoned += [patch.name for patch in patches]
     p.status.preflight = PreflightStatus(
         attempt=attempt,
         stage=stage.value,
@@ -109,8 +130,12 @@ def preflight(p: Pass) -> None:
             for v in verdicts[:MAX_LISTED]
         ],
         excluded_nodes=excluded + added,
+        cordoned=cordoned,
         time=timestamp(p.now),
+        **({"held": held} if held is not None else {}),
     )
+    if held is not None:
+        p.plan.events.append(EventRecord("Warning", "PreflightNodeNotCordoned", held))
     head = (
         f"the preflight of {stage.value} attempt {attempt} ({len(reports)} of {len(gang)} node "
         "reports)"
@@ -157,3 +182,39 @@ def _summary(head: str, outcome: PreflightOutcome, verdicts: list[contract.NodeV
             "the bound by the reports read"
         )
     return f"{head} failed, but no node is below the bound by the reports read"
+
+
+def _cordons(
+    p: Pass, unfit: list[contract.NodeVerdict], attempt: int
+) -> tuple[list[NodePatch], str | None]:
+    """The cordons of newly unfit nodes the budget has room for, and why the others (if any)
+    are only excluded."""
+    budget, patches, held = p.snapshot.cordon_budget, [], None
+    for verdict in unfit:
+        refused = (
+            budget.refusal(verdict.node)
+            if budget.limit > 0
+            else f"this operator cordons no nodes ({CORDON_BUDGET_SETTING})"
+        )
+        if refused is not None:
+            held = f"node {verdict.node} is excluded, not cordoned: {refused}"
+            continue
+        budget = CordonBudget(budget.limit, budget.cordoned | {verdict.node})
+        reason = (
+            f"preflight: TrainingJob {p.job.namespace}/{p.job.name} (attempt {attempt}) found "
+            f"this node unfit: {verdict.detail} (spec.preflight.onUnfit: Cordon). "
+            "`kubectl uncordon` returns it"
+        )
+        body = {
+            "metadata": {
+                "labels": {CORDONED_LABEL: CORDONED_FOR_PREFLIGHT},
+                "annotations": {
+                    CORDONED_BY_ANNOTATION: f"{p.job.namespace}/{p.job.name}",
+                    CORDON_REASON_ANNOTATION: reason,
+                    CORDON_TIME_ANNOTATION: timestamp(p.now),
+                },
+            },
+            "spec": {"unschedulable": True},
+        }
+        patches.append(NodePatch(verdict.node, body))
+    return patches, held

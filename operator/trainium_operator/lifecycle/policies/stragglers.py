@@ -78,6 +78,7 @@ if TYPE_CHECKING:
 MIN_STEP_TIMES = 8
 LISTED = 16
 CORDONED_FOR_STRAGGLER = "straggler"
+CORDONED_FOR_PREFLIGHT = "preflight"  # spec.preflight.onUnfit: Cordon (policies/preflight.py)
 # Where the operator admin turns replacement on: named in every refusal, so the job author
 # knows whom to ask.
 CORDON_BUDGET_SETTING = (
@@ -113,12 +114,13 @@ class CordonBudget:
 
 
 def cordoned_for_stragglers(nodes: Iterable[Obj]) -> frozenset[str]:
-    """Nodes cordoned for a straggler and still unschedulable: what the budget counts. An
-    uncordoned node keeps its label (its history) but no longer counts."""
+    """Nodes cordoned for a straggler or a failed preflight and still unschedulable: what the
+    budget counts. An uncordoned node keeps its label (its history) but no longer counts."""
     return frozenset(
         str(n["metadata"]["name"])
         for n in nodes
-        if (n["metadata"].get("labels") or {}).get(CORDONED_LABEL) == CORDONED_FOR_STRAGGLER
+        if (n["metadata"].get("labels") or {}).get(CORDONED_LABEL)
+        in (CORDONED_FOR_STRAGGLER, CORDONED_FOR_PREFLIGHT)
         and bool((n.get("spec") or {}).get("unschedulable"))
     )
 
