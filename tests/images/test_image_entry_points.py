@@ -25,6 +25,7 @@ from images.dockerfile_model import (
 from s3_server import S3Bucket, aws_env
 from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.builders.upload import PROFILE_MOUNT_PATH, UploadPodSettings, upload_pod
+from trainium_operator.contract import preflight
 from trainium_operator.profiler.s3 import MANIFEST_NAME
 from unit.jobs import job_ref
 
@@ -93,6 +94,39 @@ def test_the_training_images_cmd_runs_in_its_layout(
     assert result.returncode == 0, result.stderr
     assert "--output_dir" in result.stdout
     assert "trainium_operator" not in result.stderr
+
+
+def test_the_training_images_gang_preflight_answers_from_its_layout(
+    training_image: tuple[Path, dict[str, str], str],
+) -> None:
+    """The command the operator puts before a gang's stage command (`contract.preflight.argv`:
+    `python3 -m trainium_training.preflight ...`) starts from the image's layout: the module
+    is the layout's, and its --help (answered before torch is imported) names every flag the
+    contract writes."""
+    root, env, _ = training_image
+    where = run(
+        image_command(
+            ["python3", "-c", f"import {preflight.MODULE} as m; print(m.__file__)"], root
+        ),
+        env,
+        root,
+    )
+    assert where.returncode == 0, where.stderr
+    assert where.stdout.strip().startswith(str(root / "opt" / "trainium")), where.stdout
+    command = preflight.argv(
+        nodes=2,
+        rdzv_backend="c10d",
+        rdzv_endpoint="job-0:29400",
+        rdzv_id="preflight",
+        timeout_seconds=300,
+        threshold=0.25,
+        devices=preflight.DEVICES_NEURON,
+        expected_devices=16,
+    )
+    result = run(image_command([*command[:3], "--help"], root), env, root)
+    assert result.returncode == 0, result.stderr
+    for flag in command[3:]:
+        assert flag.split("=")[0] in result.stdout
 
 
 # A whole training run (shards, pretrain.py to its final checkpoint), as tests/tiers.py puts
