@@ -43,12 +43,17 @@ def test_a_slow_node_found_by_the_real_preflight_is_named_and_the_next_gang_avoi
     dev_cluster: Any, clients: Any, namespace: str, operator: Any, tmp_path: Path
 ) -> None:
     name = "checked"
-    with testing.extra_nodes(dev_cluster, 1):  # three nodes: the gang of two can move
+    # A gang of three (a ring of two cannot tell which end of a slow link is slow) on four
+    # nodes: it can move off one.
+    with testing.extra_nodes(dev_cluster, 2):
         manifest = job_manifest(
-            name, compile={"enabled": False}, preflight={"enabled": True, "timeoutSeconds": 60}
+            name,
+            nodes=3,
+            compile={"enabled": False},
+            preflight={"enabled": True, "timeoutSeconds": 60},
         )
         create_job(clients, namespace, manifest)
-        gang = wait_gang_running(clients, namespace, name, "train", 0)
+        gang = wait_gang_running(clients, namespace, name, "train", 0, nodes=3)
         runs = local_preflight.start(gang, tmp_path, local_env())
         assert [r.pod for r in runs] == [p.metadata.name for p in gang]
         slow = runs[1]
@@ -64,7 +69,7 @@ def test_a_slow_node_found_by_the_real_preflight_is_named_and_the_next_gang_avoi
         record = job["status"]["preflight"]
         assert record["excludedNodes"] == [slow.node]
         assert [n["node"] for n in record["unfit"]] == [slow.node]
-        assert record["reports"] == 2
+        assert record["reports"] == 3
         assert job["status"]["restarts"]["preflight"] == 1
         assert job["status"]["lastFailure"]["class"] == "Preflight"
         excluded = [
@@ -75,7 +80,7 @@ def test_a_slow_node_found_by_the_real_preflight_is_named_and_the_next_gang_avoi
         assert slow.node in excluded[0][2]
 
         # The new gang is placed by the real scheduler on the two other nodes.
-        placed = wait_gang_running(clients, namespace, name, "train", 1)
+        placed = wait_gang_running(clients, namespace, name, "train", 1, nodes=3)
         assert slow.node not in {node_of(p) for p in placed}
         # And its own preflight, nobody throttled, passes: the pods go on to train.
         again = local_preflight.start(placed, tmp_path, local_env())

@@ -145,8 +145,10 @@ def test_a_preflighted_pod_runs_the_check_through_the_stages_rendezvous_then_its
     assert "--timeout=120" in check
     assert "--expected-devices=16" in check  # trn1.32xlarge: 16 Trainium chips
     assert f"--report={contract.TERMINATION_MESSAGE_PATH}" in check
-    endpoint = next(a for a in stage if a.startswith("--rdzv_endpoint="))
-    assert f"--rdzv-endpoint={endpoint.split('=', 1)[1]}" in check
+    endpoint = next(a for a in stage if a.startswith("--rdzv_endpoint=")).split("=", 1)[1]
+    host, port = endpoint.rsplit(":", 1)
+    # The same rank-0 host, on the port beside the stage's: its store never meets the stage's.
+    assert f"--rdzv-endpoint={host}:{int(port) + 1}" in check
     run_id = next(a for a in stage if a.startswith("--rdzv_id=")).split("=", 1)[1]
     assert f"--rdzv-id={run_id}-preflight" in check  # its own run, never the stage's
     assert stage == pod_builders.container_command(job, Stage.TRAIN, 2)

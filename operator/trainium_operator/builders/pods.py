@@ -48,6 +48,7 @@ DEFAULT_SERVICE_ACCOUNT = "default"
 SHM_VOLUME = "dshm"
 DATA_VOLUME = "shared-data"
 NEURON_PARALLEL_COMPILE = "neuron_parallel_compile"
+MAX_PORT = 65535
 # Taints used on Trainium node groups (Neuron device plugin and EFA docs); tolerating a
 # taint a node does not have is harmless.
 TRAINIUM_TOLERATIONS: tuple[Obj, ...] = (
@@ -180,6 +181,18 @@ def rendezvous_endpoint(job: JobRef, stage: Stage) -> str:
     return f"{host}:{rdzv.port}"
 
 
+def preflight_endpoint(job: JobRef, stage: Stage) -> str:
+    """The preflight's rendezvous: on c10d, the rank-0 pod's port next to the stage's (the
+    preflight's store may still be closing on rank 0 while a faster node's stage torchrun
+    already reaches for its own); on etcd, the same server (the run ids keep them apart)."""
+    rdzv = job.spec.rendezvous
+    if rdzv.backend is RendezvousBackend.ETCD:
+        return rendezvous_endpoint(job, stage)
+    host = rendezvous_endpoint(job, stage).rsplit(":", 1)[0]
+    port = rdzv.port + 1 if rdzv.port < MAX_PORT else rdzv.port - 1
+    return f"{host}:{port}"
+
+
 def script_args(job: JobRef, stage: Stage, attempt: int, *, resume: bool) -> list[str]:
     """The script's arguments: the user's, plus only what the spec opted into.
 
@@ -255,12 +268,13 @@ NEURON_PROFILE_MERGE_SCRIPT = (
 
 def preflight_command(job: JobRef, stage: Stage, attempt: int) -> list[str]:
     """The gang preflight (contract/preflight.py) before the stage's command: it meets the
-    gang through the stage's own rendezvous endpoint, under a run id of its own."""
+    gang through the stage's rendezvous mechanism (`preflight_endpoint`), under a run id of
+    its own."""
     spec = job.spec
     return preflight.argv(
         nodes=spec.nodes,
         rdzv_backend=spec.rendezvous.backend.value,
-        rdzv_endpoint=rendezvous_endpoint(job, stage),
+        rdzv_endpoint=preflight_endpoint(job, stage),
         rdzv_id=f"{job.rendezvous_id(stage, attempt)}-preflight",
         timeout_seconds=spec.preflight.timeout_seconds,
         threshold=spec.preflight.threshold,
