@@ -392,3 +392,36 @@ def test_the_default_exclude_never_cordons_even_with_a_budget() -> None:
     )
     assert decision.patch_nodes == []
     assert "held" not in decision.status["preflight"]
+
+
+def test_a_passed_check_is_recorded_once_its_gang_ends_and_its_time_leaves_training() -> None:
+    job = preflight_job()
+    status = training(job)
+    passed = report(outcome=contract.PASSED, seconds=9.0).to_json()
+    done = [
+        pod(job, Stage.TRAIN, 0, r, "Succeeded", exit_code=0, node=f"n{r}",
+            termination_message=passed, finished_at=T0)
+        for r in range(3)
+    ]  # fmt: skip
+    later = observed(*done, now=T0 + timedelta(seconds=100))
+    decision = decide(job, status, later)
+    assert decision.status["phase"] == "Succeeded"
+    assert decision.status["preflight"]["passed"] == {
+        "attempt": 0,
+        "stage": "train",
+        "seconds": 9.0,
+    }
+    goodput = decision.status["goodput"]
+    assert goodput["preflightSeconds"] == 9.0
+    assert goodput["trainingSeconds"] == 91.0
+
+
+def test_a_gang_whose_messages_are_not_reports_records_no_passed_check() -> None:
+    job = preflight_job()
+    done = [
+        pod(job, Stage.TRAIN, 0, r, "Succeeded", exit_code=0, node=f"n{r}",
+            termination_message='{"kind": "trainium.dev/neff-cache-summary"}')
+        for r in range(3)
+    ]  # fmt: skip
+    decision = decide(job, training(job), observed(*done))
+    assert "preflight" not in decision.status

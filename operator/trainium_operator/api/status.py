@@ -400,9 +400,19 @@ class PreflightNode(ApiModel):
     """The node's figure over the other nodes' median."""
 
 
+class PreflightPassed(ApiModel):
+    """A gang whose preflight passed, read from its pods' reports once the gang ended."""
+
+    attempt: Count
+    stage: str
+    seconds: float
+    """How long the check ran (the longest any node reported): moved to goodput's
+    preflightSeconds from the stage's part."""
+
+
 class PreflightStatus(ApiModel):
-    """The latest failed gang preflight (lifecycle/policies/preflight.py) and the nodes the job
-    avoids since."""
+    """The latest failed gang preflight (lifecycle/policies/preflight.py), the nodes the job
+    avoids since, and the latest gang whose preflight passed."""
 
     attempt: Count | None = None
     stage: str | None = None
@@ -421,6 +431,7 @@ class PreflightStatus(ApiModel):
     """Why an unfit node of the latest verdict was not cordoned (onUnfit: Cordon: the operator
     has no cordon budget, or it is spent)."""
     time: Timestamp | None = None
+    passed: PreflightPassed | None = None
 
 
 class GoodputStatus(ApiModel):
@@ -450,8 +461,10 @@ class GoodputStatus(ApiModel):
     suspended_seconds: float = 0
     """In Suspended (spec.runPolicy.suspend); not counted against goodput."""
     preflight_seconds: float = 0
-    """Gangs whose preflight failed (spec.preflight): the time the check ran, moved from the
-    stage's part when the gang restarts."""
+    """The gang preflight's time (spec.preflight), moved from the stage's part: a failed
+    check's when its gang restarts, a passed one's when its gang ends (from the pods' reports;
+    a native compile pod's message is its cache summary instead, so its check stays in
+    compilingSeconds)."""
     lost_seconds: float = 0
     """Training work that restarts lost: at each restart of a training gang, its steps after
     the last complete checkpoint (status.progress.lastCheckpointStep) times the recent p50

@@ -3,7 +3,8 @@
 Wall time, from the job's creation to now (or to its end), is split by phase:
 Pending -> queued, Compiling -> compiling, Training -> training, Restarting -> restarting,
 Suspended -> suspended. A gang whose preflight failed (spec.preflight) trained nothing: when it
-stops, the seconds its check ran move from its stage's part to preflight. When a gang that
+stops, the seconds its check ran move from its stage's part to preflight; a passed check's
+seconds move there once its gang's first pod ended (status.preflight.passed). When a gang that
 trained stops for a restart or a suspend, the work
 since its last complete checkpoint is lost: (status.progress.step - lastCheckpointStep) x the
 recent p50 step time moves from training to lost. Without a reported checkpoint step (or step
@@ -70,6 +71,8 @@ class JobState:
     progress: ProgressStatus | None
     # (attempt, seconds) of the latest failed preflight (status.preflight), if any.
     preflight: tuple[int, float] | None = None
+    # (attempt, stage, seconds) of the latest gang whose preflight passed, if any.
+    preflight_passed: tuple[int, str, float] | None = None
 
     @classmethod
     def of(cls, status: Obj) -> JobState:
@@ -80,11 +83,15 @@ class JobState:
             if record.get("attempt") is not None and record.get("outcome")
             else None
         )
+        passed = record.get("passed") or {}
         return cls(
             Phase(phase) if phase else None,
             int(status.get("attempt") or 0),
             _read(ProgressStatus, progress) if progress else None,
             failed,
+            (int(passed["attempt"]), str(passed["stage"]), float(passed["seconds"]))
+            if passed.get("attempt") is not None
+            else None,
         )
 
 
@@ -148,6 +155,18 @@ def accounted(
     attempt_training = ledger.attempt_training_seconds if ledger.attempt == attempt else 0.0
     if before is Phase.TRAINING:
         attempt_training += elapsed
+    if status.preflight_passed is not None and status.preflight_passed != previous.preflight_passed:
+        # A passed check ran inside its stage's gang: its seconds move out of that stage's part.
+        _, stage, seconds = status.preflight_passed
+        part = "compiling_seconds" if stage == "compile" else "training_seconds"
+        moved = min(seconds, getattr(ledger, part))
+        ledger = ledger.model_copy(
+            update={
+                part: getattr(ledger, part) - moved,
+                "preflight_seconds": ledger.preflight_seconds + moved,
+            }
+        )
+        training = ledger.training_seconds
     stopping = status.phase in STOPPING and before not in STOPPING
     preflight_failed = status.preflight is not None and status.preflight[0] == attempt
     if stopping and preflight_failed and status.preflight != previous.preflight:

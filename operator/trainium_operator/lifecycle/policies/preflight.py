@@ -21,10 +21,14 @@ job in the compile stage):
   lock); past the budget it is only excluded, and status.preflight.held says why.
 - Then the gang restarts (status.restarts.preflight, budget spec.preflight.maxRetries), or the
   job fails with PreflightFailed once the budget or MAX_EXCLUDED_NODES is spent.
+- A gang that passed leaves its reports as its pods' messages too (the stage's command writes
+  none, except the native compile stage's cache summary): once its first pod ends, the longest
+  check it reports is recorded as status.preflight.passed, once per gang, for goodput.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from trainium_operator.api.spec import PreflightAction
@@ -33,6 +37,7 @@ from trainium_operator.api.status import (
     Phase,
     PreflightNode,
     PreflightOutcome,
+    PreflightPassed,
     PreflightStatus,
 )
 from trainium_operator.contract import preflight as contract
@@ -83,6 +88,7 @@ def preflight(p: Pass) -> None:
     gang = p.observed.gang(stage, attempt)
     said = [pod for pod in gang.values() if _ended_by_preflight(pod)]
     if not said:
+        _record_passed(p, gang.values())
         return
     still = [pod for pod in gang.values() if not pod.terminal and not pod.deleting]
     if still:
@@ -133,6 +139,7 @@ def preflight(p: Pass) -> None:
         cordoned=cordoned,
         time=timestamp(p.now),
         **({"held": held} if held is not None else {}),
+        **({"passed": previous.passed} if previous is not None and previous.passed else {}),
     )
     if held is not None:
         p.plan.events.append(EventRecord("Warning", "PreflightNodeNotCordoned", held))
@@ -218,3 +225,28 @@ def _cordons(
         }
         patches.append(NodePatch(verdict.node, body))
     return patches, held
+
+
+def _record_passed(p: Pass, gang: Iterable[PodView]) -> None:
+    """status.preflight.passed for the current gang, once its first pod ended, from the
+    reports its ended pods left (each pod's own)."""
+    stage, attempt = p.stage, p.attempt
+    record = p.status.preflight or PreflightStatus()
+    if record.passed is not None and (record.passed.attempt, record.passed.stage) == (
+        attempt,
+        stage.value,
+    ):
+        return
+    seconds = []
+    for pod in gang:
+        if not pod.terminal:
+            continue
+        try:
+            report = contract.parse_report(pod.termination_message)
+        except ValueError:
+            continue
+        if report.outcome == contract.PASSED:
+            seconds.append(report.seconds)
+    if seconds:
+        passed = PreflightPassed(attempt=attempt, stage=stage.value, seconds=round(max(seconds), 1))
+        p.status.preflight = record.model_copy(update={"passed": passed})
