@@ -185,10 +185,15 @@ def out_of_range(leaf: Leaf) -> st.SearchStrategy[Any] | None:
     return None
 
 
-# Enum values valid only beside something outside the spec, so not an edge of the spec alone:
-# spec.deviceAllocation dra needs the job's Kueue queue label (metadata); tests/unit/test_dra.py
-# and tests/integration/test_dra.py hold both sides of that rule.
-NOT_EDGES_ALONE = {("deviceAllocation",): {"dra"}}
+# Enum values valid only beside something the mutation does not set, so not an edge alone:
+# spec.deviceAllocation dra needs the job's Kueue queue label (metadata; tests/unit/test_dra.py
+# and tests/integration/test_dra.py hold both sides of that rule); a topology's mode needs its
+# level, and level ultraserver an UltraServer instance type (tests/unit/test_topology.py).
+NOT_EDGES_ALONE = {
+    ("deviceAllocation",): {"dra"},
+    ("scheduling", "topology", "mode"): {"Required", "Preferred"},
+    ("scheduling", "topology", "level"): {"ultraserver"},
+}
 
 
 def edge_valid(leaf: Leaf) -> st.SearchStrategy[Any] | None:
