@@ -1,11 +1,15 @@
 """Finding profiles under a directory or an S3 prefix and holding the loaded ones for the UI.
 
-Loading decodes every rank file (seconds for a million events), so it runs in a worker
-thread while the server keeps answering; a profile is loaded once and kept until the user
-unloads it. Paths from the browser are profile ids (`ui.profile_id`: paths relative to the
-root) and are always resolved inside the root; a profile is held under its resolved id, so
-every alias of one directory (a symlink, another spelling) shares one decode. At most
-MAX_CONCURRENT_DECODES decodes run at once, counted until their thread really ends; a decode
+Loading a profile reads its ranks' summaries (`analysis.summary`) from the UI's summary cache
+(`ui.summary_cache`), summarising only the rank files it has not seen in this version (in
+worker processes when `workers` > 1), and composes the dashboard from them; the timeline
+decodes a rank only when one of its tracks is shown (`ui.lazy_timeline`). Loaded profiles and
+decoded ranks live in one memory LRU (`ui.memory`) whose budget is below the container's
+limit; an evicted profile loads again from its summaries. This runs in a worker thread while
+the server keeps answering. Paths from the browser are profile ids (`ui.profile_id`: paths
+relative to the root) and are always resolved inside the root; a profile is held under its
+resolved id, so every alias of one directory (a symlink, another spelling) shares one decode. At
+most MAX_CONCURRENT_DECODES decodes run at once, counted until their thread really ends; a decode
 whose profile was unloaded meanwhile stops at its next stage and is never stored. Under an S3
 prefix only complete profiles (manifest present) can be loaded; loading downloads the rank
 files into the ETag-keyed cache once. On-demand captures
@@ -15,30 +19,53 @@ files into the ETag-keyed cache once. On-demand captures
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import logging
+import multiprocessing
 import os
 import threading
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trainium_operator.analysis.loading import LoadedProfile, load_profile, read_manifest_or_default
-from trainium_operator.analysis.report import dashboard
+from trainium_operator.analysis.loading import (
+    ProfileLoadError,
+    default_workers,
+    read_manifest_or_default,
+)
+from trainium_operator.analysis.report import dashboard_of
 from trainium_operator.analysis.s3store import S3Profile, S3ProfileSource
+from trainium_operator.analysis.summary import (
+    ComposedProfile,
+    RankSummary,
+    compose,
+    from_bytes,
+    node_sync_points,
+    rank_timeline,
+    summarise_rank,
+    to_bytes,
+)
 from trainium_operator.analysis.timeline import TimelineIndex
 from trainium_operator.contract.channel import ON_DEMAND_SUBDIR, valid_request_id
 from trainium_operator.profiler.manifest import MANIFEST_NAME, discover_rank_files
 from trainium_operator.profiler.s3 import is_s3_uri, parse_s3_uri
+from trainium_operator.ui import lazy_timeline
 from trainium_operator.ui.live import JobLive
+from trainium_operator.ui.memory import DEFAULT_MEMORY_BUDGET, MemoryLRU
 from trainium_operator.ui.profile_id import InvalidProfileIdError, ProfileId
+from trainium_operator.ui.summary_cache import SummaryCache, file_identity, summary_key
 
 MAX_SEARCH_DEPTH = 8
 MAX_ON_DEMAND_SCANNED = 1024  # entries of one on-demand/ directory looked at (a tenant's)
-MAX_CONCURRENT_DECODES = 2  # each holds a whole profile in memory while it decodes
+MAX_CONCURRENT_DECODES = 2  # profile loads at once (each summarises its ranks' files)
+MAX_CONCURRENT_RANK_DECODES = 2  # ranks decoded for the timeline at once
+# A rank decoded for the timeline holds its columns (~61 B/event) and their index (~80 B/event).
+INDEXED_BYTES_PER_EVENT = 160
 log = logging.getLogger(__name__)
 
 
@@ -122,9 +149,16 @@ def profile_id(root: Path, path: Path) -> str:
 
 @dataclass
 class LoadedEntry:
-    profile: LoadedProfile
-    index: TimelineIndex
+    composed: ComposedProfile
     dashboard: dict[str, Any]
+
+    def nbytes(self) -> int:
+        return self.composed.nbytes() + 64 * 1024  # the dashboard document and the track list
+
+
+def summary_bytes(path: Path, points: Sequence[tuple[int, int]]) -> bytes:
+    """A rank's summary as stored (runs in a decode worker process, or a thread)."""
+    return to_bytes(summarise_rank(path, points))
 
 
 @dataclass
@@ -240,19 +274,43 @@ class ProfileStore:
     slots: dict[str, _Slot] = field(default_factory=dict)
     s3: S3ProfileSource | None = None
     max_decodes: int = MAX_CONCURRENT_DECODES
+    cache: SummaryCache = field(default_factory=lambda: SummaryCache(None))
+    memory_budget: int = DEFAULT_MEMORY_BUDGET
+    memory: MemoryLRU = field(init=False, repr=False)
     _decodes: asyncio.Semaphore = field(init=False, repr=False)
+    _rank_decode_places: asyncio.Semaphore = field(init=False, repr=False)
+    _rank_decodes: dict[Hashable, asyncio.Future[TimelineIndex]] = field(
+        init=False, repr=False, default_factory=dict
+    )
+    _executor: concurrent.futures.ProcessPoolExecutor | None = field(init=False, default=None)
+    _pool_lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self._decodes = asyncio.Semaphore(self.max_decodes)
+        self._rank_decode_places = asyncio.Semaphore(MAX_CONCURRENT_RANK_DECODES)
+        self.memory = MemoryLRU(self.memory_budget, self._evicted)
 
     @classmethod
     def for_source(
-        cls, source: str | Path, workers: int | None = None, s3: S3ProfileSource | None = None
+        cls,
+        source: str | Path,
+        workers: int | None = None,
+        s3: S3ProfileSource | None = None,
+        *,
+        cache: SummaryCache | None = None,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET,
     ) -> ProfileStore:
+        root = Path(source)
         if is_s3_uri(str(source)) and isinstance(source, str):
             s3 = s3 or S3ProfileSource(parse_s3_uri(source))
-            return cls(Path(str(s3.base)), workers=workers, s3=s3)
-        return cls(Path(source), workers=workers, s3=s3)
+            root = Path(str(s3.base))
+        return cls(
+            root,
+            workers=workers,
+            s3=s3,
+            cache=cache or SummaryCache(None),
+            memory_budget=memory_budget,
+        )
 
     @property
     def root_label(self) -> str:
@@ -332,11 +390,69 @@ class ProfileStore:
             raise ProfileNotLoadableError(f"{profile.location}: {profile.problem}")
         return profile
 
+    def _summaries(
+        self,
+        paths: Sequence[Path],
+        points: Sequence[Sequence[tuple[int, int]]],
+        check: Callable[[], None],
+    ) -> list[RankSummary]:
+        """Each rank file's summary: from the cache, or summarised now (and stored)."""
+        keys = [summary_key(file_identity(p), pts) for p, pts in zip(paths, points, strict=True)]
+        found: dict[int, RankSummary] = {}
+        for i, key in enumerate(keys):
+            cached = self.cache.get(key)
+            if cached is not None:
+                found[i] = cached
+        missing = [i for i in range(len(paths)) if i not in found]
+        for i, data in self._summarise(missing, paths, points, check):
+            self.cache.put(keys[i], data)
+            found[i] = from_bytes(data)
+        return [found[i] for i in range(len(paths))]
+
+    def _summarise(
+        self,
+        missing: list[int],
+        paths: Sequence[Path],
+        points: Sequence[Sequence[tuple[int, int]]],
+        check: Callable[[], None],
+    ) -> Any:
+        workers = default_workers() if self.workers is None else self.workers
+        if workers <= 1 or len(missing) <= 1:
+            for i in missing:
+                check()
+                yield i, summary_bytes(paths[i], points[i])
+            return
+        pool = self._pool(workers)
+        futures = {pool.submit(summary_bytes, paths[i], points[i]): i for i in missing}
+        try:
+            for done in concurrent.futures.as_completed(futures):
+                check()
+                yield futures[done], done.result()
+        finally:
+            for future in futures:
+                future.cancel()  # an unload or a refused file: the rest is not started
+
+    def _pool(self, workers: int) -> concurrent.futures.ProcessPoolExecutor:
+        with self._pool_lock:
+            if self._executor is None:
+                # forkserver: this is a threaded server; fork would copy its locks mid-use.
+                context = multiprocessing.get_context("forkserver")
+                self._executor = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context)
+            return self._executor
+
+    def close(self) -> None:
+        """Stops the decode workers (the app's cleanup)."""
+        with self._pool_lock:
+            if self._executor is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                self._executor = None
+
     def _build(self, target: Path | S3Profile, stop: threading.Event) -> LoadedEntry:
         def check() -> None:
             if stop.is_set():
                 raise DecodeStoppedError("unloaded while loading")
 
+        began = time.perf_counter()
         check()
         if isinstance(target, S3Profile):
             assert self.s3 is not None
@@ -344,11 +460,23 @@ class ProfileStore:
             check()
         else:
             location = target
-        profile = load_profile(location, workers=self.workers)
+        manifest, problem = read_manifest_or_default(location)
+        paths = [ref.path for ref in discover_rank_files(location)]
+        if not paths:
+            raise ProfileLoadError(f"{location}: no rank files (<node>/rank-<RANK>.trnprof) found")
+        summaries = self._summaries(paths, [()] * len(paths), check)
+        # A rank without sync points of its own is placed with its node peers' (same clock).
+        pooled = node_sync_points(summaries)
+        borrowing = [i for i, s in enumerate(summaries) if not s.own_sync and pooled.get(s.node)]
+        if borrowing:
+            again = self._summaries(
+                [paths[i] for i in borrowing], [pooled[summaries[i].node] for i in borrowing], check
+            )
+            for i, summary in zip(borrowing, again, strict=True):
+                summaries[i] = summary
         check()
-        index = TimelineIndex(profile)
-        check()
-        entry = LoadedEntry(profile, index, dashboard(profile))
+        composed = compose(summaries, location, manifest, problem, time.perf_counter() - began)
+        entry = LoadedEntry(composed, dashboard_of(composed.inputs))
         if isinstance(target, S3Profile):
             entry.dashboard["overview"]["path"] = str(target.location)  # not the local cache
         return entry
@@ -387,7 +515,9 @@ class ProfileStore:
             else:
                 if slot.stop.is_set():
                     return  # unloaded while the last stage ran: dropped, not stored
-                slot.state, slot.entry, slot.events = "loaded", entry, len(entry.profile.columns)
+                slot.state, slot.entry = "loaded", entry
+                slot.events = entry.composed.inputs.events
+                self.memory.put(("profile", key), slot, entry.nbytes())
 
         slot.task = asyncio.create_task(run())
         return slot
@@ -410,6 +540,8 @@ class ProfileStore:
         slot = self.slots.pop(key, None)
         if slot is None:
             return False
+        self.memory.pop(("profile", key))
+        self.memory.drop_where(lambda held: _rank_of(held, key))
         slot.stop.set()  # the decode stops at its next stage and stores nothing
         slot.entry = None
         if slot.task is not None and not slot.task.done():
@@ -421,3 +553,67 @@ class ProfileStore:
         if slot is None or slot.entry is None:
             raise UnknownProfileError(identifier)
         return slot.entry
+
+    def _evicted(self, key: Hashable, value: Any) -> None:
+        """The memory LRU let go of an entry: an evicted profile is unloaded."""
+        if isinstance(key, tuple) and key[0] == "profile":
+            slot = self.slots.get(key[1])
+            if slot is value:
+                self.unload(key[1])
+                log.info("profile %s unloaded to stay within the memory budget", key[1])
+
+    async def rank_index(self, key: str, entry: LoadedEntry, position: int) -> TimelineIndex:
+        """The timeline index of one rank of a loaded profile: held in the memory LRU, decoded
+        (one decode per rank however many requests want it) when it is not."""
+        held = ("rank", key, id(entry), position)
+        kept = self.memory.get(held)
+        if isinstance(kept, TimelineIndex):
+            return kept
+        composed = entry.composed
+        summary = composed.summaries[position]
+        size = max(summary.event_count, 1) * INDEXED_BYTES_PER_EVENT
+        self.memory.check(size, f"rank {summary.rank} ({summary.event_count:,} events)")
+        task = self._rank_decodes.get(held)
+        if task is None:
+            task = asyncio.ensure_future(self._decode_rank(composed, position))
+            self._rank_decodes[held] = task
+            task.add_done_callback(lambda _: self._rank_decodes.pop(held, None))
+        index = await asyncio.shield(task)
+        if self.slots.get(key) is not None and self.slots[key].entry is entry:
+            self.memory.put(held, index, size)  # not kept for a profile unloaded meanwhile
+        return index
+
+    async def _decode_rank(self, composed: ComposedProfile, position: int) -> TimelineIndex:
+        async with self._rank_decode_places:
+            summary = composed.summaries[position]
+            return await asyncio.to_thread(
+                rank_timeline,
+                summary,
+                composed.node_of[position],
+                composed.inputs.nodes,
+                composed.origin_wall_ns,
+            )
+
+    async def window(
+        self, key: str, entry: LoadedEntry, span: tuple[int, int], width: int, tracks: list[int]
+    ) -> dict[str, Any]:
+        return await lazy_timeline.window(
+            entry.composed,
+            partial(self.rank_index, key, entry),
+            start_ns=span[0],
+            end_ns=span[1],
+            width_px=width,
+            track_ids=tracks,
+        )
+
+    async def event(self, key: str, entry: LoadedEntry, event_id: int) -> dict[str, Any] | None:
+        where = lazy_timeline.split_event_id(entry.composed, event_id)
+        if where is None:
+            return None
+        position, local = where
+        index = await self.rank_index(key, entry, position)
+        return lazy_timeline.event(entry.composed, index, position, local)
+
+
+def _rank_of(held: Hashable, key: str) -> bool:
+    return isinstance(held, tuple) and held[0] == "rank" and held[1] == key
