@@ -113,13 +113,9 @@ def top_operations(
     """Events of one kind (device kernels by default, or host ops) grouped by name, most
     total time (or most runs) first; ties break by name."""
     mask = columns.of_kind(kind)
-    names = columns.name[mask]
-    durations = columns.duration_ns[mask]
+    names, durations = _sorted_by_name_and_duration(columns.name[mask], columns.duration_ns[mask])
     if durations.size == 0:
         return []
-    ordering = np.lexsort((durations, names))
-    names = names[ordering]
-    durations = durations[ordering]
     starts = np.flatnonzero(np.r_[True, names[1:] != names[:-1]])
     sizes = np.diff(np.r_[starts, names.size])
     totals = np.add.reduceat(durations, starts)
@@ -141,6 +137,23 @@ def top_operations(
         for i in range(starts.size)
     ]
     return ordered_operations(rows, order)[:limit]
+
+
+_DURATION_BITS = 42  # 73 minutes: longer durations take the slower two-key sort
+
+
+def _sorted_by_name_and_duration(names: I32, durations: I64) -> tuple[I32, I64]:
+    """Both arrays ordered by (name, duration). One sort of a packed int64 key is several
+    times faster than a two-key lexsort: the dashboard of a million events spends it here."""
+    if durations.size == 0:
+        return names, durations
+    fits = int(durations.min()) >= 0 and int(durations.max()) < (1 << _DURATION_BITS)
+    if fits and int(names.min()) >= 0 and int(names.max()) < (1 << (62 - _DURATION_BITS)):
+        key = np.sort((names.astype(np.int64) << _DURATION_BITS) | durations)
+        mask = (1 << _DURATION_BITS) - 1
+        return (key >> _DURATION_BITS).astype(names.dtype), key & mask
+    ordering = np.lexsort((durations, names))
+    return names[ordering], durations[ordering]
 
 
 def ordered_operations(rows: list[OperationRow], order: OperationOrder) -> list[OperationRow]:

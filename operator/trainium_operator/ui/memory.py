@@ -12,9 +12,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
-DEFAULT_MEMORY_BUDGET = 512 << 20
-"""Below the chart's 1 GiB container limit: the server itself (about 120 MiB idle), a decode
-in flight and the JSON answers need the rest."""
+from trainium_operator.ui.limits import DEFAULT_MEMORY_BUDGET
+
+__all__ = ["DEFAULT_MEMORY_BUDGET", "MemoryLRU", "OverBudgetError"]
 
 
 class OverBudgetError(MemoryError):

@@ -27,8 +27,8 @@ from trainium_operator.analysis.summary import (
     SummaryError,
     from_bytes,
 )
+from trainium_operator.ui.limits import DEFAULT_SUMMARY_CACHE_BYTES
 
-DEFAULT_SUMMARY_CACHE_BYTES = 2 << 30
 _EDGE_BYTES = 4096
 _SUFFIX = ".summary"
 log = logging.getLogger(__name__)
@@ -53,6 +53,11 @@ def file_identity(path: Path) -> str:
 def summary_key(identity: str, points: Sequence[tuple[int, int]]) -> str:
     text = f"v{SUMMARY_VERSION}|{identity}|{sorted(points)}"
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def default_directory() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "trainium-operator" / "ui-summaries"
 
 
 def checked_directory(directory: Path, served_root: Path | None) -> Path:
