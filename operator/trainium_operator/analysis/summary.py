@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -348,7 +349,7 @@ def from_bytes(data: bytes) -> RankSummary:
             kernel = _array(stored, "latency_kernel", np.dtype("i4"))
     except SummaryError:
         raise
-    except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as exc:
         raise SummaryError(f"unreadable summary: {exc!r:.200}") from exc
     if latency.size != kernel.size or (
         kernel.size and not 0 <= kernel.min() <= kernel.max() < len(names)
@@ -402,6 +403,7 @@ class ComposedProfile:
     node_of: tuple[int, ...]  # per summary, its node's index in inputs.nodes
     track_offset: tuple[int, ...]  # per summary, the id of its first track
     tracks: tuple[Mapping[str, Any], ...]  # every track, with its id, node and rank
+    name_lookup: tuple[npt.NDArray[np.int32], ...]  # per summary, its name ids -> the profile's
 
     @property
     def origin_wall_ns(self) -> int:
@@ -551,4 +553,5 @@ def compose(
         node_of=tuple(node_of[i] for i in order),
         track_offset=tuple(offsets),
         tracks=tuple(tracks),
+        name_lookup=tuple(lookups[i] for i in order),
     )

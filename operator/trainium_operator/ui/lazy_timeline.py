@@ -13,6 +13,8 @@ import bisect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import numpy as np
+
 from trainium_operator.analysis.summary import ComposedProfile
 from trainium_operator.analysis.timeline import MAX_FLOWS, MAX_WINDOW_ITEMS, TimelineIndex
 
@@ -51,11 +53,19 @@ def _items(track: dict[str, Any]) -> int:
     return len(track["ids"]) + len(track["agg"]["px"]) if "ids" in track else len(track["t"])
 
 
-def _global_track(track: dict[str, Any], position: int, offset: int) -> dict[str, Any]:
+def _global_track(
+    composed: ComposedProfile, track: dict[str, Any], position: int
+) -> dict[str, Any]:
+    """A rank's window track with the profile's track, event and name ids."""
     out = dict(track)
-    out["id"] = track["id"] + offset
+    out["id"] = track["id"] + composed.track_offset[position]
     if "ids" in track:
+        names = composed.name_lookup[position]
         out["ids"] = [position * EVENT_ID_STRIDE + i for i in track["ids"]]
+        out["name"] = names[np.asarray(track["name"], dtype=np.int64)].tolist()
+        out["agg"] = track["agg"] | {
+            "name": names[np.asarray(track["agg"]["name"], dtype=np.int64)].tolist()
+        }
     return out
 
 
@@ -84,7 +94,7 @@ async def window(
         answer.update(start=part["start"], end=part["end"], width=part["width"])
         for track in part["tracks"]:
             budget -= _items(track)
-            answer["tracks"].append(_global_track(track, position, offset))
+            answer["tracks"].append(_global_track(composed, track, position))
         answer["omitted"].extend(track + offset for track in part["omitted"])
         base = position * EVENT_ID_STRIDE
         answer["flows"].extend(
