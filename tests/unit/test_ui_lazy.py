@@ -72,7 +72,11 @@ def test_a_restarted_ui_opens_a_profile_from_its_cache_and_resummarises_a_change
     run(create_app(root, workers=1, summary_cache=cache), open_dashboard)
     assert len(summarised) == 4  # every rank once
     run(create_app(root, workers=1, summary_cache=cache), open_dashboard)
-    assert len(summarised) == 4  # a new server: every summary from the cache
+    assert len(summarised) == 4  # a new server: the dashboard composed before, from the cache
+    for composed in (tmp_path / "cache").glob("*.dashboard"):
+        composed.unlink()
+    run(create_app(root, workers=1, summary_cache=cache), open_dashboard)
+    assert len(summarised) == 4  # composed again: every summary from the cache
     rank_file = sorted((root / PROFILE).glob("*/*.trnprof"))[0]
     data = rank_file.read_bytes()
     rank_file.write_bytes(data)  # same bytes, new mtime: another version of the file
@@ -102,6 +106,8 @@ def test_a_stored_summary_that_fails_its_checks_is_recomputed(
     run(create_app(root, workers=1, summary_cache=cache), session)
     for stored in (tmp_path / "cache").glob("*.summary"):
         stored.write_bytes(stored.read_bytes()[:100])
+    for composed in (tmp_path / "cache").glob("*.dashboard"):
+        composed.unlink()  # so the profile is composed from its summaries again
     summarised = counting_summaries(monkeypatch)
     run(create_app(root, workers=1, summary_cache=cache), session)
     assert len(summarised) == 4

@@ -322,19 +322,20 @@ async def get_dashboard(request: web.Request) -> web.Response:
 
 
 async def get_annotation(request: web.Request) -> web.Response:
-    entry = await _profile_entry(request)
+    key, entry = await _keyed_entry(request)
     name = _param(request, "name")
-    samples = entry.composed.inputs.samples
+    samples = (await _store(request).composed(key, entry)).inputs.samples
     return web.json_response(await asyncio.to_thread(annotation_of, samples, name))
 
 
 async def get_tracks(request: web.Request) -> web.Response:
-    entry = await _profile_entry(request)
-    inputs = entry.composed.inputs
+    key, entry = await _keyed_entry(request)
+    composed = await _store(request).composed(key, entry)
+    inputs = composed.inputs
     return web.json_response(
         {
             "names": list(inputs.samples.names),
-            "nodes": lazy_timeline.tree(entry.composed),
+            "nodes": lazy_timeline.tree(composed),
             "end_ns": inputs.end_ns,
             "origin_wall_ns": inputs.origin_wall_ns,
             "steps": [
@@ -355,7 +356,7 @@ async def get_window(request: web.Request) -> web.Response:
             request.query,
             "tracks",
             low=0,
-            high=len(entry.composed.tracks) - 1,
+            high=len((await _store(request).composed(key, entry)).tracks) - 1,
             max_items=MAX_WINDOW_TRACKS,
         )
     except ParameterError as exc:

@@ -58,7 +58,12 @@ from trainium_operator.ui import lazy_timeline
 from trainium_operator.ui.live import JobLive
 from trainium_operator.ui.memory import DEFAULT_MEMORY_BUDGET, MemoryLRU
 from trainium_operator.ui.profile_id import InvalidProfileIdError, ProfileId
-from trainium_operator.ui.summary_cache import SummaryCache, file_identity, summary_key
+from trainium_operator.ui.summary_cache import (
+    SummaryCache,
+    dashboard_key,
+    file_identity,
+    summary_key,
+)
 
 MAX_SEARCH_DEPTH = 8
 MAX_ON_DEMAND_SCANNED = 1024  # entries of one on-demand/ directory looked at (a tenant's)
@@ -149,11 +154,18 @@ def profile_id(root: Path, path: Path) -> str:
 
 @dataclass
 class LoadedEntry:
-    composed: ComposedProfile
+    """A loaded profile: its dashboard, and its composed summaries (the track list, the
+    timeline's ranks, the annotations), composed when first needed if the dashboard came
+    ready-made from the summary cache."""
+
     dashboard: dict[str, Any]
+    composed: ComposedProfile | None
+    recompose: Callable[[], ComposedProfile]
+    composing: asyncio.Future[ComposedProfile] | None = None
 
     def nbytes(self) -> int:
-        return self.composed.nbytes() + 64 * 1024  # the dashboard document and the track list
+        held = self.composed.nbytes() if self.composed is not None else 0
+        return held + 64 * 1024  # the dashboard document and the track list
 
 
 def summary_bytes(path: Path, points: Sequence[tuple[int, int]]) -> bytes:
@@ -395,9 +407,11 @@ class ProfileStore:
         paths: Sequence[Path],
         points: Sequence[Sequence[tuple[int, int]]],
         check: Callable[[], None],
+        identities: Sequence[str] | None = None,
     ) -> list[RankSummary]:
         """Each rank file's summary: from the cache, or summarised now (and stored)."""
-        keys = [summary_key(file_identity(p), pts) for p, pts in zip(paths, points, strict=True)]
+        known = identities or [file_identity(p) for p in paths]
+        keys = [summary_key(ident, pts) for ident, pts in zip(known, points, strict=True)]
         found: dict[int, RankSummary] = {}
         for i, key in enumerate(keys):
             cached = self.cache.get(key)
@@ -464,22 +478,55 @@ class ProfileStore:
         paths = [ref.path for ref in discover_rank_files(location)]
         if not paths:
             raise ProfileLoadError(f"{location}: no rank files (<node>/rank-<RANK>.trnprof) found")
-        summaries = self._summaries(paths, [()] * len(paths), check)
-        # A rank without sync points of its own is placed with its node peers' (same clock).
-        pooled = node_sync_points(summaries)
-        borrowing = [i for i, s in enumerate(summaries) if not s.own_sync and pooled.get(s.node)]
-        if borrowing:
-            again = self._summaries(
-                [paths[i] for i in borrowing], [pooled[summaries[i].node] for i in borrowing], check
-            )
-            for i, summary in zip(borrowing, again, strict=True):
-                summaries[i] = summary
-        check()
-        composed = compose(summaries, location, manifest, problem, time.perf_counter() - began)
-        entry = LoadedEntry(composed, dashboard_of(composed.inputs))
+        identities = [file_identity(p) for p in paths]
+        manifest_file = location / MANIFEST_NAME
+        document = dashboard_key(
+            identities, file_identity(manifest_file) if manifest_file.is_file() else "none"
+        )
+
+        def recompose(check: Callable[[], None] = lambda: None) -> ComposedProfile:
+            summaries = self._summaries(paths, [()] * len(paths), check, identities)
+            # A rank without sync points of its own is placed with its node peers' (same clock).
+            pooled = node_sync_points(summaries)
+            borrowing = [
+                i for i, s in enumerate(summaries) if not s.own_sync and pooled.get(s.node)
+            ]
+            if borrowing:
+                again = self._summaries(
+                    [paths[i] for i in borrowing],
+                    [pooled[summaries[i].node] for i in borrowing],
+                    check,
+                )
+                for i, summary in zip(borrowing, again, strict=True):
+                    summaries[i] = summary
+            check()
+            return compose(summaries, location, manifest, problem, time.perf_counter() - began)
+
+        ready = self.cache.get_dashboard(document)
+        if ready is not None:  # composed before from these very files: nothing to read
+            ready["overview"]["load_seconds"] = round(time.perf_counter() - began, 3)
+            entry = LoadedEntry(ready, None, recompose)
+        else:
+            composed = recompose(check)
+            entry = LoadedEntry(dashboard_of(composed.inputs), composed, recompose)
+            self.cache.put_dashboard(document, entry.dashboard)
         if isinstance(target, S3Profile):
             entry.dashboard["overview"]["path"] = str(target.location)  # not the local cache
         return entry
+
+    async def composed(self, key: str, entry: LoadedEntry) -> ComposedProfile:
+        """The entry's composed summaries, composed once (from the summary cache) if the
+        dashboard came ready-made."""
+        if entry.composed is not None:
+            return entry.composed
+        if entry.composing is None:
+            entry.composing = asyncio.ensure_future(asyncio.to_thread(entry.recompose))
+        composed = await asyncio.shield(entry.composing)
+        entry.composed = composed
+        slot = self.slots.get(key)
+        if slot is not None and slot.entry is entry:
+            self.memory.put(("profile", key), slot, entry.nbytes())
+        return composed
 
     async def _decode(self, target: Path | S3Profile, stop: threading.Event) -> LoadedEntry:
         """The decode in a worker thread, holding one of the decode places until the thread
@@ -516,7 +563,7 @@ class ProfileStore:
                 if slot.stop.is_set():
                     return  # unloaded while the last stage ran: dropped, not stored
                 slot.state, slot.entry = "loaded", entry
-                slot.events = entry.composed.inputs.events
+                slot.events = int(entry.dashboard["overview"]["events"])
                 self.memory.put(("profile", key), slot, entry.nbytes())
 
         slot.task = asyncio.create_task(run())
@@ -569,7 +616,7 @@ class ProfileStore:
         kept = self.memory.get(held)
         if isinstance(kept, TimelineIndex):
             return kept
-        composed = entry.composed
+        composed = await self.composed(key, entry)
         summary = composed.summaries[position]
         size = max(summary.event_count, 1) * INDEXED_BYTES_PER_EVENT
         self.memory.check(size, f"rank {summary.rank} ({summary.event_count:,} events)")
@@ -598,7 +645,7 @@ class ProfileStore:
         self, key: str, entry: LoadedEntry, span: tuple[int, int], width: int, tracks: list[int]
     ) -> dict[str, Any]:
         return await lazy_timeline.window(
-            entry.composed,
+            await self.composed(key, entry),
             partial(self.rank_index, key, entry),
             start_ns=span[0],
             end_ns=span[1],
@@ -607,12 +654,13 @@ class ProfileStore:
         )
 
     async def event(self, key: str, entry: LoadedEntry, event_id: int) -> dict[str, Any] | None:
-        where = lazy_timeline.split_event_id(entry.composed, event_id)
+        composed = await self.composed(key, entry)
+        where = lazy_timeline.split_event_id(composed, event_id)
         if where is None:
             return None
         position, local = where
         index = await self.rank_index(key, entry, position)
-        return lazy_timeline.event(entry.composed, index, position, local)
+        return lazy_timeline.event(composed, index, position, local)
 
 
 def _rank_of(held: Hashable, key: str) -> bool:

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import stat
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from trainium_operator.analysis.summary import (
     SUMMARY_VERSION,
@@ -31,6 +33,7 @@ from trainium_operator.ui.limits import DEFAULT_SUMMARY_CACHE_BYTES
 
 _EDGE_BYTES = 4096
 _SUFFIX = ".summary"
+_DASHBOARD_SUFFIX = ".dashboard"
 log = logging.getLogger(__name__)
 
 
@@ -58,6 +61,12 @@ def summary_key(identity: str, points: Sequence[tuple[int, int]]) -> str:
 def default_directory() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "trainium-operator" / "ui-summaries"
+
+
+def dashboard_key(rank_identities: Sequence[str], manifest_identity: str) -> str:
+    """A profile's composed dashboard: a function of its rank files and manifest alone."""
+    text = "\n".join([f"v{SUMMARY_VERSION}", manifest_identity, *sorted(rank_identities)])
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def checked_directory(directory: Path, served_root: Path | None) -> Path:
@@ -108,14 +117,39 @@ class SummaryCache:
             os.utime(path)  # recently used: pruned last
         return summary
 
+    def get_dashboard(self, key: str) -> dict[str, Any] | None:
+        """A profile's dashboard as composed before from the same files (`dashboard_key`)."""
+        if self.directory is None:
+            return None
+        path = self.directory / f"{key}{_DASHBOARD_SUFFIX}"
+        try:
+            document = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except ValueError:
+            path.unlink(missing_ok=True)
+            return None
+        if not isinstance(document, dict) or not isinstance(document.get("overview"), dict):
+            path.unlink(missing_ok=True)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)
+        return document
+
+    def put_dashboard(self, key: str, document: dict[str, Any]) -> None:
+        self._write(f"{key}{_DASHBOARD_SUFFIX}", json.dumps(document).encode())
+
     def put(self, key: str, data: bytes) -> None:
+        self._write(f"{key}{_SUFFIX}", data)
+
+    def _write(self, name: str, data: bytes) -> None:
         if self.directory is None or len(data) > self.max_bytes:
             return
         handle, temporary = tempfile.mkstemp(dir=self.directory, suffix=".tmp")
         try:
             with os.fdopen(handle, "wb") as out:
                 out.write(data)
-            os.replace(temporary, self._path(key))
+            os.replace(temporary, self.directory / name)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
@@ -129,7 +163,11 @@ class SummaryCache:
         if self.directory is None:
             return 0
         entries = []
-        for path in self.directory.glob(f"*{_SUFFIX}"):
+        stored = [
+            *self.directory.glob(f"*{_SUFFIX}"),
+            *self.directory.glob(f"*{_DASHBOARD_SUFFIX}"),
+        ]
+        for path in stored:
             with contextlib.suppress(FileNotFoundError):
                 info = path.stat()
                 entries.append((info.st_mtime_ns, info.st_size, path))
