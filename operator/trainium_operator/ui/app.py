@@ -41,6 +41,7 @@ from trainium_operator.ui.guards import (
     host_allowed,
 )
 from trainium_operator.ui.job_cache import JOB_LIST_TTL_S, SharedJobList
+from trainium_operator.ui.limits import DEFAULT_SUMMARISE_AHEAD
 from trainium_operator.ui.memory import DEFAULT_MEMORY_BUDGET, OverBudgetError
 from trainium_operator.ui.params import NS_LIMIT, ParameterError, clamped_int, int_set
 from trainium_operator.ui.profile_id import InvalidProfileIdError, ProfileId, layout_namespace
@@ -48,6 +49,7 @@ from trainium_operator.ui.profiles import (
     JobInfo,
     JobLister,
     LoadedEntry,
+    LoadSlot,
     ProfileNotLoadableError,
     ProfileStore,
     UnknownProfileError,
@@ -74,6 +76,7 @@ class _Security:
 JOBS_KEY = web.AppKey("jobs", _Jobs)
 SECURITY_KEY = web.AppKey("security", _Security)
 USER_KEY = web.RequestKey("user", ReviewedUser)  # kubernetes mode: the reviewed user
+OPEN_WAIT_S = 2.0  # an open answers within this, loaded or with its progress
 UNGUARDED_PATHS = frozenset({"/healthz"})  # probes: no Host, no token, nothing to read
 STATIC_DIR = Path(str(resources.files("trainium_operator.ui") / "static"))
 _SECURITY_HEADERS = {
@@ -221,6 +224,9 @@ async def list_profiles(request: web.Request) -> web.Response:
     profiles = [row for row in profiles if readable[profile_namespace(row["id"])]]
     if jobs is not None:
         jobs = [job for job in jobs if readable[job.namespace]]
+    store.discovered(profiles)  # what this user may open is summarised ahead of the open
+    for row in profiles:
+        row["summaries"] = store.ahead.status(row["id"])
     phases = {(job.namespace, job.name): job.status for job in jobs or []}
     for row in profiles:
         row["status"] = phases.get((row["namespace"], row["job_name"]), row["profile_status"])
@@ -244,6 +250,8 @@ async def list_jobs(request: web.Request) -> web.Response:
         query, status = request.query.get("q", ""), request.query.get("status", "")
         visible = [job for job in jobs if readable[job.namespace]]
         body["jobs"] = _job_rows(_store(request), visible, query, status)
+        named = [row["profile_id"] for row in body["jobs"] if row["profile_id"] is not None]
+        _store(request).discovered([], named)
     return web.json_response(body)
 
 
@@ -291,24 +299,49 @@ def _job_row(store: ProfileStore, job: JobInfo) -> dict[str, Any]:
     }
 
 
-async def load(request: web.Request) -> web.Response:
+async def _start_load(request: web.Request) -> tuple[ProfileStore, str, LoadSlot]:
     key = await _profile_key(request)
     store = _store(request)
     try:
-        slot = await store.load(key)
+        return store, key, await store.load(key)
     except UnknownProfileError as exc:
         raise web.HTTPNotFound(text=f"no profile {key!r}") from exc
     except ProfileNotLoadableError as exc:
         raise web.HTTPConflict(text=f"profile {key!r} cannot be loaded: {exc}") from exc
     except S3ProfileError as exc:
         raise web.HTTPBadGateway(text=str(exc)) from exc
-    if request.query.get("wait") == "1":
-        await store.settled(slot)
+
+
+def _check_settled(store: ProfileStore, key: str, slot: LoadSlot) -> None:
     if store.slots.get(key) is not slot:
         raise web.HTTPConflict(text=f"profile {key!r} was unloaded while it loaded")
     if slot.state == "error":  # a malformed profile: the client's input, not a server fault
         raise web.HTTPUnprocessableEntity(text=f"profile {key!r}: {slot.error}")
+
+
+async def load(request: web.Request) -> web.Response:
+    store, key, slot = await _start_load(request)
+    if request.query.get("wait") == "1":
+        await store.settled(slot)
+    _check_settled(store, key, slot)
     return web.json_response({"id": key, "state": slot.state, "error": slot.error})
+
+
+async def open_profile(request: web.Request) -> web.Response:
+    """Loads the profile and answers its dashboard (200) once it is loaded; while it is still
+    loading after OPEN_WAIT_S, 202 with how far it is (summarising its rank files), and the
+    page asks again: an open never holds a request, or the server, for long."""
+    store, key, slot = await _start_load(request)
+    await store.settled(slot, timeout=OPEN_WAIT_S)
+    _check_settled(store, key, slot)
+    if slot.entry is None:
+        progress = slot.progress.as_dict()
+        return web.json_response({"id": key, "state": slot.state, "progress": progress}, status=202)
+    return _document(slot.entry.body)
+
+
+def _document(body: bytes) -> web.Response:
+    return web.Response(body=body, content_type="application/json")
 
 
 async def unload(request: web.Request) -> web.Response:
@@ -318,12 +351,15 @@ async def unload(request: web.Request) -> web.Response:
 
 async def get_dashboard(request: web.Request) -> web.Response:
     entry = await _profile_entry(request)
-    return web.json_response(entry.dashboard)
+    return _document(entry.body)
 
 
 async def get_annotation(request: web.Request) -> web.Response:
     key, entry = await _keyed_entry(request)
     name = _param(request, "name")
+    ready = entry.annotations.get(name)
+    if ready is not None:  # composed with the dashboard: no summaries to read
+        return web.json_response(ready)
     samples = (await _store(request).composed(key, entry)).inputs.samples
     return web.json_response(await asyncio.to_thread(annotation_of, samples, name))
 
@@ -439,6 +475,7 @@ def create_app(
     job_list_ttl: float = JOB_LIST_TTL_S,
     summary_cache: SummaryCache | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    summarise_ahead: int = DEFAULT_SUMMARISE_AHEAD,
 ) -> web.Application:
     """The UI for profiles under `root`, a directory or an `s3://bucket/prefix` URI.
     `job_lister` lists the TrainingJobs (injected so this module never imports
@@ -447,15 +484,22 @@ def create_app(
     `allowed_hosts` are the names the UI answers to (`*`: any); with `access`, every request
     needs a bearer token the cluster authenticates and sees only namespaces its user may read.
     `summary_cache` keeps rank summaries across loads and restarts (None: in memory only, per
-    load); `memory_budget` bounds the loaded profiles and decoded ranks held (bytes)."""
+    load); `memory_budget` bounds the loaded profiles and decoded ranks held (bytes);
+    `summarise_ahead` profiles a listing discovers may wait to be summarised in the background
+    (0: only when opened)."""
     app = web.Application(middlewares=[security_headers, request_guard, authenticate])
     store = ProfileStore.for_source(
-        root, workers=workers, s3=s3, cache=summary_cache, memory_budget=memory_budget
+        root,
+        workers=workers,
+        s3=s3,
+        cache=summary_cache,
+        memory_budget=memory_budget,
+        summarise_ahead=summarise_ahead,
     )
     app[STORE_KEY] = store
 
     async def stop_workers(app: web.Application) -> None:
-        store.close()
+        await store.aclose()
 
     app.on_cleanup.append(stop_workers)
     app[JOBS_KEY] = _Jobs(None if job_lister is None else SharedJobList(job_lister, job_list_ttl))
@@ -464,6 +508,7 @@ def create_app(
     app.router.add_get("/api/profiles", list_profiles)
     app.router.add_get("/api/jobs", list_jobs)
     app.router.add_post("/api/profiles/load", load)
+    app.router.add_post("/api/profiles/open", open_profile)
     app.router.add_post("/api/profiles/unload", unload)
     app.router.add_get("/api/dashboard", get_dashboard)
     app.router.add_get("/api/annotation", get_annotation)

@@ -12,7 +12,11 @@ from pathlib import Path
 import click
 
 from trainium_operator.analysis.commands import PROFILE_DIR
-from trainium_operator.ui.limits import DEFAULT_MEMORY_BUDGET, DEFAULT_SUMMARY_CACHE_BYTES
+from trainium_operator.ui.limits import (
+    DEFAULT_MEMORY_BUDGET,
+    DEFAULT_SUMMARISE_AHEAD,
+    DEFAULT_SUMMARY_CACHE_BYTES,
+)
 
 
 @click.command()
@@ -80,6 +84,15 @@ from trainium_operator.ui.limits import DEFAULT_MEMORY_BUDGET, DEFAULT_SUMMARY_C
     help="MiB of summaries kept; the least recently used go first.",
 )
 @click.option(
+    "--summarise-ahead",
+    type=click.IntRange(min=0),
+    default=DEFAULT_SUMMARISE_AHEAD,
+    show_default=True,
+    help="Profiles the UI discovers (its profile list, the job list) that may wait to be "
+    "summarised in the background, newest first, so that they open from the cache; "
+    "0: a profile is summarised only when it is opened.",
+)
+@click.option(
     "--memory-budget",
     "memory_budget_mib",
     type=click.IntRange(min=32),
@@ -110,6 +123,7 @@ def serve(
     auth_cache_ttl: float,
     summary_cache: Path | None,
     summary_cache_mib: int,
+    summarise_ahead: int,
     memory_budget_mib: int,
 ) -> None:
     """Serve the profile web UI for every profile under DIRECTORY or s3://bucket/prefix."""
@@ -153,6 +167,7 @@ def serve(
         access=access,
         summary_cache=SummaryCache(cache_dir, summary_cache_mib << 20),
         memory_budget=memory_budget_mib << 20,
+        summarise_ahead=summarise_ahead,
     )
     shown = directory.resolve() if isinstance(directory, Path) else directory
     mode = "Kubernetes authentication" if access is not None else "no authentication"

@@ -9,3 +9,7 @@ need the rest."""
 
 DEFAULT_SUMMARY_CACHE_BYTES = 2 << 30
 """Bytes of rank summaries kept on disk (about 25 MB per million events)."""
+
+DEFAULT_SUMMARISE_AHEAD = 16
+"""Discovered profiles that may wait to be summarised in the background before their first
+open (0: a profile is summarised only when it is opened)."""

@@ -3,7 +3,9 @@
 Loading a profile reads its ranks' summaries (`analysis.summary`) from the UI's summary cache
 (`ui.summary_cache`), summarising only the rank files it has not seen in this version (in
 worker processes when `workers` > 1), and composes the dashboard from them; the timeline
-decodes a rank only when one of its tracks is shown (`ui.lazy_timeline`). Loaded profiles and
+decodes a rank only when one of its tracks is shown (`ui.lazy_timeline`). A profile a listing
+discovers is summarised ahead, in the background (`ui.background`), so that its first open
+reads one stored dashboard; an open reports its progress while it summarises. Loaded profiles and
 decoded ranks live in one memory LRU (`ui.memory`) whose budget is below the container's
 limit; an evicted profile loads again from its summaries. This runs in a worker thread while
 the server keeps answering. Paths from the browser are profile ids (`ui.profile_id`: paths
@@ -22,6 +24,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import itertools
+import json
 import logging
 import multiprocessing
 import os
@@ -38,7 +41,7 @@ from trainium_operator.analysis.loading import (
     default_workers,
     read_manifest_or_default,
 )
-from trainium_operator.analysis.report import dashboard_of
+from trainium_operator.analysis.report import annotation_of, dashboard_of
 from trainium_operator.analysis.s3store import S3Profile, S3ProfileSource
 from trainium_operator.analysis.summary import (
     ComposedProfile,
@@ -55,10 +58,13 @@ from trainium_operator.contract.channel import ON_DEMAND_SUBDIR, valid_request_i
 from trainium_operator.profiler.manifest import MANIFEST_NAME, discover_rank_files
 from trainium_operator.profiler.s3 import is_s3_uri, parse_s3_uri
 from trainium_operator.ui import lazy_timeline
+from trainium_operator.ui.background import BackgroundSummaries, Discovered, Progress
+from trainium_operator.ui.limits import DEFAULT_SUMMARISE_AHEAD
 from trainium_operator.ui.live import JobLive
 from trainium_operator.ui.memory import DEFAULT_MEMORY_BUDGET, MemoryLRU
 from trainium_operator.ui.profile_id import InvalidProfileIdError, ProfileId
 from trainium_operator.ui.summary_cache import (
+    StoredDashboard,
     SummaryCache,
     dashboard_key,
     file_identity,
@@ -71,6 +77,7 @@ MAX_CONCURRENT_DECODES = 2  # profile loads at once (each summarises its ranks' 
 MAX_CONCURRENT_RANK_DECODES = 2  # ranks decoded for the timeline at once
 # A rank decoded for the timeline holds its columns (~61 B/event) and their index (~80 B/event).
 INDEXED_BYTES_PER_EVENT = 160
+READY_ANNOTATIONS = 32  # annotation histograms composed with the dashboard (the picker's first)
 log = logging.getLogger(__name__)
 
 
@@ -154,18 +161,31 @@ def profile_id(root: Path, path: Path) -> str:
 
 @dataclass
 class LoadedEntry:
-    """A loaded profile: its dashboard, and its composed summaries (the track list, the
-    timeline's ranks, the annotations), composed when first needed if the dashboard came
-    ready-made from the summary cache."""
+    """A loaded profile: its dashboard (and the JSON answered for it, encoded once), the
+    histograms of its first annotations, and its composed summaries (the track list, the
+    timeline's ranks, the other annotations), composed when first needed if the dashboard
+    came ready-made from the summary cache."""
 
     dashboard: dict[str, Any]
+    annotations: dict[str, Any]
     composed: ComposedProfile | None
     recompose: Callable[[], ComposedProfile]
+    body: bytes = b""
     composing: asyncio.Future[ComposedProfile] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.body:
+            self.body = json.dumps(self.dashboard).encode()
 
     def nbytes(self) -> int:
         held = self.composed.nbytes() if self.composed is not None else 0
-        return held + 64 * 1024  # the dashboard document and the track list
+        return held + 8 * len(self.body)  # the dashboard as objects and as JSON, the tracks
+
+
+def ready_annotations(composed: ComposedProfile, dashboard: dict[str, Any]) -> dict[str, Any]:
+    """The histograms of the dashboard's first annotations (its picker shows the first)."""
+    names = [row["name"] for row in dashboard["annotations"][:READY_ANNOTATIONS]]
+    return {name: annotation_of(composed.inputs.samples, name) for name in names}
 
 
 def summary_bytes(path: Path, points: Sequence[tuple[int, int]]) -> bytes:
@@ -174,13 +194,16 @@ def summary_bytes(path: Path, points: Sequence[tuple[int, int]]) -> bytes:
 
 
 @dataclass
-class _Slot:
+class LoadSlot:
+    """One profile's load: its state, progress and, once loaded, its entry."""
+
     state: str = "unloaded"  # unloaded | loading | loaded | error
     error: str | None = None
     entry: LoadedEntry | None = None
     task: asyncio.Task[None] | None = None
     events: int = 0
     stop: threading.Event = field(default_factory=threading.Event)  # set by unload
+    progress: Progress = field(default_factory=Progress)
 
 
 def _placed(identifier: str) -> ProfileId | None:
@@ -283,12 +306,14 @@ class ProfileStore:
 
     root: Path
     workers: int | None = None
-    slots: dict[str, _Slot] = field(default_factory=dict)
+    slots: dict[str, LoadSlot] = field(default_factory=dict)
     s3: S3ProfileSource | None = None
     max_decodes: int = MAX_CONCURRENT_DECODES
     cache: SummaryCache = field(default_factory=lambda: SummaryCache(None))
     memory_budget: int = DEFAULT_MEMORY_BUDGET
+    summarise_ahead: int = DEFAULT_SUMMARISE_AHEAD
     memory: MemoryLRU = field(init=False, repr=False)
+    ahead: BackgroundSummaries = field(init=False, repr=False)
     _decodes: asyncio.Semaphore = field(init=False, repr=False)
     _rank_decode_places: asyncio.Semaphore = field(init=False, repr=False)
     _rank_decodes: dict[Hashable, asyncio.Future[TimelineIndex]] = field(
@@ -296,11 +321,14 @@ class ProfileStore:
     )
     _executor: concurrent.futures.ProcessPoolExecutor | None = field(init=False, default=None)
     _pool_lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
+    _opens_summarising: int = field(init=False, default=0)  # opens summarising rank files now
+    _s3_listed: dict[str, S3Profile] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self._decodes = asyncio.Semaphore(self.max_decodes)
         self._rank_decode_places = asyncio.Semaphore(MAX_CONCURRENT_RANK_DECODES)
         self.memory = MemoryLRU(self.memory_budget, self._evicted)
+        self.ahead = BackgroundSummaries(self._summarise_ahead, self._opening, self.summarise_ahead)
 
     @classmethod
     def for_source(
@@ -311,6 +339,7 @@ class ProfileStore:
         *,
         cache: SummaryCache | None = None,
         memory_budget: int = DEFAULT_MEMORY_BUDGET,
+        summarise_ahead: int = DEFAULT_SUMMARISE_AHEAD,
     ) -> ProfileStore:
         root = Path(source)
         if is_s3_uri(str(source)) and isinstance(source, str):
@@ -322,6 +351,7 @@ class ProfileStore:
             s3=s3,
             cache=cache or SummaryCache(None),
             memory_budget=memory_budget,
+            summarise_ahead=summarise_ahead,
         )
 
     @property
@@ -361,14 +391,56 @@ class ProfileStore:
             return None  # not written yet, or outside what this UI serves
 
     def _with_slot(self, row: dict[str, Any]) -> dict[str, Any]:
-        slot = self.slots.get(row["id"], _Slot())
+        slot = self.slots.get(row["id"], LoadSlot())
         error = slot.error or row.get("error")
-        return {**row, "state": slot.state, "error": error, "events": slot.events}
+        return {
+            **row,
+            "state": slot.state,
+            "error": error,
+            "events": slot.events,
+            "progress": slot.progress.as_dict() if slot.state == "loading" else None,
+            "summaries": self.ahead.status(row["id"]),
+        }
+
+    def _opening(self, key: str) -> bool:
+        slot = self.slots.get(key)
+        return slot is not None and slot.state in ("loading", "loaded")
+
+    def discovered(self, rows: Sequence[dict[str, Any]], job_ids: Sequence[str] = ()) -> None:
+        """Profiles a listing showed: the loadable ones not summarised yet are queued to be
+        summarised in the background, newest first (see `ui.background`)."""
+        if self.summarise_ahead <= 0 or self.cache.directory is None:
+            return  # nowhere to keep what it would compute
+        listed = [row for row in rows if row.get("loadable") and not row.get("error")]
+        listed.sort(key=lambda row: row.get("created") or "", reverse=True)
+        found = [
+            Discovered(row["id"], (row["ranks"], row["bytes"]), bool(row["finished"]))
+            for row in listed
+        ]
+        found += [Discovered(key) for key in job_ids]
+        self.ahead.offer(found)
+
+    async def _summarise_ahead(self, key: str, progress: Progress, stop: threading.Event) -> None:
+        """One profile summarised and its dashboard composed into the cache, then let go."""
+        # Under S3 the profile as the listing that discovered it saw it: no listing again.
+        listed = self._s3_listed.get(key)
+        target = listed if listed is not None else await asyncio.to_thread(self._locate, key)
+        work = asyncio.ensure_future(
+            asyncio.to_thread(self._build, target, stop, progress, ahead=True)
+        )
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            stop.set()
+            await asyncio.wait([work])
+            raise
 
     def listing(self) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []
         if self.s3 is not None:
-            for profile in self.s3.listing():
+            listed = self.s3.listing()
+            self._s3_listed = {profile.identifier: profile for profile in listed}
+            for profile in listed:
                 rows.append(
                     _row_or_error(
                         profile.identifier, str(profile.location), partial(_s3_row, profile)
@@ -408,20 +480,48 @@ class ProfileStore:
         points: Sequence[Sequence[tuple[int, int]]],
         check: Callable[[], None],
         identities: Sequence[str] | None = None,
+        *,
+        progress: Progress | None = None,
+        ahead: bool = False,
     ) -> list[RankSummary]:
         """Each rank file's summary: from the cache, or summarised now (and stored)."""
         known = identities or [file_identity(p) for p in paths]
         keys = [summary_key(ident, pts) for ident, pts in zip(known, points, strict=True)]
         found: dict[int, RankSummary] = {}
+        shown = progress or Progress()
+        shown.phase, shown.done, shown.total = "summarising", 0, len(paths)
         for i, key in enumerate(keys):
             cached = self.cache.get(key)
             if cached is not None:
                 found[i] = cached
+                shown.done += 1
         missing = [i for i in range(len(paths)) if i not in found]
-        for i, data in self._summarise(missing, paths, points, check):
-            self.cache.put(keys[i], data)
-            found[i] = from_bytes(data)
+        with self._summarising(counted=bool(missing) and not ahead):
+            for i, data in self._summarise(missing, paths, points, check, ahead=ahead):
+                self.cache.put(keys[i], data)
+                found[i] = from_bytes(data)
+                shown.done += 1
         return [found[i] for i in range(len(paths))]
+
+    @contextlib.contextmanager
+    def _summarising(self, *, counted: bool) -> Any:
+        """Counts the opens summarising rank files, which background work gives way to."""
+        if not counted:
+            yield
+            return
+        with self._pool_lock:
+            self._opens_summarising += 1
+        try:
+            yield
+        finally:
+            with self._pool_lock:
+                self._opens_summarising -= 1
+
+    def _give_way(self, check: Callable[[], None]) -> None:
+        """Background work waits while a user's open summarises (its workers are theirs)."""
+        while self._opens_summarising:
+            check()
+            time.sleep(0.05)
 
     def _summarise(
         self,
@@ -429,19 +529,42 @@ class ProfileStore:
         paths: Sequence[Path],
         points: Sequence[Sequence[tuple[int, int]]],
         check: Callable[[], None],
+        *,
+        ahead: bool = False,
     ) -> Any:
         workers = default_workers() if self.workers is None else self.workers
         if workers <= 1 or len(missing) <= 1:
             for i in missing:
                 check()
+                if ahead:
+                    self._give_way(check)
                 yield i, summary_bytes(paths[i], points[i])
             return
         pool = self._pool(workers)
-        futures = {pool.submit(summary_bytes, paths[i], points[i]): i for i in missing}
+        waiting = iter(missing)
+        futures: dict[concurrent.futures.Future[bytes], int] = {}
+
+        def submit() -> None:
+            i = next(waiting, None)
+            if i is not None:
+                futures[pool.submit(summary_bytes, paths[i], points[i])] = i
+
+        # In the background only `workers` files are submitted at once, so an open's files
+        # are queued behind a few of them at most, never behind a whole profile.
+        for _ in range(workers if ahead else len(missing)):
+            submit()
         try:
-            for done in concurrent.futures.as_completed(futures):
-                check()
-                yield futures[done], done.result()
+            while futures:
+                done, _ = concurrent.futures.wait(
+                    futures, return_when=concurrent.futures.FIRST_COMPLETED
+                )
+                for future in done:
+                    i = futures.pop(future)
+                    check()
+                    if ahead:
+                        self._give_way(check)
+                    submit()
+                    yield i, future.result()
         finally:
             for future in futures:
                 future.cancel()  # an unload or a refused file: the rest is not started
@@ -454,22 +577,39 @@ class ProfileStore:
                 self._executor = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context)
             return self._executor
 
+    async def aclose(self) -> None:
+        """Stops the background summaries, then the decode workers (the app's cleanup)."""
+        await self.ahead.close()
+        self.close()
+
     def close(self) -> None:
-        """Stops the decode workers (the app's cleanup)."""
+        """Stops the decode workers."""
         with self._pool_lock:
             if self._executor is not None:
                 self._executor.shutdown(wait=False, cancel_futures=True)
                 self._executor = None
 
-    def _build(self, target: Path | S3Profile, stop: threading.Event) -> LoadedEntry:
+    def _build(
+        self,
+        target: Path | S3Profile,
+        stop: threading.Event,
+        progress: Progress | None = None,
+        *,
+        ahead: bool = False,
+    ) -> LoadedEntry:
+        """A profile's entry: its stored dashboard if these very files were composed before,
+        else its ranks summarised (`ahead`: in the background) and composed, and stored."""
+
         def check() -> None:
             if stop.is_set():
                 raise DecodeStoppedError("unloaded while loading")
 
+        shown = progress or Progress()
         began = time.perf_counter()
         check()
         if isinstance(target, S3Profile):
             assert self.s3 is not None
+            shown.phase = "downloading"
             location: Path = self.s3.fetch(target)
             check()
         else:
@@ -484,8 +624,12 @@ class ProfileStore:
             identities, file_identity(manifest_file) if manifest_file.is_file() else "none"
         )
 
-        def recompose(check: Callable[[], None] = lambda: None) -> ComposedProfile:
-            summaries = self._summaries(paths, [()] * len(paths), check, identities)
+        def recompose(
+            check: Callable[[], None] = lambda: None, progress: Progress | None = None
+        ) -> ComposedProfile:
+            summaries = self._summaries(
+                paths, [()] * len(paths), check, identities, progress=progress, ahead=ahead
+            )
             # A rank without sync points of its own is placed with its node peers' (same clock).
             pooled = node_sync_points(summaries)
             borrowing = [
@@ -496,23 +640,29 @@ class ProfileStore:
                     [paths[i] for i in borrowing],
                     [pooled[summaries[i].node] for i in borrowing],
                     check,
+                    ahead=ahead,
                 )
                 for i, summary in zip(borrowing, again, strict=True):
                     summaries[i] = summary
             check()
+            if progress is not None:
+                progress.phase = "composing"
             return compose(summaries, location, manifest, problem, time.perf_counter() - began)
 
         ready = self.cache.get_dashboard(document)
         if ready is not None:  # composed before from these very files: nothing to read
-            ready["overview"]["load_seconds"] = round(time.perf_counter() - began, 3)
-            entry = LoadedEntry(ready, None, recompose)
+            ready.document["overview"]["load_seconds"] = round(time.perf_counter() - began, 3)
+            dashboard, annotations, composed = ready.document, ready.annotations, None
         else:
-            composed = recompose(check)
-            entry = LoadedEntry(dashboard_of(composed.inputs), composed, recompose)
-            self.cache.put_dashboard(document, entry.dashboard)
+            composed = recompose(check, shown)
+            dashboard = dashboard_of(composed.inputs)
+            annotations = ready_annotations(composed, dashboard)
+            self.cache.put_dashboard(document, StoredDashboard(dashboard, annotations))
         if isinstance(target, S3Profile):
-            entry.dashboard["overview"]["path"] = str(target.location)  # not the local cache
-        return entry
+            dashboard["overview"]["path"] = str(target.location)  # not the local cache
+        shown.phase = "done"
+        # Composed again when the timeline first needs it (nothing to stop: it is no load).
+        return LoadedEntry(dashboard, annotations, composed, partial(recompose, lambda: None))
 
     async def composed(self, key: str, entry: LoadedEntry) -> ComposedProfile:
         """The entry's composed summaries, composed once (from the summary cache) if the
@@ -528,13 +678,15 @@ class ProfileStore:
             self.memory.put(("profile", key), slot, entry.nbytes())
         return composed
 
-    async def _decode(self, target: Path | S3Profile, stop: threading.Event) -> LoadedEntry:
+    async def _decode(
+        self, target: Path | S3Profile, stop: threading.Event, progress: Progress
+    ) -> LoadedEntry:
         """The decode in a worker thread, holding one of the decode places until the thread
         has ended: cancelling the waiting task does not free memory the thread still holds."""
         async with self._decodes:
             if stop.is_set():  # unloaded while it waited for a place
                 raise DecodeStoppedError("unloaded while loading")
-            decode = asyncio.ensure_future(asyncio.to_thread(self._build, target, stop))
+            decode = asyncio.ensure_future(asyncio.to_thread(self._build, target, stop, progress))
             try:
                 return await asyncio.shield(decode)
             except asyncio.CancelledError:
@@ -544,17 +696,25 @@ class ProfileStore:
                     decode.exception()  # retrieved: its DecodeStoppedError is expected
                 raise
 
-    async def load(self, key: str) -> _Slot:
+    async def load(self, key: str) -> LoadSlot:
         """Starts loading the profile held as `key` (see `key`), unless it is held already."""
         target = await asyncio.to_thread(self._locate, key)
-        slot = self.slots.setdefault(key, _Slot())
+        slot = self.slots.setdefault(key, LoadSlot())
         if slot.state in ("loading", "loaded"):
             return slot
-        slot.state, slot.error = "loading", None
+        slot.state, slot.error, slot.progress = "loading", None, Progress()
+        self.ahead.withdraw(key)
 
         async def run() -> None:
             try:
-                entry = await self._decode(target, slot.stop)
+                # Being summarised in the background: its progress is this open's, and the
+                # open then reads what it stored instead of summarising the files again.
+                shared = self.ahead.progress.get(key)
+                if shared is not None:
+                    slot.progress = shared
+                    await self.ahead.settled(key)
+                    slot.progress = Progress()
+                entry = await self._decode(target, slot.stop, slot.progress)
             except DecodeStoppedError:
                 return  # unloaded: the slot is gone, nothing is stored
             except Exception as exc:  # shown to the user; the server keeps running
@@ -569,10 +729,11 @@ class ProfileStore:
         slot.task = asyncio.create_task(run())
         return slot
 
-    async def settled(self, slot: _Slot) -> None:
-        """Waits for the slot's load to end (or be stopped by an unload), never raising."""
+    async def settled(self, slot: LoadSlot, timeout: float | None = None) -> None:
+        """Waits for the slot's load to end (or be stopped by an unload, or `timeout` seconds
+        to pass), never raising."""
         if slot.task is not None:
-            await asyncio.wait([slot.task])
+            await asyncio.wait([slot.task], timeout=timeout)
 
     async def wait_loaded(self, key: str) -> LoadedEntry:
         slot = self.slots.get(key)

@@ -20,6 +20,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +64,13 @@ def default_directory() -> Path:
     return Path(base) / "trainium-operator" / "ui-summaries"
 
 
+_DASHBOARD_FORMAT = 2  # 2: the document is stored with its annotations' histograms
+
+
 def dashboard_key(rank_identities: Sequence[str], manifest_identity: str) -> str:
     """A profile's composed dashboard: a function of its rank files and manifest alone."""
-    text = "\n".join([f"v{SUMMARY_VERSION}", manifest_identity, *sorted(rank_identities)])
+    version = f"v{SUMMARY_VERSION}.{_DASHBOARD_FORMAT}"
+    text = "\n".join([version, manifest_identity, *sorted(rank_identities)])
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -85,6 +90,26 @@ def checked_directory(directory: Path, served_root: Path | None) -> Path:
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeCacheDirError(f"{resolved} is writable by others (mode {info.st_mode:o})")
     return resolved
+
+
+@dataclass(frozen=True)
+class StoredDashboard:
+    """A composed dashboard document and the histograms of its first annotations (name ->
+    the `/api/annotation` answer), so neither needs the summaries again."""
+
+    document: dict[str, Any]
+    annotations: dict[str, Any]
+
+
+def _stored_dashboard(stored: Any) -> StoredDashboard | None:
+    if not isinstance(stored, dict):
+        return None
+    document, annotations = stored.get("dashboard"), stored.get("annotations")
+    if not isinstance(document, dict) or not isinstance(document.get("overview"), dict):
+        return None
+    if not isinstance(annotations, dict):
+        return None
+    return StoredDashboard(document, annotations)
 
 
 class SummaryCache:
@@ -117,26 +142,29 @@ class SummaryCache:
             os.utime(path)  # recently used: pruned last
         return summary
 
-    def get_dashboard(self, key: str) -> dict[str, Any] | None:
-        """A profile's dashboard as composed before from the same files (`dashboard_key`)."""
+    def get_dashboard(self, key: str) -> StoredDashboard | None:
+        """A profile's dashboard as composed before from the same files (`dashboard_key`),
+        with the annotation histograms stored beside it."""
         if self.directory is None:
             return None
         path = self.directory / f"{key}{_DASHBOARD_SUFFIX}"
         try:
-            document = json.loads(path.read_bytes())
+            stored = json.loads(path.read_bytes())
         except FileNotFoundError:
             return None
         except ValueError:
             path.unlink(missing_ok=True)
             return None
-        if not isinstance(document, dict) or not isinstance(document.get("overview"), dict):
+        found = _stored_dashboard(stored)
+        if found is None:
             path.unlink(missing_ok=True)
             return None
         with contextlib.suppress(OSError):
             os.utime(path)
-        return document
+        return found
 
-    def put_dashboard(self, key: str, document: dict[str, Any]) -> None:
+    def put_dashboard(self, key: str, stored: StoredDashboard) -> None:
+        document = {"dashboard": stored.document, "annotations": stored.annotations}
         self._write(f"{key}{_DASHBOARD_SUFFIX}", json.dumps(document).encode())
 
     def put(self, key: str, data: bytes) -> None:
