@@ -3,6 +3,7 @@ a browser that never visited the UI, with the profile not loaded on the server."
 
 from __future__ import annotations
 
+import json
 import urllib.parse
 from typing import Any
 
@@ -67,5 +68,38 @@ def test_a_link_to_a_profile_that_cannot_be_opened_says_why(
 
     assert "ml/no-such-job/0" in page.inner_text("[data-testid=load-error]")
     assert "404" in page.inner_text("[data-testid=load-error]")
+    context.close()
+    assert errors == []
+
+
+def test_a_link_to_a_profile_being_summarised_shows_its_progress_then_the_dashboard(
+    chromium: Any, live_server: str
+) -> None:
+    context, page, errors = fresh_page(chromium, live_server)
+    summarising = {"hold": True, "asked": 0}
+
+    def answer(route: Any) -> None:
+        summarising["asked"] += 1
+        if not summarising["hold"]:
+            route.continue_()
+            return
+        page.wait_for_timeout(20)  # as the server does, answer after a while
+        progress = {"phase": "summarising", "done": 3, "total": 16}
+        route.fulfill(
+            status=202,
+            content_type="application/json",
+            body=json.dumps({"id": PROFILE_ID, "state": "loading", "progress": progress}),
+        )
+
+    page.route("**/api/profiles/open?*", answer)
+    page.goto(f"{live_server}/#/dashboard?profile={urllib.parse.quote(PROFILE_ID)}")
+    page.wait_for_selector("[data-testid=opening]:has-text('3 of 16')", timeout=60_000)
+
+    assert page.get_attribute("[data-testid=opening-progress]", "value") == "3"
+    assert page.get_attribute("[data-testid=opening-progress]", "max") == "16"
+    summarising["hold"] = False
+    page.wait_for_selector("main[data-ready=dashboard]", timeout=60_000)
+    assert "llama-pretrain" in page.inner_text("main h1")
+    assert summarising["asked"] >= 2  # the page asked again until the profile was open
     context.close()
     assert errors == []
