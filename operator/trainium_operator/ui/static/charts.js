@@ -117,9 +117,12 @@ export function horizontalBars(el, rows, colourOf) {
 
 // Canvas heatmap: one row per entity (NeuronCore, rank), one column per time bucket or step.
 // values[r][c] is null where there is no data; rgb(v) maps a value to [r, g, b] (0..255).
-// The cells are written as pixels, one per cell, and scaled onto the canvas unsmoothed: a
-// fillRect per cell, each with a CSS colour to parse, took tens of ms for 128 x 240 cells.
+// The cells are written as the pixels of a cols x rows image, scaled onto the canvas
+// unsmoothed: a fillRect per cell, each with a CSS colour to parse, took tens of ms for
+// 128 x 240 cells.
 const NO_DATA = [242, 244, 247];
+const LITTLE_ENDIAN = new Uint8Array(new Uint32Array([1]).buffer)[0] === 1;
+const pixel = ([r, g, b]) => (LITTLE_ENDIAN ? ((255 << 24) | (b << 16) | (g << 8) | r) >>> 0 : ((r << 24) | (g << 16) | (b << 8) | 255) >>> 0);
 export function heatmap(el, { rowLabels, colLabels, values, rgb, describe, onCell, legend }) {
   const rows = rowLabels.length, cols = colLabels.length;
   if (!rows || !cols) { el.innerHTML = `<div class="empty">No data</div>`; return; }
@@ -133,25 +136,22 @@ export function heatmap(el, { rowLabels, colLabels, values, rgb, describe, onCel
   const ctx = canvas.getContext("2d");
   ctx.scale(dpr, dpr);
   const cellW = (width - labelW) / cols;
-  // One pixel per cell across, rowH per row down (its last one a gap between rows > 5 px).
-  const gap = rowH > 5 ? 1 : 0;
-  const cells = new ImageData(cols, rows * rowH);
+  const cells = new ImageData(cols, rows);
+  const words = new Uint32Array(cells.data.buffer);
+  const empty = pixel(NO_DATA);
   for (let r = 0; r < rows; r++) {
     const line = values[r];
     for (let c = 0; c < cols; c++) {
       const v = line[c];
-      const [red, green, blue] = v == null ? NO_DATA : rgb(v);
-      for (let y = r * rowH, last = (r + 1) * rowH - gap; y < last; y++) {
-        const at = 4 * (y * cols + c);
-        cells.data[at] = red; cells.data[at + 1] = green; cells.data[at + 2] = blue; cells.data[at + 3] = 255;
-      }
+      words[r * cols + c] = v == null ? empty : pixel(rgb(v));
     }
   }
   const bitmap = document.createElement("canvas");
-  bitmap.width = cols; bitmap.height = rows * rowH;
+  bitmap.width = cols; bitmap.height = rows;
   bitmap.getContext("2d").putImageData(cells, 0, 0);
   ctx.imageSmoothingEnabled = false;
   ctx.drawImage(bitmap, labelW, 0, width - labelW, rows * rowH);
+  if (rowH > 5) for (let r = 1; r <= rows; r++) ctx.clearRect(labelW, r * rowH - 1, width - labelW, 1); // a gap between rows tall enough
   ctx.font = "11px system-ui, sans-serif"; ctx.textBaseline = "middle"; ctx.fillStyle = "#475467";
   const labelEvery = Math.ceil(11 / rowH);
   for (let r = 0; r < rows; r += labelEvery) ctx.fillText(rowLabels[r], 4, r * rowH + rowH / 2, labelW - 8);
