@@ -337,11 +337,16 @@ async def open_profile(request: web.Request) -> web.Response:
     if slot.entry is None:
         progress = slot.progress.as_dict()
         return web.json_response({"id": key, "state": slot.state, "progress": progress}, status=202)
-    return _document(slot.entry.body)
+    return _document(request, slot.entry)
 
 
-def _document(body: bytes) -> web.Response:
-    return web.Response(body=body, content_type="application/json")
+def _document(request: web.Request, entry: LoadedEntry) -> web.Response:
+    """The dashboard as encoded at load, compressed when the browser takes gzip (every one
+    does): a fifth of the bytes, which matters through a port-forward."""
+    if "gzip" in request.headers.get("Accept-Encoding", ""):
+        headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
+        return web.Response(body=entry.gzipped, content_type="application/json", headers=headers)
+    return web.Response(body=entry.body, content_type="application/json")
 
 
 async def unload(request: web.Request) -> web.Response:
@@ -351,7 +356,7 @@ async def unload(request: web.Request) -> web.Response:
 
 async def get_dashboard(request: web.Request) -> web.Response:
     entry = await _profile_entry(request)
-    return _document(entry.body)
+    return _document(request, entry)
 
 
 async def get_annotation(request: web.Request) -> web.Response:
