@@ -260,3 +260,18 @@ def test_a_reopened_profile_s_annotation_histograms_need_no_summaries(
     summarised = counting_summaries(monkeypatch)
     run(create_app(root, workers=1, summary_cache=cache, summarise_ahead=0), reopen)
     assert summarised == []
+
+
+def test_the_dashboard_is_sent_gzipped_only_to_a_client_that_accepts_it(root: Path) -> None:
+    async def session(client: TestClient[Any, Any], app: web.Application) -> None:
+        opened = await client.post(
+            f"/api/profiles/open?id={PROFILE}", headers={**POST, "Accept-Encoding": "gzip"}
+        )
+        assert opened.headers["Content-Encoding"] == "gzip"
+        plain = await client.get(
+            f"/api/dashboard?id={PROFILE}", headers={"Accept-Encoding": "identity"}
+        )
+        assert "Content-Encoding" not in plain.headers
+        assert await opened.json() == await plain.json()
+
+    run(create_app(root, workers=1, summarise_ahead=0), session)
