@@ -129,6 +129,7 @@ def test_a_listed_profile_is_summarised_ahead_so_its_first_open_reads_the_cache(
     root: Path, cache: SummaryCache, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     summarised = counting_summaries(monkeypatch)
+    monkeypatch.setattr(ui_profiles, "PRECOMPOSE_AFTER_S", 600.0)
 
     async def session(client: TestClient[Any, Any], app: web.Application) -> None:
         assert await summaries_state(client, PROFILE) == "ready"
@@ -258,8 +259,30 @@ def test_a_reopened_profile_s_annotation_histograms_need_no_summaries(
 
     run(create_app(root, workers=1, summary_cache=cache, summarise_ahead=0), first_open)
     summarised = counting_summaries(monkeypatch)
+    monkeypatch.setattr(ui_profiles, "PRECOMPOSE_AFTER_S", 600.0)
     run(create_app(root, workers=1, summary_cache=cache, summarise_ahead=0), reopen)
     assert summarised == []
+
+
+def test_a_profile_opened_from_its_stored_dashboard_is_composed_for_the_timeline_soon_after(
+    root: Path, cache: SummaryCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(ui_profiles, "PRECOMPOSE_AFTER_S", 0.05)
+
+    async def open_profile(client: TestClient[Any, Any], app: web.Application) -> None:
+        assert (await client.post(f"/api/profiles/open?id={PROFILE}", headers=POST)).status == 200
+
+    async def reopen(client: TestClient[Any, Any], app: web.Application) -> None:
+        await open_profile(client, app)
+        entry = app[STORE_KEY].loaded(PROFILE)
+        deadline = time.monotonic() + 30
+        while entry.composed is None:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        assert len(entry.composed.summaries) == 4
+
+    run(create_app(root, workers=1, summary_cache=cache, summarise_ahead=0), open_profile)
+    run(create_app(root, workers=1, summary_cache=cache, summarise_ahead=0), reopen)
 
 
 def test_the_dashboard_is_sent_gzipped_only_to_a_client_that_accepts_it(root: Path) -> None:

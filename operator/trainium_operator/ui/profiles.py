@@ -79,6 +79,9 @@ MAX_CONCURRENT_RANK_DECODES = 2  # ranks decoded for the timeline at once
 # A rank decoded for the timeline holds its columns (~61 B/event) and their index (~80 B/event).
 INDEXED_BYTES_PER_EVENT = 160
 READY_ANNOTATIONS = 32  # annotation histograms composed with the dashboard (the picker's first)
+# A profile opened from its stored dashboard has its summaries composed for the timeline this
+# long after, once the page has drawn (the timeline then opens without composing first).
+PRECOMPOSE_AFTER_S = 1.0
 log = logging.getLogger(__name__)
 
 
@@ -668,6 +671,14 @@ class ProfileStore:
         # Composed again when the timeline first needs it (nothing to stop: it is no load).
         return LoadedEntry(dashboard, annotations, composed, partial(recompose, lambda: None))
 
+    def _precompose(self, key: str, entry: LoadedEntry) -> None:
+        """Composes a loaded profile's summaries for its timeline, unless it was let go."""
+        slot = self.slots.get(key)
+        if slot is None or slot.entry is not entry or entry.composing is not None:
+            return
+        task = asyncio.ensure_future(self.composed(key, entry))
+        task.add_done_callback(_log_failure)
+
     async def composed(self, key: str, entry: LoadedEntry) -> ComposedProfile:
         """The entry's composed summaries, composed once (from the summary cache) if the
         dashboard came ready-made."""
@@ -729,6 +740,10 @@ class ProfileStore:
                 slot.state, slot.entry = "loaded", entry
                 slot.events = int(entry.dashboard["overview"]["events"])
                 self.memory.put(("profile", key), slot, entry.nbytes())
+                if entry.composed is None:
+                    asyncio.get_running_loop().call_later(
+                        PRECOMPOSE_AFTER_S, self._precompose, key, entry
+                    )
 
         slot.task = asyncio.create_task(run())
         return slot
@@ -826,6 +841,11 @@ class ProfileStore:
         position, local = where
         index = await self.rank_index(key, entry, position)
         return lazy_timeline.event(composed, index, position, local)
+
+
+def _log_failure(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.info("composing ahead of the timeline failed: %s", task.exception())
 
 
 def _rank_of(held: Hashable, key: str) -> bool:
