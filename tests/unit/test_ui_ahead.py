@@ -298,3 +298,21 @@ def test_the_dashboard_is_sent_gzipped_only_to_a_client_that_accepts_it(root: Pa
         assert await opened.json() == await plain.json()
 
     run(create_app(root, workers=1, summarise_ahead=0), session)
+
+
+def test_a_stored_dashboard_that_fails_its_framing_is_dropped_and_composed_again(
+    root: Path, cache: SummaryCache, tmp_path: Path
+) -> None:
+    async def open_profile(client: TestClient[Any, Any], app: web.Application) -> None:
+        response = await client.post(f"/api/profiles/open?id={PROFILE}", headers=POST)
+        assert response.status == 200
+        assert (await response.json())["overview"]["ranks"] == 4
+
+    run(create_app(root, workers=1, summary_cache=cache, summarise_ahead=0), open_profile)
+    (stored,) = (tmp_path / "cache").glob("*.dashboard")
+    intact = stored.read_bytes()
+    stored.write_bytes(intact[:-10])  # a torn write the rename should have prevented
+    run(create_app(root, workers=1, summary_cache=cache, summarise_ahead=0), open_profile)
+    again = cache.get_dashboard(stored.stem)  # composed again from the summaries, and stored
+    assert again is not None
+    assert again.events == json.loads(intact.partition(b"\n")[0])["events"]

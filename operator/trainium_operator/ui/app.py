@@ -343,10 +343,11 @@ async def open_profile(request: web.Request) -> web.Response:
 def _document(request: web.Request, entry: LoadedEntry) -> web.Response:
     """The dashboard as encoded at load, compressed when the browser takes gzip (every one
     does): a fifth of the bytes, which matters through a port-forward."""
+    stored = entry.stored
     if "gzip" in request.headers.get("Accept-Encoding", ""):
         headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
-        return web.Response(body=entry.gzipped, content_type="application/json", headers=headers)
-    return web.Response(body=entry.body, content_type="application/json")
+        return web.Response(body=stored.gzipped, content_type="application/json", headers=headers)
+    return web.Response(body=stored.body, content_type="application/json")
 
 
 async def unload(request: web.Request) -> web.Response:
@@ -362,7 +363,7 @@ async def get_dashboard(request: web.Request) -> web.Response:
 async def get_annotation(request: web.Request) -> web.Response:
     key, entry = await _keyed_entry(request)
     name = _param(request, "name")
-    ready = entry.annotations.get(name)
+    ready = entry.stored.annotations.get(name)
     if ready is not None:  # composed with the dashboard: no summaries to read
         return web.json_response(ready)
     samples = (await _store(request).composed(key, entry)).inputs.samples

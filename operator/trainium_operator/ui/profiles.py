@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import gzip
 import itertools
 import json
 import logging
@@ -165,28 +164,27 @@ def profile_id(root: Path, path: Path) -> str:
 
 @dataclass
 class LoadedEntry:
-    """A loaded profile: its dashboard (and the JSON answered for it, encoded once), the
-    histograms of its first annotations, and its composed summaries (the track list, the
+    """A loaded profile: its dashboard as answered (`StoredDashboard`: encoded once, with the
+    histograms of its first annotations), and its composed summaries (the track list, the
     timeline's ranks, the other annotations), composed when first needed if the dashboard
     came ready-made from the summary cache."""
 
-    dashboard: dict[str, Any]
-    annotations: dict[str, Any]
+    stored: StoredDashboard
     composed: ComposedProfile | None
     recompose: Callable[[], ComposedProfile]
-    body: bytes = b""
-    gzipped: bytes = b""  # the body compressed (a fifth of it), for browsers that take gzip
     composing: asyncio.Future[ComposedProfile] | None = None
+    _document: dict[str, Any] | None = None
 
-    def __post_init__(self) -> None:
-        if not self.body:
-            self.body = json.dumps(self.dashboard).encode()
-        if not self.gzipped:
-            self.gzipped = gzip.compress(self.body, compresslevel=6, mtime=0)
+    @property
+    def dashboard(self) -> dict[str, Any]:
+        """The dashboard document, parsed when first needed (the track list's steps)."""
+        if self._document is None:
+            self._document = json.loads(self.stored.body)
+        return self._document
 
     def nbytes(self) -> int:
         held = self.composed.nbytes() if self.composed is not None else 0
-        return held + 9 * len(self.body)  # the dashboard as objects, as JSON and gzipped
+        return held + 9 * len(self.stored.body)  # its JSON, gzipped, parsed; the track list
 
 
 def ready_annotations(composed: ComposedProfile, dashboard: dict[str, Any]) -> dict[str, Any]:
@@ -656,20 +654,18 @@ class ProfileStore:
                 progress.phase = "composing"
             return compose(summaries, location, manifest, problem, time.perf_counter() - began)
 
-        ready = self.cache.get_dashboard(document)
-        if ready is not None:  # composed before from these very files: nothing to read
-            ready.document["overview"]["load_seconds"] = round(time.perf_counter() - began, 3)
-            dashboard, annotations, composed = ready.document, ready.annotations, None
-        else:
+        stored = self.cache.get_dashboard(document)
+        composed = None
+        if stored is None:  # else composed before from these very files: nothing to read
             composed = recompose(check, shown)
             dashboard = dashboard_of(composed.inputs)
-            annotations = ready_annotations(composed, dashboard)
-            self.cache.put_dashboard(document, StoredDashboard(dashboard, annotations))
-        if isinstance(target, S3Profile):
-            dashboard["overview"]["path"] = str(target.location)  # not the local cache
+            if isinstance(target, S3Profile):
+                dashboard["overview"]["path"] = str(target.location)  # not the local cache
+            stored = StoredDashboard.of(dashboard, ready_annotations(composed, dashboard))
+            self.cache.put_dashboard(document, stored)
         shown.phase = "done"
         # Composed again when the timeline first needs it (nothing to stop: it is no load).
-        return LoadedEntry(dashboard, annotations, composed, partial(recompose, lambda: None))
+        return LoadedEntry(stored, composed, partial(recompose, lambda: None))
 
     def _precompose(self, key: str, entry: LoadedEntry) -> None:
         """Composes a loaded profile's summaries for its timeline, unless it was let go."""
@@ -738,7 +734,7 @@ class ProfileStore:
                 if slot.stop.is_set():
                     return  # unloaded while the last stage ran: dropped, not stored
                 slot.state, slot.entry = "loaded", entry
-                slot.events = int(entry.dashboard["overview"]["events"])
+                slot.events = entry.stored.events
                 self.memory.put(("profile", key), slot, entry.nbytes())
                 if entry.composed is None:
                     asyncio.get_running_loop().call_later(

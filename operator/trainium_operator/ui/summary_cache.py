@@ -13,6 +13,7 @@ them is deleted and recomputed) and pruned, least recently used first, past `max
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import logging
@@ -64,7 +65,7 @@ def default_directory() -> Path:
     return Path(base) / "trainium-operator" / "ui-summaries"
 
 
-_DASHBOARD_FORMAT = 2  # 2: the document is stored with its annotations' histograms
+_DASHBOARD_FORMAT = 3  # 3: a header line, then the document as served, plain and gzipped
 
 
 def dashboard_key(rank_identities: Sequence[str], manifest_identity: str) -> str:
@@ -94,22 +95,49 @@ def checked_directory(directory: Path, served_root: Path | None) -> Path:
 
 @dataclass(frozen=True)
 class StoredDashboard:
-    """A composed dashboard document and the histograms of its first annotations (name ->
-    the `/api/annotation` answer), so neither needs the summaries again."""
+    """A composed dashboard as the UI answers it: its JSON, plain and gzipped, encoded once
+    when it was composed (a reopen sends these bytes without parsing them), its event count,
+    and the histograms of its first annotations (name -> the `/api/annotation` answer)."""
 
-    document: dict[str, Any]
+    body: bytes
+    gzipped: bytes
+    events: int
     annotations: dict[str, Any]
 
+    @classmethod
+    def of(cls, document: dict[str, Any], annotations: dict[str, Any]) -> StoredDashboard:
+        body = json.dumps(document).encode()
+        gzipped = gzip.compress(body, compresslevel=6, mtime=0)
+        return cls(body, gzipped, int(document["overview"]["events"]), annotations)
 
-def _stored_dashboard(stored: Any) -> StoredDashboard | None:
-    if not isinstance(stored, dict):
+    def to_bytes(self) -> bytes:
+        header = {
+            "events": self.events,
+            "annotations": self.annotations,
+            "body": len(self.body),
+            "gzipped": len(self.gzipped),
+        }
+        return json.dumps(header).encode() + b"\n" + self.body + self.gzipped
+
+
+def _stored_dashboard(data: bytes) -> StoredDashboard | None:
+    """The stored dashboard, or None when the bytes are not one (written by this UI, so a
+    check of their framing is enough: the document itself is not parsed again)."""
+    line, _, rest = data.partition(b"\n")
+    try:
+        header = json.loads(line)
+    except ValueError:
         return None
-    document, annotations = stored.get("dashboard"), stored.get("annotations")
-    if not isinstance(document, dict) or not isinstance(document.get("overview"), dict):
+    if not isinstance(header, dict) or not isinstance(header.get("annotations"), dict):
         return None
-    if not isinstance(annotations, dict):
+    sizes = (header.get("body"), header.get("gzipped"), header.get("events"))
+    if not all(isinstance(size, int) and size >= 0 for size in sizes):
         return None
-    return StoredDashboard(document, annotations)
+    body, gzipped = rest[: header["body"]], rest[header["body"] :]
+    framed = len(body) == header["body"] and len(gzipped) == header["gzipped"]
+    if not framed or body[:1] != b"{" or body[-1:] != b"}" or gzipped[:2] != b"\x1f\x8b":
+        return None
+    return StoredDashboard(body, gzipped, header["events"], header["annotations"])
 
 
 class SummaryCache:
@@ -143,20 +171,17 @@ class SummaryCache:
         return summary
 
     def get_dashboard(self, key: str) -> StoredDashboard | None:
-        """A profile's dashboard as composed before from the same files (`dashboard_key`),
-        with the annotation histograms stored beside it."""
+        """A profile's dashboard as composed before from the same files (`dashboard_key`)."""
         if self.directory is None:
             return None
         path = self.directory / f"{key}{_DASHBOARD_SUFFIX}"
         try:
-            stored = json.loads(path.read_bytes())
+            data = path.read_bytes()
         except FileNotFoundError:
             return None
-        except ValueError:
-            path.unlink(missing_ok=True)
-            return None
-        found = _stored_dashboard(stored)
+        found = _stored_dashboard(data)
         if found is None:
+            log.warning("dropping unreadable dashboard %s", path.name)
             path.unlink(missing_ok=True)
             return None
         with contextlib.suppress(OSError):
@@ -164,8 +189,7 @@ class SummaryCache:
         return found
 
     def put_dashboard(self, key: str, stored: StoredDashboard) -> None:
-        document = {"dashboard": stored.document, "annotations": stored.annotations}
-        self._write(f"{key}{_DASHBOARD_SUFFIX}", json.dumps(document).encode())
+        self._write(f"{key}{_DASHBOARD_SUFFIX}", stored.to_bytes())
 
     def put(self, key: str, data: bytes) -> None:
         self._write(f"{key}{_SUFFIX}", data)
