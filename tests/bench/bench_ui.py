@@ -11,7 +11,8 @@ context:
   * after discovery (the figure held to the target; median of --runs): the server has listed
     the profile (GET /api/profiles, as the Profiles page or the job list does) and summarised
     it in the background; the open reads the composed dashboard from its cache;
-  * reopen (median of --runs): a restarted UI, summaries and dashboard in its cache;
+  * reopen (median of --runs, interleaved with the above): a restarted UI, summaries and
+    dashboard in its cache;
   * cold (one run): a link to a profile the UI never listed, nothing cached: the open
     summarises every rank file while the page shows its progress.
 For the median reopen it prints where the time goes (page and scripts, the dashboard's answer,
@@ -331,7 +332,7 @@ def main() -> None:
         "--dir", type=Path, default=Path(tempfile.gettempdir()) / "trainium-bench-ui" / "profile"
     )
     parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--runs", type=int, default=5, help="opens per median figure")
+    parser.add_argument("--runs", type=int, default=7, help="opens per median figure")
     parser.add_argument("--no-peer", action="store_true")
     args = parser.parse_args()
     directory = ensure_profile(args.dir)
@@ -354,14 +355,12 @@ def main() -> None:
             executable_path=CHROMIUM, headless=True, args=LAUNCH_FLAGS
         )
         cold = bench_server(directory, args.workers, new_cache(), browser, "cold")
-        ahead_runs = [
-            bench_server(directory, args.workers, new_cache(), browser, "ahead")
-            for _ in range(args.runs)
-        ]
-        reopen_runs = [
-            bench_server(directory, args.workers, caches[-1], browser, "reopen")
-            for _ in range(args.runs)
-        ]
+        # Interleaved, so that both medians see the same load on the machine: each reopen
+        # restarts the UI on the cache the open after discovery just filled.
+        ahead_runs, reopen_runs = [], []
+        for _ in range(args.runs):
+            ahead_runs.append(bench_server(directory, args.workers, new_cache(), browser, "ahead"))
+            reopen_runs.append(bench_server(directory, args.workers, caches[-1], browser, "reopen"))
         browser.close()
     summaries_mb = sum(p.stat().st_size for p in caches[-1].glob("*.summary")) / 1e6
     for cache in caches:
