@@ -17,7 +17,9 @@ context:
     summarises every rank file while the page shows its progress.
 For the median reopen it prints where the time goes (page and scripts, the dashboard's answer,
 drawing), then over HTTP the timeline open (track tree + first window for the tracks on screen,
-which decodes their ranks) and a zoom to a step. It samples the resident memory of the server
+which decodes their ranks) and a zoom to a step: right after the paint in the opens after
+discovery (the summaries are composed first), TIMELINE_AFTER_S later in the reopens (the UI
+has composed them by then, a second after the open). It samples the resident memory of the server
 (its VmHWM) and of its process tree with the decode workers. As a peer it writes the same
 events as Kineto-style Chrome trace JSON and loads it with `json.load` in a fresh process (the
 first step of every JSON-based tool: TensorBoard's plugin, HTA, chrome://tracing), reporting
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,6 +60,7 @@ BENCH_SPEC = SyntheticSpec(
 SCREEN_WIDTH_PX = 1350
 SCREEN_TRACKS = 40
 TARGET_FIRST_PAINT_S = 0.5
+TIMELINE_AFTER_S = 2.0  # a user reading the dashboard before opening the timeline
 TARGET_SERVER_PEAK_MIB = 256
 
 
@@ -222,6 +226,8 @@ def bench_server(
             result["ahead_s"] = summarised_ahead(base, profile_id)
         result["paint"] = first_paint(browser, base, profile_id)
         if mode == "reopen":
+            time.sleep(TIMELINE_AFTER_S)
+        if mode != "cold":
             result |= timeline(base, profile_id)
         sampler.stop.set()
         sampler.join()
@@ -236,6 +242,10 @@ def bench_server(
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return sorted(runs, key=lambda run: run["paint"]["painted"])[len(runs) // 2]
+
+
+def median_of(runs: list[dict[str, Any]], key: str) -> float:
+    return float(statistics.median(run[key] for run in runs))
 
 
 def paints(runs: list[dict[str, Any]]) -> str:
@@ -390,12 +400,15 @@ def main() -> None:
         f"{timing['open_sent']:.0f} ms, answered {timing['open_answered']:.0f} ms (server "
         f"{timing['open_server']:.0f} ms); painted {timing['painted']:.0f} ms"
     )
+    later = median_of(reopen_runs, "timeline_open_s")
+    at_once = median_of(ahead_runs, "timeline_open_s")
     print(
-        f"  timeline open            {ours['timeline_open_s'] * 1000:.0f} ms "
-        f"(tree + first window of {SCREEN_TRACKS} tracks, decoding their ranks, "
-        f"{ours['first_window_bytes'] / 1e3:.0f} kB JSON)"
+        f"  timeline open            {later * 1000:.0f} ms {TIMELINE_AFTER_S:.0f} s after the "
+        f"dashboard, {at_once * 1000:.0f} ms right after its paint (composing the summaries "
+        f"first); medians: tree + first window of {SCREEN_TRACKS} tracks, decoding their "
+        f"ranks, {ours['first_window_bytes'] / 1e3:.0f} kB JSON"
     )
-    print(f"  zoom to a step           {ours['zoom_to_step_s'] * 1000:.0f} ms")
+    print(f"  zoom to a step           {median_of(reopen_runs, 'zoom_to_step_s') * 1000:.0f} ms")
     runs = {"after discovery": ahead_runs, "reopen": reopen_runs, "cold": [cold]}
     for label, measured in runs.items():
         print(
