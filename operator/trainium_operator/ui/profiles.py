@@ -61,7 +61,7 @@ from trainium_operator.ui import lazy_timeline
 from trainium_operator.ui.background import BackgroundSummaries, Discovered, Progress
 from trainium_operator.ui.limits import DEFAULT_SUMMARISE_AHEAD
 from trainium_operator.ui.live import JobLive
-from trainium_operator.ui.memory import DEFAULT_MEMORY_BUDGET, MemoryLRU
+from trainium_operator.ui.memory import DEFAULT_MEMORY_BUDGET, MemoryLRU, release_freed_memory
 from trainium_operator.ui.profile_id import InvalidProfileIdError, ProfileId
 from trainium_operator.ui.summary_cache import (
     StoredDashboard,
@@ -425,14 +425,20 @@ class ProfileStore:
         found += [Discovered(key) for key in job_ids]
         self.ahead.offer(found)
 
+    def _build_ahead(
+        self, target: Path | S3Profile, stop: threading.Event, progress: Progress
+    ) -> None:
+        """The build of a background summary, whose result only the cache keeps: its memory
+        is freed, and returned to the system, before the next one."""
+        self._build(target, stop, progress, ahead=True)
+        release_freed_memory()
+
     async def _summarise_ahead(self, key: str, progress: Progress, stop: threading.Event) -> None:
         """One profile summarised and its dashboard composed into the cache, then let go."""
         # Under S3 the profile as the listing that discovered it saw it: no listing again.
         listed = self._s3_listed.get(key)
         target = listed if listed is not None else await asyncio.to_thread(self._locate, key)
-        work = asyncio.ensure_future(
-            asyncio.to_thread(self._build, target, stop, progress, ahead=True)
-        )
+        work = asyncio.ensure_future(asyncio.to_thread(self._build_ahead, target, stop, progress))
         try:
             await asyncio.shield(work)
         except asyncio.CancelledError:
