@@ -435,9 +435,16 @@ def test_profile_ui_mounts_the_shared_claim_read_only(tmp_path: Path) -> None:
         f"--allowed-host={FULLNAME}-profile-ui.default.svc.cluster.local",
         "--allowed-host=localhost",
         "--allowed-host=127.0.0.1",
+        "--summary-cache=/summaries",
+        "--summary-cache-size=1536",
+        "--memory-budget=512",
         "--list-jobs",
     ]
     assert {"name": "shared", "mountPath": "/data", "readOnly": True} in container["volumeMounts"]
+    # The UI's summaries live in a volume of its own, never on the tenant-writable claim.
+    assert {"name": "summaries", "mountPath": "/summaries"} in container["volumeMounts"]
+    (summaries,) = [v for v in pod["volumes"] if v["name"] == "summaries"]
+    assert summaries["emptyDir"] == {"sizeLimit": "2Gi"}
     (shared,) = [v for v in pod["volumes"] if v["name"] == "shared"]
     assert shared["persistentVolumeClaim"] == {"claimName": "fsx-claim", "readOnly": True}
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -476,7 +483,7 @@ def test_profile_ui_can_serve_an_s3_prefix_with_a_local_cache(tmp_path: Path) ->
     assert container["args"][2] == "s3://my-profiles/trainium"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TRAINIUM_PROFILE_CACHE"] == "/cache"
-    assert {v["name"] for v in pod["volumes"]} == {"cache", "tmp"}, "no claim needed"
+    assert {v["name"] for v in pod["volumes"]} == {"cache", "summaries", "tmp"}, "no claim needed"
     account = one(manifests, "ServiceAccount", f"{FULLNAME}-profile-ui")
     assert account["metadata"]["annotations"] == role
 

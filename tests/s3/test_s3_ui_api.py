@@ -4,6 +4,7 @@ filter), only complete profiles loadable, the same dashboard as from a directory
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -18,6 +19,7 @@ from trainium_operator.analysis.report import dashboard
 from trainium_operator.profiler.s3 import parse_s3_uri, upload_profile
 from trainium_operator.ui.app import create_app
 from trainium_operator.ui.profiles import JobInfo
+from trainium_operator.ui.summary_cache import SummaryCache, checked_directory
 from ui_serving import get_json, post_json, serving
 
 SPEC = SyntheticSpec(nodes=2, ranks_per_node=2, kernels_per_step=8, steps=6, detailed_steps=(1, 4))
@@ -110,3 +112,27 @@ def test_a_missing_bucket_is_reported_on_the_page_not_a_crash(
         assert listing["profiles"] == []
         assert "bucket 'no-such-bucket' does not exist" in listing["profiles_error"]
         assert get_json(f"{url}/api/profiles")["profiles_error"], "the server keeps answering"
+
+
+def test_complete_s3_profiles_are_summarised_ahead_once_listed(
+    s3: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINIUM_PROFILE_CACHE", str(tmp_path / "cache"))
+    upload_tree(s3, tmp_path, "ahead")
+    cache = SummaryCache(checked_directory(tmp_path / "summaries", None))
+    with serving(create_app(s3.uri("ahead"), workers=1, summary_cache=cache)) as url:
+        deadline = time.monotonic() + 60
+        while True:
+            rows = {row["id"]: row for row in get_json(f"{url}/api/profiles")["profiles"]}
+            states = {key: (row["summaries"] or {}).get("state") for key, row in rows.items()}
+            if "queued" not in states.values() and "summarising" not in states.values():
+                break
+            assert time.monotonic() < deadline, states
+            time.sleep(0.1)
+
+        assert states == {
+            "ml/bert-large/0": "ready",
+            "ml/bert-large/1": None,  # an incomplete upload is not downloaded
+            "ml/llama-pretrain/0": "ready",
+        }
+        assert len(list((tmp_path / "summaries").glob("*.dashboard"))) == 2

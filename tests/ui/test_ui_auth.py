@@ -333,6 +333,10 @@ def test_an_anonymous_or_unknown_token_request_gets_401(two_namespaces: Path) ->
     assert health.status == 200  # the probe needs no token
 
 
+def without_summaries(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{key: value for key, value in row.items() if key != "summaries"} for row in rows]
+
+
 def test_a_user_sees_only_jobs_and_profiles_of_namespaces_they_may_read(
     two_namespaces: Path,
 ) -> None:
@@ -346,7 +350,10 @@ def test_a_user_sees_only_jobs_and_profiles_of_namespaces_they_may_read(
     assert [row["id"] for row in first.json()["profiles"]] == [PROFILE_A]
     assert first.json()["total"] == 1
     assert [job["name"] for job in first.json()["jobs"]] == ["job-a"]
-    assert second.json()["profiles"] == first.json()["profiles"]
+    # The same rows (the background summaries of team-a's profile may have moved on).
+    assert without_summaries(second.json()["profiles"]) == without_summaries(
+        first.json()["profiles"]
+    )
     # One review per namespace for both page loads; the second was answered from the cache.
     assert sorted(q.namespace for _, q in reviews.questions) == ["team-a", "team-b"]
     assert reviews.tokens_reviewed == ["alice-token"]
@@ -423,7 +430,7 @@ def test_state_changes_are_post_only_with_the_csrf_header(two_namespaces: Path) 
 
 def test_every_route_that_changes_state_is_post_only(two_namespaces: Path) -> None:
     app = create_app(two_namespaces, workers=1)
-    state_changing = {"/api/profiles/load", "/api/profiles/unload"}
+    state_changing = {"/api/profiles/load", "/api/profiles/open", "/api/profiles/unload"}
     methods: dict[str, set[str]] = {}
     for route in app.router.routes():
         info = route.resource.get_info() if route.resource is not None else {}

@@ -11,6 +11,7 @@ import asyncio
 import shutil
 import threading
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from trainium_operator.k8s.reviews import (
     TokenReviewResult,
 )
 from trainium_operator.profiler.s3 import S3Location
+from trainium_operator.ui import lazy_timeline
 from trainium_operator.ui import profiles as ui_profiles
 from trainium_operator.ui.app import STORE_KEY, create_app
 from trainium_operator.ui.auth import ALL_NAMESPACES, KubernetesAccess, profile_namespace
@@ -97,17 +99,22 @@ def test_track_lists_are_deduplicated_bounded_and_capped() -> None:
 def test_a_window_answer_stays_within_its_item_budget(profile_root: Path) -> None:
     async def session(client: TestClient[Any, Any], app: web.Application) -> None:
         await load(client, ATTEMPT)
-        entry = app[STORE_KEY].slots[ATTEMPT].entry
+        store = app[STORE_KEY]
+        entry = store.slots[ATTEMPT].entry
         assert entry is not None
-        index = entry.index
-        every = list(range(len(index.tracks)))
-        full = index.window(0, entry.profile.end_ns, 8192, every)
+        composed = entry.composed
+        every = list(range(len(composed.tracks)))
+        span = {"start_ns": 0, "end_ns": composed.inputs.end_ns, "width_px": 8192}
+        ranks = partial(store.rank_index, ATTEMPT, entry)
+        full = await lazy_timeline.window(composed, ranks, **span, track_ids=every)
         sizes = [
             len(t["ids"]) + len(t["agg"]["px"]) if "ids" in t else len(t["t"])
             for t in full["tracks"]
         ]
         budget = max(sizes)  # room for the largest track, not for all of them
-        bounded = index.window(0, entry.profile.end_ns, 8192, every, max_items=budget)
+        bounded = await lazy_timeline.window(
+            composed, ranks, **span, track_ids=every, max_items=budget
+        )
         answered = [
             len(t["ids"]) + len(t["agg"]["px"]) if "ids" in t else len(t["t"])
             for t in bounded["tracks"]
@@ -163,13 +170,13 @@ def test_aliases_of_one_profile_decode_once(
     profile_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     decodes: list[Path] = []
-    real = ui_profiles.load_profile
+    real = ui_profiles.summary_bytes
 
-    def counted(path: Any, workers: int | None = None) -> Any:
-        decodes.append(Path(path))
-        return real(path, workers=workers)
+    def counted(path: Path, points: Any) -> bytes:
+        decodes.append(path.parent.parent)
+        return real(path, points)
 
-    monkeypatch.setattr(ui_profiles, "load_profile", counted)
+    monkeypatch.setattr(ui_profiles, "summary_bytes", counted)
     aliases = [ATTEMPT, f"{ATTEMPT}/", f"./{ATTEMPT}", "team-a//job-a/0", "team-a/./job-a/0"]
 
     async def session(client: TestClient[Any, Any], app: web.Application) -> None:
@@ -191,11 +198,11 @@ def test_a_symlink_to_a_profile_shares_its_decode(
     (root / "team-a" / "alias").mkdir()
     (root / "team-a" / "alias" / "0").symlink_to(root / ATTEMPT, target_is_directory=True)
     decodes: list[Path] = []
-    real = ui_profiles.load_profile
+    real = ui_profiles.summary_bytes
     monkeypatch.setattr(
         ui_profiles,
-        "load_profile",
-        lambda path, workers=None: decodes.append(Path(path)) or real(path, workers=workers),
+        "summary_bytes",
+        lambda path, points: decodes.append(Path(path)) or real(path, points),
     )
 
     async def session(client: TestClient[Any, Any], app: web.Application) -> None:
@@ -233,23 +240,23 @@ def test_a_decode_unloaded_midway_stops_before_its_next_stage_and_stores_nothing
     profile_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     started, release, decoded = threading.Event(), threading.Event(), threading.Event()
-    indexed: list[int] = []
-    real_load, real_index = ui_profiles.load_profile, ui_profiles.TimelineIndex
+    composed: list[int] = []
+    real_summary, real_compose = ui_profiles.summary_bytes, ui_profiles.compose
 
-    def slow(path: Any, workers: int | None = None) -> Any:
+    def slow(path: Path, points: Any) -> bytes:
         started.set()
         release.wait(5)
         try:
-            return real_load(path, workers=workers)
+            return real_summary(path, points)
         finally:
             decoded.set()
 
-    def index(profile: Any) -> Any:
-        indexed.append(1)
-        return real_index(profile)
+    def counted_compose(*args: Any, **kwargs: Any) -> Any:
+        composed.append(1)
+        return real_compose(*args, **kwargs)
 
-    monkeypatch.setattr(ui_profiles, "load_profile", slow)
-    monkeypatch.setattr(ui_profiles, "TimelineIndex", index)
+    monkeypatch.setattr(ui_profiles, "summary_bytes", slow)
+    monkeypatch.setattr(ui_profiles, "compose", counted_compose)
 
     async def session(client: TestClient[Any, Any], app: web.Application) -> None:
         first = await client.post(f"/api/profiles/load?id={ATTEMPT}", headers=POST)
@@ -260,7 +267,7 @@ def test_a_decode_unloaded_midway_stops_before_its_next_stage_and_stores_nothing
         release.set()
         await asyncio.to_thread(decoded.wait, 5)
         await asyncio.sleep(0.3)  # what the decode's thread would still do, it would do now
-        assert indexed == []  # the index (and the dashboard) of a dropped decode are not built
+        assert composed == []  # the dashboard of a dropped decode is not built
         assert app[STORE_KEY].slots == {}
         assert (await client.get(f"/api/dashboard?id={ATTEMPT}")).status == 404
 
@@ -273,20 +280,20 @@ def test_decodes_in_flight_are_bounded_however_often_a_user_unloads(
     release = threading.Event()
     running, most = [0], [0]
     lock = threading.Lock()
-    real = ui_profiles.load_profile
+    real = ui_profiles.summary_bytes
 
-    def slow(path: Any, workers: int | None = None) -> Any:
+    def slow(path: Path, points: Any) -> bytes:
         with lock:
             running[0] += 1
             most[0] = max(most[0], running[0])
         release.wait(5)
         try:
-            return real(path, workers=workers)
+            return real(path, points)
         finally:
             with lock:
                 running[0] -= 1
 
-    monkeypatch.setattr(ui_profiles, "load_profile", slow)
+    monkeypatch.setattr(ui_profiles, "summary_bytes", slow)
 
     async def session(client: TestClient[Any, Any], app: web.Application) -> None:
         for _ in range(10):
@@ -305,14 +312,14 @@ def test_a_waiting_load_of_a_profile_unloaded_meanwhile_is_a_409_not_a_500(
     profile_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     started, release = threading.Event(), threading.Event()
-    real = ui_profiles.load_profile
+    real = ui_profiles.summary_bytes
 
-    def slow(path: Any, workers: int | None = None) -> Any:
+    def slow(path: Path, points: Any) -> bytes:
         started.set()
         release.wait(5)
-        return real(path, workers=workers)
+        return real(path, points)
 
-    monkeypatch.setattr(ui_profiles, "load_profile", slow)
+    monkeypatch.setattr(ui_profiles, "summary_bytes", slow)
 
     async def session(client: TestClient[Any, Any], app: web.Application) -> None:
         waiting = asyncio.ensure_future(

@@ -76,17 +76,22 @@ class LoadedProfile:
         return None
 
     def warnings(self) -> list[str]:
-        notes: list[str] = [self.manifest_problem] if self.manifest_problem else []
-        for info in self.ranks:
-            if info.damage:
-                notes.append(f"rank {info.rank}: {info.damage}")
-            elif not info.complete:
-                notes.append(f"rank {info.rank}: file has no END block (writer still running?)")
-            if info.dropped_events:
-                notes.append(f"rank {info.rank}: {info.dropped_events} events dropped at capture")
-            if not info.aligned:
-                notes.append(f"rank {info.rank}: no clock sync point; timeline position unknown")
-        return notes
+        return profile_warnings(self.manifest_problem, self.ranks)
+
+
+def profile_warnings(manifest_problem: str | None, ranks: Sequence[RankInfo]) -> list[str]:
+    """What a profile's reader should know before trusting its numbers, rank by rank."""
+    notes: list[str] = [manifest_problem] if manifest_problem else []
+    for info in ranks:
+        if info.damage:
+            notes.append(f"rank {info.rank}: {info.damage}")
+        elif not info.complete:
+            notes.append(f"rank {info.rank}: file has no END block (writer still running?)")
+        if info.dropped_events:
+            notes.append(f"rank {info.rank}: {info.dropped_events} events dropped at capture")
+        if not info.aligned:
+            notes.append(f"rank {info.rank}: no clock sync point; timeline position unknown")
+    return notes
 
 
 @dataclass(frozen=True)
@@ -136,7 +141,7 @@ def _decode_all(paths: Sequence[Path], workers: int) -> list[_RankLoad]:
         return list(pool.map(load_rank_file, paths, chunksize=4))
 
 
-def _sync_pairs(header: RankHeader) -> list[tuple[int, int]]:
+def sync_pairs(header: RankHeader) -> list[tuple[int, int]]:
     return [(p.monotonic_ns, p.wall_ns) for p in header.clock_sync]
 
 
@@ -200,18 +205,18 @@ def load_profile(directory: str | os.PathLike[str], workers: int | None = None) 
     loads = _decode_all(rank_files, default_workers() if workers is None else workers)
     loads.sort(key=lambda load: load.header.rank)
 
-    nodes = sorted({_node_name(load) for load in loads})
+    nodes = sorted({node_name(load) for load in loads})
     node_index = {name: i for i, name in enumerate(nodes)}
     node_sync: dict[str, list[tuple[int, int]]] = {}
     for load in loads:
-        node_sync.setdefault(_node_name(load), []).extend(_sync_pairs(load.header))
+        node_sync.setdefault(node_name(load), []).extend(sync_pairs(load.header))
 
     aligned_loads: list[_RankLoad] = []
     aligned_flags: list[bool] = []
     for load in loads:
         # Ranks on one node share CLOCK_MONOTONIC, so a rank that recorded no sync point can
         # borrow its node peers'.
-        points = _sync_pairs(load.header) or node_sync.get(_node_name(load), [])
+        points = sync_pairs(load.header) or node_sync.get(node_name(load), [])
         aligned = load
         if points and len(load.columns):
             wall = monotonic_to_wall(load.columns.start_ns, points)
@@ -222,13 +227,13 @@ def load_profile(directory: str | os.PathLike[str], workers: int | None = None) 
     starts = [int(load.columns.start_ns.min()) for load in aligned_loads if len(load.columns)]
     origin = min(starts) if starts else 0
     columns = _concatenate(
-        aligned_loads, [node_index[_node_name(load)] for load in aligned_loads], origin
+        aligned_loads, [node_index[node_name(load)] for load in aligned_loads], origin
     )
     end = int(columns.end_ns.max()) if len(columns) else 0
     ranks = tuple(
         RankInfo(
             rank=load.header.rank,
-            node=node_index[_node_name(load)],
+            node=node_index[node_name(load)],
             local_rank=load.header.local_rank,
             path=load.path,
             event_count=len(load.columns),
@@ -255,7 +260,7 @@ def load_profile(directory: str | os.PathLike[str], workers: int | None = None) 
     )
 
 
-def _node_name(load: _RankLoad) -> str:
+def node_name(load: _RankLoad) -> str:
     # The header names the node the rank ran on; the directory (same name by the layout
     # contract) covers files written without one.
     return load.header.node or load.path.parent.name or "node"

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from trainium_operator.analysis.columns import F64, EventColumns
-from trainium_operator.analysis.loading import LoadedProfile
+from trainium_operator.analysis.loading import LoadedProfile, RankInfo, profile_warnings
 from trainium_operator.analysis.stats import (
+    ActivityBreakdown,
     DurationStats,
     Histogram,
+    LatencyPairs,
     activity_breakdown,
     annotation_histogram,
     annotation_table,
     cpu_activity,
-    launch_latency,
+    latency_of_pairs,
+    latency_pairs,
     ordered_operations,
     precision_breakdown,
     rank_step_matrix,
@@ -28,6 +33,7 @@ from trainium_operator.analysis.stats import (
     utilisation_over_time,
 )
 from trainium_operator.profiler.events import EventKind
+from trainium_operator.profiler.manifest import ProfileManifest
 
 
 def _stats(stats: DurationStats) -> dict[str, Any]:
@@ -42,24 +48,76 @@ def _finite(values: F64) -> list[float | None]:
     return [None if math.isnan(v) else round(float(v), 4) for v in values.tolist()]
 
 
-def profile_overview(profile: LoadedProfile) -> dict[str, Any]:
-    manifest = profile.manifest
+@dataclass(frozen=True)
+class DashboardInputs:
+    """What the dashboard is computed from. For a loaded profile every column set is its whole
+    columns (`inputs_of`); the UI composes them from per-rank summaries instead
+    (`analysis.summary`), whose reductions give the same numbers without the whole profile."""
+
+    path: Path
+    manifest: ProfileManifest
+    manifest_problem: str | None
+    nodes: tuple[str, ...]
+    ranks: tuple[RankInfo, ...]
+    origin_wall_ns: int
+    end_ns: int
+    events: int
+    load_seconds: float
+    samples: EventColumns  # step markers, CPU samples and annotations (other events may be in)
+    operations: EventColumns  # kernels, host ops, memory operations, collectives (ditto)
+    busy: EventColumns  # device-busy intervals (or their unions per device) and CPU samples
+    activity: ActivityBreakdown
+    latency: LatencyPairs
+    device_events: int  # events of the device kinds on a device
+
+
+def device_event_count(columns: EventColumns) -> int:
+    return int(
+        np.count_nonzero(
+            np.isin(columns.kind, [int(k) for k in DEVICE_KINDS]) & (columns.device >= 0)
+        )
+    )
+
+
+def inputs_of(profile: LoadedProfile) -> DashboardInputs:
+    columns = profile.columns
+    return DashboardInputs(
+        path=profile.path,
+        manifest=profile.manifest,
+        manifest_problem=profile.manifest_problem,
+        nodes=profile.nodes,
+        ranks=profile.ranks,
+        origin_wall_ns=profile.origin_wall_ns,
+        end_ns=profile.end_ns,
+        events=len(columns),
+        load_seconds=profile.load_seconds,
+        samples=columns,
+        operations=columns,
+        busy=columns,
+        activity=activity_breakdown(columns),
+        latency=latency_pairs(columns),
+        device_events=device_event_count(columns),
+    )
+
+
+def profile_overview(inputs: DashboardInputs) -> dict[str, Any]:
+    manifest = inputs.manifest
     return {
-        "path": str(profile.path),
+        "path": str(inputs.path),
         "job_name": manifest.job_name,
         "namespace": manifest.namespace,
         "uid": manifest.uid,
         "attempt": manifest.attempt,
         "created": manifest.created,
         "step_window": list(manifest.step_window) if manifest.step_window else None,
-        "nodes": list(profile.nodes),
-        "ranks": len(profile.ranks),
-        "events": len(profile.columns),
-        "duration_ns": profile.end_ns,
-        "origin_wall_ns": profile.origin_wall_ns,
-        "dropped_events": sum(rank.dropped_events for rank in profile.ranks),
-        "load_seconds": round(profile.load_seconds, 3),
-        "warnings": profile.warnings(),
+        "nodes": list(inputs.nodes),
+        "ranks": len(inputs.ranks),
+        "events": inputs.events,
+        "duration_ns": inputs.end_ns,
+        "origin_wall_ns": inputs.origin_wall_ns,
+        "dropped_events": sum(rank.dropped_events for rank in inputs.ranks),
+        "load_seconds": round(inputs.load_seconds, 3),
+        "warnings": profile_warnings(inputs.manifest_problem, inputs.ranks),
     }
 
 
@@ -100,10 +158,10 @@ def _why_no_accelerator(sources: set[str]) -> str:
     )
 
 
-def neuron_capture_summary(profile: LoadedProfile) -> dict[str, Any]:
+def neuron_capture_summary(ranks: tuple[RankInfo, ...]) -> dict[str, Any]:
     """What the Neuron runtime's capture contributed, from the notes the post-run merge left
     in each rank file: system profile always, device profile only where one was converted."""
-    merged = [rank for rank in profile.ranks if "neuron_capture_dir" in rank.extra]
+    merged = [rank for rank in ranks if "neuron_capture_dir" in rank.extra]
     with_device = [
         rank for rank in merged if int(rank.extra.get("neuron_device_profile_events", "0") or 0)
     ]
@@ -147,26 +205,20 @@ def neuron_capture_summary(profile: LoadedProfile) -> dict[str, Any]:
     }
 
 
-def accelerator_summary(profile: LoadedProfile) -> dict[str, Any]:
+def accelerator_summary(inputs: DashboardInputs) -> dict[str, Any]:
     """Whether any accelerator activity was recorded, and if not, why, so the dashboard and
     the report say so instead of showing zeros."""
-    columns = profile.columns
-    device_events = int(
-        np.count_nonzero(
-            np.isin(columns.kind, [int(k) for k in DEVICE_KINDS]) & (columns.device >= 0)
-        )
-    )
-    sources = {source for rank in profile.ranks for source in rank.sources}
-    recorded = device_events > 0
-    window = profile.manifest.step_window
+    sources = {source for rank in inputs.ranks for source in rank.sources}
+    recorded = inputs.device_events > 0
+    window = inputs.manifest.step_window
     return {
         "recorded": recorded,
-        "device_events": device_events,
+        "device_events": inputs.device_events,
         "sources": sorted(sources),
         "reason": None if recorded else _why_no_accelerator(sources),
         "window": list(window) if window else None,
         "host_ops_shown": not recorded,
-        "neuron": neuron_capture_summary(profile),
+        "neuron": neuron_capture_summary(inputs.ranks),
     }
 
 
@@ -179,20 +231,25 @@ def _matrix(values: F64, digits: int) -> list[list[float | None]]:
 def dashboard(profile: LoadedProfile, buckets: int = 240, top: int = 50) -> dict[str, Any]:
     """Everything the dashboard page draws, computed once per loaded profile; the kernel and
     host-op lists hold the `top` first by time and by count."""
-    columns = profile.columns
-    node_count = len(profile.nodes)
-    utilisation = utilisation_over_time(columns, node_count, 0, max(profile.end_ns, 1), buckets)
-    steps = step_summary(columns)
-    heatmap = rank_step_matrix(columns)
-    latency = launch_latency(columns)
-    activity = activity_breakdown(columns)
-    cpu = cpu_activity(columns, node_count)
+    return dashboard_of(inputs_of(profile), buckets, top)
+
+
+def dashboard_of(inputs: DashboardInputs, buckets: int = 240, top: int = 50) -> dict[str, Any]:
+    """The dashboard (see `dashboard`) from its inputs."""
+    samples, operations = inputs.samples, inputs.operations
+    node_count = len(inputs.nodes)
+    utilisation = utilisation_over_time(inputs.busy, node_count, 0, max(inputs.end_ns, 1), buckets)
+    steps = step_summary(samples)
+    heatmap = rank_step_matrix(samples)
+    latency = latency_of_pairs(inputs.latency)
+    activity = inputs.activity
+    cpu = cpu_activity(samples, node_count)
     process_cores, host_cores = cpu.mean_cores()
     device_active = activity.device_active_ns()
     device_idle = activity.device_idle_ns()
     return {
-        "overview": profile_overview(profile),
-        "accelerator": accelerator_summary(profile),
+        "overview": profile_overview(inputs),
+        "accelerator": accelerator_summary(inputs),
         "utilisation": {
             "bucket_start_ns": utilisation.bucket_start_ns.tolist(),
             "bucket_ns": utilisation.bucket_ns,
@@ -217,10 +274,10 @@ def dashboard(profile: LoadedProfile, buckets: int = 240, top: int = 50) -> dict
                 "process_mean_cores": round(float(process_cores[i]), 3),
                 "host_mean_cores": round(float(host_cores[i]), 3),
             }
-            for i, node in enumerate(profile.nodes)
+            for i, node in enumerate(inputs.nodes)
         ],
-        "kernels": _operations(columns, EventKind.KERNEL, top),
-        "host_ops": _operations(columns, EventKind.HOST_OP, top),
+        "kernels": _operations(operations, EventKind.KERNEL, top),
+        "host_ops": _operations(operations, EventKind.HOST_OP, top),
         "steps": {
             "rows": [dataclasses.asdict(row) for row in steps.rows],
             "stats": _stats(steps.stats),
@@ -232,13 +289,13 @@ def dashboard(profile: LoadedProfile, buckets: int = 240, top: int = 50) -> dict
                 "duration_ns": _matrix(heatmap.duration_ns, 0),
                 "relative": _matrix(heatmap.relative, 4),
             },
-            "stragglers": [dataclasses.asdict(row) for row in stragglers(columns, heatmap)],
+            "stragglers": [dataclasses.asdict(row) for row in stragglers(samples, heatmap)],
         },
-        "precision": [dataclasses.asdict(row) for row in precision_breakdown(columns)],
+        "precision": [dataclasses.asdict(row) for row in precision_breakdown(operations)],
         "activity": {"totals_ns": activity.totals_ns, "shares": activity.shares()},
-        "memory_ops": [dataclasses.asdict(row) for row in transfer_breakdown(columns)],
+        "memory_ops": [dataclasses.asdict(row) for row in transfer_breakdown(operations)],
         "collectives": [
-            dataclasses.asdict(row) for row in transfer_breakdown(columns, EventKind.COLLECTIVE)
+            dataclasses.asdict(row) for row in transfer_breakdown(operations, EventKind.COLLECTIVE)
         ],
         "launch_latency": {
             "stats": _stats(latency.stats),
@@ -252,17 +309,22 @@ def dashboard(profile: LoadedProfile, buckets: int = 240, top: int = 50) -> dict
             ],
         },
         "annotations": [
-            {"name": row.name, "stats": _stats(row.stats)} for row in annotation_table(columns)
+            {"name": row.name, "stats": _stats(row.stats)} for row in annotation_table(samples)
         ],
     }
 
 
 def annotation(profile: LoadedProfile, name: str, bins: int = 40) -> dict[str, Any]:
-    rows = [row for row in annotation_table(profile.columns) if row.name == name]
+    return annotation_of(profile.columns, name, bins)
+
+
+def annotation_of(samples: EventColumns, name: str, bins: int = 40) -> dict[str, Any]:
+    """One annotation's statistics and histogram, from columns holding its events."""
+    rows = [row for row in annotation_table(samples) if row.name == name]
     return {
         "name": name,
         "stats": _stats(rows[0].stats) if rows else None,
-        "histogram": _histogram(annotation_histogram(profile.columns, name, bins)),
+        "histogram": _histogram(annotation_histogram(samples, name, bins)),
     }
 
 

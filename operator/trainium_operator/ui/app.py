@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -19,11 +19,14 @@ from typing import Any
 
 from aiohttp import web
 
-from trainium_operator.analysis.report import annotation
+from trainium_operator.analysis.report import annotation_of
 from trainium_operator.analysis.s3store import S3ProfileSource
+from trainium_operator.analysis.summary import RankChangedError
 from trainium_operator.analysis.timeline import MAX_WIDTH_PX, MAX_WINDOW_TRACKS
 from trainium_operator.k8s.reviews import ReviewedUser
+from trainium_operator.profiler.format import ProfileFormatError
 from trainium_operator.profiler.s3 import S3ProfileError
+from trainium_operator.ui import lazy_timeline
 from trainium_operator.ui.auth import (
     KubernetesAccess,
     Verdict,
@@ -38,16 +41,21 @@ from trainium_operator.ui.guards import (
     host_allowed,
 )
 from trainium_operator.ui.job_cache import JOB_LIST_TTL_S, SharedJobList
+from trainium_operator.ui.limits import DEFAULT_SUMMARISE_AHEAD
+from trainium_operator.ui.memory import DEFAULT_MEMORY_BUDGET, OverBudgetError
 from trainium_operator.ui.params import NS_LIMIT, ParameterError, clamped_int, int_set
 from trainium_operator.ui.profile_id import InvalidProfileIdError, ProfileId, layout_namespace
 from trainium_operator.ui.profiles import (
     JobInfo,
     JobLister,
+    LoadedEntry,
+    LoadSlot,
     ProfileNotLoadableError,
     ProfileStore,
     UnknownProfileError,
     matches,
 )
+from trainium_operator.ui.summary_cache import SummaryCache
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +76,7 @@ class _Security:
 JOBS_KEY = web.AppKey("jobs", _Jobs)
 SECURITY_KEY = web.AppKey("security", _Security)
 USER_KEY = web.RequestKey("user", ReviewedUser)  # kubernetes mode: the reviewed user
+OPEN_WAIT_S = 2.0  # an open answers within this, loaded or with its progress
 UNGUARDED_PATHS = frozenset({"/healthz"})  # probes: no Host, no token, nothing to read
 STATIC_DIR = Path(str(resources.files("trainium_operator.ui") / "static"))
 _SECURITY_HEADERS = {
@@ -163,12 +172,29 @@ async def _profile_key(request: web.Request) -> str:
     return key
 
 
-async def _profile_entry(request: web.Request) -> Any:
+async def _keyed_entry(request: web.Request) -> tuple[str, LoadedEntry]:
     key = await _profile_key(request)
     try:
-        return await _store(request).wait_loaded(key)
+        return key, await _store(request).wait_loaded(key)
     except UnknownProfileError as exc:
         raise web.HTTPNotFound(text=f"profile {key!r} is not loaded") from exc
+
+
+async def _profile_entry(request: web.Request) -> LoadedEntry:
+    return (await _keyed_entry(request))[1]
+
+
+@contextlib.contextmanager
+def _rank_decode_errors(key: str) -> Iterator[None]:
+    """A rank the timeline decodes may have changed since its summary, or be too big."""
+    try:
+        yield
+    except RankChangedError as exc:
+        raise web.HTTPConflict(text=f"profile {key!r}: {exc}") from exc
+    except ProfileFormatError as exc:  # rewritten since it was summarised: refused, with why
+        raise web.HTTPUnprocessableEntity(text=f"profile {key!r}: {exc}") from exc
+    except OverBudgetError as exc:
+        raise web.HTTPInsufficientStorage(text=str(exc)) from exc
 
 
 async def index(request: web.Request) -> web.FileResponse:
@@ -198,6 +224,9 @@ async def list_profiles(request: web.Request) -> web.Response:
     profiles = [row for row in profiles if readable[profile_namespace(row["id"])]]
     if jobs is not None:
         jobs = [job for job in jobs if readable[job.namespace]]
+    store.discovered(profiles)  # what this user may open is summarised ahead of the open
+    for row in profiles:
+        row["summaries"] = store.ahead.status(row["id"])
     phases = {(job.namespace, job.name): job.status for job in jobs or []}
     for row in profiles:
         row["status"] = phases.get((row["namespace"], row["job_name"]), row["profile_status"])
@@ -221,6 +250,8 @@ async def list_jobs(request: web.Request) -> web.Response:
         query, status = request.query.get("q", ""), request.query.get("status", "")
         visible = [job for job in jobs if readable[job.namespace]]
         body["jobs"] = _job_rows(_store(request), visible, query, status)
+        named = [row["profile_id"] for row in body["jobs"] if row["profile_id"] is not None]
+        _store(request).discovered([], named)
     return web.json_response(body)
 
 
@@ -268,24 +299,55 @@ def _job_row(store: ProfileStore, job: JobInfo) -> dict[str, Any]:
     }
 
 
-async def load(request: web.Request) -> web.Response:
+async def _start_load(request: web.Request) -> tuple[ProfileStore, str, LoadSlot]:
     key = await _profile_key(request)
     store = _store(request)
     try:
-        slot = await store.load(key)
+        return store, key, await store.load(key)
     except UnknownProfileError as exc:
         raise web.HTTPNotFound(text=f"no profile {key!r}") from exc
     except ProfileNotLoadableError as exc:
         raise web.HTTPConflict(text=f"profile {key!r} cannot be loaded: {exc}") from exc
     except S3ProfileError as exc:
         raise web.HTTPBadGateway(text=str(exc)) from exc
-    if request.query.get("wait") == "1":
-        await store.settled(slot)
+
+
+def _check_settled(store: ProfileStore, key: str, slot: LoadSlot) -> None:
     if store.slots.get(key) is not slot:
         raise web.HTTPConflict(text=f"profile {key!r} was unloaded while it loaded")
     if slot.state == "error":  # a malformed profile: the client's input, not a server fault
         raise web.HTTPUnprocessableEntity(text=f"profile {key!r}: {slot.error}")
+
+
+async def load(request: web.Request) -> web.Response:
+    store, key, slot = await _start_load(request)
+    if request.query.get("wait") == "1":
+        await store.settled(slot)
+    _check_settled(store, key, slot)
     return web.json_response({"id": key, "state": slot.state, "error": slot.error})
+
+
+async def open_profile(request: web.Request) -> web.Response:
+    """Loads the profile and answers its dashboard (200) once it is loaded; while it is still
+    loading after OPEN_WAIT_S, 202 with how far it is (summarising its rank files), and the
+    page asks again: an open never holds a request, or the server, for long."""
+    store, key, slot = await _start_load(request)
+    await store.settled(slot, timeout=OPEN_WAIT_S)
+    _check_settled(store, key, slot)
+    if slot.entry is None:
+        progress = slot.progress.as_dict()
+        return web.json_response({"id": key, "state": slot.state, "progress": progress}, status=202)
+    return _document(request, slot.entry)
+
+
+def _document(request: web.Request, entry: LoadedEntry) -> web.Response:
+    """The dashboard as encoded at load, compressed when the browser takes gzip (every one
+    does): a fifth of the bytes, which matters through a port-forward."""
+    stored = entry.stored
+    if "gzip" in request.headers.get("Accept-Encoding", ""):
+        headers = {"Content-Encoding": "gzip", "Vary": "Accept-Encoding"}
+        return web.Response(body=stored.gzipped, content_type="application/json", headers=headers)
+    return web.Response(body=stored.body, content_type="application/json")
 
 
 async def unload(request: web.Request) -> web.Response:
@@ -295,24 +357,29 @@ async def unload(request: web.Request) -> web.Response:
 
 async def get_dashboard(request: web.Request) -> web.Response:
     entry = await _profile_entry(request)
-    return web.json_response(entry.dashboard)
+    return _document(request, entry)
 
 
 async def get_annotation(request: web.Request) -> web.Response:
-    entry = await _profile_entry(request)
+    key, entry = await _keyed_entry(request)
     name = _param(request, "name")
-    return web.json_response(await asyncio.to_thread(annotation, entry.profile, name))
+    ready = entry.stored.annotations.get(name)
+    if ready is not None:  # composed with the dashboard: no summaries to read
+        return web.json_response(ready)
+    samples = (await _store(request).composed(key, entry)).inputs.samples
+    return web.json_response(await asyncio.to_thread(annotation_of, samples, name))
 
 
 async def get_tracks(request: web.Request) -> web.Response:
-    entry = await _profile_entry(request)
-    index = entry.index
+    key, entry = await _keyed_entry(request)
+    composed = await _store(request).composed(key, entry)
+    inputs = composed.inputs
     return web.json_response(
         {
-            "names": list(index.columns.names),
-            "nodes": index.tree(),
-            "end_ns": entry.profile.end_ns,
-            "origin_wall_ns": entry.profile.origin_wall_ns,
+            "names": list(inputs.samples.names),
+            "nodes": lazy_timeline.tree(composed),
+            "end_ns": inputs.end_ns,
+            "origin_wall_ns": inputs.origin_wall_ns,
             "steps": [
                 {"step": row["step"], "start_ns": row["start_ns"], "end_ns": row["end_ns"]}
                 for row in entry.dashboard["steps"]["rows"]
@@ -322,7 +389,7 @@ async def get_tracks(request: web.Request) -> web.Response:
 
 
 async def get_window(request: web.Request) -> web.Response:
-    entry = await _profile_entry(request)
+    key, entry = await _keyed_entry(request)
     start = _int_param(request, "start", low=-NS_LIMIT, high=NS_LIMIT)
     end = _int_param(request, "end", low=-NS_LIMIT, high=NS_LIMIT)
     width = _int_param(request, "width", low=1, high=MAX_WIDTH_PX)
@@ -331,18 +398,21 @@ async def get_window(request: web.Request) -> web.Response:
             request.query,
             "tracks",
             low=0,
-            high=len(entry.index.tracks) - 1,
+            high=len((await _store(request).composed(key, entry)).tracks) - 1,
             max_items=MAX_WINDOW_TRACKS,
         )
     except ParameterError as exc:
         raise web.HTTPBadRequest(text=str(exc)) from exc
-    result = await asyncio.to_thread(entry.index.window, start, end, width, track_ids)
+    with _rank_decode_errors(key):
+        result = await _store(request).window(key, entry, (start, end), width, track_ids)
     return web.json_response(result)
 
 
 async def get_event(request: web.Request) -> web.Response:
-    entry = await _profile_entry(request)
-    detail = entry.index.event(_int_param(request, "event", low=-1, high=NS_LIMIT))
+    key, entry = await _keyed_entry(request)
+    event_id = _int_param(request, "event", low=-1, high=NS_LIMIT)
+    with _rank_decode_errors(key):
+        detail = await _store(request).event(key, entry, event_id)
     if detail is None:
         raise web.HTTPNotFound(text="no such event")
     return web.json_response(detail)
@@ -409,21 +479,42 @@ def create_app(
     allowed_hosts: Collection[str] = LOOPBACK_HOSTS,
     access: KubernetesAccess | None = None,
     job_list_ttl: float = JOB_LIST_TTL_S,
+    summary_cache: SummaryCache | None = None,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    summarise_ahead: int = DEFAULT_SUMMARISE_AHEAD,
 ) -> web.Application:
     """The UI for profiles under `root`, a directory or an `s3://bucket/prefix` URI.
     `job_lister` lists the TrainingJobs (injected so this module never imports
     the Kubernetes client), at most once per `job_list_ttl` seconds for all requests together;
     `s3` overrides the S3 source (client, cache) for an s3:// root.
     `allowed_hosts` are the names the UI answers to (`*`: any); with `access`, every request
-    needs a bearer token the cluster authenticates and sees only namespaces its user may read."""
+    needs a bearer token the cluster authenticates and sees only namespaces its user may read.
+    `summary_cache` keeps rank summaries across loads and restarts (None: in memory only, per
+    load); `memory_budget` bounds the loaded profiles and decoded ranks held (bytes);
+    `summarise_ahead` profiles a listing discovers may wait to be summarised in the background
+    (0: only when opened)."""
     app = web.Application(middlewares=[security_headers, request_guard, authenticate])
-    app[STORE_KEY] = ProfileStore.for_source(root, workers=workers, s3=s3)
+    store = ProfileStore.for_source(
+        root,
+        workers=workers,
+        s3=s3,
+        cache=summary_cache,
+        memory_budget=memory_budget,
+        summarise_ahead=summarise_ahead,
+    )
+    app[STORE_KEY] = store
+
+    async def stop_workers(app: web.Application) -> None:
+        await store.aclose()
+
+    app.on_cleanup.append(stop_workers)
     app[JOBS_KEY] = _Jobs(None if job_lister is None else SharedJobList(job_lister, job_list_ttl))
     app[SECURITY_KEY] = _Security(frozenset(allowed_hosts), access)
     app.router.add_get("/", index)
     app.router.add_get("/api/profiles", list_profiles)
     app.router.add_get("/api/jobs", list_jobs)
     app.router.add_post("/api/profiles/load", load)
+    app.router.add_post("/api/profiles/open", open_profile)
     app.router.add_post("/api/profiles/unload", unload)
     app.router.add_get("/api/dashboard", get_dashboard)
     app.router.add_get("/api/annotation", get_annotation)

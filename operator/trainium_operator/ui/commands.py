@@ -12,6 +12,11 @@ from pathlib import Path
 import click
 
 from trainium_operator.analysis.commands import PROFILE_DIR
+from trainium_operator.ui.limits import (
+    DEFAULT_MEMORY_BUDGET,
+    DEFAULT_SUMMARISE_AHEAD,
+    DEFAULT_SUMMARY_CACHE_BYTES,
+)
 
 
 @click.command()
@@ -61,6 +66,42 @@ from trainium_operator.analysis.commands import PROFILE_DIR
     help="With --auth kubernetes: audiences the token review requires (default: the API server's).",
 )
 @click.option(
+    "--summary-cache",
+    "summary_cache",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Directory where the UI keeps the rank summaries it computes, so a profile opens "
+    "without decoding it again (also across restarts); only this UI may write it, and it may "
+    "not lie inside the served profiles. Default: $XDG_CACHE_HOME/trainium-operator/"
+    "ui-summaries (~/.cache/...). 'none': keep nothing on disk.",
+)
+@click.option(
+    "--summary-cache-size",
+    "summary_cache_mib",
+    type=click.IntRange(min=16),
+    default=DEFAULT_SUMMARY_CACHE_BYTES >> 20,
+    show_default=True,
+    help="MiB of summaries kept; the least recently used go first.",
+)
+@click.option(
+    "--summarise-ahead",
+    type=click.IntRange(min=0),
+    default=DEFAULT_SUMMARISE_AHEAD,
+    show_default=True,
+    help="Profiles the UI discovers (its profile list, the job list) that may wait to be "
+    "summarised in the background, newest first, so that they open from the cache; "
+    "0: a profile is summarised only when it is opened.",
+)
+@click.option(
+    "--memory-budget",
+    "memory_budget_mib",
+    type=click.IntRange(min=32),
+    default=DEFAULT_MEMORY_BUDGET >> 20,
+    show_default=True,
+    help="MiB of loaded profiles and timeline ranks held in memory (least recently used out "
+    "first): keep it well below the container's memory limit.",
+)
+@click.option(
     "--auth-cache-ttl",
     type=float,
     default=10.0,
@@ -80,12 +121,22 @@ def serve(
     allowed_hosts: tuple[str, ...],
     audiences: tuple[str, ...],
     auth_cache_ttl: float,
+    summary_cache: Path | None,
+    summary_cache_mib: int,
+    summarise_ahead: int,
+    memory_budget_mib: int,
 ) -> None:
     """Serve the profile web UI for every profile under DIRECTORY or s3://bucket/prefix."""
     from aiohttp import web
 
     from trainium_operator.ui.app import create_app
     from trainium_operator.ui.guards import default_allowed_hosts
+    from trainium_operator.ui.summary_cache import (
+        SummaryCache,
+        UnsafeCacheDirError,
+        checked_directory,
+        default_directory,
+    )
 
     if namespaces and not list_jobs:
         raise click.UsageError("--namespace only applies with --list-jobs")
@@ -101,12 +152,22 @@ def serve(
         from trainium_operator.ui.auth import kubernetes_access
 
         access = kubernetes_access(kubeconfig, audiences=audiences, ttl=auth_cache_ttl)
+    cache_dir: Path | None = None
+    if summary_cache is None or str(summary_cache) != "none":
+        served = directory if isinstance(directory, Path) else None
+        try:
+            cache_dir = checked_directory(summary_cache or default_directory(), served)
+        except (UnsafeCacheDirError, OSError) as exc:
+            raise click.UsageError(f"--summary-cache: {exc}") from exc
     app = create_app(
         directory,
         job_lister=lister,
         workers=workers,
         allowed_hosts=allowed_hosts or default_allowed_hosts(host),
         access=access,
+        summary_cache=SummaryCache(cache_dir, summary_cache_mib << 20),
+        memory_budget=memory_budget_mib << 20,
+        summarise_ahead=summarise_ahead,
     )
     shown = directory.resolve() if isinstance(directory, Path) else directory
     mode = "Kubernetes authentication" if access is not None else "no authentication"
