@@ -74,7 +74,7 @@ _STEP: Final = int(EventKind.STEP)
 
 STEP_EVENT_NAME: Final = "step"
 OVERHEAD_COUNTER: Final = "profiler.background_cpu_ns"
-"""COUNTER whose value is the CPU time the profiler's own threads have used so far."""
+"""COUNTER whose value is the CPU time the profiler's own thread has used so far."""
 _COUNTER: Final = int(EventKind.COUNTER)
 COUNTER_THREAD: Final = 0
 """thread_id of sampled counters (CPU, memory): they belong to the process, not a thread."""
@@ -182,6 +182,8 @@ class _Session:
             )
         self.step_number = number
         self.step_start_ns = now
+        if now >= self.sampler.next_due_ns:
+            self.sampler.on_step(now)
         detail = self.window_first <= number <= self.window_last
         if detail != self.detail:
             self.set_detail(detail)
@@ -191,6 +193,7 @@ class _Session:
             return
         self.detail = on
         _publish_detail(self if on else _other_detail(self))
+        self.sampler.reschedule()
         for source in self.sources:
             try:
                 if on:
@@ -224,11 +227,11 @@ class _Session:
     def start(self) -> None:
         if self.config.steps is None:
             self.set_detail(True)
-        self.flusher.start()
         if self.config.sample_interval_s > 0:
             self.sampler.start()
+        self.flusher.start()
 
-    # -- sampler thread --------------------------------------------------------------------
+    # -- samples: taken at step markers or by the flusher -----------------------------------
 
     def _record_sample(
         self, kind: EventKind, name: str, start_ns: int, end_ns: int, value: int
@@ -319,10 +322,16 @@ class _Session:
         pending_count = 0
         last_write = last_sync = time.monotonic()
         max_age = c.sync_interval_s
+        sampler_wake_ns = self.sampler.on_wake(_monotonic_ns())
         while True:
-            stopping = self.stopping.wait(c.flush_interval_s)
+            # The flush period, or sooner when the sampler needs a wake (node counters, or
+            # process samples while no steps take them).
+            until_sampler_s = (sampler_wake_ns - _monotonic_ns()) / 1e9
+            stopping = self.stopping.wait(max(min(c.flush_interval_s, until_sampler_s), 0.0))
             if stopping:
-                self.sampler.stop()  # its last samples land in its ring before the final drain
+                self.sampler.stop()  # its last samples land in this thread's ring, drained next
+            else:
+                sampler_wake_ns = self.sampler.on_wake(_monotonic_ns())
             drained = self._drain_rings(writer) + self._collect_sources(writer, final=stopping)
             if stopping:
                 drained.append(self._overhead_batch())
@@ -345,7 +354,7 @@ class _Session:
     def _overhead_batch(self) -> EventBatch:
         # The profiler's own cost, recorded in the profile it produces.
         self.flusher_cpu_ns = time.thread_time_ns()
-        value = self.flusher_cpu_ns + self.sampler.cpu_ns
+        value = self.flusher_cpu_ns
         at = _monotonic_ns()
         row = (_COUNTER, OVERHEAD_COUNTER, at, 0, COUNTER_THREAD, HOST_DEVICE, 0, value, 0, 0)
         return batch_of_rows([row])
@@ -618,7 +627,8 @@ def stop_profiling(*, wait: bool = False, timeout: float | None = None) -> bool:
 
 
 def background_cpu_ns() -> int | None:
-    """CPU time the running session's own threads (flusher, sampler) have used, or None.
+    """CPU time the running session's own thread (the flusher, which also reads the node
+    counters) has used, or None. Samples taken at step markers run on the training thread.
 
     The same figure is written into the profile as the `profiler.background_cpu_ns` counter
     at every sync point and at stop, so each profile reports what it cost.
@@ -626,15 +636,13 @@ def background_cpu_ns() -> int | None:
     session = _session
     if session is None:
         return None
-    total = 0
-    for thread in (session.flusher, session.sampler.thread):
-        if thread.ident is None or not thread.is_alive():
-            continue
-        try:
-            total += time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
-        except (OSError, AttributeError):  # it exited meanwhile, or not Linux
-            continue
-    return total
+    thread = session.flusher
+    if thread.ident is None or not thread.is_alive():
+        return 0
+    try:
+        return time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
+    except (OSError, AttributeError):  # it exited meanwhile, or not Linux
+        return 0
 
 
 def is_enabled() -> bool:
