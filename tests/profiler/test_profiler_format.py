@@ -78,6 +78,7 @@ def test_every_field_at_the_edges_of_its_range_round_trips(tmp_path: Path) -> No
         (Event(EventKind.KERNEL, "f", 0, flow_id=2**63), "flow ids must be in"),
         (Event(EventKind.KERNEL, "f", 0, flow_id=-1), "flow ids must be in"),
         (Event(EventKind.ANNOTATION, "d", 0, depth=-1), "depth column cannot hold -1"),
+        (Event(EventKind.ANNOTATION, "p", 0, precision=300), "precision column cannot hold 300"),  # type: ignore[arg-type]
         (Event(EventKind.ANNOTATION, "s", 2**63), "outside the signed 64-bit range"),
     ],
 )

@@ -186,7 +186,7 @@ def encode_area(
     return b"".join(
         (
             bytes(head),
-            pack_column("kind", kind, 1, 1, top=255),
+            pack_column("kind", kind, 1, 1),
             pack_column("name", name, 1, top=name_top),
             pack_column("track", track, 1, top=track_top),
             pack_column("start", start_deltas(start, base), 1),
