@@ -1,13 +1,16 @@
 """Profiler benchmark, all in one process: run `python tests/bench/bench_profiler.py`.
 
 Prints
-1. nanoseconds per annotate pair: nothing, ours (off, on, begin/end), and
+1. the cost of one annotate pair: nothing, ours (off, on, begin/end), and
    torch.profiler.record_function (without and under an active torch profiler);
-2. training-step overhead of our profiler on vs off on a small CPU training loop (target <1%):
-   accounted from its parts (records written x cost per record + its threads' CPU time), and
-   measured as interleaved off/on blocks with a confidence interval;
+2. training-step overhead of our profiler on vs off on a small CPU training loop: accounted
+   from its parts (records written x cost per record + its threads' CPU time), and measured
+   as interleaved off/on blocks with a confidence interval;
 3. bytes per event and total bytes for one captured window in our format vs Kineto's Chrome
-   JSON (torch.profiler export_chrome_trace), raw and gzip-compressed (target: >= 10x smaller).
+   JSON (torch.profiler export_chrome_trace), raw and gzip-compressed;
+then every target beside its measured figure: accounted overhead <= 0.5 % of a step, the A/B
+CPU overhead's 95 % CI upper bound <= 1 % over >= 80 pairs, <= 4 bytes per event on disk
+(<= 16 before compression, >= 10x smaller than Kineto's JSON), annotate pair off <= 0.2 us.
 
 Options: --quick for a shorter run (smoke test), --json PATH to also write the figures.
 """
@@ -164,6 +167,7 @@ class TrainingLoop:
         self.batches = [torch.randint(0, 512, (8, 32)) for _ in range(16)]
         self.step_number = 0
         self.marker_ns: list[int] = []  # duration of each profiler.step() call
+        self.main_cpu_ns_per_step = 0.0  # of the last timed block: this thread only
 
     def step(self) -> None:
         n = self.step_number
@@ -187,16 +191,29 @@ class TrainingLoop:
         """Wall ns of each step, and process CPU ns per step (all threads, ours included)."""
         times: list[float] = []
         cpu_began = time.process_time_ns()
+        main_began = time.thread_time_ns()
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
             began = time.perf_counter_ns()
             self.step()
             times.append(time.perf_counter_ns() - began)
+        self.main_cpu_ns_per_step = (time.thread_time_ns() - main_began) / len(times)
         return times, (time.process_time_ns() - cpu_began) / len(times)
 
 
+def median_ci(values: list[float]) -> tuple[float, float]:
+    """95% bootstrap confidence interval of the median (a fixed seed: reproducible)."""
+    rng = random.Random(1)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(2000))
+    return medians[50], medians[1949]
+
+
 def step_overhead(
-    workdir: Path, pairs: int, block_s: float, calling_thread_ns_per_record: float
+    workdir: Path,
+    pairs: int,
+    block_s: float,
+    lead_s: float,
+    calling_thread_ns_per_record: float,
 ) -> dict[str, Any]:
     """Profiler on vs off on the training loop, two ways.
 
@@ -207,6 +224,11 @@ def step_overhead(
 
     A/B: interleaved off/on blocks, the median over pairs of (on / off - 1), in process CPU
     per step (includes our threads) and in wall time, with a bootstrap confidence interval.
+    Each "on" block is a steady stretch of a profiling session: the session starts `lead_s`
+    before the block (its threads start and write the file's header and the manifest) and
+    stops after it, waiting for the file, so the block holds the per-second work of a long
+    run (with the default 1 s flush and 200 ms sampling, a 1 s block from 0.25 s in holds one
+    flush and five samples) and not the once-per-run start and stop, measured on their own.
     On a quiet machine this confirms the accounted figure; on a shared one its interval shows
     how much the neighbours move the measurement.
     """
@@ -214,64 +236,78 @@ def step_overhead(
     loop.timed_block(2.0)  # warm up allocator, caches and the thread pool
     wall: dict[str, list[float]] = {"off": [], "on": []}
     cpu_off: list[float] = []
+    main_cpu_off: list[float] = []
     wall_ratios: list[float] = []
     cpu_ratios: list[float] = []
-    background_ns = 0
+    session_steps = 0
     for pair in range(pairs):
         order = ("off", "on") if pair % 2 == 0 else ("on", "off")
         wall_median: dict[str, float] = {}
         cpu_per_step: dict[str, float] = {}
         for side in order:
             if side == "on":
+                first_step = loop.step_number
                 profiler.start_profiling(bench_config(workdir / f"steps-{pair}"))
+                loop.timed_block(lead_s)
             times, cpu = loop.timed_block(block_s)
             if side == "on":
-                background_ns += profiler.background_cpu_ns() or 0
-                profiler.stop_profiling()  # returns at once; the file completes in the background
+                assert profiler.stop_profiling(wait=True, timeout=60)
+                session_steps += loop.step_number - first_step
             else:
                 cpu_off.append(cpu)
+                main_cpu_off.append(loop.main_cpu_ns_per_step)
             wall[side].extend(times)
             wall_median[side] = statistics.median(times)
             cpu_per_step[side] = cpu
         wall_ratios.append(wall_median["on"] / wall_median["off"] - 1)
         cpu_ratios.append(cpu_per_step["on"] / cpu_per_step["off"] - 1)
-    profiler.wait_for_flush(timeout=60)
     background_rate = steady_background_cpu(loop, workdir)
     headers = [
         read_rank_file(workdir / f"steps-{p}" / "bench" / "rank-0.trnprof").header
         for p in range(pairs)
     ]
     records = sum(h.event_count for h in headers)
-    steps_on = len(wall["on"])
     step_cpu_ns = statistics.median(cpu_off)
     steps_per_s = 1e9 / statistics.median(wall["on"])
     background_per_step = background_rate / steps_per_s
-    accounted_ns = records * calling_thread_ns_per_record / steps_on + background_per_step
-
-    def median_ci(values: list[float]) -> str:
-        """95% bootstrap confidence interval of the median (a fixed seed: reproducible)."""
-        rng = random.Random(1)
-        medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(2000))
-        return f"95% CI {100 * medians[50]:+.2f} .. {100 * medians[1949]:+.2f} %"
-
+    accounted_ns = records * calling_thread_ns_per_record / session_steps + background_per_step
+    cpu_low, cpu_high = median_ci(cpu_ratios)
+    wall_low, wall_high = median_ci(wall_ratios)
     return {
+        "pairs": pairs,
         "steps_off": len(wall["off"]),
-        "steps_on": steps_on,
+        "steps_on": len(wall["on"]),
         "median_step_ms_off": statistics.median(wall["off"]) / 1e6,
         "median_step_ms_on": statistics.median(wall["on"]) / 1e6,
         "median_step_cpu_ms_off": step_cpu_ns / 1e6,
-        "records_per_step": records / steps_on,
+        "median_step_main_thread_cpu_ms_off": statistics.median(main_cpu_off) / 1e6,
+        "records_per_step": records / session_steps,
         "background_thread_us_per_step": background_per_step / 1e3,
-        "background_thread_us_per_step_short_blocks": background_ns / steps_on / 1e3,
         "background_thread_cpu_pct_of_core": 100 * background_rate / 1e9,
         "accounted_us_per_step": accounted_ns / 1e3,
         "accounted_overhead_pct": 100 * accounted_ns / step_cpu_ns,
         "cpu_overhead_pct": 100 * statistics.median(cpu_ratios),
-        "cpu_overhead_ci": median_ci(cpu_ratios),
+        "cpu_overhead_ci_pct": (100 * cpu_low, 100 * cpu_high),
         "wall_overhead_pct": 100 * statistics.median(wall_ratios),
-        "wall_overhead_ci": median_ci(wall_ratios),
+        "wall_overhead_ci_pct": (100 * wall_low, 100 * wall_high),
         "dropped_events": sum(h.dropped_events for h in headers),
+        "session_start_stop_cpu_ms": session_cost_ms(workdir),
+        "cpu_ratios_per_pair": cpu_ratios,
+        "wall_ratios_per_pair": wall_ratios,
     }
+
+
+def session_cost_ms(workdir: Path, sessions: int = 7) -> float:
+    """Process CPU of starting a profiling session and stopping it with its file written
+    (threads, file header, manifest at start and end): once per run, median."""
+    costs = []
+    for i in range(sessions):
+        began = time.process_time_ns()
+        profiler.start_profiling(bench_config(workdir / f"session-{i}"))
+        time.sleep(0.05)
+        assert profiler.stop_profiling(wait=True, timeout=60)
+        costs.append((time.process_time_ns() - began) / 1e6)
+    return statistics.median(costs)
 
 
 def steady_background_cpu(loop: TrainingLoop, workdir: Path, seconds: float = 8.0) -> float:
@@ -372,6 +408,56 @@ def print_table(title: str, rows: list[tuple[str, str]]) -> None:
         print(f"  {label:<{width}}  {value}")
 
 
+def print_targets(
+    costs: dict[str, float], overhead: dict[str, Any], sizes: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The targets against this run's figures: measured / target, and met or missed."""
+    off_us = costs["ours, profiling off"] / 1e3
+    on_us = costs["ours, recording (calling thread)"] / 1e3
+    torch_us = costs["torch record_function, active profiler"] / 1e3
+    flush_us = costs["ours, background flush per event (drain+encode+zlib+write)"] / 1e3
+    rows = [
+        ("accounted step overhead", overhead["accounted_overhead_pct"], 0.5, "%", "<="),
+        (
+            f"A/B process CPU per step, 95% CI upper bound ({overhead['pairs']} pairs)",
+            overhead["cpu_overhead_ci_pct"][1],
+            1.0,
+            "%",
+            "<=",
+        ),
+        ("A/B interleaved pairs", overhead["pairs"], 80, "", ">="),
+        ("bytes per event, rank file", sizes["ours_file_bytes_per_event"], 4.0, "B", "<="),
+        (
+            "bytes per event before compression",
+            sizes["ours_bytes_per_event_before_compression"],
+            16.0,
+            "B",
+            "<=",
+        ),
+        ("Kineto JSON / ours", sizes["ratio_json_to_ours"], 10.0, "x", ">="),
+        ("annotate pair, profiling off", off_us, 0.2, "us", "<="),
+    ]
+    print("\nTargets (this run)")
+    print(f"  {'what':<66} {'measured':>11} {'target':>11} {'ratio':>7}")
+    results = []
+    for what, measured, target, unit, sense in rows:
+        met = measured <= target if sense == "<=" else measured >= target
+        print(
+            f"  {what:<66} {measured:>8.3f} {unit:<2} {sense}{target:>6g} {unit:<2}"
+            f" {measured / target:>6.2f}x  {'met' if met else 'MISSED'}"
+        )
+        results.append({"what": what, "measured": measured, "target": target, "met": met})
+    print(
+        f"  annotate pair, recording (calling thread): {on_us:.3f} us; off: {off_us:.3f} us;"
+        f" background flush per record: {flush_us:.3f} us"
+    )
+    print(
+        f"  peer: torch record_function under an active profiler {torch_us:.3f} us ="
+        f" {torch_us / (on_us + flush_us):.1f}x ours all-in (calling thread + background)"
+    )
+    return results
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="short run (smoke test)")
@@ -379,7 +465,10 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)  # steadier timings on a shared machine
     iterations = 50_000 if args.quick else 400_000
-    pairs, block_s = (4, 0.5) if args.quick else (80, 0.5)
+    # 160 pairs (the target asks for at least 80): on the shared 2-core VM one pair's ratio
+    # varies by a few percent, and the interval of the median narrows with the square root.
+    pairs = 4 if args.quick else 160
+    block_s, lead_s = 1.0, 0.25
     window_steps = 5 if args.quick else 20
 
     print(f"python {sys.version.split()[0]}, torch {torch.__version__}, cpus {os.cpu_count()}")
@@ -391,7 +480,7 @@ def main() -> int:
         nothing = costs["nothing (empty loop)"]
         print_table(
             "1. Cost of one annotate pair (enter + exit), best of repeats",
-            [(k, f"{v:8.1f} ns") for k, v in costs.items()],
+            [(k, f"{v:8.1f} ns = {v / 1e3:6.3f} us") for k, v in costs.items()],
         )
         ours_total = (
             costs["ours, recording (calling thread)"]
@@ -404,12 +493,14 @@ def main() -> int:
         )
 
         overhead = step_overhead(
-            workdir, pairs, block_s, costs["ours, recording (calling thread)"] - nothing
+            workdir, pairs, block_s, lead_s, costs["ours, recording (calling thread)"] - nothing
         )
         figures["step_overhead"] = overhead
+        cpu_low, cpu_high = overhead["cpu_overhead_ci_pct"]
+        wall_low, wall_high = overhead["wall_overhead_ci_pct"]
         print_table(
             f"2. Training-step overhead, profiler on vs off ({pairs} interleaved off/on pairs "
-            f"of {block_s:g} s blocks; target < 1%)",
+            f"of {block_s:g} s blocks, each 'on' block {lead_s:g} s into its session)",
             [
                 ("steps measured off / on", f"{overhead['steps_off']} / {overhead['steps_on']}"),
                 (
@@ -417,7 +508,12 @@ def main() -> int:
                     f"{overhead['median_step_ms_off']:.3f} / "
                     f"{overhead['median_step_ms_on']:.3f} ms",
                 ),
-                ("median step CPU off", f"{overhead['median_step_cpu_ms_off']:.3f} ms"),
+                (
+                    "median step CPU off: process / training thread",
+                    f"{overhead['median_step_cpu_ms_off']:.3f} / "
+                    f"{overhead['median_step_main_thread_cpu_ms_off']:.3f} ms (other threads"
+                    " of the process working would dilute the A/B ratios)",
+                ),
                 (
                     "records per step (annotations, marker, samples)",
                     f"{overhead['records_per_step']:.2f}",
@@ -434,13 +530,19 @@ def main() -> int:
                 ),
                 (
                     "A/B overhead, process CPU per step",
-                    f"{overhead['cpu_overhead_pct']:+.2f} %  ({overhead['cpu_overhead_ci']})",
+                    f"{overhead['cpu_overhead_pct']:+.2f} %  "
+                    f"(95% CI {cpu_low:+.2f} .. {cpu_high:+.2f} %)",
                 ),
                 (
                     "A/B overhead, wall time per step",
-                    f"{overhead['wall_overhead_pct']:+.2f} %  ({overhead['wall_overhead_ci']})",
+                    f"{overhead['wall_overhead_pct']:+.2f} %  "
+                    f"(95% CI {wall_low:+.2f} .. {wall_high:+.2f} %)",
                 ),
                 ("dropped events", str(overhead["dropped_events"])),
+                (
+                    "a session's start + stop, once per run (not in the blocks)",
+                    f"{overhead['session_start_stop_cpu_ms']:.1f} ms CPU",
+                ),
             ],
         )
 
@@ -488,7 +590,7 @@ def main() -> int:
                     f"{sizes['ours_file_bytes']:>10,} B  {sizes['ours_events']:>7,} events"
                     f"  {sizes['ours_file_bytes_per_event']:6.1f} B/event",
                 ),
-                ("ratio JSON / ours", f"{sizes['ratio_json_to_ours']:.1f}x (target >= 10x)"),
+                ("ratio JSON / ours", f"{sizes['ratio_json_to_ours']:.1f}x"),
                 ("ratio JSON.gz / ours", f"{sizes['ratio_json_gz_to_ours']:.1f}x"),
             ],
         )
@@ -496,6 +598,7 @@ def main() -> int:
             "  (Kineto counts flow arrows and metadata as events of their own; ours folds flows"
             " into the linked records' flow_id.)"
         )
+        figures["targets"] = print_targets(costs, overhead, sizes)
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
     return 0

@@ -70,9 +70,13 @@ HOSTILE_JSON_VALUES: tuple[Any, ...] = (
 )
 
 
+FORMAT_1_FIXTURES = Path(__file__).parent / "fixtures" / "format-1.0"
+
+
 def seed_files(directory: Path) -> list[bytes]:
     """Small real rank files from the profiler's own writer: several blocks, sync points,
-    named tracks, both codecs, complete and still-being-written."""
+    named tracks, both codecs, complete and still-being-written; and the format 1.0 files
+    kept as fixtures, whose record layout the reader still decodes."""
     seeds: list[bytes] = []
     for index, (codec, count, block_events, finished) in enumerate(
         [
@@ -95,6 +99,7 @@ def seed_files(directory: Path) -> list[bytes]:
             writer._file.close()  # type: ignore[union-attr]  # a crashed writer: no END block
             writer._file = None
         seeds.append(path.read_bytes())
+    seeds.extend(p.read_bytes() for p in sorted(FORMAT_1_FIXTURES.glob("*.trnprof")))
     return seeds
 
 

@@ -7,9 +7,15 @@ from pathlib import Path
 
 from trainium_operator import profiler
 from trainium_operator.profiler.clock import ClockSyncPoint
+from trainium_operator.profiler.columnar import RecordColumns, decode_record_columns
 from trainium_operator.profiler.config import ProfilerConfig
 from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind, Precision
-from trainium_operator.profiler.format import RankHeader, RankProfile, read_rank_file
+from trainium_operator.profiler.format import (
+    RankFileReader,
+    RankHeader,
+    RankProfile,
+    read_rank_file,
+)
 
 NODE = "node-a"
 
@@ -107,3 +113,31 @@ def training_like_events(count: int, seed: int = 7) -> list[Event]:
         if len(events) % 50 == 0:
             events.append(Event(EventKind.MEMORY, "memory.rss", t, 0, 0, HOST_DEVICE, value=2**33))
     return events[:count]
+
+
+def decode_columnar(path: Path) -> tuple[RecordColumns, list[str]]:
+    with RankFileReader(path) as reader:
+
+        def decode(payload: bytes, offset: int, count: int) -> RecordColumns:
+            return decode_record_columns(payload, offset, count, len(reader.strings), reader.tracks)
+
+        batches = list(reader.decoded_blocks(decode))
+        return RecordColumns.concatenate(batches), list(reader.strings)
+
+
+def as_events(columns: RecordColumns, strings: list[str]) -> list[Event]:
+    return [
+        Event(
+            EventKind(int(columns.kind[i])),
+            strings[int(columns.name[i])],
+            int(columns.start_ns[i]),
+            int(columns.duration_ns[i]),
+            int(columns.thread_id[i]),
+            int(columns.device[i]),
+            int(columns.flow_id[i]),
+            int(columns.value[i]),
+            Precision(int(columns.precision[i])),
+            int(columns.depth[i]),
+        )
+        for i in range(len(columns))
+    ]

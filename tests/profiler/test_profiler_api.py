@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from profiler.profiler_helpers import (
     stop_and_read,
 )
 from trainium_operator import profiler
+from trainium_operator.profiler import capture
 from trainium_operator.profiler.config import StepWindow
 from trainium_operator.profiler.events import HOST_DEVICE, EventKind
 
@@ -139,6 +141,78 @@ def test_disabled_profiler_records_nothing_and_writes_nothing(tmp_path: Path) ->
     assert value() == 7
     assert profiler.stop_profiling(wait=True)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_annotation_outside_the_window_is_shared_and_keeps_nothing() -> None:
+    shared = profiler.annotate("idle")
+    assert profiler.annotate("idle") is shared  # no object per call
+    with profiler.annotate("idle"):  # the first use of a name creates its shared annotation
+        pass
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        for _ in range(10_000):
+            with profiler.annotate("idle") as ann:
+                pass
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert ann is shared
+    assert isinstance(ann, profiler.Annotation)
+    assert after - before < 100  # the loop's last counter, not 10,000 of anything
+
+
+def test_an_exception_passes_through_an_idle_annotation() -> None:
+    with pytest.raises(KeyError, match="boom"), profiler.annotate("idle"):
+        raise KeyError("boom")
+
+
+def test_an_annotation_kept_from_before_the_window_records_inside_it(tmp_path: Path) -> None:
+    # annotate() outside the window hands out one shared object per name; a caller who keeps
+    # it and uses it once profiling runs gets ranges as from a new annotation, also nested
+    # and on several threads at once.
+    outer, inner = profiler.annotate("kept outer"), profiler.annotate("kept inner")
+    rank_file = start(tmp_path)
+
+    def work() -> None:
+        for _ in range(50):
+            with outer, inner, inner:
+                pass
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    work()
+    for thread in threads:
+        thread.join()
+    found = ranges_by_name(stop_and_read(rank_file).events)
+
+    assert len(found["kept outer"]) == 4 * 50
+    assert len(found["kept inner"]) == 2 * 4 * 50
+    assert {e.depth for e in found["kept outer"]} == {0}
+    assert {e.depth for e in found["kept inner"]} == {1, 2}
+    assert len({e.thread_id for e in found["kept outer"]}) == 4
+    by_thread = {}
+    for event in found["kept outer"] + found["kept inner"]:
+        by_thread.setdefault(event.thread_id, []).append(event)
+    for events in by_thread.values():  # every inner range lies within an outer one
+        outers = [e for e in events if e.name == "kept outer"]
+        for e in events:
+            assert any(o.start_ns <= e.start_ns and e.end_ns <= o.end_ns for o in outers)
+    with outer:  # after the stop: nothing recorded, nothing raised
+        pass
+
+
+def test_names_made_per_call_do_not_grow_the_shared_annotations_without_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(capture, "_shared_annotations", {})
+    monkeypatch.setattr(capture, "MAX_SHARED_ANNOTATIONS", 10)
+    for i in range(100):
+        with profiler.annotate(f"batch {i}"):
+            pass
+    assert len(capture._shared_annotations) == 10
+    assert profiler.annotate("batch 99") is not profiler.annotate("batch 99")
 
 
 def test_disabled_by_environment_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,45 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from profiler.profiler_helpers import HEADER, training_like_events
-from trainium_operator.profiler.columnar import RecordColumns, decode_record_columns
+from profiler.profiler_helpers import HEADER, as_events, decode_columnar, training_like_events
 from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind, Precision
 from trainium_operator.profiler.format import (
     CODEC_NONE,
     CorruptProfileError,
-    RankFileReader,
     RankFileWriter,
     read_rank_file,
     write_rank_file,
 )
-
-
-def decode_columnar(path: Path) -> tuple[RecordColumns, list[str]]:
-    with RankFileReader(path) as reader:
-
-        def decode(payload: bytes, offset: int, count: int) -> RecordColumns:
-            return decode_record_columns(payload, offset, count, len(reader.strings), reader.tracks)
-
-        batches = list(reader.decoded_blocks(decode))
-        return RecordColumns.concatenate(batches), list(reader.strings)
-
-
-def as_events(columns: RecordColumns, strings: list[str]) -> list[Event]:
-    return [
-        Event(
-            EventKind(int(columns.kind[i])),
-            strings[int(columns.name[i])],
-            int(columns.start_ns[i]),
-            int(columns.duration_ns[i]),
-            int(columns.thread_id[i]),
-            int(columns.device[i]),
-            int(columns.flow_id[i]),
-            int(columns.value[i]),
-            Precision(int(columns.precision[i])),
-            int(columns.depth[i]),
-        )
-        for i in range(len(columns))
-    ]
 
 
 def awkward_events(count: int, seed: int) -> list[Event]:

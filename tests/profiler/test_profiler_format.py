@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.profiler_helpers import HEADER, training_like_events
+from profiler.profiler_helpers import HEADER, as_events, decode_columnar, training_like_events
 from trainium_operator.profiler.clock import ClockSyncPoint
 from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind, Precision
 from trainium_operator.profiler.format import (
@@ -51,6 +51,42 @@ def test_round_trip_keeps_every_field_and_the_header(tmp_path: Path) -> None:
     assert profile.header.node == "ip-10-1-2-3"
     assert profile.header.step_window == (10, 20)
     assert profile.header.extra == {"note": "ünïcode"}
+
+
+def test_every_field_at_the_edges_of_its_range_round_trips(tmp_path: Path) -> None:
+    top = 2**63 - 1
+    events = [
+        Event(EventKind.COUNTER, "top", top - 5, 0, 2**62, HOST_DEVICE, top, top),
+        Event(
+            EventKind.COUNTER, "bottom", 0, top, -(2**62), 2**31 - 1, 1, -(2**63), depth=2**31 - 1
+        ),
+        Event(EventKind.KERNEL, "precise", 1, 1, 0, 0, top, 1, Precision.MIXED, 1),
+        Event(EventKind.ANNOTATION, "back in time", -(2**62), 0),
+    ]
+    path = tmp_path / "rank.trnprof"
+    write_rank_file(path, HEADER, events)
+    assert read_rank_file(path).events == events
+    columns, strings = decode_columnar(path)
+    assert as_events(columns, strings) == events
+
+
+@pytest.mark.parametrize(
+    ("event", "match"),
+    [
+        (Event(EventKind.COUNTER, "v", 0, value=2**63), "value column cannot hold"),
+        (Event(EventKind.COUNTER, "v", 0, value=-(2**63) - 1), "value column cannot hold"),
+        (Event(EventKind.KERNEL, "f", 0, flow_id=2**63), "flow ids must be in"),
+        (Event(EventKind.KERNEL, "f", 0, flow_id=-1), "flow ids must be in"),
+        (Event(EventKind.ANNOTATION, "d", 0, depth=-1), "depth column cannot hold -1"),
+        (Event(EventKind.ANNOTATION, "p", 0, precision=300), "precision column cannot hold 300"),  # type: ignore[arg-type]
+        (Event(EventKind.ANNOTATION, "s", 2**63), "outside the signed 64-bit range"),
+    ],
+)
+def test_a_field_outside_64_bits_is_refused_at_write_naming_it(
+    tmp_path: Path, event: Event, match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        write_rank_file(tmp_path / "r.trnprof", HEADER, [event])
 
 
 def test_round_trip_across_many_blocks_and_sync_points(tmp_path: Path) -> None:

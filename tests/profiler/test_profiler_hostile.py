@@ -276,6 +276,124 @@ def test_overlong_varint_in_a_record_is_refused_not_grown(tmp_path: Path) -> Non
         _refused_within_memory(read, "varint longer than 10 bytes")
 
 
+# ---------------------------------------------------------------------------------------------
+# The column layout of format 2.0
+
+
+def _column(width: int, planes: bytes = b"") -> bytes:
+    return bytes((width,)) + planes
+
+
+def _one_record_columns(**changes: bytes) -> bytes:
+    """The columns of one valid record (kind 1, name "", track 0, start 0), with `changes`."""
+    columns = {
+        "kind": _column(1, b"\x01"),
+        "name": _column(1, b"\x00"),
+        "track": _column(1, b"\x00"),
+        "start": _column(1, b"\x00"),
+        "duration": _column(0),
+        "flow": _column(0),
+        "value": _column(0),
+        "precision": _column(0),
+        "depth": _column(0),
+    }
+    unknown = set(changes) - set(columns)
+    assert not unknown, unknown
+    columns.update(changes)
+    return b"".join(columns.values())
+
+
+def _column_area(columns: bytes, base: bytes = b"\x00") -> bytes:
+    return b"\x80" + base + columns
+
+
+def _column_block(area: bytes, count: int = 1) -> bytes:
+    """An EVENTS payload with one track, (thread 1, host), and `area` as its records."""
+    track = _varint(2) + _varint(1) + _varint(0)  # zigzag(1), zigzag(-1), unnamed
+    return _varint(0) + _varint(1) + track + _varint(count) + area
+
+
+def test_a_valid_hand_made_column_block_reads(tmp_path: Path) -> None:
+    # The baseline for the cases below: the same block, unchanged, is a profile.
+    path = _write(
+        tmp_path,
+        _header()
+        + _block(BLOCK_EVENTS, _column_block(_column_area(_one_record_columns())))
+        + _end(),
+    )
+    for _, read in _readers(path):
+        read()
+    assert [(e.kind, e.thread_id, e.device) for e in read_rank_file(path).events] == [(1, 1, -1)]
+
+
+@pytest.mark.parametrize(
+    ("area", "match"),
+    [
+        (
+            _column_area(_one_record_columns(kind=_column(2, b"\x01\x00"))),
+            "kind column width 2 is outside 1..1",
+        ),
+        (
+            _column_area(_one_record_columns(name=_column(9, bytes(9)))),
+            "name column width 9 is outside 1..8",
+        ),
+        (
+            _column_area(_one_record_columns(name=_column(0x81, b"\x01\x01"))),
+            "name column cannot be sparse",
+        ),
+        (
+            _column_area(_one_record_columns(value=_column(0x81, b"\x02\x05"))),
+            "presence bytes other than 0 and 1",
+        ),
+        (
+            _column_area(_one_record_columns(value=_column(0x88, b"\x01\x05"))),
+            "value column claims 8 bytes, but only 3 remain",
+        ),
+        (
+            _column_area(_one_record_columns(depth=_column(8, b"\x05"))),
+            "depth column claims 8 bytes, but only 1 remain",
+        ),
+        (_column_area(_one_record_columns() + b"\x00\x00"), "2 trailing bytes after the records"),
+        (_column_area(_one_record_columns(kind=_column(1, b"\x63"))), "unknown event kind 99"),
+        (_column_area(_one_record_columns(name=_column(1, b"\x05"))), "string id 5 out of range"),
+        (_column_area(_one_record_columns(track=_column(1, b"\x03"))), "track id 3 out of range"),
+        (_column_area(_one_record_columns(precision=_column(1, b"\x09"))), "unknown precision"),
+        (
+            _column_area(_one_record_columns(), base=b"\xff" * 12 + b"\x01"),
+            "varint longer than 10 bytes",
+        ),
+        (_column_area(_one_record_columns()[:-1]), "record area ends before its depth column"),
+    ],
+)
+def test_a_hostile_column_block_is_refused_with_its_reason(
+    tmp_path: Path, area: bytes, match: str
+) -> None:
+    path = _write(tmp_path, _header() + _block(BLOCK_EVENTS, _column_block(area)) + _end())
+    for name, read in _readers(path):
+        error = _refused_within_memory(read, match)
+        assert str(path) in str(error), name
+
+
+def test_column_widths_are_checked_against_the_block_before_allocating(tmp_path: Path) -> None:
+    # 100,000 records at 4 bytes each fit the block, but the duration column then claims
+    # 8 bytes for each of them: refused from the width and count, before any column is read.
+    count = 100_000
+    planes = bytes(count)
+    columns = (
+        _column(1, b"\x01" * count)
+        + _column(1, planes)
+        + _column(1, planes)
+        + _column(1, planes)
+        + _column(8)
+    )
+    path = _write(
+        tmp_path,
+        _header() + _block(BLOCK_EVENTS, _column_block(_column_area(columns), count)) + _end(),
+    )
+    for _, read in _readers(path):
+        _refused_within_memory(read, "duration column claims 800000 bytes, but only 0 remain")
+
+
 def test_sync_points_are_bounded_and_64_bit(tmp_path: Path) -> None:
     for payload, match in (
         (_varint(2**40), "sync points claimed"),

@@ -1,4 +1,5 @@
-"""Fixed-size per-thread rings: wrap-around, overflow and the dropped-event count."""
+"""Bounded per-thread record buffers: order across drains, overflow and the dropped-event
+count."""
 
 from __future__ import annotations
 
@@ -7,36 +8,47 @@ from pathlib import Path
 
 from profiler.profiler_helpers import ranges_by_name, start, stop_and_read
 from trainium_operator import profiler
-from trainium_operator.profiler.capture import ThreadRing
+from trainium_operator.profiler.capture import RECORD_FIELDS, Record, ThreadRing
 
 
 def _ring(capacity: int) -> ThreadRing:
     return ThreadRing(capacity, threading.current_thread(), threading.get_native_id())
 
 
-def test_ring_hands_over_records_in_order_across_wrap_around() -> None:
+def _records(flat: list[object]) -> list[tuple[object, ...]]:
+    """Drained items regrouped into records."""
+    assert len(flat) % RECORD_FIELDS == 0
+    return [tuple(flat[i : i + RECORD_FIELDS]) for i in range(0, len(flat), RECORD_FIELDS)]
+
+
+def _record(name: str) -> Record:
+    return (1, name, 0, 0, 0, 0, 7)
+
+
+def test_ring_hands_over_records_in_order_across_drains() -> None:
     ring = _ring(16)
     drained = []
-    for batch in range(10):  # 10 x 7 records through 16 slots: wraps several times
+    for batch in range(10):  # 10 x 7 records through room for 16
         for i in range(7):
-            ring.push((1, f"r{batch}.{i}", 0, 0, 0, 0))
-        drained.extend(ring.drain())
+            ring.push(_record(f"r{batch}.{i}"))
+        drained.extend(_records(ring.drain()))
     assert [r[1] for r in drained] == [f"r{b}.{i}" for b in range(10) for i in range(7)]
+    assert all(r == _record(r[1]) for r in drained)  # every field, in order
     assert ring.dropped == 0
     assert ring.drain() == []
-    assert ring.buf == [None] * 16  # drained records are not kept alive by the ring
+    assert ring.buf == []  # drained records are not kept alive by the ring
 
 
 def test_full_ring_drops_new_records_and_counts_them() -> None:
     ring = _ring(16)
     for i in range(40):
-        ring.push((1, str(i), 0, 0, 0, 0))
-    kept = ring.drain()
+        ring.push(_record(str(i)))
+    kept = _records(ring.drain())
     assert [r[1] for r in kept] == [str(i) for i in range(16)]
     assert ring.dropped == 24
-    assert ring.buf == [None] * 16
-    ring.push((1, "after", 0, 0, 0, 0))  # space again once drained
-    assert [r[1] for r in ring.drain()] == ["after"]
+    assert ring.buf == []
+    ring.push(_record("after"))  # space again once drained
+    assert [r[1] for r in _records(ring.drain())] == ["after"]
 
 
 def test_overflow_between_flushes_is_reported_in_the_file(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""CPU utilisation and memory samples from the background sampler."""
+"""CPU utilisation and memory samples: taken at step markers, or by the flusher without steps."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import time
 from pathlib import Path
 
 from profiler.profiler_helpers import of_kind, start, stop_and_read
+from trainium_operator import profiler
 from trainium_operator.profiler.config import StepWindow
-from trainium_operator.profiler.events import EventKind
+from trainium_operator.profiler.events import Event, EventKind
 from trainium_operator.profiler.sampler import (
     CPU_NODE,
     CPU_PROCESS,
@@ -81,7 +82,6 @@ def test_node_cpu_ticks_parse_proc_stat(tmp_path: Path) -> None:
 
 
 def test_profile_reports_the_profilers_own_cpu_use(tmp_path: Path) -> None:
-    from trainium_operator import profiler
     from trainium_operator.profiler.capture import OVERHEAD_COUNTER
 
     rank_file = start(tmp_path, sample_interval_s=0.02, sync_interval_s=0.1)
@@ -99,3 +99,41 @@ def test_profile_reports_the_profilers_own_cpu_use(tmp_path: Path) -> None:
     assert values == sorted(values)  # cumulative
     assert 0 < values[-1] < 350_000_000  # some CPU, far less than the wall time
     assert profiler.background_cpu_ns() is None  # no session any more
+
+
+def _process_cpu_samples(events: list[Event]) -> list[Event]:
+    return sorted(
+        (e for e in of_kind(events, EventKind.CPU_UTIL) if e.name == CPU_PROCESS),
+        key=lambda e: e.start_ns,
+    )
+
+
+def test_while_steps_run_the_step_markers_take_the_samples(tmp_path: Path) -> None:
+    # The flusher sleeps through the test: every sample before the stop comes from step().
+    rank_file = start(tmp_path, sample_interval_s=0.05, flush_interval_s=3600.0)
+    began = time.monotonic_ns()
+    step = 0
+    while time.monotonic_ns() - began < 600_000_000:
+        profiler.step(step)
+        step += 1
+        time.sleep(0.005)
+    stopped = time.monotonic_ns()
+    cpu = _process_cpu_samples(stop_and_read(rank_file).events)
+
+    during = [e for e in cpu if e.end_ns < stopped]
+    assert len(during) >= 6, [(e.start_ns - began, e.duration_ns) for e in cpu]
+    assert all(a.end_ns == b.start_ns for a, b in itertools.pairwise(cpu))
+    # A step takes the sample once it is due: intervals of 50 ms plus at most about a step.
+    assert all(45_000_000 <= e.duration_ns <= 150_000_000 for e in during[:-1])
+
+
+def test_without_steps_the_flusher_takes_over_the_samples(tmp_path: Path) -> None:
+    # No step() at all: the flusher notices at its first wake and samples at the interval.
+    rank_file = start(tmp_path, sample_interval_s=0.05, flush_interval_s=0.3)
+    time.sleep(1.2)
+    cpu = _process_cpu_samples(stop_and_read(rank_file).events)
+
+    assert len(cpu) >= 10, [e.duration_ns for e in cpu]
+    assert all(a.end_ns == b.start_ns for a, b in itertools.pairwise(cpu))
+    assert cpu[0].duration_ns <= 400_000_000  # the first at the flusher's first wake
+    assert sorted(e.duration_ns for e in cpu[1:-1])[len(cpu) // 2] < 100_000_000

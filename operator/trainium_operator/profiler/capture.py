@@ -1,17 +1,20 @@
 """Host-side capture: the hot path (annotations, step markers) and the background threads.
 
-Each thread records into its own fixed-size ring of records (a preallocated list whose
-slots hold one small tuple each). Only the owning thread writes a ring and only the flusher
-thread reads it, so the GIL is the only synchronisation: the writer stores the slot before it
-advances `head`, the reader copies up to the `head` it saw and then advances `tail`. A full
-ring drops the new record and counts it.
+Each thread records into its own bounded buffer of records: one flat list holding the seven
+fields of each record in turn (no tuple per record, so recording adds nothing for the garbage
+collector to track, and the flusher takes each field of every record with one slice). Only
+the owning thread appends to it and only the flusher thread takes from its front, so the GIL
+is the only synchronisation: `list += tuple` adds a whole record atomically, and the flusher
+takes the first `len()` items it saw, then deletes exactly those. A full buffer drops the
+new record and counts it.
 
 Names are stored as the caller's string objects; interning into the file's string table
 happens on the flusher thread, off the training thread. Timestamps are
 `time.monotonic_ns()`; clock sync points map them to wall-clock time.
 
-With profiling off, `annotate(...)` costs building a two-slot object plus one global read in
-`__enter__`/`__exit__`, and `step()` returns after one global read.
+Outside the step window, `annotate(name)` reads one global and returns the name's shared
+annotation, whose `with` runs no Python code and allocates nothing; `step()` returns after
+one global read while profiling is off.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import functools
+import itertools
 import logging
+import operator
 import os
 import signal
 import socket
@@ -38,11 +43,13 @@ from trainium_operator.profiler.clock import take_sync_point
 from trainium_operator.profiler.config import ProfilerConfig, ProfilerConfigError
 from trainium_operator.profiler.events import HOST_DEVICE, EventKind
 from trainium_operator.profiler.format import (
+    EventBatch,
     ProfileFormatError,
     RankFileReader,
     RankFileWriter,
     RankHeader,
     Row,
+    batch_of_rows,
     event_row,
     read_rank_header,
     row_track_order,
@@ -67,71 +74,46 @@ _STEP: Final = int(EventKind.STEP)
 
 STEP_EVENT_NAME: Final = "step"
 OVERHEAD_COUNTER: Final = "profiler.background_cpu_ns"
-"""COUNTER whose value is the CPU time the profiler's own threads have used so far."""
+"""COUNTER whose value is the CPU time the profiler's own thread has used so far."""
 _COUNTER: Final = int(EventKind.COUNTER)
 COUNTER_THREAD: Final = 0
 """thread_id of sampled counters (CPU, memory): they belong to the process, not a thread."""
 
-# A record is (kind, name, start_ns, end_ns, depth, value[, thread_id override]).
-Record = tuple[Any, ...]
+RECORD_FIELDS: Final = 7
+Record = tuple[int, str, int, int, int, int, int]
+"""(kind, name, start_ns, end_ns, depth, value, thread_id): the fields of one record."""
 
 
 class ThreadRing:
-    """One thread's ring of records. Written by its thread, drained by the flusher."""
+    """One thread's pending records, RECORD_FIELDS list items each. Written by its thread,
+    drained by the flusher."""
 
-    __slots__ = (
-        "buf",
-        "capacity",
-        "depth",
-        "dropped",
-        "head",
-        "ident",
-        "mask",
-        "tail",
-        "thread",
-        "thread_id",
-    )
+    __slots__ = ("buf", "depth", "dropped", "ident", "limit", "thread", "thread_id")
 
     def __init__(self, capacity: int, thread: threading.Thread, thread_id: int) -> None:
-        self.buf: list[Record | None] = [None] * capacity
-        self.capacity = capacity
-        self.mask = capacity - 1
-        self.head = 0  # records written (owner thread only)
-        self.tail = 0  # records drained (flusher only)
-        self.dropped = 0  # records lost to a full ring (owner thread only)
+        self.buf: list[Any] = []
+        self.limit = capacity * RECORD_FIELDS  # items, for `capacity` records
+        self.dropped = 0  # records lost to a full buffer (owner thread only)
         self.depth = 0  # open annotations on this thread
         self.thread = thread
         self.ident = thread.ident  # threading.get_ident() of the owner, a cheap identity test
         self.thread_id = thread_id  # the OS thread id, which other profilers also report
 
     def push(self, record: Record) -> None:
-        head = self.head
-        if head - self.tail >= self.capacity:
-            self.dropped += 1
-            return
-        self.buf[head & self.mask] = record
-        self.head = head + 1
-
-    def drain(self) -> list[Record]:
-        """Take every record written so far (flusher thread only)."""
-        head = self.head
-        tail = self.tail
-        if head == tail:
-            return []
-        first = tail & self.mask
-        last = head & self.mask
         buf = self.buf
-        # Slots are cleared before `tail` moves (the owner cannot reuse them until then), so
-        # a ring holds no stale records and its memory follows what is really pending.
-        if first < last:
-            taken = buf[first:last]
-            buf[first:last] = [None] * (last - first)
+        if len(buf) < self.limit:
+            buf += record
         else:
-            taken = buf[first:] + buf[:last]
-            buf[first:] = [None] * (len(buf) - first)
-            buf[:last] = [None] * last
-        self.tail = head
-        return [r for r in taken if r is not None]
+            self.dropped += 1
+
+    def drain(self) -> list[Any]:
+        """Take every record written so far (flusher thread only), flat: RECORD_FIELDS items
+        per record. The buffer keeps no reference to them."""
+        buf = self.buf
+        count = len(buf)  # whole records only: the owner adds a record in one operation
+        taken = buf[:count]
+        del buf[:count]
+        return taken
 
 
 class _Session:
@@ -195,19 +177,33 @@ class _Session:
                 ring: ThreadRing = self.local.ring
             except AttributeError:
                 ring = self.ring()
-            ring.push((_STEP, STEP_EVENT_NAME, self.step_start_ns, now, 0, previous))
+            buf = ring.buf  # ring.push(), inlined: a call costs a microsecond between steps
+            if len(buf) < ring.limit:
+                buf += (
+                    _STEP,
+                    STEP_EVENT_NAME,
+                    self.step_start_ns,
+                    now,
+                    0,
+                    previous,
+                    ring.thread_id,
+                )
+            else:
+                ring.dropped += 1
         self.step_number = number
         self.step_start_ns = now
+        if now >= self.sampler.next_due_ns:
+            self.sampler.on_step(now)
         detail = self.window_first <= number <= self.window_last
         if detail != self.detail:
             self.set_detail(detail)
 
     def set_detail(self, on: bool) -> None:
-        global _detail  # noqa: PLW0603 - module globals are the hot path's one-read state
         if on == self.detail:
             return
         self.detail = on
-        _detail = self if on else _other_detail(self)
+        _publish_detail(self if on else _other_detail(self))
+        self.sampler.reschedule()
         for source in self.sources:
             try:
                 if on:
@@ -222,7 +218,18 @@ class _Session:
     def begin_stop(self) -> None:
         now = _monotonic_ns()
         if self.step_number is not None:
-            self.ring().push((_STEP, STEP_EVENT_NAME, self.step_start_ns, now, 0, self.step_number))
+            ring = self.ring()
+            ring.push(
+                (
+                    _STEP,
+                    STEP_EVENT_NAME,
+                    self.step_start_ns,
+                    now,
+                    0,
+                    self.step_number,
+                    ring.thread_id,
+                )
+            )
             self.step_number = None
         self.set_detail(False)
         self.stopping.set()
@@ -230,11 +237,11 @@ class _Session:
     def start(self) -> None:
         if self.config.steps is None:
             self.set_detail(True)
-        self.flusher.start()
         if self.config.sample_interval_s > 0:
             self.sampler.start()
+        self.flusher.start()
 
-    # -- sampler thread --------------------------------------------------------------------
+    # -- samples: taken at step markers or by the flusher -----------------------------------
 
     def _record_sample(
         self, kind: EventKind, name: str, start_ns: int, end_ns: int, value: int
@@ -321,49 +328,59 @@ class _Session:
 
     def _flush_loop(self, writer: RankFileWriter) -> None:
         c = self.config
-        pending: list[Row] = []
+        pending: list[EventBatch] = []
+        pending_count = 0
         last_write = last_sync = time.monotonic()
         max_age = c.sync_interval_s
+        sampler_wake_ns = self.sampler.on_wake(_monotonic_ns())
         while True:
-            stopping = self.stopping.wait(c.flush_interval_s)
+            # The flush period, or sooner when the sampler needs a wake (node counters, or
+            # process samples while no steps take them).
+            until_sampler_s = (sampler_wake_ns - _monotonic_ns()) / 1e9
+            stopping = self.stopping.wait(max(min(c.flush_interval_s, until_sampler_s), 0.0))
             if stopping:
-                self.sampler.stop()  # its last samples land in its ring before the final drain
-            pending.extend(self._drain_rings(writer))
-            pending.extend(self._collect_sources(writer, final=stopping))
+                self.sampler.stop()  # its last samples land in this thread's ring, drained next
+            else:
+                sampler_wake_ns = self.sampler.on_wake(_monotonic_ns())
+            drained = self._drain_rings(writer) + self._collect_sources(writer, final=stopping)
+            if stopping:
+                drained.append(self._overhead_batch())
+            pending += drained
+            pending_count += sum(map(len, drained))
             now = time.monotonic()
-            if stopping:
-                pending.append(self._overhead_row())
-            if pending and (stopping or len(pending) >= 4096 or now - last_write >= max_age):
-                pending.sort(key=row_track_order)
-                writer.write_rows(pending)
+            if pending_count and (stopping or pending_count >= 4096 or now - last_write >= max_age):
+                writer.write_batch(EventBatch.concatenate(pending))
                 pending = []
+                pending_count = 0
                 last_write = now
             if stopping or now - last_sync >= c.sync_interval_s:
                 writer.write_sync_points([take_sync_point()])
                 last_sync = now
-                pending.append(self._overhead_row())
+                pending.append(self._overhead_batch())
+                pending_count += 1
             if stopping:
                 return
 
-    def _overhead_row(self) -> Row:
+    def _overhead_batch(self) -> EventBatch:
         # The profiler's own cost, recorded in the profile it produces.
         self.flusher_cpu_ns = time.thread_time_ns()
-        value = self.flusher_cpu_ns + self.sampler.cpu_ns
+        value = self.flusher_cpu_ns
         at = _monotonic_ns()
-        return (_COUNTER, OVERHEAD_COUNTER, at, 0, COUNTER_THREAD, HOST_DEVICE, 0, value, 0, 0)
+        row = (_COUNTER, OVERHEAD_COUNTER, at, 0, COUNTER_THREAD, HOST_DEVICE, 0, value, 0, 0)
+        return batch_of_rows([row])
 
-    def _drain_rings(self, writer: RankFileWriter) -> list[Row]:
+    def _drain_rings(self, writer: RankFileWriter) -> list[EventBatch]:
         with self.rings_lock:
             rings = list(self.rings)
-        rows: list[Row] = []
+        batches: list[EventBatch] = []
         for ring in rings:
             records = ring.drain()
             if records:
                 writer.name_track(ring.thread_id, HOST_DEVICE, ring.thread.name)
-                rows.extend(records_to_rows(records, ring.thread_id))
-        return rows
+                batches.append(records_batch(records))
+        return batches
 
-    def _collect_sources(self, writer: RankFileWriter, final: bool) -> list[Row]:
+    def _collect_sources(self, writer: RankFileWriter, final: bool) -> list[EventBatch]:
         rows: list[Row] = []
         for source in self.sources:
             try:
@@ -375,7 +392,10 @@ class _Session:
                 writer.name_track(thread_id, device, name)
             self.source_dropped += batch.dropped_events
             rows.extend(event_row(e) for e in batch.events)
-        return rows
+        if not rows:
+            return []
+        rows.sort(key=row_track_order)
+        return [batch_of_rows(rows)]
 
     def dropped_events(self) -> int:
         with self.rings_lock:
@@ -436,24 +456,25 @@ def carry_over(previous: Path, writer: RankFileWriter) -> int:
     return dropped
 
 
-def records_to_rows(records: list[Record], thread_id: int) -> list[Row]:
-    """Ring records as format rows: (kind, name, start, duration, thread, device, flow,
-    value, precision, depth)."""
-    return [
-        (
-            r[0],
-            r[1],
-            r[2],
-            r[3] - r[2],
-            r[6] if len(r) > 6 else thread_id,
-            HOST_DEVICE,
-            0,
-            r[5],
-            0,
-            r[4],
-        )
-        for r in records
-    ]
+def records_batch(flat: list[Any]) -> EventBatch:
+    """Drained records (RECORD_FIELDS items each) as columns, in the order they were written
+    (for ranges, the order they ended): one slice per field."""
+    step = RECORD_FIELDS
+    start = flat[2::step]
+    count = len(start)
+    zeros = [0] * count  # flow and precision: the writer never changes a column
+    return EventBatch(
+        kind=flat[0::step],
+        name=flat[1::step],
+        start_ns=start,
+        duration_ns=list(map(operator.sub, flat[3::step], start)),
+        thread_id=flat[6::step],
+        device=[HOST_DEVICE] * count,
+        flow_id=zeros,
+        value=flat[5::step],
+        precision=zeros,
+        depth=flat[4::step],
+    )
 
 
 def default_sources(context: SourceContext) -> list[ActivitySource]:
@@ -598,7 +619,7 @@ def stop_profiling(*, wait: bool = False, timeout: float | None = None) -> bool:
     wait=True blocks until the rank file is complete (or `timeout` passes) and returns whether
     it completed. Returns True without waiting.
     """
-    global _session, _detail, _last_stopped  # noqa: PLW0603 - module globals are the hot path's one-read state
+    global _session, _last_stopped  # noqa: PLW0603 - module globals are the hot path's one-read state
     _stop_on_demand(_ON_DEMAND_STOP_WAIT_S)
     channel.stop()
     with _lifecycle_lock:
@@ -607,7 +628,7 @@ def stop_profiling(*, wait: bool = False, timeout: float | None = None) -> bool:
             return True
         session.begin_stop()
         _session = None
-        _detail = None
+        _publish_detail(None)
         _last_stopped = session
     _remove_sigterm_flush()
     if wait:
@@ -616,7 +637,8 @@ def stop_profiling(*, wait: bool = False, timeout: float | None = None) -> bool:
 
 
 def background_cpu_ns() -> int | None:
-    """CPU time the running session's own threads (flusher, sampler) have used, or None.
+    """CPU time the running session's own thread (the flusher, which also reads the node
+    counters) has used, or None. Samples taken at step markers run on the training thread.
 
     The same figure is written into the profile as the `profiler.background_cpu_ns` counter
     at every sync point and at stop, so each profile reports what it cost.
@@ -624,15 +646,13 @@ def background_cpu_ns() -> int | None:
     session = _session
     if session is None:
         return None
-    total = 0
-    for thread in (session.flusher, session.sampler.thread):
-        if thread.ident is None or not thread.is_alive():
-            continue
-        try:
-            total += time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
-        except (OSError, AttributeError):  # it exited meanwhile, or not Linux
-            continue
-    return total
+    thread = session.flusher
+    if thread.ident is None or not thread.is_alive():
+        return 0
+    try:
+        return time.clock_gettime_ns(time.pthread_getcpuclockid(thread.ident))
+    except (OSError, AttributeError):  # it exited meanwhile, or not Linux
+        return 0
 
 
 def is_enabled() -> bool:
@@ -681,6 +701,7 @@ class Annotation:
     def __enter__(self) -> Annotation:
         session = _detail
         if session is None:
+            self._ring = None
             return self
         try:
             ring: ThreadRing = session.local.ring
@@ -706,12 +727,11 @@ class Annotation:
         self._ring = None
         depth = self._depth
         ring.depth = depth
-        head = ring.head
-        if head - ring.tail >= ring.capacity:
+        buf = ring.buf
+        if len(buf) < ring.limit:
+            buf += (_ANNOTATION, self.name, self._start, end, depth, 0, ring.thread_id)
+        else:
             ring.dropped += 1
-            return
-        ring.buf[head & ring.mask] = (_ANNOTATION, self.name, self._start, end, depth, 0)
-        ring.head = head + 1
 
     def __call__(self, fn: Callable[P, R]) -> Callable[P, R]:
         name = self.name
@@ -733,13 +753,135 @@ class Annotation:
             finally:
                 end = _monotonic_ns()
                 ring.depth = depth
-                ring.push((_ANNOTATION, name, start, end, depth, 0))
+                ring.push((_ANNOTATION, name, start, end, depth, 0, ring.thread_id))
 
         return annotated
 
 
-annotate = Annotation
-"""`annotate(name)`: context manager and decorator recording a named host range."""
+class _SharedAnnotation(Annotation):
+    """What `annotate(name)` returns outside the step window: one object per name, shared by
+    every caller, so an annotation there allocates nothing. Its class says what `with` does:
+    `_IdleAnnotation` while no window is open, `_WindowAnnotation` while one is (a caller may
+    keep the object and use it later, as it may any Annotation)."""
+
+    __slots__ = ("_enter_self",)
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        # A C callable returning this object: `with` calls it without running Python code.
+        self._enter_self: Callable[[], _SharedAnnotation] = itertools.repeat(self).__next__
+
+
+class _IdleAnnotation(_SharedAnnotation):
+    """`with` on it runs only C code: __enter__ returns the object, __exit__ returns "", which
+    is false, so exceptions propagate. Both are looked up when the `with` begins."""
+
+    __slots__ = ()
+    __enter__ = property(operator.attrgetter("_enter_self"))
+    __exit__ = "".format  # type: ignore[assignment]
+
+
+class _WindowAnnotation(_SharedAnnotation):
+    """A shared annotation used while the window is open: each `with` keeps its start on a
+    per-thread list (the object's own slots are shared by all its users)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _WindowAnnotation:
+        opened = _shared_open()
+        session = _detail
+        if session is None:
+            opened.append((self, None, 0, 0))
+            return self
+        try:
+            ring: ThreadRing = session.local.ring
+        except AttributeError:
+            ring = session.ring()
+        depth = ring.depth
+        ring.depth = depth + 1
+        opened.append((self, ring, _monotonic_ns(), depth))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        end = _monotonic_ns()
+        opened = _shared_open()
+        for i in range(len(opened) - 1, -1, -1):
+            if opened[i][0] is self:
+                _, ring, start, depth = opened.pop(i)
+                break
+        else:
+            return
+        if ring is not None:
+            ring.depth = depth
+            ring.push((_ANNOTATION, self.name, start, end, depth, 0, ring.thread_id))
+
+
+_SharedOpen = list[tuple[_WindowAnnotation, "ThreadRing | None", int, int]]
+_shared_local = threading.local()
+_shared_annotations: dict[str, _SharedAnnotation] = {}
+_shared_lock = threading.Lock()
+MAX_SHARED_ANNOTATIONS: Final = 4096
+"""Names with a shared annotation; beyond them (names built per call, say) annotate()
+returns a new Annotation each time, so the table cannot grow without bound."""
+_new_object: Final = object.__new__
+
+
+def _shared_open() -> _SharedOpen:
+    try:
+        opened: _SharedOpen = _shared_local.opened
+    except AttributeError:
+        opened = _shared_local.opened = []
+    return opened
+
+
+def _shared_annotation(name: str) -> Annotation:
+    with _shared_lock:
+        shared = _shared_annotations.get(name)
+        if shared is None:
+            if len(_shared_annotations) >= MAX_SHARED_ANNOTATIONS:
+                return Annotation(name)
+            shared = _IdleAnnotation(name)
+            if _detail is not None:
+                shared.__class__ = _WindowAnnotation  # type: ignore[assignment]
+            _shared_annotations[name] = shared
+        return shared
+
+
+def _set_shared_window() -> None:
+    """Give every shared annotation the behaviour of the window as it is now (open or not:
+    read under the lock, so the last of two racing switches leaves the right one)."""
+    with _shared_lock:
+        cls = _IdleAnnotation if _detail is None else _WindowAnnotation
+        for shared in _shared_annotations.values():
+            shared.__class__ = cls
+
+
+def _publish_detail(session: _Session | None) -> None:
+    """Make `session` the one annotations record into (None: no window is open)."""
+    global _detail  # noqa: PLW0603 - module globals are the hot path's one-read state
+    was_open = _detail is not None
+    _detail = session
+    if was_open != (session is not None):
+        _set_shared_window()
+
+
+def annotate(name: str) -> Annotation:
+    """A named host range: `with annotate("forward"):` or `@annotate("forward")`.
+
+    Outside the step window this costs a flag check and a dictionary lookup: it returns the
+    name's shared Annotation, whose `with` does nothing. Inside it returns a new Annotation.
+    """
+    if _detail is None:
+        shared = _shared_annotations.get(name)
+        return shared if shared is not None else _shared_annotation(name)
+    fresh: Annotation = _new_object(Annotation)
+    fresh.name = name
+    return fresh
 
 
 class AnnotationHandle:
@@ -780,26 +922,18 @@ def annotation_end(handle: AnnotationHandle) -> None:
     handle._ring = None
     open_ranges = ring.depth - 1
     ring.depth = open_ranges if open_ranges > 0 else 0
+    record = (_ANNOTATION, handle.name, handle._start, end, handle._depth, 0, ring.thread_id)
     if ring.ident == _get_ident():
-        head = ring.head
-        if head - ring.tail >= ring.capacity:
+        buf = ring.buf
+        if len(buf) < ring.limit:
+            buf += record
+        else:
             ring.dropped += 1
-            return
-        ring.buf[head & ring.mask] = (
-            _ANNOTATION,
-            handle.name,
-            handle._start,
-            end,
-            handle._depth,
-            0,
-        )
-        ring.head = head + 1
         return
     # Another thread owns `ring`; writing it from here would race its owner, so the record
     # goes to this thread's ring, carrying the beginning thread's id.
     session = _detail or _session
     if session is not None:
-        record = (_ANNOTATION, handle.name, handle._start, end, handle._depth, 0, ring.thread_id)
         session.ring().push(record)
 
 
@@ -851,11 +985,13 @@ def _remove_sigterm_flush() -> None:
 def _forget_session_in_child() -> None:
     # A forked child (e.g. a DataLoader worker) inherits the parent's state but not its
     # threads: it must not write into the parent's rings or file.
-    global _session, _detail, _last_stopped, _on_demand  # noqa: PLW0603 - module globals are the hot path's one-read state
+    global _session, _detail, _last_stopped, _on_demand, _shared_lock  # noqa: PLW0603 - module globals are the hot path's one-read state
     _session = None
     _detail = None
     _last_stopped = None
     _on_demand = None
+    _shared_lock = threading.Lock()  # another thread may have held it at the fork
+    _set_shared_window()
 
 
 atexit.register(_stop_at_exit)

@@ -1,12 +1,16 @@
 """Vectorised decoding of a rank file's EVENTS blocks straight into numpy columns.
 
-The row decoder in `format` walks every byte in Python (about 3 us per event). Here the
-records of a block are decoded in bulk: every byte of the record area belongs to a varint
-(kind, field mask and precision are single bytes below 0x80, which read as one-byte
-varints), so all varints are split and assembled with numpy at once; a short Python loop
-then only steps from record to record by the length its field mask implies, and each field
-is gathered, forward-filled (tracks) or prefix-summed (start and flow deltas) per column.
-The result is identical to the row decoder's, which the tests check.
+A record area in the column layout (format 2.0, `record_columns`) maps onto numpy directly:
+each column's byte planes are one (width x N) array, combined into 64-bit values, then
+prefix-summed (starts, flows) or gathered (tracks).
+
+For the row layout of format 1.0, the row decoder in `format` walks every byte in Python
+(about 3 us per event). Here the records of a block are decoded in bulk: every byte of the
+record area belongs to a varint (kind, field mask and precision are single bytes below 0x80,
+which read as one-byte varints), so all varints are split and assembled with numpy at once; a
+short Python loop then only steps from record to record by the length its field mask implies,
+and each field is gathered, forward-filled (tracks) or prefix-summed (start and flow deltas)
+per column. Either way the result is identical to the row decoder's, which the tests check.
 
 Imported by the analysis layer only: the capture path in training pods never needs numpy
 decoding.
@@ -20,6 +24,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import numpy.typing as npt
 
+from trainium_operator.profiler import record_columns
 from trainium_operator.profiler.events import HOST_DEVICE, EventKind, Precision
 from trainium_operator.profiler.format import RECORD_OPTIONAL_FIELDS
 
@@ -107,10 +112,14 @@ def decode_record_columns(
     string_count: int,
     tracks: Sequence[tuple[int, int]],
 ) -> RecordColumns:
-    """Decodes the `count` records at `records_offset` of an EVENTS block payload.
+    """Decodes the `count` records at `records_offset` of an EVENTS block payload, in either
+    layout (the area's first byte says which).
 
     Raises ValueError or IndexError for records that do not decode, as the row decoder does.
     """
+    columns = count and records_offset < len(payload)
+    if columns and payload[records_offset] == record_columns.COLUMNS_LAYOUT:
+        return _decode_column_layout(payload, records_offset, count, string_count, tracks)
     area = np.frombuffer(payload, dtype=np.uint8, offset=records_offset)
     if count == 0:
         if area.size:
@@ -182,4 +191,59 @@ def decode_record_columns(
         value=np.where(has_value, _unzigzag(raw_value), 0),
         precision=np.where(has_precision, precision, zero).astype(np.uint8),
         depth=optional["depth"][1].astype(np.int32),
+    )
+
+
+def _column(payload: bytes, span: record_columns.ColumnSpan, count: int) -> npt.NDArray[np.uint64]:
+    """One column's values: its byte planes, least significant first, combined."""
+    stored = count if span.presence < 0 else span.present
+    values = np.zeros(stored, dtype=np.uint64)
+    planes = np.frombuffer(payload, dtype=np.uint8, count=span.width * stored, offset=span.offset)
+    for i, plane in enumerate(planes.reshape(span.width, stored)):
+        values |= plane.astype(np.uint64) << np.uint64(8 * i)
+    if span.presence < 0:
+        return values
+    present = np.frombuffer(payload, dtype=np.uint8, count=count, offset=span.presence) != 0
+    full = np.zeros(count, dtype=np.uint64)
+    full[present] = values
+    return full
+
+
+def _decode_column_layout(
+    payload: bytes,
+    records_offset: int,
+    count: int,
+    string_count: int,
+    tracks: Sequence[tuple[int, int]],
+) -> RecordColumns:
+    base, spans = record_columns.column_spans(payload, records_offset, count)
+    kind, name, track, start, duration, flow, value, precision, depth = (
+        _column(payload, span, count) for span in spans
+    )
+    if not np.isin(kind, _VALID_KINDS).all():
+        raise ValueError(f"unknown event kind {int(kind[~np.isin(kind, _VALID_KINDS)].min())}")
+    if int(name.max()) >= string_count:
+        raise ValueError(f"string id {int(name.max())} out of range")
+    if int(track.max()) >= len(tracks):
+        raise ValueError(f"track id {int(track.max())} out of range")
+    if not np.isin(precision, _VALID_PRECISIONS).all():
+        raise ValueError("unknown precision")
+    track_index = track.astype(np.int64)
+    track_thread = np.array([t for t, _ in tracks], dtype=np.int64)
+    track_device = np.array([d for _, d in tracks], dtype=np.int64)
+    has_flow = flow != 0
+    flow_delta = _unzigzag(flow[has_flow] - np.uint64(1))
+    flows = np.zeros(count, dtype=np.uint64)
+    flows[has_flow] = np.cumsum(flow_delta).view(np.uint64)
+    return RecordColumns(
+        kind=kind.astype(np.uint8),
+        name=name.astype(np.int32),
+        start_ns=np.cumsum(_unzigzag(start)) + np.int64(base),
+        duration_ns=duration.astype(np.int64),
+        thread_id=track_thread[track_index],
+        device=track_device[track_index].astype(np.int32),
+        flow_id=flows,
+        value=_unzigzag(value),
+        precision=precision.astype(np.uint8),
+        depth=depth.astype(np.int32),
     )

@@ -9,18 +9,22 @@ Layout (all integers little-endian):
 
 Block types: EVENTS (a self-contained batch of records), SYNC (clock sync points), END (final
 counts; its absence means the writer did not finish). Unknown block types are skipped, so a
-newer minor version stays readable; a different major version is refused.
+newer minor version stays readable; a major version this reader does not know is refused.
 
 An EVENTS payload introduces the strings and tracks it uses for the first time (ids are
-global to the file), then the records. Each record is
+global to the file), then the record count and the record area. The writer (format 2.0)
+writes the area in the column layout of `record_columns`: a base start, then each field of
+every record as one column of byte planes (about 11 bytes per record before compression and
+3.5 after, against 8.4 and 5.3 for format 1.0 on the same torch.profiler window). The reader
+also reads format 1.0, whose area holds one record after another:
 
     u8 kind | u8 field mask | varint name id | zigzag varint start delta
     | [varint track] [varint duration] [zigzag flow delta] [zigzag value] [u8 precision]
     | [varint depth]
 
 where the delta is against the previous record's start and absent fields mean "zero" (or,
-for the track, "same as the previous record"). A typical host range is 8-11 bytes before
-compression. Deltas restart at every block, so any block decodes with only the string and
+for the track, "same as the previous record"). The area's first byte tells the layouts
+apart. In both, deltas restart at every block, so any block decodes with only the string and
 track tables that precede it; damage therefore loses the damaged block and what follows,
 never what came before.
 """
@@ -35,16 +39,21 @@ import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Sized
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import IO, Any, Final, TypeVar
 
+from trainium_operator.profiler import record_columns
 from trainium_operator.profiler.clock import ClockSyncPoint
 from trainium_operator.profiler.events import HOST_DEVICE, Event, EventKind, Precision
 
 MAGIC: Final = b"\x89TRNPRF\n"
-FORMAT_MAJOR: Final = 1
+FORMAT_MAJOR: Final = 2
 FORMAT_MINOR: Final = 0
 FORMAT_VERSION: Final = (FORMAT_MAJOR, FORMAT_MINOR)
+"""What the writer writes: 2.0, the column layout of records."""
+READABLE_MAJORS: Final = (1, 2)
+"""Major versions the reader reads: 1.x files keep loading after the writer moved on."""
 RANK_FILE_SUFFIX: Final = ".trnprof"
 
 BLOCK_EVENTS: Final = 1
@@ -73,9 +82,12 @@ MAX_INFLATION_RATIO: Final = 32
 INFLATION_ALLOWANCE_BYTES: Final = 8 << 20
 """A file decompresses to at most MAX_INFLATION_RATIO x its size + INFLATION_ALLOWANCE_BYTES
 (checked against the declared sizes before decompressing), so what a reader holds stays
-proportional to the bytes on disk; zlib alone allows about 1000x (a "zip bomb"). Measured:
-realistic events inflate 1.5-2x, perfectly regular step markers 7x; only synthetic runs of
-identical records reach 400x, and those fit in the allowance up to about 2 million records."""
+proportional to the bytes on disk; zlib alone allows about 1000x (a "zip bomb"). Measured in
+format 2.0: realistic events inflate 2-3x (a training loop's host capture 2.5x, a torch.profiler
+window 3.1x, the UI benchmark's synthetic profile 3.1x; in 1.0, 1.5-2x). Only synthetic runs
+with no timing jitter compress much better (step markers 4 ms apart to the nanosecond 290x,
+identical records 740x); those fit in the allowance up to about 760,000 step markers or 2
+million identical records."""
 MAX_RANK: Final = 1 << 20
 """Ranks and world sizes above this are corruption: readers index arrays by rank."""
 MAX_VARINT_BITS: Final = 64
@@ -368,15 +380,105 @@ class _Tables:
             self.new_tracks.append((thread_id, device, name_id))
         return tid
 
+    def string_ids_of(self, names: Sequence[str]) -> list[int]:
+        get = self.string_ids.get
+        ids = list(map(get, names))
+        if None in ids:
+            for text in dict.fromkeys(names):  # each distinct name once, in order
+                self.string(text)
+            ids = list(map(get, names))
+        return ids  # type: ignore[return-value]  # every name is interned now
+
+    def track_ids_of(self, thread_ids: Sequence[int], devices: Sequence[int]) -> list[int]:
+        count = len(thread_ids)
+        if (
+            count
+            and thread_ids.count(thread_ids[0]) == count
+            and devices.count(devices[0]) == count
+        ):
+            return [self.track(thread_ids[0], devices[0])] * count  # one track: the usual case
+        get = self.track_ids.get
+        ids = list(map(get, zip(thread_ids, devices, strict=True)))
+        if None in ids:
+            for thread_id, device in dict.fromkeys(zip(thread_ids, devices, strict=True)):
+                self.track(thread_id, device)
+            ids = list(map(get, zip(thread_ids, devices, strict=True)))
+        return ids  # type: ignore[return-value]  # every track has an id now
+
+    def encode(self, count: int) -> bytearray:
+        """The block's new strings and tracks and its record count, then forget them."""
+        out = bytearray()
+        _put_varint(out, len(self.new_strings))
+        for text in self.new_strings:
+            raw = text.encode("utf-8")
+            _put_varint(out, len(raw))
+            out += raw
+        _put_varint(out, len(self.new_tracks))
+        for thread_id, device, name_id in self.new_tracks:
+            _put_varint(out, _zigzag(thread_id))
+            _put_varint(out, _zigzag(device))
+            _put_varint(out, name_id)
+        _put_varint(out, count)
+        self.new_strings.clear()
+        self.new_tracks.clear()
+        return out
+
 
 Row = tuple[int, str, int, int, int, int, int, int, int, int]
 """An event as a plain tuple in Event's field order: (kind, name, start_ns, duration_ns,
 thread_id, device, flow_id, value, precision, depth). The capture path builds these directly
 from its ring records; constructing frozen Event objects there would cost several times more."""
 
+
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    """Events as columns in `Row` field order, one list per field: what the writer encodes.
+
+    Built from rows by `batch_of_rows`, or directly by the capture path, which then never
+    builds a tuple per event."""
+
+    kind: list[int]
+    name: list[str]
+    start_ns: list[int]
+    duration_ns: list[int]
+    thread_id: list[int]
+    device: list[int]
+    flow_id: list[int]
+    value: list[int]
+    precision: list[int]
+    depth: list[int]
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def columns(self) -> tuple[list[Any], ...]:
+        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def part(self, first: int, end: int) -> EventBatch:
+        return EventBatch(*(column[first:end] for column in self.columns()))
+
+    @classmethod
+    def concatenate(cls, batches: Sequence[EventBatch]) -> EventBatch:
+        if len(batches) == 1:
+            return batches[0]
+        return cls(
+            *(
+                list(chain.from_iterable(c))
+                for c in zip(*(b.columns() for b in batches), strict=True)
+            )
+        )
+
+
+def batch_of_rows(rows: Sequence[Row]) -> EventBatch:
+    if not rows:
+        return EventBatch([], [], [], [], [], [], [], [], [], [])
+    return EventBatch(*map(list, zip(*rows, strict=True)))
+
+
 BatchT = TypeVar("BatchT", bound=Sized)
 RecordDecoder = Callable[[bytes, int, int], BatchT]
-"""Decodes the records of one EVENTS block: (payload, records offset, record count)."""
+"""Decodes the records of one EVENTS block: (payload, records offset, record count). The
+record area at the offset is in either layout: its first byte tells which."""
 
 
 event_row: Callable[[Event], Row] = operator.attrgetter(
@@ -396,82 +498,35 @@ row_track_order: Callable[[Row], tuple[int, int, int]] = operator.itemgetter(5, 
 """Sort key grouping rows by track, then time: fewer track switches and small deltas."""
 
 
+def encode_batch_payload(tables: _Tables, batch: EventBatch) -> bytes:
+    """Encode one EVENTS block payload (uncompressed), updating the file's tables."""
+    durations = batch.duration_ns
+    if min(durations, default=0) < 0:
+        at = next(i for i, d in enumerate(durations) if d < 0)
+        raise ValueError(f"negative duration in event {batch.name[at]!r} at {batch.start_ns[at]}")
+    names = tables.string_ids_of(batch.name)
+    tracks = tables.track_ids_of(batch.thread_id, batch.device)
+    area = record_columns.encode_area(
+        kind=batch.kind,
+        name=names,
+        name_top=len(tables.string_ids) - 1,
+        track=tracks,
+        track_top=len(tables.track_ids) - 1,
+        start=batch.start_ns,
+        duration=durations,
+        flow=batch.flow_id,
+        value=batch.value,
+        precision=batch.precision,
+        depth=batch.depth,
+    )
+    head = tables.encode(len(batch))
+    head += area
+    return bytes(head)
+
+
 def encode_rows_payload(tables: _Tables, rows: Sequence[Row]) -> bytes:
     """Encode one EVENTS block payload (uncompressed), updating the file's tables."""
-    records = bytearray()
-    append = records.append
-    put = _put_varint
-    string_ids = tables.string_ids
-    track_ids = tables.track_ids
-    prev_start = 0
-    prev_track = -1
-    prev_flow = 0
-    for kind, name, start, duration, thread_id, device, flow, value, precision, depth in rows:
-        name_id = string_ids.get(name)
-        if name_id is None:
-            name_id = tables.string(name)
-        track_id = track_ids.get((thread_id, device))
-        if track_id is None:
-            track_id = tables.track(thread_id, device)
-        mask = 0
-        if track_id != prev_track:
-            mask = _HAS_TRACK
-        if duration:
-            if duration < 0:
-                raise ValueError(f"negative duration in event {name!r} at {start}")
-            mask |= _HAS_DURATION
-        if flow:
-            mask |= _HAS_FLOW
-        if value:
-            mask |= _HAS_VALUE
-        if precision:
-            mask |= _HAS_PRECISION
-        if depth:
-            mask |= _HAS_DEPTH
-        append(kind)
-        append(mask)
-        if name_id < 0x80:
-            append(name_id)
-        else:
-            put(records, name_id)
-        delta = start - prev_start
-        prev_start = start
-        put(records, (delta << 1) if delta >= 0 else ((-delta << 1) - 1))
-        if mask & _HAS_TRACK:
-            put(records, track_id)
-            prev_track = track_id
-        if duration:
-            put(records, duration)
-        if flow:
-            delta = flow - prev_flow
-            prev_flow = flow
-            put(records, (delta << 1) if delta >= 0 else ((-delta << 1) - 1))
-        if value:
-            put(records, (value << 1) if value >= 0 else ((-value << 1) - 1))
-        if precision:
-            append(precision)
-        if depth:
-            if depth < 0x80:
-                append(depth)
-            else:
-                put(records, depth)
-
-    out = bytearray()
-    put(out, len(tables.new_strings))
-    for text in tables.new_strings:
-        raw = text.encode("utf-8")
-        put(out, len(raw))
-        out += raw
-    put(out, len(tables.new_tracks))
-    for thread_id, device, name_id in tables.new_tracks:
-        put(out, _zigzag(thread_id))
-        put(out, _zigzag(device))
-        put(out, name_id)
-    put(out, len(rows))
-    out += records
-    tables.new_strings.clear()
-    tables.new_tracks.clear()
-    return bytes(out)
+    return encode_batch_payload(tables, batch_of_rows(rows))
 
 
 def encode_events_payload(tables: _Tables, events: Sequence[Event]) -> bytes:
@@ -526,12 +581,17 @@ class RankFileWriter:
     def write_rows(self, rows: Sequence[Row]) -> None:
         """Write events given as `Row` tuples, in blocks of at most `block_events`."""
         for start in range(0, len(rows), self._block_events):
-            chunk = rows[start : start + self._block_events]
-            if chunk:
-                payload = encode_rows_payload(self._tables, chunk)
-                self.raw_bytes += len(payload)
-                self.event_count += len(chunk)
-                self._write_block(BLOCK_EVENTS, payload)
+            self.write_batch(batch_of_rows(rows[start : start + self._block_events]))
+
+    def write_batch(self, batch: EventBatch) -> None:
+        """Write events given as columns, in blocks of at most `block_events`."""
+        size = self._block_events
+        for start in range(0, len(batch), size):
+            chunk = batch if len(batch) <= size else batch.part(start, start + size)
+            payload = encode_batch_payload(self._tables, chunk)
+            self.raw_bytes += len(payload)
+            self.event_count += len(chunk)
+            self._write_block(BLOCK_EVENTS, payload)
 
     def write_sync_points(self, points: Iterable[ClockSyncPoint]) -> None:
         out = bytearray()
@@ -662,12 +722,13 @@ class RankFileReader:
         if len(prefix) < _FILE_PREFIX.size:
             raise self._error(TruncatedProfileError, len(prefix), "file ends inside its header")
         _, major, minor, length, crc = _FILE_PREFIX.unpack(prefix)
-        if major != FORMAT_MAJOR:
+        if major not in READABLE_MAJORS:
+            readable = " and ".join(f"{m}.x" for m in READABLE_MAJORS)
             raise self._error(
                 UnsupportedVersionError,
                 len(MAGIC),
                 f"format version {major}.{minor} is not supported by this reader "
-                f"(reads {FORMAT_MAJOR}.x)",
+                f"(reads {readable})",
             )
         if length > MAX_HEADER_BYTES:
             raise self._error(
@@ -871,6 +932,45 @@ class RankFileReader:
         return cur.pos, count
 
     def _decode_rows(self, payload: bytes, records_offset: int, count: int) -> list[Row]:
+        if count and payload[records_offset] == record_columns.COLUMNS_LAYOUT:
+            return self._decode_column_rows(payload, records_offset, count)
+        return self._decode_record_rows(payload, records_offset, count)
+
+    def _decode_column_rows(self, payload: bytes, records_offset: int, count: int) -> list[Row]:
+        """Rows of a record area in the column layout (format 2.0)."""
+        base, spans = record_columns.column_spans(payload, records_offset, count)
+        kinds, names, tracks, starts, durations, flows, values, precisions, depths = (
+            record_columns.column_values(payload, span, count) for span in spans
+        )
+        unknown = set(kinds).difference(_KINDS)
+        if unknown:
+            raise ValueError(f"unknown event kind {min(unknown)}")
+        if max(names) >= len(self.strings):
+            raise ValueError(f"string id {max(names)} out of range")
+        if max(tracks) >= len(self.tracks):
+            raise ValueError(f"track id {max(tracks)} out of range")
+        if not set(precisions).issubset(_PRECISIONS):
+            raise ValueError("unknown precision")
+        thread_of = [thread_id for thread_id, _ in self.tracks]
+        device_of = [device for _, device in self.tracks]
+        return list(
+            zip(
+                kinds,
+                map(self.strings.__getitem__, names),
+                record_columns.starts_of(starts, base),
+                durations,
+                map(thread_of.__getitem__, tracks),
+                map(device_of.__getitem__, tracks),
+                record_columns.flows_of(flows),
+                record_columns.unzigzag_all(values) if any(values) else values,
+                precisions,
+                depths,
+                strict=True,
+            )
+        )
+
+    def _decode_record_rows(self, payload: bytes, records_offset: int, count: int) -> list[Row]:
+        """Rows of a record area in the row layout (format 1.0)."""
         cur = _Cursor(payload)
         cur.pos = records_offset
         varint = cur.varint

@@ -1,4 +1,4 @@
-"""Background sampling of CPU utilisation and memory, for the whole profiling run.
+"""Sampling of CPU utilisation and memory, for the whole profiling run.
 
 Process CPU comes from `time.process_time_ns()` (user + system time of all threads), resident
 memory from `/proc/self/statm`. One rank per node (local rank 0) also samples the node:
@@ -7,6 +7,14 @@ Utilisation values are per-mille of one core summed over cores (1000 = one busy 
 utilisation sample spans the interval it measured (from the previous reading to this one), so
 the first interval of a series counts like every other and the analysis needs no neighbour to
 know what a sample covers. Memory samples are instants.
+
+The sampler has no thread of its own. While steps run, the step marker takes the process
+sample once one is due (a clock comparison per step; the sample itself is a clock read and a
+pread, about a microsecond): waking a thread for it, and handing that thread the GIL, would
+cost the training process more than the sample. The flusher, which wakes anyway, reads the
+node counters and takes over the process samples whenever none was taken for an interval (no
+steps, or a long one): it notices within one flush period and then wakes at the sample
+interval until steps take over again.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 from trainium_operator.profiler.events import EventKind
 
@@ -81,13 +90,15 @@ class _StatmReader:
             self._fd = None
 
 
-class Sampler:
-    """Samples on its own daemon thread; faster while the detailed window is open.
+_NEVER: Final = 2**63
+_NODE_EARLY_NS: Final = 10_000_000
+"""A wake this close before the node counters are due reads them (no second wake for them)."""
 
-    Each process sample costs a clock read and one pread; node-wide counters (local rank 0
-    only) are read at most once a second, because /proc/stat and /proc/meminfo cost a few
-    hundred microseconds of CPU to generate.
-    """
+
+class Sampler:
+    """Takes process samples every `interval_s` inside the detailed window (`idle_interval_s`
+    outside it) and, when `node_wide`, node samples every `node_interval_s`; see the module
+    notes for who calls it when. Thread-safe: one lock, never waited for on a step."""
 
     def __init__(
         self,
@@ -100,85 +111,106 @@ class Sampler:
         node_interval_s: float = NODE_SAMPLE_INTERVAL_S,
     ) -> None:
         self._record = record
-        self._interval_s = interval_s
-        self._idle_interval_s = idle_interval_s
+        self._interval_ns = int(interval_s * 1e9)
+        self._idle_interval_ns = int(idle_interval_s * 1e9)
         self._node_wide = node_wide
         self._node_interval_ns = int(node_interval_s * 1e9)
         self._detail = detail
-        self._stop = threading.Event()
-        self.cpu_ns = 0  # CPU time this sampler thread has used, for the overhead counter
-        self.thread = threading.Thread(
-            target=self._run, name="trainium-profiler-sample", daemon=True
-        )
+        self._lock = threading.Lock()
+        self._statm: _StatmReader | None = None  # while started
+        self._prev_cpu = 0
+        self._prev_at = 0
+        self._node_at = 0
+        self._prev_node: tuple[int, int] | None = None
+        self.next_due_ns = _NEVER
+        """When the next process sample is due (monotonic ns); read on every step, unlocked."""
 
     def start(self) -> None:
-        self.thread.start()
+        with self._lock:
+            self._statm = _StatmReader()
+            now = time.monotonic_ns()
+            self._prev_cpu = time.process_time_ns()
+            self._prev_at = self._node_at = now
+            self._prev_node = read_node_cpu_ticks() if self._node_wide else None
+            self._sample_memory(now, node=self._node_wide)
+            self.reschedule()
+
+    def reschedule(self) -> None:
+        """Recompute when the next sample is due (the window opened or closed)."""
+        if self._statm is not None:
+            interval = self._interval_ns if self._detail() else self._idle_interval_ns
+            self.next_due_ns = self._prev_at + interval
+
+    def on_step(self, now_ns: int) -> None:
+        """At a step marker (training thread): the process sample, if one is due. Skipped
+        when the flusher is sampling right now: the step never waits."""
+        if now_ns >= self.next_due_ns and self._lock.acquire(blocking=False):
+            try:
+                if self._statm is not None and now_ns >= self.next_due_ns:
+                    self._sample_process(now_ns)
+            finally:
+                self._lock.release()
+
+    def on_wake(self, now_ns: int) -> int:
+        """At a flusher wake: the process sample if none was taken for an interval, the node
+        counters if due. Returns when the sampler next needs a wake (monotonic ns)."""
+        with self._lock:
+            if self._statm is None:
+                return _NEVER
+            wake = _NEVER
+            if now_ns >= self.next_due_ns:
+                self._sample_process(now_ns)
+                wake = self.next_due_ns  # until steps take over again
+            if self._node_wide:
+                node_due = self._node_at + self._node_interval_ns
+                if now_ns + _NODE_EARLY_NS >= node_due:
+                    self._sample_node(now_ns)
+                    node_due = now_ns + self._node_interval_ns
+                wake = min(wake, node_due)
+            return wake
 
     def stop(self) -> None:
-        """Stop and wait for the thread, so its final sample is in its ring."""
-        self._stop.set()
-        if self.thread.is_alive() and self.thread is not threading.current_thread():
-            self.thread.join(timeout=5.0)
-
-    def _run(self) -> None:
-        statm = _StatmReader()
-        try:
-            self._loop(statm)
-        finally:
-            statm.close()
-
-    def _loop(self, statm: _StatmReader) -> None:
-        record = self._record
-        prev_cpu = time.process_time_ns()
-        prev_at = time.monotonic_ns()
-        node_at = prev_at  # when prev_node was read
-        prev_node = read_node_cpu_ticks() if self._node_wide else None
-        self._sample_memory(statm, prev_at, node=self._node_wide)
-        while True:
-            stopped = self._wait_for_next_sample(prev_at, node_at)
-            now = time.monotonic_ns()
-            cpu = time.process_time_ns()
-            elapsed = now - prev_at
-            if elapsed > 0:
-                busy = (cpu - prev_cpu) * 1000 // elapsed
-                record(EventKind.CPU_UTIL, CPU_PROCESS, prev_at, now, busy)
-            node_due = self._node_wide and (stopped or now - node_at >= self._node_interval_ns)
-            if node_due:
-                node = read_node_cpu_ticks()
-                if node is not None and prev_node is not None and node[1] > prev_node[1]:
-                    busy_ticks = node[0] - prev_node[0]
-                    total = node[1] - prev_node[1]
-                    cores = os.cpu_count() or 1
-                    value = busy_ticks * 1000 * cores // total
-                    record(EventKind.CPU_UTIL, CPU_NODE, node_at, now, value)
-                prev_node = node
-                node_at = now
-            self._sample_memory(statm, now, node=node_due)
-            prev_cpu, prev_at = cpu, now
-            self.cpu_ns = time.thread_time_ns()
-            if stopped:
+        """The final samples (process, and node counters when node-wide); then no more."""
+        with self._lock:
+            if self._statm is None:
                 return
+            now = time.monotonic_ns()
+            self._sample_process(now, node=self._node_wide)
+            self._statm.close()
+            self._statm = None
+            self.next_due_ns = _NEVER
 
-    def _wait_for_next_sample(self, last_ns: int, node_ns: int) -> bool:
-        """Sleep until the next sample is due; True when stopped meanwhile.
+    def _sample_process(self, now_ns: int, node: bool = False) -> None:
+        cpu = time.process_time_ns()
+        elapsed = now_ns - self._prev_at
+        if elapsed > 0:
+            busy = (cpu - self._prev_cpu) * 1000 // elapsed
+            self._record(EventKind.CPU_UTIL, CPU_PROCESS, self._prev_at, now_ns, busy)
+        if node:
+            self._sample_node_cpu(now_ns)
+        self._sample_memory(now_ns, node=node)
+        self._prev_cpu, self._prev_at = cpu, now_ns
+        self.reschedule()
 
-        The detailed window can open while we sleep the long idle interval, so the wait is
-        sliced at the fast interval and the due time re-evaluated. Node counters keep their
-        own interval even while process sampling idles, so the host is sampled through a
-        short run, not only at its end."""
-        while True:
-            interval = self._interval_s if self._detail() else self._idle_interval_s
-            due = last_ns / 1e9 + interval
-            if self._node_wide:
-                due = min(due, (node_ns + self._node_interval_ns) / 1e9)
-            remaining = due - time.monotonic_ns() / 1e9
-            if remaining <= 0:
-                return False
-            if self._stop.wait(min(remaining, self._interval_s)):
-                return True
+    def _sample_node(self, now_ns: int) -> None:
+        self._sample_node_cpu(now_ns)
+        used = read_node_used_memory()
+        if used is not None:
+            self._record(EventKind.MEMORY, MEMORY_NODE_USED, now_ns, now_ns, used)
 
-    def _sample_memory(self, statm: _StatmReader, at_ns: int, node: bool) -> None:
-        rss = statm.rss_bytes()
+    def _sample_node_cpu(self, now_ns: int) -> None:
+        node = read_node_cpu_ticks()
+        prev = self._prev_node
+        if node is not None and prev is not None and node[1] > prev[1]:
+            cores = os.cpu_count() or 1
+            value = (node[0] - prev[0]) * 1000 * cores // (node[1] - prev[1])
+            self._record(EventKind.CPU_UTIL, CPU_NODE, self._node_at, now_ns, value)
+        self._prev_node = node
+        self._node_at = now_ns
+
+    def _sample_memory(self, at_ns: int, node: bool) -> None:
+        assert self._statm is not None
+        rss = self._statm.rss_bytes()
         if rss is not None:
             self._record(EventKind.MEMORY, MEMORY_RSS, at_ns, at_ns, rss)
         if node:
