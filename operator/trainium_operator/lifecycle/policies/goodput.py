@@ -159,26 +159,14 @@ def accounted(
         # A passed check ran inside its stage's gang: its seconds move out of that stage's part.
         _, stage, seconds = status.preflight_passed
         part = "compiling_seconds" if stage == "compile" else "training_seconds"
-        moved = min(seconds, getattr(ledger, part))
-        ledger = ledger.model_copy(
-            update={
-                part: getattr(ledger, part) - moved,
-                "preflight_seconds": ledger.preflight_seconds + moved,
-            }
-        )
+        ledger = _to_preflight(ledger, part, seconds)
         training = ledger.training_seconds
     stopping = status.phase in STOPPING and before not in STOPPING
     preflight_failed = status.preflight is not None and status.preflight[0] == attempt
     if stopping and preflight_failed and status.preflight != previous.preflight:
         # The gang checked its nodes and trained nothing: no work lost, the check's time moves.
         assert status.preflight is not None
-        moved = min(status.preflight[1], getattr(ledger, bucket))
-        ledger = ledger.model_copy(
-            update={
-                bucket: getattr(ledger, bucket) - moved,
-                "preflight_seconds": ledger.preflight_seconds + moved,
-            }
-        )
+        ledger = _to_preflight(ledger, bucket, status.preflight[1])
         training = ledger.training_seconds
         attempt_training = 0.0
     elif stopping and attempt_training > 0:
@@ -209,6 +197,17 @@ def accounted(
     percent = round(100.0 * figures.training_seconds / counted, 1)
     summary = f"{'<=' if lost_unknown else ''}{percent:.1f}%"
     return figures.model_copy(update={"percent": percent, "summary": summary})
+
+
+def _to_preflight(ledger: GoodputStatus, part: str, seconds: float) -> GoodputStatus:
+    """`ledger` with `seconds` (at most what `part` holds) moved from `part` to preflight."""
+    moved = min(seconds, getattr(ledger, part))
+    return ledger.model_copy(
+        update={
+            part: getattr(ledger, part) - moved,
+            "preflight_seconds": ledger.preflight_seconds + moved,
+        }
+    )
 
 
 def figures_at(status: Obj, now: datetime) -> Obj | None:

@@ -45,16 +45,13 @@ from trainium_operator.lifecycle.cleanup import cleanup_on_finish
 from trainium_operator.lifecycle.decision import EventRecord, NodePatch
 from trainium_operator.lifecycle.failures import Failure
 from trainium_operator.lifecycle.observed import (
-    CORDON_REASON_ANNOTATION,
-    CORDON_TIME_ANNOTATION,
-    CORDONED_BY_ANNOTATION,
-    CORDONED_LABEL,
     PodView,
 )
 from trainium_operator.lifecycle.policies.stragglers import (
     CORDON_BUDGET_SETTING,
     CORDONED_FOR_PREFLIGHT,
     CordonBudget,
+    node_cordon,
 )
 from trainium_operator.lifecycle.restarts import restart_for
 from trainium_operator.lifecycle.status_edit import timestamp
@@ -98,14 +95,7 @@ def preflight(p: Pass) -> None:
             p.plan.requeue(remaining)
             p.settle()  # nothing else acts on this gang until its reports are in
             return
-    reports: dict[str, contract.NodeReport] = {}
-    for pod in gang.values():
-        if pod.node is None:
-            continue
-        try:
-            reports[pod.node] = contract.parse_report(pod.termination_message)
-        except ValueError:
-            continue  # no report, or not one: this node is judged on nothing
+    reports = _node_reports(gang.values())
     threshold = job.spec.preflight.threshold
     verdicts = contract.judge(reports, threshold) if reports else []
     if verdicts:
@@ -212,18 +202,9 @@ def _cordons(
             f"this node unfit: {verdict.detail} (spec.preflight.onUnfit: Cordon). "
             "`kubectl uncordon` returns it"
         )
-        body = {
-            "metadata": {
-                "labels": {CORDONED_LABEL: CORDONED_FOR_PREFLIGHT},
-                "annotations": {
-                    CORDONED_BY_ANNOTATION: f"{p.job.namespace}/{p.job.name}",
-                    CORDON_REASON_ANNOTATION: reason,
-                    CORDON_TIME_ANNOTATION: timestamp(p.now),
-                },
-            },
-            "spec": {"unschedulable": True},
-        }
-        patches.append(NodePatch(verdict.node, body))
+        patches.append(
+            node_cordon(p.job, verdict.node, CORDONED_FOR_PREFLIGHT, reason, timestamp(p.now))
+        )
     return patches, held
 
 
@@ -237,16 +218,21 @@ def _record_passed(p: Pass, gang: Iterable[PodView]) -> None:
         stage.value,
     ):
         return
-    seconds = []
-    for pod in gang:
-        if not pod.terminal:
-            continue
-        try:
-            report = contract.parse_report(pod.termination_message)
-        except ValueError:
-            continue
-        if report.outcome == contract.PASSED:
-            seconds.append(report.seconds)
+    seconds = [r.seconds for r in _node_reports(gang).values() if r.outcome == contract.PASSED]
     if seconds:
         passed = PreflightPassed(attempt=attempt, stage=stage.value, seconds=round(max(seconds), 1))
         p.status.preflight = record.model_copy(update={"passed": passed})
+
+
+def _node_reports(pods: Iterable[PodView]) -> dict[str, contract.NodeReport]:
+    """Each ended pod's report, as the report of the node the pod ran on (never a name in
+    it); a pod without one (still running, or its message is no report) is left out."""
+    reports: dict[str, contract.NodeReport] = {}
+    for pod in pods:
+        if pod.node is None:
+            continue
+        try:
+            reports[pod.node] = contract.parse_report(pod.termination_message)
+        except ValueError:
+            continue  # no report, or not one: this node is judged on nothing
+    return reports

@@ -411,15 +411,24 @@ def cordon_patch(job: JobRef, replacement: StragglerReplacement) -> NodePatch:
         f"ms, {replacement.ratio or 0.0:.2f}x the other ranks' median; the gang restarted "
         "without this node (spec.health.onStraggler: Replace). `kubectl uncordon` returns it"
     )
+    return node_cordon(
+        job, replacement.node, CORDONED_FOR_STRAGGLER, reason, replacement.time or ""
+    )
+
+
+def node_cordon(job: JobRef, node: str, cause: str, reason: str, time: str) -> NodePatch:
+    """A JSON merge patch cordoning `node` for `job`: spec.unschedulable, the label the cordon
+    budget counts (`cause`: CORDONED_FOR_STRAGGLER or CORDONED_FOR_PREFLIGHT), and annotations
+    naming the job, why, and when."""
     return NodePatch(
-        name=replacement.node,
+        name=node,
         body={
             "metadata": {
-                "labels": {CORDONED_LABEL: CORDONED_FOR_STRAGGLER},
+                "labels": {CORDONED_LABEL: cause},
                 "annotations": {
                     CORDONED_BY_ANNOTATION: f"{job.namespace}/{job.name}",
                     CORDON_REASON_ANNOTATION: reason,
-                    CORDON_TIME_ANNOTATION: replacement.time or "",
+                    CORDON_TIME_ANNOTATION: time,
                 },
             },
             "spec": {"unschedulable": True},
