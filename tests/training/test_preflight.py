@@ -5,6 +5,7 @@ the contract writes (`contract.preflight.argv`); and its pure parts."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -383,3 +384,39 @@ def test_the_report_file_holds_the_nodes_report(tmp_path: Path) -> None:
     own = contract.parse_report(report(20.0, 1.0))
     preflight.write_report(path, own)
     assert contract.parse_report(path.read_text()) == own
+
+
+def gathered_pairs(figures: list[tuple[float, float]]) -> list[tuple[str, str]]:
+    return [(f"node-{i}", report(*pair)) for i, pair in enumerate(figures)]
+
+
+def test_a_figure_that_finds_a_node_slow_is_measured_again_before_it_stands() -> None:
+    assert preflight.needs_confirming(gathered_pairs([(20.0, 1.0), (5.0, 1.0), (21.0, 1.1)]), 0.25)
+    assert preflight.needs_confirming(gathered_pairs([(20.0, 1.0), (20.0, 0.1), (21.0, 1.1)]), 0.25)
+    assert not preflight.needs_confirming(
+        gathered_pairs([(20.0, 1.0), (19.0, 0.9), (21.0, 1.1)]), 0.25
+    )
+
+
+def test_a_node_missing_devices_is_not_measured_again() -> None:
+    missing = contract.NodeReport(
+        outcome=contract.PASSED,
+        seconds=0.0,
+        devices_expected=16,
+        devices_found=15,
+        devices_healthy=True,
+        device_gbps=20.0,
+        network_gbps=1.0,
+    ).to_json()
+    pairs = [*gathered_pairs([(20.0, 1.0), (21.0, 1.0)]), ("node-2", missing)]
+    assert not preflight.needs_confirming(pairs, 0.25)
+
+
+def test_a_confirmed_nodes_figures_are_the_best_of_its_two_rounds() -> None:
+    first = contract.parse_report(report(5.0, 1.0))
+    second = dataclasses.replace(
+        contract.parse_report(report(20.0, 0.5)), gang_gbps=None, outcome=contract.UNFIT
+    )
+    best = preflight.best_of(first, second)
+    assert (best.device_gbps, best.network_gbps, best.gang_gbps) == (20.0, 1.0, 1.0)
+    assert best.outcome == contract.PASSED  # the first round's, which the launcher then sets
