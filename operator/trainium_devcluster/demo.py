@@ -5,12 +5,14 @@
 3. the operator as a process, authenticated as the chart's ServiceAccount (token kubeconfig),
    so it has exactly the chart's permissions;
 4. the tutorial's TrainingJob (`examples/bert-large-pretrain.yaml`) applied with kubectl;
-5. KWOK pods stand in for the containers; in their place the demo runs the pod's own torchrun
-   command on this machine's CPU at demo size (tiny BERT, two ranks, generated shards), with
-   `/data` mapped to a local folder: the compile stage in graph-extraction mode, then training with
-   the profiler on. Each local run's exit code becomes the pods' exit code;
-6. `kubectl get trainingjobs` printed at every transition, then the profile report and where to
-   look next.
+5. KWOK pods stand in for the containers; in their place the demo runs each pod's own torchrun
+   command on this machine's CPU at demo size (tiny BERT, one rank per pod, generated shards),
+   with `/data` mapped to a local folder and the pod's pod-bound health token (requested as the
+   kubelet would): the compile stage in graph-extraction mode, then training with the profiler
+   on. Each process's exit code becomes its pod's exit code. The ranks report to the operator's
+   health channel, so STEP, RATE, ETA and GOODPUT fill in while the job trains;
+6. `kubectl get trainingjobs` printed at every transition and as the step advances, then the
+   profile report and where to look next (the UI's live job list among it).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from trainium_operator.builders.job import (
     VOLCANO_GROUP_ANNOTATION,
     VOLCANO_VERSION,
 )
+from trainium_operator.contract import channel, workload_env
 
 Echo = Callable[[str], None]
 REPO = Path(__file__).resolve().parents[2]
@@ -49,12 +52,24 @@ SHARED_MOUNT = "/data"
 GROUP, VERSION, PLURAL = "trainium.dev", "v1alpha1", "trainingjobs"
 # Appended after the job's own script arguments (argparse keeps the last value), so the
 # local CPU run is small while every flag the operator added is still the operator's.
+DEMO_STEPS = 300
 DEMO_SIZE_ARGS = (
     "--model_config", "tiny", "--batch_size", "4", "--grad_accum_usteps", "1",
-    "--max_steps", "30", "--warmup_steps", "0", "--log_every_steps", "5",
+    "--max_steps", str(DEMO_STEPS), "--warmup_steps", "0", "--log_every_steps", "50",
 )  # fmt: skip
+# The demo's size in the job itself (printed when it is applied): one rank per pod, as the
+# local run has; reports every second and a status write every two, so a run of seconds
+# shows its progress; the ETA against the demo's step count.
+DEMO_JOB_SIZE: dict[str, Any] = {
+    "processesPerNode": 1,
+    "health": {"reportIntervalSeconds": 1, "totalSteps": DEMO_STEPS},
+}
+DEMO_PROGRESS_INTERVAL_S = "2"
 DEMO_PROFILE_STEPS = "10:14"
 TERMINAL = ("Succeeded", "Failed")
+# What of the pod's torchrun arguments a local run keeps: the shape of the gang. The rendezvous
+# is local and static (--node_rank, --master_addr/--master_port) instead.
+LOCAL_LAUNCHER_FLAGS = ("--nnodes", "--nproc_per_node", "--max_restarts")
 
 
 class DemoError(RuntimeError):
@@ -76,12 +91,28 @@ def _run(args: list[str], *, env: dict[str, str] | None = None, stdin: str | Non
 
 @dataclass
 class LocalRun:
-    """The pods' workload, run on this machine: torchrun for one gang."""
+    """The pods' workload, run on this machine: one torchrun per pod of one gang."""
 
     stage: str
-    pods: list[str]
-    process: subprocess.Popen[bytes]
-    log: Path
+    processes: dict[str, subprocess.Popen[bytes]]  # by pod name
+    logs: list[Path]
+
+    def ended(self) -> bool:
+        """All ended; or one failed, and the rest are stopped (their gang is broken)."""
+        codes = [process.poll() for process in self.processes.values()]
+        if any(code not in (None, 0) for code in codes):
+            for process in self.processes.values():
+                if process.poll() is None:
+                    process.terminate()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        process.wait(timeout=10)
+            return all(p.poll() is not None for p in self.processes.values())
+        return all(code is not None for code in codes)
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.terminate()
 
 
 @dataclass
@@ -161,8 +192,24 @@ class Demo:
         self.echo(f"starting the operator as system:serviceaccount:{OPERATOR_NAMESPACE}:... "
                   f"(log: {log})")  # fmt: skip
         handle = log.open("wb")
+        # The health channel on a local port: the pods' env names http://127.0.0.1:<port>/...,
+        # which the local ranks reach as they are.
+        port = local_preflight.free_port()
+        self.echo(f"  health channel on port {port}; progress written every "
+                  f"{DEMO_PROGRESS_INTERVAL_S} s (the chart's default: 10 s)")  # fmt: skip
         self.operator = subprocess.Popen(
-            [sys.executable, "-m", "trainium_operator", "run", "--kubeconfig", str(kubeconfig)],
+            [
+                sys.executable,
+                "-m",
+                "trainium_operator",
+                "run",
+                "--kubeconfig",
+                str(kubeconfig),
+                "--health-port",
+                str(port),
+                "--progress-interval",
+                DEMO_PROGRESS_INTERVAL_S,
+            ],
             stdout=handle,
             stderr=subprocess.STDOUT,
         )
@@ -208,8 +255,16 @@ class Demo:
                 raise
         shutil.rmtree(self.shared / "output", ignore_errors=True)
         shutil.rmtree(self.shared / "profiles", ignore_errors=True)
-        self.echo(f"$ kubectl apply -f {EXAMPLE.relative_to(REPO)}")
-        self.echo(self.kubectl("apply", "-n", JOB_NAMESPACE, "-f", str(EXAMPLE)).strip())
+        for key, value in DEMO_JOB_SIZE.items():
+            manifest["spec"][key] = (
+                {**manifest["spec"].get(key, {}), **value} if isinstance(value, dict) else value
+            )
+        self.echo(f"$ kubectl apply -f {EXAMPLE.relative_to(REPO)}   # at demo size: "
+                  f"{_flat(DEMO_JOB_SIZE)}")  # fmt: skip
+        applied = self.kubectl(
+            "apply", "-n", JOB_NAMESPACE, "-f", "-", stdin=yaml.safe_dump(manifest)
+        )
+        self.echo(applied.strip())
         return name
 
     def _job(self, name: str) -> dict[str, Any] | None:
@@ -248,35 +303,20 @@ class Demo:
         return []
 
     def start_local_run(self, gang: list[Any]) -> None:
-        pod = gang[0]
-        stage = pod.metadata.labels["trainium.dev/stage"]
-        container = pod.spec.containers[0]
-        command = [_local_path(a, self.shared) for a in container.command]
-        script_at = next(i for i, a in enumerate(command) if a.endswith("pretrain.py"))
-        env = _training_env()
-        for var in container.env or []:
-            if var.value is not None:
-                env[var.name] = _local_path(var.value, self.shared)
-        env["TRAINIUM_NODE_NAME"] = pod.spec.node_name
-        env["TRAINIUM_PRECISION"] = "fp32"  # bf16 is the Neuron path; CPU trains in fp32
-        if stage == "compile":
-            # What neuron_parallel_compile does around the command: graph extraction only.
-            env["NEURON_EXTRACT_GRAPHS_ONLY"] = "1"
-        else:
-            env["TRAINIUM_PROFILE_STEPS"] = DEMO_PROFILE_STEPS
-        argv = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            str(_training_script("pretrain.py")), *command[script_at + 1 :], *DEMO_SIZE_ARGS,
-        ]  # fmt: skip
-        log = self.workdir / f"{pod.metadata.name.rsplit('-', 1)[0]}.log"
+        """Runs each pod's torchrun command here, one process per pod, meeting through a local
+        static rendezvous (the pod's own node rank; its etcd endpoint does not resolve here)."""
+        assert self.clients is not None
+        stage = gang[0].metadata.labels["trainium.dev/stage"]
+        port = local_preflight.free_port()
+        logs = [self.workdir / f"{pod.metadata.name}.log" for pod in gang]
         self.echo(
             f"  pods {', '.join(p.metadata.name for p in gang)} are Running on "
-            f"{', '.join(p.spec.node_name for p in gang)}; running their {stage} command locally "
-            f"on CPU at demo size (log: {log})"
+            f"{', '.join(p.spec.node_name for p in gang)}; running their {stage} commands locally "
+            f"on CPU at demo size (logs: {', '.join(log.name for log in logs)} in {self.workdir})"
         )
         # The gang's PodGroups as Volcano's scheduler and controller manager wrote them. Volcano
         # writes a group's Running phase in the scheduling cycle after its pods were bound.
-        self.wait_podgroup_running(pod)
+        self.wait_podgroup_running(gang[0])
         self.echo("$ kubectl get podgroups")
         self.echo(
             self.kubectl(
@@ -286,13 +326,48 @@ class Demo:
                 "WRITTEN-BY:.metadata.managedFields[*].manager",
             ).rstrip()
         )  # fmt: skip
-        self.local = LocalRun(
-            stage,
-            [p.metadata.name for p in gang],
-            subprocess.Popen(argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT),
-            log,
-        )
-        self.driven.update(self.local.pods)
+        processes = {}
+        for pod, log in zip(gang, logs, strict=True):
+            argv, env = self.local_command(pod, stage, port)
+            processes[pod.metadata.name] = subprocess.Popen(
+                argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
+            )
+        self.local = LocalRun(stage, processes, logs)
+        self.driven.update(processes)
+
+    def local_command(self, pod: Any, stage: str, port: int) -> tuple[list[str], dict[str, str]]:
+        """The pod's torchrun command and env for a process on this machine."""
+        assert self.clients is not None
+        container = pod.spec.containers[0]
+        command = [_local_path(a, self.shared) for a in container.command]
+        script_at = next(i for i, a in enumerate(command) if a.endswith("pretrain.py"))
+        launcher = [a for a in command[1:script_at] if a.split("=", 1)[0] in LOCAL_LAUNCHER_FLAGS]
+        env = _training_env()
+        for var in container.env or []:
+            if var.value is not None:
+                env[var.name] = _local_path(var.value, self.shared)
+        env[workload_env.NODE_NAME] = pod.spec.node_name
+        env["TRAINIUM_PRECISION"] = "fp32"  # bf16 is the Neuron path; CPU trains in fp32
+        if channel.URL in env:
+            # The pod's projected token and its own /dev/shm folder, here: the kubelet's part.
+            own = self.workdir / "pods" / pod.metadata.name
+            own.mkdir(parents=True, exist_ok=True)
+            token = own / channel.TOKEN_NAME
+            token.write_text(sim.pod_token(self.clients.core, pod, channel.AUDIENCE))
+            env[channel.TOKEN_FILE] = str(token)
+            env[channel.POD_DIR] = str(own / "shm")
+        if stage == "compile":
+            # What neuron_parallel_compile does around the command: graph extraction only.
+            env["NEURON_EXTRACT_GRAPHS_ONLY"] = "1"
+        else:
+            env["TRAINIUM_PROFILE_STEPS"] = DEMO_PROFILE_STEPS
+        argv = [
+            sys.executable, "-m", "torch.distributed.run", *launcher,
+            f"--node_rank={pod.metadata.labels['trainium.dev/node-rank']}",
+            "--master_addr=127.0.0.1", f"--master_port={port}",
+            str(_training_script("pretrain.py")), *command[script_at + 1 :], *DEMO_SIZE_ARGS,
+        ]  # fmt: skip
+        return argv, env
 
     def preflight_passed(self, gang: list[Any]) -> bool:
         """Runs the gang's preflight here first when its pods have one (spec.preflight): True
@@ -330,19 +405,20 @@ class Demo:
 
     def finish_local_run(self) -> None:
         run = self.local
-        if run is None or run.process.poll() is None:
+        if run is None or not run.ended():
             return
-        code = run.process.returncode
         assert self.clients is not None
-        self.echo(f"  local {run.stage} run exited {code}; ending the pods the same way")
-        for pod in run.pods:
+        codes = {pod: process.returncode for pod, process in run.processes.items()}
+        self.echo(f"  local {run.stage} runs exited {sorted(set(codes.values()))}; ending "
+                  "each pod the same way")  # fmt: skip
+        for pod, code in codes.items():
             sim.simulate_pod_outcome(
                 self.clients.core,
                 JOB_NAMESPACE,
                 pod,
                 succeeded=code == 0,
                 exit_code=code if code else None,
-                message=None if code == 0 else f"see {run.log}",
+                message=None if code == 0 else f"see {self.workdir / pod}.log",
             )
         self.local = None
 
@@ -360,6 +436,7 @@ class Demo:
                 (status.get("workers") or {}).get("summary"),
                 (status.get("restarts") or {}).get("total"),
                 status.get("reason"),
+                (status.get("progress") or {}).get("stepSummary"),
             )
             if shown != last and status:
                 row = self.kubectl("get", "trainingjobs", name, "-n", JOB_NAMESPACE, "-o", "wide",
@@ -381,14 +458,25 @@ class Demo:
             raise DemoError(f"the operator exited; see {self.workdir / 'operator.log'}")
 
     def stop(self) -> None:
-        if self.local is not None and self.local.process.poll() is None:
-            self.local.process.terminate()
+        if self.local is not None:
+            self.local.stop()
         if self.operator is not None and self.operator.poll() is None:
             self.operator.terminate()
             try:
                 self.operator.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.operator.kill()
+
+
+def _flat(values: dict[str, Any], prefix: str = "") -> str:
+    """{"a": 1, "b": {"c": 2}} as "a 1, b.c 2"."""
+    parts = []
+    for key, value in values.items():
+        if isinstance(value, dict):
+            parts.append(_flat(value, f"{prefix}{key}."))
+        else:
+            parts.append(f"{prefix}{key} {value}")
+    return ", ".join(parts)
 
 
 def _namespace_manifest(name: str) -> str:
@@ -478,7 +566,9 @@ def _print_next_steps(
     ]
     if profile_dir is not None:
         lines += [
-            f"  trainium-operator profile serve {profile_dir.parents[2]}   # the profile UI",
+            f"  trainium-operator profile serve {profile_dir.parents[2]} --list-jobs "
+            f"--kubeconfig {demo.kubeconfig}",
+            "      # the profile UI, and the TrainingJobs live: step, rate, ETA, health",
             f"  trainium-operator profile export {profile_dir} --perfetto trace.perfetto-trace",
         ]
     lines += [

@@ -97,6 +97,30 @@ def simulate_pod_outcome(
     core_api.patch_namespaced_pod(pod, namespace, {"metadata": {"annotations": annotations}})
 
 
+def pod_token(core_api: Any, pod: Any, audience: str, *, seconds: int = 600) -> str:
+    """A token for the pod's ServiceAccount bound to the pod (a V1Pod), with `audience`: what
+    the kubelet projects into a pod's token volume, for a local process that acts as the pod."""
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {
+            "audiences": [audience],
+            "expirationSeconds": seconds,
+            "boundObjectRef": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod.metadata.name,
+                "uid": pod.metadata.uid,
+            },
+        },
+    }
+    account = pod.spec.service_account_name or "default"
+    answer = core_api.create_namespaced_service_account_token(
+        account, pod.metadata.namespace, request
+    )
+    return str(answer.status.token)
+
+
 KWOK_GROUP, KWOK_VERSION = "kwok.x-k8s.io", "v1alpha1"
 
 

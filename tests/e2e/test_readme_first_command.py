@@ -66,6 +66,16 @@ def test_readme_first_command_runs_the_tutorial_job_to_success_in_a_fresh_clone(
         assert re.search(r"bert-large-pretrain\s+Compiling", output), output[-6000:]
         assert re.search(r"bert-large-pretrain\s+Training", output), output[-6000:]
         assert re.search(r"bert-large-pretrain\s+Succeeded\s+2\s", output), output[-6000:]
+        # Live health while it trains: STEP (of health.totalSteps), RATE and ETA filled in from
+        # the ranks' reports on the operator's health channel, as the step advances.
+        live = re.findall(
+            r"^bert-large-pretrain\s+Training\s+2\s+\S+\s+\S+\s+\d+\s+(\d+)/300\s+"
+            r"[0-9.]+ steps/s\s+\d+[smh]",
+            output,
+            re.M,
+        )
+        assert live, output[-6000:]
+        assert int(live[0]) < 300, output[-6000:]
         assert "Where to look next" in output
         # PodGroups whose status the real Volcano wrote, and no Python scheduler anywhere.
         podgroup_rows = re.findall(
@@ -84,7 +94,7 @@ def test_readme_first_command_runs_the_tutorial_job_to_success_in_a_fresh_clone(
         assert any("vc-scheduler" in p for p in ours), ours
         assert any("vc-controller-manager" in p for p in ours), ours
         assert not [p for p in processes if "gang_scheduler" in p]
-        assert "Steps (30 with markers" in output, "the profile summary of the real CPU run"
+        assert "Steps (300 with markers" in output, "the profile summary of the real CPU run"
     finally:
         cli = clone / ".venv" / "bin" / "trainium-operator"
         if cli.exists():  # a failed bootstrap leaves none; its error is the one to report

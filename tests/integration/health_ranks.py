@@ -26,6 +26,7 @@ from integration.operator_harness import (
     wait_gang_running,
     wait_phase,
 )
+from trainium_devcluster import sim
 from trainium_operator.contract import channel as contract
 
 # A rank: the public profiler API only (no profiling window: the channel runs regardless).
@@ -94,20 +95,7 @@ def fast_health_operator(
 
 def pod_token(clients: Any, pod: Any, audience: str = contract.AUDIENCE) -> str:
     """A token for the pod's ServiceAccount bound to the pod: what the kubelet projects."""
-    request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(
-            audiences=[audience],
-            expiration_seconds=600,
-            bound_object_ref=client.V1BoundObjectReference(
-                api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid
-            ),
-        )
-    )
-    account = pod.spec.service_account_name or "default"
-    answer = clients.core.create_namespaced_service_account_token(
-        account, pod.metadata.namespace, request
-    )
-    return str(answer.status.token)
+    return sim.pod_token(clients.core, pod, audience)
 
 
 def wait_account(clients: Any, namespace: str, name: str = "default") -> None:
