@@ -7,6 +7,10 @@ sample there each interval; local rank 0's reads them and sends them as one batc
 the operator's answer there, which the other ranks read (`pod_samples.py`). A pod of one rank,
 or one without the directory, sends its own one-rank messages.
 
+A replica of the operator that stands by (peering: another one writes status) answers 503 with
+Retry-After: the reporter then retries that soon, within an interval, rather than backing off,
+and by then the Service routes it to the acting replica.
+
 The training loop's cost is `on_step`: a clock read, a subtraction and a deque append under
 no lock the sender holds for long. Sending happens on the reporter's own thread, with a short
 timeout: when the operator is away (restarting, partitioned, not installed) the thread backs
@@ -123,6 +127,25 @@ SEND_TIMEOUT_S = 2.0
 # A rank's sends back off to at most this (Reporter.max_backoff_s).
 MAX_BACKOFF_S = 60.0
 MIN_RETRY_S = 0.2  # the soonest a refused send is retried, whatever Retry-After says
+
+
+def next_wait(
+    previous: float,
+    *,
+    sent: bool,
+    retry_after_s: float | None,
+    interval_s: float,
+    max_backoff_s: float,
+) -> float:
+    """Seconds until the reporter's next send: an interval after a success; after a refusal
+    that asked to retry (a standby replica's Retry-After) that soon, never more than an
+    interval; after any other failure twice the last wait (at least an interval: after an
+    immediate answer it was 0), up to `max_backoff_s`."""
+    if sent:
+        return interval_s
+    if retry_after_s is not None:
+        return min(max(retry_after_s, MIN_RETRY_S), interval_s)
+    return min(max(previous, interval_s) * 2, max_backoff_s)
 
 
 def retry_after_s(header: str | None) -> float | None:
@@ -381,13 +404,14 @@ class Reporter:
         backoff = self.config.interval_s
         while not self._stop.wait(backoff):
             # Only a send backs off: a local write failing is no reason to write less often.
-            if self.tick() or not self.leader:
-                backoff = self.config.interval_s
-            elif self.retry_after_s is not None:
-                # Asked to retry soon (a standby replica): within an interval, never backed off.
-                backoff = min(max(self.retry_after_s, MIN_RETRY_S), self.config.interval_s)
-            else:  # from at least an interval: after an immediate answer it was 0
-                backoff = min(max(backoff, self.config.interval_s) * 2, self.max_backoff_s)
+            sent = self.tick() or not self.leader
+            backoff = next_wait(
+                backoff,
+                sent=sent,
+                retry_after_s=self.retry_after_s,
+                interval_s=self.config.interval_s,
+                max_backoff_s=self.max_backoff_s,
+            )
             if self._answer_now:
                 self._answer_now = False
                 backoff = 0.0
