@@ -239,8 +239,8 @@ def test_the_health_service_selects_the_acting_replica_only_under_peering(
     health = f"{FULLNAME}-health"
     deployment_labels = one(render({}, tmp_path), "Deployment", FULLNAME)["spec"]["selector"]
     standalone = render({}, tmp_path)
-    assert one(standalone, "Service", health)["spec"]["selector"] == (
-        deployment_labels["matchLabels"]
+    assert (
+        one(standalone, "Service", health)["spec"]["selector"] == (deployment_labels["matchLabels"])
     )
     args = operator_container(standalone)["args"]
     assert not any(arg.startswith("--pod-") for arg in args)
