@@ -19,7 +19,14 @@ import yaml
 from kubernetes import client
 
 from chart import code_api_calls
-from chart.chart_harness import CHART_DIR, FULLNAME, SCENARIOS, Manifest, render
+from chart.chart_harness import (
+    CHART_DIR,
+    FULLNAME,
+    RELEASE_NAMESPACE,
+    SCENARIOS,
+    Manifest,
+    render,
+)
 from chart.code_api_calls import ApiCall
 from trainium_operator.api import kueue, topology
 from trainium_operator.k8s.client import LOCAL_QUEUES, WORKLOADS, Cluster
@@ -67,6 +74,13 @@ TOPOLOGY_KUEUE_CALLS = {
     for resource in (topology.KUEUE_TOPOLOGIES, topology.RESOURCE_FLAVORS)
     for verb in ("list", "create", "delete")
 }
+
+
+# The operator's own pod: with peering and the health channel, each replica reads and labels
+# the pod it runs in (controller/health_role.py), granted in a Role of the release namespace
+# only (the pod's namespace, from --pod-namespace), never with the job pods' grants.
+OWN_POD_METHODS = frozenset({("Cluster", "own_pod_label"), ("Cluster", "label_own_pod")})
+OWN_POD_VALUES = (("peering", "enabled"), ("health", "enabled"))
 
 
 @dataclass(frozen=True)
@@ -124,9 +138,21 @@ OPT_INS = {
 
 
 def opt_in_calls(opt_in: OptIn) -> set[ApiCall]:
-    calls = code_api_calls.component_calls(OPERATOR_FILES)
-    without = code_api_calls.component_calls(OPERATOR_FILES, without=opt_in.methods)
+    calls = code_api_calls.component_calls(OPERATOR_FILES, without=OWN_POD_METHODS)
+    without = code_api_calls.component_calls(
+        OPERATOR_FILES, without=opt_in.methods | OWN_POD_METHODS
+    )
     return (calls - without) | {c for c in calls if c.group in opt_in.groups}
+
+
+def own_pod_calls(values: dict[str, Any]) -> set[ApiCall]:
+    """What the operator sends about its own pod with these chart values (all of it in the
+    release namespace)."""
+    if not all(_value(values, path) for path in OWN_POD_VALUES):
+        return set()
+    assert code_api_calls.used_k8s_methods(OPERATOR_FILES) >= OWN_POD_METHODS
+    methods = code_api_calls.k8s_methods()["Cluster"]
+    return {call for _, name in OWN_POD_METHODS for call in methods[name].calls}
 
 
 def _merged(defaults: Any, override: Any) -> Any:
@@ -151,7 +177,8 @@ def _opted_in(values: dict[str, Any], opt_in: OptIn) -> bool:
 def operator_calls(values: dict[str, Any]) -> set[ApiCall]:
     """What the operator sends with these chart values."""
     clusterwide = not values.get("watchNamespaces")
-    calls = code_api_calls.component_calls(OPERATOR_FILES) | KOPF_FRAMEWORK
+    calls = code_api_calls.component_calls(OPERATOR_FILES, without=OWN_POD_METHODS)
+    calls |= KOPF_FRAMEWORK
     peering = {c for c in calls if c.group == PEERING_GROUP}
     assert {c.resource for c in peering} <= set(PEERING_RESOURCE.values()), peering
     calls -= peering
@@ -220,7 +247,16 @@ def assert_same(granted: set[ApiCall], used: set[ApiCall], where: str) -> None:
     assert not missing, problem
 
 
-def assert_grants_match(grants: Grants, used: set[ApiCall], values: dict[str, Any]) -> None:
+def assert_grants_match(
+    grants: Grants,
+    used: set[ApiCall],
+    values: dict[str, Any],
+    own_pod: set[ApiCall] | None = None,
+) -> None:
+    release = ("Role", RELEASE_NAMESPACE)
+    if own_pod:
+        assert release in grants, sorted(grants)
+        assert_same(grants.pop(release), own_pod, f"the Role in {RELEASE_NAMESPACE}")
     watched = values.get("watchNamespaces") or []
     if not watched:
         assert set(grants) == {("ClusterRole", "")}, sorted(grants)
@@ -261,7 +297,7 @@ def test_operator_account_is_granted_exactly_what_the_operator_calls(
 ) -> None:
     values = OPERATOR_VALUES[scenario]
     grants = grants_of(render(values, tmp_path), FULLNAME)
-    assert_grants_match(grants, operator_calls(values), values)
+    assert_grants_match(grants, operator_calls(values), values, own_pod_calls(values))
 
 
 @pytest.mark.parametrize(
@@ -335,6 +371,24 @@ def test_the_analysis_sees_the_requests_it_is_built_for() -> None:
     assert is_namespaced(ApiCall("scheduling.volcano.sh", "podgroups", "get"))
     assert not is_namespaced(ApiCall("scheduling.volcano.sh", "queues", "list"))
     assert KOPF_RBAC_DOCS.startswith("https://kopf.readthedocs.io/")
+
+
+def test_the_own_pod_grant_is_get_and_patch_of_pods_in_the_release_namespace_only(
+    tmp_path: Path,
+) -> None:
+    """The health channel's role label under peering: the smallest grant, in one Role of the
+    release namespace, and none without peering or without the channel."""
+    own_pod = {ApiCall("", "pods", "get"), ApiCall("", "pods", "patch")}
+    assert own_pod_calls({"peering": {"enabled": True}}) == own_pod
+    assert own_pod_calls({}) == set()
+    assert own_pod_calls({"peering": {"enabled": True}, "health": {"enabled": False}}) == set()
+    values = {"watchNamespaces": ["team-a"], "peering": {"enabled": True}}
+    grants = grants_of(render(values, tmp_path), FULLNAME)
+    assert grants[("Role", RELEASE_NAMESPACE)] == own_pod
+    assert ApiCall("", "pods", "patch") not in grants[("Role", "team-a")]
+    for without in ({}, {"peering": {"enabled": True}, "health": {"enabled": False}}):
+        grants = grants_of(render(without, tmp_path), FULLNAME)
+        assert ("Role", RELEASE_NAMESPACE) not in grants
 
 
 def test_each_opt_in_covers_exactly_the_requests_it_is_for() -> None:

@@ -29,6 +29,7 @@ from chart.chart_harness import (
 )
 from trainium_operator.api.instance_types import INSTANCE_TYPES
 from trainium_operator.builders.job import LABEL_JOB_NAME
+from trainium_operator.controller import health_role
 from trainium_operator.controller.settings import (
     ENV_JOB_NETWORK_POLICY,
     ENV_PROFILE_S3_URI,
@@ -228,6 +229,34 @@ def test_peering_runs_two_replicas_with_a_cluster_peering_object(tmp_path: Path)
     peering = one(manifests, "ClusterKopfPeering", "trainium-operator")
     assert peering["apiVersion"] == "kopf.dev/v1"
     assert one(manifests, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+
+
+def test_the_health_service_selects_the_acting_replica_only_under_peering(
+    tmp_path: Path,
+) -> None:
+    """Peered: the Service routes to the pod the acting replica labels (health_role.LABEL),
+    which learns its own pod's name and namespace from the downward API through its flags."""
+    health = f"{FULLNAME}-health"
+    deployment_labels = one(render({}, tmp_path), "Deployment", FULLNAME)["spec"]["selector"]
+    standalone = render({}, tmp_path)
+    assert (
+        one(standalone, "Service", health)["spec"]["selector"] == (deployment_labels["matchLabels"])
+    )
+    args = operator_container(standalone)["args"]
+    assert not any(arg.startswith("--pod-") for arg in args)
+
+    peered = render(SWITCHES["peering"], tmp_path)
+    selector = one(peered, "Service", health)["spec"]["selector"]
+    assert selector == {**deployment_labels["matchLabels"], health_role.LABEL: health_role.ACTIVE}
+    container = operator_container(peered)
+    assert "--pod-name=$(TRAINIUM_POD_NAME)" in container["args"]
+    assert "--pod-namespace=$(TRAINIUM_POD_NAMESPACE)" in container["args"]
+    env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+    assert env["TRAINIUM_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["TRAINIUM_POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    # The label is the operator's to set: the pod template never fixes it.
+    template = one(peered, "Deployment", FULLNAME)["spec"]["template"]["metadata"]["labels"]
+    assert health_role.LABEL not in template
 
 
 def test_namespaced_peering_creates_a_peering_object_per_namespace(tmp_path: Path) -> None:

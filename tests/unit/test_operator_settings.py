@@ -87,6 +87,17 @@ def test_the_health_channel_defaults_to_a_local_url_and_peering_to_a_random_prio
     assert chosen.peering.priority >= 1, "0 would tie with another replica's default"
 
 
+def test_the_operator_learns_its_own_pod_from_its_flags_both_or_neither() -> None:
+    chosen = settings_of(["--pod-name=op-7d9-abcde", "--pod-namespace=trainium-system"])
+    assert chosen.own_pod == settings.OwnPod("trainium-system", "op-7d9-abcde")
+    assert settings_of([]).own_pod is None
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(wiring, "run_operator", lambda _settings: None)
+        result = CliRunner().invoke(commands.run, ["--pod-name=op"], env=dict.fromkeys(ENV_NAMES))
+    assert result.exit_code != 0
+    assert "--pod-name and --pod-namespace go together" in result.output
+
+
 def test_topology_is_written_for_the_schedulers_the_chart_names() -> None:
     assert settings_of([], {"TRAINIUM_TOPOLOGY": "volcano,kueue"}).topology == {"volcano", "kueue"}
     assert settings_of(["--topology", "kueue"]).topology == {"kueue"}

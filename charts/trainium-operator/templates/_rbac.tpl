@@ -3,7 +3,8 @@ The operator's permissions: the ONE list every operator RBAC object of the chart
 from (see rbac.yaml). Each rule carries a scope:
   namespaced - resources in the watched namespaces: rendered into a Role in each watched
                namespace, or into the ClusterRole when the operator watches all namespaces;
-  cluster    - cluster-scoped resources (or cluster-wide discovery): always in a ClusterRole.
+  cluster    - cluster-scoped resources (or cluster-wide discovery): always in a ClusterRole;
+  release    - the operator's own pod: a Role in the release namespace only.
 Least privilege: no wildcards, no Secrets or ConfigMaps, nothing the operator does not call. The
 operator never creates Volcano queues, PersistentVolumeClaims or nodes; it patches a node
 only to cordon a straggler's (spec.health.onStraggler: Replace), and only when the chart's
@@ -131,6 +132,15 @@ what each account calls and fails on a verb granted here that nothing sends, or 
   apiGroups: ["authentication.k8s.io"]
   resources: ["tokenreviews"]
   verbs: ["create"]
+{{- end }}
+{{- if and .Values.peering.enabled .Values.health.enabled }}
+# The health channel under peering: each replica reads and labels its own pod
+# (trainium.dev/health-channel: active or standby), which the health Service selects by; the
+# pods of the release namespace only, never a job's.
+- scope: release
+  apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "patch"]
 {{- end }}
 {{- if .Values.peering.enabled }}
 {{- if $clusterWide }}

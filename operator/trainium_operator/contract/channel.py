@@ -47,6 +47,10 @@ TOKEN_PATH = f"{TOKEN_DIR}/{TOKEN_NAME}"
 TOKEN_VOLUME = "trainium-health-token"
 TOKEN_EXPIRATION_SECONDS = 3600  # the kubelet rotates it at 80 % of this
 DEFAULT_INTERVAL_S = 5.0
+# A replica that stands by (peering: another one writes status) answers 503 with this
+# Retry-After (seconds); the rank then tries again that soon, at most an interval later, instead
+# of backing off, and by then the Service routes it to the acting replica.
+RETRY_AFTER_S = 1
 POD_DIR_PATH = "/dev/shm/trainium-health"  # builders/pods.py mounts a Memory emptyDir at /dev/shm
 
 # -- the pod directory: one file per local rank, and the operator's latest answer -----------

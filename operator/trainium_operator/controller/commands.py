@@ -30,6 +30,7 @@ from trainium_operator.controller.settings import (
     ENV_TOPOLOGY,
     HealthSettings,
     OperatorSettings,
+    OwnPod,
     PeeringSettings,
     name_list,
 )
@@ -106,6 +107,18 @@ def _env_text_options(command: Callable[..., None]) -> Callable[..., None]:
     show_default=True,
     help="Seconds a replica's peering entry lives without a keep-alive: how long a crashed "
     "active replica blocks its standby.",
+)
+@click.option(
+    "--pod-name",
+    default=None,
+    help="The operator's own pod (the chart passes it from the downward API): with --peering "
+    "and --health-port, the acting replica labels it trainium.dev/health-channel=active, the "
+    "others standby, and the health channel's Service selects the active one.",
+)
+@click.option(
+    "--pod-namespace",
+    default=None,
+    help="The namespace of --pod-name (the chart's release namespace).",
 )
 @click.option(
     "--liveness-endpoint",
@@ -196,6 +209,8 @@ def run(
     peering: str | None,
     priority: int | None,
     peering_lifetime: int,
+    pod_name: str | None,
+    pod_namespace: str | None,
     liveness_endpoint: str | None,
     metrics_port: int | None,
     health_port: int | None,
@@ -230,6 +245,9 @@ def run(
             param_hint="--topology",
         )
 
+    if bool(pod_name) != bool(pod_namespace):
+        raise click.UsageError("--pod-name and --pod-namespace go together")
+
     wiring.run_operator(
         OperatorSettings(
             kubeconfig=kubeconfig,
@@ -245,6 +263,7 @@ def run(
                 if peering is not None
                 else None
             ),
+            own_pod=OwnPod(pod_namespace, pod_name) if pod_name and pod_namespace else None,
             liveness_endpoint=liveness_endpoint,
             metrics_port=metrics_port,
             health=HealthSettings.local(health_port, health_url) if health_port else None,

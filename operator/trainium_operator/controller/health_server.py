@@ -149,6 +149,18 @@ class ProgressStore:
         self._jobs: dict[Key, dict[int, RankReport]] = {}
         self._changed: set[Key] = set()
         self._urgent: set[Key] = set()
+        # Since when this store keeps what the ranks send (its start, or the replica's latest
+        # change of role): until every rank reported again, it knows only some of them.
+        self.since = clock()
+
+    def restart(self) -> None:
+        """Forgets every rank's message and starts keeping them anew (a change of role: what a
+        replica heard before it acted, or while it acted, is nobody's now)."""
+        with self._lock:
+            self._jobs.clear()
+            self._changed.clear()
+            self._urgent.clear()
+            self.since = self._clock()
 
     def put(
         self, message: ProgressMessage, pod: str, node: str, max_ranks: int = MAX_STORED_RANKS
@@ -415,10 +427,18 @@ class HealthChannel:
     _shapes: dict[Key, tuple[tuple[str, int], JobShape | None]] = field(default_factory=dict)
     _pod_limits: Limiter = field(default_factory=Limiter)
     _job_limits: Limiter = field(default_factory=Limiter)
+    # Whether this replica keeps the ranks' messages: False while it stands by (another replica
+    # writes status), when each message is answered 503 with Retry-After (controller.health_role).
+    accepting: bool = True
 
     def __post_init__(self) -> None:
         # The pre-filter checks a token's claimed pod against this channel's watch cache.
         self.tokens.pod_known = self.pod_known
+
+    def set_accepting(self, accepting: bool) -> None:
+        """A change of role: the store starts empty either way."""
+        self.accepting = accepting
+        self.store.restart()
 
     def count(self, outcome: str, amount: int = 1) -> None:
         with self._lock:
@@ -651,6 +671,13 @@ def handler(
             return reply(404, "not found")
         if request.method != "POST":
             return reply(405, "POST only")
+        if not channel.accepting:
+            # A standby replica, still routed to until the Service's endpoints catch up: the
+            # rank retries within a second (profiler/channel.py), by then at the acting one.
+            channel.count("standby")
+            response = reply(503, "this operator replica stands by; retry")
+            response.headers["Retry-After"] = str(contract.RETRY_AFTER_S)
+            return response
         length = request.content_length
         if length is not None and length > contract.MAX_BATCH_BODY_BYTES:
             channel.count("malformed")

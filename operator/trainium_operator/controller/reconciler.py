@@ -180,6 +180,7 @@ class Reconciler:
         *,
         health_url: str | None = None,
         progress: Callable[[tuple[str, str]], list[RankSample]] | None = None,
+        ranks_since: Callable[[], datetime] | None = None,
         progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
         isolate_jobs: bool = True,
         straggler_cordon_budget: int = 0,
@@ -200,6 +201,9 @@ class Reconciler:
         # and how often their figures may be written to its status (lifecycle.policies.progress).
         self.progress = progress
         self.progress_interval = progress_interval
+        # Since when that store keeps messages (ProgressStore.since): a pass knows it may not
+        # have heard from every rank yet (after a start or a failover).
+        self.ranks_since = ranks_since
         self.cache = cache
         # True once every watch has delivered its first full LIST: until then a missing pod or
         # node is unknown, not gone.
@@ -426,6 +430,7 @@ class Reconciler:
             created=created,
             annotations=dict(meta.get("annotations") or {}),
             ranks=tuple(ranks) if ranks is not None else None,
+            ranks_since=self.ranks_since() if ranks is not None and self.ranks_since else None,
             upload_pods=uploads,
             cordon_budget=self.cordons.budget(nodes),
             dropped_fields_warned=self.warned_dropped.get(job.uid) == job.dropped_pod_fields,

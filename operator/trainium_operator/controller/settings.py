@@ -55,6 +55,16 @@ class PeeringSettings:
 
 
 @dataclass(frozen=True)
+class OwnPod:
+    """The pod this operator process runs in (`run --pod-name/--pod-namespace`, which the
+    chart fills from the downward API): with peering, the acting replica labels it so the
+    health channel's Service routes to it (controller.health_role)."""
+
+    namespace: str
+    name: str
+
+
+@dataclass(frozen=True)
 class HealthSettings:
     """The health channel training ranks report progress to (controller.health_server)."""
 
@@ -75,6 +85,7 @@ class OperatorSettings:
     liveness_endpoint: str | None = None
     metrics_port: int | None = None
     health: HealthSettings | None = None  # None: no health channel
+    own_pod: OwnPod | None = None  # None: not run as a pod, or not told which (nothing labelled)
     progress_interval: float = DEFAULT_INTERVAL_SECONDS  # seconds between progress writes
     straggler_cordon_budget: int = 0  # nodes onStraggler: Replace may keep cordoned; 0: off
     isolate_jobs: bool = True  # a NetworkPolicy per job admitting only its own pods

@@ -25,6 +25,7 @@ from trainium_operator.controller import health_server, metrics
 from trainium_operator.controller import topology as topology_reconciler
 from trainium_operator.controller.admission_holds import AdmissionHolds
 from trainium_operator.controller.cache import ClusterCache
+from trainium_operator.controller.health_role import ROLE_PERIOD_SECONDS, HealthRole
 from trainium_operator.controller.health_server import (
     HealthChannel,
     ProgressStore,
@@ -67,6 +68,7 @@ SHUTDOWN_GRACE_SECONDS = 2.0
 CONFLICT_RETRY_SECONDS = 0.2
 PEERING_RECHECK_SECONDS = 5.0
 PERMISSION_RETRY_SECONDS = 30.0  # until someone fixes the RBAC
+STAND_DOWN_SECONDS = 3.0  # the shutdown's relabel of the pod waits no longer for the API
 
 
 class RunningPasses:
@@ -160,11 +162,15 @@ class Operator:
     progress: ProgressStore | None  # None: no health channel
     health: HealthChannel | None
     gate: PeeringGate | None  # None: standalone (no peering)
+    # The health channel's role under peering (acting or standing by, the pod's label); None:
+    # standalone or no channel, where the replica always acts.
+    role: HealthRole | None = None
     # The opt-in topology reconciler (`--topology`) and what wakes it; None: off.
     topology: TopologyReconciler | None = None
     topology_changed: asyncio.Event = field(default_factory=asyncio.Event)
     reflectors: list[Reflector] = field(default_factory=list)
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    role_task: asyncio.Task[None] | None = None
     counts: metrics.PassCounts = field(default_factory=metrics.PassCounts)
     passes: RunningPasses = field(default_factory=RunningPasses)
 
@@ -193,6 +199,7 @@ def build_operator(settings: OperatorSettings) -> Operator:
         upload_defaults=settings.upload,
         health_url=health_settings.url if health_settings is not None else None,
         progress=progress.samples if progress is not None else None,
+        ranks_since=(lambda: progress.since) if progress is not None else None,
         progress_interval=settings.progress_interval,
         isolate_jobs=settings.isolate_jobs,
         straggler_cordon_budget=settings.straggler_cordon_budget,
@@ -202,14 +209,31 @@ def build_operator(settings: OperatorSettings) -> Operator:
         preflight_multi_node=settings.preflight_multi_node,
         topology=settings.topology,
     )
+    peering = settings.peering
     health = None
     if progress is not None:
         reviews = Reviews(cluster.api_client, cluster.counter)
-        health = HealthChannel(cache, TokenCache(reviewer(reviews)), store=progress, synced=synced)
-    peering = settings.peering
+        health = HealthChannel(
+            cache,
+            TokenCache(reviewer(reviews)),
+            store=progress,
+            synced=synced,
+            # A peered replica keeps messages once its role check finds it acting.
+            accepting=peering is None,
+        )
     gate = (
         PeeringGate(cluster, peering.name, peering.priority, not settings.namespaces)
         if peering is not None
+        else None
+    )
+    role = (
+        HealthRole(
+            health,
+            partial(_acts, gate, settings.namespaces),
+            cluster if settings.own_pod is not None else None,
+            settings.own_pod,
+        )
+        if health is not None and gate is not None
         else None
     )
     return Operator(
@@ -222,6 +246,7 @@ def build_operator(settings: OperatorSettings) -> Operator:
         progress=progress,
         health=health,
         gate=gate,
+        role=role,
         topology=(
             TopologyReconciler(cluster, cache.nodes, settings.topology)
             if settings.topology
@@ -262,10 +287,37 @@ def start(operator: Operator) -> None:
         tasks.append(
             asyncio.create_task(_wake_on_progress(progress, queue, settings.progress_interval))
         )
+    if operator.role is not None:
+        operator.role_task = asyncio.create_task(_keep_role(operator.role))
+
+
+async def _keep_role(role: HealthRole) -> None:
+    while True:
+        await asyncio.to_thread(role.check_logged)
+        await asyncio.sleep(ROLE_PERIOD_SECONDS)
+
+
+async def _stand_down(operator: Operator) -> None:
+    """The health channel's part of a shutdown, before its port closes: stop acting, label the
+    pod standby, and keep answering (503, retry) while the Service's endpoints drop it."""
+    role, task = operator.role, operator.role_task
+    if role is None:
+        return
+    if task is not None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    try:
+        await asyncio.wait_for(
+            asyncio.to_thread(role.check_logged, stopping=True), STAND_DOWN_SECONDS
+        )
+    except TimeoutError:
+        log.warning("health channel: the pod's label was not set to standby in time")
+    await asyncio.sleep(role.drain_seconds())
 
 
 async def stop(operator: Operator) -> list[Key]:
     """Stops the watches and tasks; returns the passes still running after the grace."""
+    await _stand_down(operator)
     for reflector in operator.reflectors:
         reflector.stop()
     for task in operator.tasks:
@@ -390,14 +442,17 @@ def _start_watches(operator: Operator, loop: asyncio.AbstractEventLoop) -> None:
         reflector.start()
 
 
-def _may_write_topology(operator: Operator) -> bool:
-    """The cluster-scoped topology objects are written by the working replica only: the one
-    kopf's peering lets work (cluster-wide, or in the first watched namespace)."""
-    gate = operator.gate
+def _acts(gate: PeeringGate | None, namespaces: tuple[str, ...]) -> bool:
+    """Whether this is the working replica: the one kopf's peering lets work (cluster-wide, or
+    in the first watched namespace)."""
     if gate is None:
         return True
-    namespaces = operator.settings.namespaces
     return gate.may_work(namespaces[0] if namespaces else "")
+
+
+def _may_write_topology(operator: Operator) -> bool:
+    """The cluster-scoped topology objects are written by the working replica only."""
+    return _acts(operator.gate, operator.settings.namespaces)
 
 
 def _pod_ended(event: WatchEvent) -> bool:

@@ -414,6 +414,23 @@ class Cluster:
         status: dict[str, Any] = body.get("status") or {}
         return status
 
+    # -- the operator's own pod (the health channel's role label) ---------------------------
+    def own_pod_label(self, namespace: str, name: str, key: str) -> str | None:
+        """The value of label `key` on the operator's own pod (None: unset)."""
+        self.counter.add("get", "pods")
+        pod = self.core.read_namespaced_pod(name, namespace)
+        labels = (pod.metadata.labels if pod.metadata is not None else None) or {}
+        value = labels.get(key)
+        return str(value) if value is not None else None
+
+    def label_own_pod(self, namespace: str, name: str, key: str, value: str) -> None:
+        """Sets one label of the operator's own pod (a merge patch of that label only)."""
+        self.counter.add("patch", "pods")
+        patch = {"metadata": {"labels": {key: value}}}
+        self.core.patch_namespaced_pod(
+            name, namespace, patch, _content_type="application/merge-patch+json"
+        )
+
     # -- children ----------------------------------------------------------------------
     def list_pods(self, namespace: str, label_selector: str) -> list[Obj]:
         self.counter.add("list", "pods")

@@ -60,6 +60,9 @@ class Snapshot:
     annotations: Mapping[str, str] = field(default_factory=dict)
     # The ranks' newest health-channel messages; None: the job has no health channel here.
     ranks: tuple[RankSample, ...] | None = None
+    # Since when the operator keeps the ranks' messages (its start, or its failover to this
+    # replica): until every rank reported since, `ranks` may hold only some. None: long enough.
+    ranks_since: datetime | None = None
     upload_pods: tuple[Obj, ...] = ()
     # Nodes cordoned for stragglers, cluster-wide, as this process knows them now; the applier
     # checks a proposed cordon against the budget again under its lock.

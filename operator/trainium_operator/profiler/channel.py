@@ -7,6 +7,10 @@ sample there each interval; local rank 0's reads them and sends them as one batc
 the operator's answer there, which the other ranks read (`pod_samples.py`). A pod of one rank,
 or one without the directory, sends its own one-rank messages.
 
+A replica of the operator that stands by (peering: another one writes status) answers 503 with
+Retry-After: the reporter then retries that soon, within an interval, rather than backing off,
+and by then the Service routes it to the acting replica.
+
 The training loop's cost is `on_step`: a clock read, a subtraction and a deque append under
 no lock the sender holds for long. Sending happens on the reporter's own thread, with a short
 timeout: when the operator is away (restarting, partitioned, not installed) the thread backs
@@ -122,6 +126,35 @@ def write_stacks(directory: str, request_id: str, rank: int) -> str:
 SEND_TIMEOUT_S = 2.0
 # A rank's sends back off to at most this (Reporter.max_backoff_s).
 MAX_BACKOFF_S = 60.0
+MIN_RETRY_S = 0.2  # the soonest a refused send is retried, whatever Retry-After says
+
+
+def next_wait(
+    previous: float,
+    *,
+    sent: bool,
+    retry_after_s: float | None,
+    interval_s: float,
+    max_backoff_s: float,
+) -> float:
+    """Seconds until the reporter's next send: an interval after a success; after a refusal
+    that asked to retry (a standby replica's Retry-After) that soon, never more than an
+    interval; after any other failure twice the last wait (at least an interval: after an
+    immediate answer it was 0), up to `max_backoff_s`."""
+    if sent:
+        return interval_s
+    if retry_after_s is not None:
+        return min(max(retry_after_s, MIN_RETRY_S), interval_s)
+    return min(max(previous, interval_s) * 2, max_backoff_s)
+
+
+def retry_after_s(header: str | None) -> float | None:
+    """A Retry-After header's seconds (the HTTP-date form is not used by the operator)."""
+    try:
+        seconds = float(header) if header else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < 3600 else None
 
 
 def http_send(url: str, body: bytes, token: str) -> dict[str, Any]:
@@ -145,6 +178,9 @@ def http_send(url: str, body: bytes, token: str) -> dict[str, Any]:
         if not isinstance(reply, dict):
             raise ValueError(f"HTTP {error.code} from the operator") from error
         reply = {**reply, "accepted": False, "status": error.code}
+        retry_after = retry_after_s(error.headers.get("Retry-After"))
+        if retry_after is not None:
+            reply["retryAfterS"] = retry_after
     if not isinstance(reply, dict):
         raise ValueError("the operator's reply is not a JSON object")
     return reply
@@ -170,6 +206,8 @@ class Reporter:
         self.sent = 0  # messages the operator accepted (local rank 0 of a batched pod, or own)
         self.written = 0  # samples written to the pod directory (a batched pod's other ranks)
         self.failures = 0
+        # The operator's Retry-After on the last refusal (a standby replica's 503); None: none.
+        self.retry_after_s: float | None = None
         self.last_reply: dict[str, Any] = {}
         self.last_error = ""
         self.stacks_dumped = ""  # the newest stack request answered (sent in every message)
@@ -265,8 +303,11 @@ class Reporter:
         except (OSError, ValueError, urllib.error.URLError) as error:
             self.failures += 1
             self.last_error = repr(error)
+            self.retry_after_s = None
             return False
         self.last_reply = reply
+        retry_after = reply.get("retryAfterS")
+        self.retry_after_s = float(retry_after) if isinstance(retry_after, int | float) else None
         accepted = bool(reply.get("accepted"))
         if accepted:
             self.sent += 1
@@ -363,10 +404,14 @@ class Reporter:
         backoff = self.config.interval_s
         while not self._stop.wait(backoff):
             # Only a send backs off: a local write failing is no reason to write less often.
-            if self.tick() or not self.leader:
-                backoff = self.config.interval_s
-            else:  # from at least an interval: after an immediate answer it was 0
-                backoff = min(max(backoff, self.config.interval_s) * 2, self.max_backoff_s)
+            sent = self.tick() or not self.leader
+            backoff = next_wait(
+                backoff,
+                sent=sent,
+                retry_after_s=self.retry_after_s,
+                interval_s=self.config.interval_s,
+                max_backoff_s=self.max_backoff_s,
+            )
             if self._answer_now:
                 self._answer_now = False
                 backoff = 0.0

@@ -14,6 +14,12 @@ a minute per job (7.5 at the default 10 s; the operator's timer wakes the job ev
 - eta: now + (totalSteps - step) x p50, when spec.health.totalSteps is set;
 - lastCheckpointStep: the lowest newest-checkpoint step of the ranks that report one
   (profiler.checkpoint_saved), which status.goodput charges a restart's lost work from.
+
+An operator that has just begun keeping messages (it started, or took over from another
+replica: its store is empty) hears from the ranks one by one. Each message carries its rank's
+step and recent step times, so a rank heard again restores its figures; until as many ranks
+reported as the status last counted (or `warm_up_left` ran out), the figures already written
+stay as they are rather than be replaced by a part of the gang's.
 """
 
 from __future__ import annotations
@@ -31,6 +37,21 @@ if TYPE_CHECKING:
     from trainium_operator.lifecycle.snapshot import Pass
 
 RECENT_STEPS = 16
+# How long after the operator began keeping messages some ranks may still be unheard: each
+# reports every spec.health.reportIntervalSeconds, or retries a failed send backed off to at
+# most 4 intervals (profiler/channel.py); the margin covers a retry after a standby's 503.
+WARM_UP_INTERVALS = 4.0
+WARM_UP_MARGIN_SECONDS = 2.0
+
+
+def warm_up_left(p: Pass, heard: int, expected: int) -> float:
+    """Seconds during which `heard` ranks of `expected` may be only those that reported since
+    the operator began keeping messages (`Snapshot.ranks_since`); 0: as complete as they get."""
+    since = p.snapshot.ranks_since
+    if since is None or heard >= expected:
+        return 0.0
+    window = WARM_UP_INTERVALS * p.job.spec.health.report_interval_seconds
+    return max(window + WARM_UP_MARGIN_SECONDS - (p.now - since).total_seconds(), 0.0)
 
 
 def recent_p50_ms(ranks: list[RankSample]) -> float | None:
@@ -126,6 +147,9 @@ def progress(p: Pass) -> None:
         interval = p.snapshot.settings.progress_interval
         if updated is not None and (p.now - updated).total_seconds() < 0.8 * interval:
             return
+        heard = {r.rank for r in p.snapshot.ranks if r.attempt == p.status.attempt and r.step >= 0}
+        if warm_up_left(p, len(heard), previous.ranks_reporting or 0) > 0:
+            return  # some ranks unheard since a start or failover: keep what was said
     figures = progress_figures(p)
     if figures is not None:
         p.status.progress = figures

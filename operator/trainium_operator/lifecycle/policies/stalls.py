@@ -20,6 +20,10 @@ What is decided here:
   most 10 % of the bound) before it so that the condition is written within the bound.
 - **Stopped first**: the ranks at the lowest step, the oldest start of it first (the one that
   froze while the others wait for it in a collective).
+- **Not before every rank was heard**: an operator that has just begun keeping messages (a
+  start, a failover to this replica) decides nothing here until each rank of the gang reported
+  since, or `progress.warm_up_left` ran out: a gang it knows only part of is never Stalled, or
+  resumed, for the ranks it has not heard from yet.
 - **Then**: the Stalled condition and one Warning event naming those ranks and their nodes; the
   operator's replies ask every rank of the attempt for its Python stacks (`stack_request`);
   it waits until every rank of the gang answered or `stack_wait_seconds` passed, records what
@@ -50,7 +54,7 @@ from trainium_operator.lifecycle.cleanup import cleanup_on_finish
 from trainium_operator.lifecycle.decision import EventRecord
 from trainium_operator.lifecycle.failures import Failure
 from trainium_operator.lifecycle.observed import parse_time
-from trainium_operator.lifecycle.policies.progress import recent_p50_ms
+from trainium_operator.lifecycle.policies.progress import recent_p50_ms, warm_up_left
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.restarts import restart_for
 from trainium_operator.lifecycle.status_edit import readable_section, timestamp
@@ -173,7 +177,13 @@ def stall(p: Pass) -> None:
         if stalled is not None and stalled.status == "True":
             edit.condition(ConditionType.STALLED, False, "NewAttempt", f"attempt {attempt} runs")
         record = None
-    gang = watch(p.job.spec.health, list(p.snapshot.ranks), attempt, p.job.spec.world_size)
+    world_size = p.job.spec.world_size
+    gang = watch(p.job.spec.health, list(p.snapshot.ranks), attempt, world_size)
+    heard = {r.rank for r in p.snapshot.ranks if r.attempt == attempt and r.rank < world_size}
+    left = warm_up_left(p, len(heard), world_size)
+    if left > 0:
+        p.plan.requeue(left, minimum=REQUEUE_MINIMUM_SECONDS)
+        return
     if record is not None and not record.resolved_time:
         _follow(p, record, gang)
         return
