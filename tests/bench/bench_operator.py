@@ -241,6 +241,10 @@ class Result:
     gated: list[DirectSample] = field(default_factory=list)
     idle_rss_kib: int = 0
     peak_rss_kib: int = 0
+    # From the process start until it reconciles a new job (ours: the probe TrainingJob;
+    # Kubeflow: /readyz, then its probe PyTorchJob).
+    ready_seconds: float | None = None
+    kubeflow_ready_seconds: float | None = None
     kubeflow_idle_rss_kib: int = 0
     kubeflow_peak_rss_kib: int = 0
     node_loss: NodeLoss | None = None
@@ -953,13 +957,16 @@ def run_scenario(bench: Bench, result: Result) -> None:
     op_namespace = create_namespace(bench, "op")
     kf_namespace = create_namespace(bench, "kf") if bench.kubeflow else None
     direct_namespace = create_namespace(bench, "direct")
+    spawned = time.monotonic()
     operator = Operator(bench, op_namespace, label)
     kubeflow: kubeflow_peer.KubeflowOperator | None = None
     try:
         with _step("operator ready"):
             wait_operator_ready(bench, operator, op_namespace)
+        result.ready_seconds = time.monotonic() - spawned
         result.idle_rss_kib = operator.rss_kib("VmRSS")
         if bench.kubeflow_build is not None and bench.kubeflow and kf_namespace:
+            spawned = time.monotonic()
             kubeflow = kubeflow_peer.KubeflowOperator(
                 bench.kubeflow_build,
                 bench.kubeflow,
@@ -973,6 +980,7 @@ def run_scenario(bench: Bench, result: Result) -> None:
                 kubeflow_peer.wait_reconciling(
                     bench.clients, kf_namespace, kubeflow_probe(kf_namespace)
                 )
+            result.kubeflow_ready_seconds = time.monotonic() - spawned
             result.kubeflow_idle_rss_kib = kubeflow.rss_kib("VmRSS")
         jitter = random.Random(JITTER_SEED)
 
@@ -1363,6 +1371,7 @@ process per scenario, idle = VmRSS after start-up."""
         if result.error:
             print(f"  error: {result.error}")
     verdicts(results, nodes)
+    lean_verdicts(results)
     print(f"\nlogs: {log_dir}")
 
 
@@ -1445,6 +1454,31 @@ def verdicts(results: list[Result], nodes: int) -> None:
                     f"  {scenario.label}: gangs Running, ours / Kubeflow "
                     f"{_ratio(s.ours_running, s.kf_running)}"
                 )
+
+
+def lean_verdicts(results: list[Result]) -> None:
+    """Issue 34's lean-operator targets: idle RSS <= 80 MiB, <= 110 MiB holding 1000 jobs;
+    ready <= 2 s and no later than Kubeflow's (medians over the scenarios' fresh processes)."""
+    started = [r for r in results if r.ready_seconds is not None]
+    if not started:
+        return
+    print("\nTargets (issue 34, lean operator):")
+    idle = _median([r.idle_rss_kib / 1024 for r in started])
+    print(f"  idle RSS (median of {len(started)} fresh processes) {idle:.0f} MiB <= 80: "
+          f"{_verdict(idle <= 80)}")  # fmt: skip
+    for result in results:
+        if result.scenario.node_loss and result.peak_rss_kib:
+            peak = result.peak_rss_kib / 1024
+            print(f"  {result.scenario.label}: peak RSS {peak:.0f} MiB <= 110: "
+                  f"{_verdict(peak <= 110)}")  # fmt: skip
+    ready = _median([r.ready_seconds for r in started if r.ready_seconds is not None])
+    spread = _spread([r.ready_seconds for r in started if r.ready_seconds is not None])
+    print(f"  ready after start: {spread} <= 2 s: {_verdict(ready <= 2)}")
+    peers = [r.kubeflow_ready_seconds for r in started if r.kubeflow_ready_seconds is not None]
+    if peers:
+        kubeflow = _median(peers)
+        print(f"  ready after start, ours / Kubeflow {ready:.2f} / {kubeflow:.2f} s = "
+              f"{ready / kubeflow:.2f}x <= 1: {_verdict(ready <= kubeflow)}")  # fmt: skip
 
 
 def _direct_ratio(
