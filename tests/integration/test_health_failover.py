@@ -35,8 +35,8 @@ LIFETIME = 2  # seconds: kopf's keep-alive is then every second
 SERVICE = "health"
 SELECTOR = {"app.kubernetes.io/name": "ha-operator"}
 REPORT_S = 0.2  # the ranks' spec.health.reportIntervalSeconds
-# A rank whose sends failed (no endpoint during the failover) retries within its most backoff,
-# 4 report intervals but never under 1 s (profiler/channel.py Reporter.max_backoff_s).
+# A rank whose sends failed (no endpoint during the failover) retries at its report interval,
+# but never under 1 s apart (profiler/channel.py Reporter.max_backoff_s).
 RANK_RETRY_S = 1.0
 
 

@@ -3,11 +3,13 @@ a standby's answer, and what a replica that has just begun acting writes (progre
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,9 +31,16 @@ from trainium_operator.lifecycle.observed import Observed
 from trainium_operator.lifecycle.policies.progress import progress
 from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.snapshot import PassSettings
-from trainium_operator.profiler.channel import MIN_RETRY_S, http_send, next_wait
+from trainium_operator.profiler.channel import MIN_RETRY_S, Reporter, http_send, next_wait
 from unit.jobs import decide, job_document, job_ref, run_policy
-from unit.test_health_channel import _cache_with, message, pod_identity, pod_jwt, training_pod
+from unit.test_health_channel import (
+    _cache_with,
+    message,
+    pod_identity,
+    pod_jwt,
+    reporter_config,
+    training_pod,
+)
 from unit.test_stalls import T0, frozen, job, observed, stalled_condition, training
 
 NOW = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
@@ -240,7 +249,7 @@ def test_after_a_failover_progress_waits_for_as_many_ranks_as_it_counted_then_mo
 
 
 def test_a_rank_still_unheard_after_the_warm_up_no_longer_holds_the_figures() -> None:
-    long_ago = NOW - timedelta(seconds=10)  # past 4 report intervals and the margin
+    long_ago = NOW - timedelta(seconds=10)  # past 2 report intervals and the margin
     moved = progress_after([rank(0, 104), rank(1, 105)], long_ago)
     assert (moved["step"], moved["ranksReporting"]) == (104, 2)
 
@@ -263,8 +272,27 @@ def test_a_stall_is_not_raised_before_every_rank_was_heard_since_a_failover() ->
 
     only_one = stall_pass(ranks[1:], 1.0)
     assert stalled_condition(only_one.status) is None
-    assert only_one.requeue_after == pytest.approx(5.0)  # 4 intervals + 2 s margin - 1 s
+    assert only_one.requeue_after == pytest.approx(3.0)  # 2 intervals + 2 s margin - 1 s
     both = stall_pass(ranks, 1.0)
     assert (stalled_condition(both.status) or {}).get("status") == "True"
     late = stall_pass(ranks[:1], 7.0)
     assert (stalled_condition(late.status) or {}).get("status") == "True", "a bounded wait"
+
+
+def test_failed_sends_are_retried_at_the_report_interval_so_a_new_replica_hears_within_one(
+    tmp_path: Path,
+) -> None:
+    # The default report interval, 5 s: past the 1 s floor.
+    reporter = Reporter(dataclasses.replace(reporter_config(tmp_path), interval_s=5.0))
+    interval = reporter.config.interval_s
+    assert reporter.max_backoff_s == interval
+    wait = interval
+    for _ in range(5):  # the operator away for a while: no replica acts, the Service has none
+        wait = next_wait(
+            wait,
+            sent=False,
+            retry_after_s=None,
+            interval_s=interval,
+            max_backoff_s=reporter.max_backoff_s,
+        )
+        assert wait == interval  # never backed off past it

@@ -13,8 +13,9 @@ and by then the Service routes it to the acting replica.
 
 The training loop's cost is `on_step`: a clock read, a subtraction and a deque append under
 no lock the sender holds for long. Sending happens on the reporter's own thread, with a short
-timeout: when the operator is away (restarting, partitioned, not installed) the thread backs
-off and keeps only the newest state, so nothing queues and training never waits. The token is
+timeout: when the operator is away (restarting, partitioned, not installed) the thread tries
+again at the next interval with the then-newest state, so nothing queues and training never
+waits. The token is
 read again before every send, since the kubelet rotates it.
 
 Started by `profiler.start_profiling()` when `TRAINIUM_HEALTH_URL` is set (the operator sets it
@@ -420,9 +421,11 @@ class Reporter:
 
     @property
     def max_backoff_s(self) -> float:
-        """Failed sends back off to at most this: a few intervals, never more than a minute,
-        so a returning operator hears from every rank soon."""
-        return min(MAX_BACKOFF_S, max(4 * self.config.interval_s, 1.0))
+        """Failed sends are retried at the report interval (at least a second apart): a
+        returning operator, or the replica taking over from a crashed one, hears from every
+        rank within one interval. Retrying costs no one: a pod sends one message per interval
+        either way, and a failed send fails fast or within SEND_TIMEOUT_S on this thread."""
+        return min(MAX_BACKOFF_S, max(self.config.interval_s, 1.0))
 
     def start(self) -> None:
         self.thread.start()

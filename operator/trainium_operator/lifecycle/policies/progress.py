@@ -38,9 +38,10 @@ if TYPE_CHECKING:
 
 RECENT_STEPS = 16
 # How long after the operator began keeping messages some ranks may still be unheard: each
-# reports every spec.health.reportIntervalSeconds, or retries a failed send backed off to at
-# most 4 intervals (profiler/channel.py); the margin covers a retry after a standby's 503.
-WARM_UP_INTERVALS = 4.0
+# reports every spec.health.reportIntervalSeconds and retries a failed send at the same
+# interval, at least a second apart (profiler/channel.py); one interval more for a loaded node,
+# and the margin covers that second and a retry after a standby's 503.
+WARM_UP_INTERVALS = 2.0
 WARM_UP_MARGIN_SECONDS = 2.0
 
 
