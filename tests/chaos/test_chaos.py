@@ -74,6 +74,7 @@ from integration.operator_harness import (
     VERSION,
     OperatorProcess,
     create_job,
+    create_peering,
     ensure_shared_claim,
     install_crds,
     job_manifest,
@@ -515,10 +516,7 @@ def peered_replicas(
     default)."""
     clients = dev_cluster.clients
     ensure_shared_claim(clients, namespace)
-    peering = {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}}
-    clients.custom.create_namespaced_custom_object(
-        "kopf.dev", "v1", namespace, "kopfpeerings", peering
-    )
+    create_peering(clients, namespace, PEERING)
     dev_kueue.ensure_local_queue(clients, namespace, dev_kueue.LOCAL_QUEUE)
     args = ("--peering", PEERING, "--peering-lifetime", str(PEERING_LIFETIME_SECONDS), "--kueue")
     replicas = [

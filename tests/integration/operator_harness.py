@@ -186,6 +186,17 @@ def publish_report(name: str, lines: list[str]) -> Path:
     return out
 
 
+def create_peering(clients: Any, namespace: str, name: str) -> None:
+    """The namespaced KopfPeering replicas started with `--peering <name>` share."""
+    clients.custom.create_namespaced_custom_object(
+        "kopf.dev",
+        "v1",
+        namespace,
+        "kopfpeerings",
+        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": name}},
+    )
+
+
 def install_crds(clients: Any) -> None:
     for path in sorted((ROOT / "crds").glob("*.yaml")):
         for crd in yaml.safe_load_all(path.read_text()):

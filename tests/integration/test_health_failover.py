@@ -23,7 +23,12 @@ import pytest
 from kubernetes import client
 
 from integration.health_ranks import rank_env, reporting_job, start_rank
-from integration.operator_harness import OperatorProcess, ensure_shared_claim, free_port
+from integration.operator_harness import (
+    OperatorProcess,
+    create_peering,
+    ensure_shared_claim,
+    free_port,
+)
 from trainium_devcluster.sim import wait_for
 from trainium_operator.contract import channel as contract
 from trainium_operator.controller.health_role import ACTIVE, LABEL, ROLE_PERIOD_SECONDS
@@ -179,13 +184,7 @@ class ProgressLog:
 def test_the_health_service_follows_the_acting_replica_and_progress_survives_a_failover(
     dev_cluster: Any, clients: Any, namespace: str, tmp_path: Path
 ) -> None:
-    clients.custom.create_namespaced_custom_object(
-        "kopf.dev",
-        "v1",
-        namespace,
-        "kopfpeerings",
-        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": PEERING}},
-    )
+    create_peering(clients, namespace, PEERING)
     ensure_shared_claim(clients, namespace)
     nodes = [n.metadata.name for n in clients.core.list_node().items]
     for name, node in (("op-a", nodes[0]), ("op-b", nodes[-1])):

@@ -17,6 +17,7 @@ from integration.operator_harness import (
     OperatorProcess,
     OperatorView,
     create_job,
+    create_peering,
     ensure_shared_claim,
     finish_pods,
     get_job,
@@ -511,13 +512,7 @@ def test_kubectl_apply_of_a_typo_is_refused_with_the_field_name(
 def test_two_peered_replicas_never_both_act_and_the_standby_takes_over(
     dev_cluster: Any, clients: Any, namespace: str, tmp_path: Path
 ) -> None:
-    clients.custom.create_namespaced_custom_object(
-        "kopf.dev",
-        "v1",
-        namespace,
-        "kopfpeerings",
-        {"apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "tj"}},
-    )
+    create_peering(clients, namespace, "tj")
     ensure_shared_claim(clients, namespace)
     replicas = [
         OperatorProcess(
