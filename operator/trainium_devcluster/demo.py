@@ -95,7 +95,7 @@ class LocalRun:
 
     stage: str
     processes: dict[str, subprocess.Popen[bytes]]  # by pod name
-    logs: list[Path]
+    logs: dict[str, Path]  # by pod name
 
     def ended(self) -> bool:
         """All ended; or one failed, and the rest are stopped (their gang is broken)."""
@@ -308,11 +308,12 @@ class Demo:
         assert self.clients is not None
         stage = gang[0].metadata.labels["trainium.dev/stage"]
         port = local_preflight.free_port()
-        logs = [self.workdir / f"{pod.metadata.name}.log" for pod in gang]
+        logs = {pod.metadata.name: self.workdir / f"{pod.metadata.name}.log" for pod in gang}
         self.echo(
             f"  pods {', '.join(p.metadata.name for p in gang)} are Running on "
             f"{', '.join(p.spec.node_name for p in gang)}; running their {stage} commands locally "
-            f"on CPU at demo size (logs: {', '.join(log.name for log in logs)} in {self.workdir})"
+            f"on CPU at demo size (logs: {', '.join(log.name for log in logs.values())} "
+            f"in {self.workdir})"
         )
         # The gang's PodGroups as Volcano's scheduler and controller manager wrote them. Volcano
         # writes a group's Running phase in the scheduling cycle after its pods were bound.
@@ -327,10 +328,10 @@ class Demo:
             ).rstrip()
         )  # fmt: skip
         processes = {}
-        for pod, log in zip(gang, logs, strict=True):
+        for pod in gang:
             argv, env = self.local_command(pod, stage, port)
             processes[pod.metadata.name] = subprocess.Popen(
-                argv, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
+                argv, env=env, stdout=logs[pod.metadata.name].open("wb"), stderr=subprocess.STDOUT
             )
         self.local = LocalRun(stage, processes, logs)
         self.driven.update(processes)
@@ -418,7 +419,7 @@ class Demo:
                 pod,
                 succeeded=code == 0,
                 exit_code=code if code else None,
-                message=None if code == 0 else f"see {self.workdir / pod}.log",
+                message=None if code == 0 else f"see {run.logs[pod]}",
             )
         self.local = None
 

@@ -486,14 +486,19 @@ def best_of(first: contract.NodeReport, second: contract.NodeReport) -> contract
     )
 
 
+def reports_by_name(names: Sequence[str], texts: Sequence[str]) -> dict[str, contract.NodeReport]:
+    """The gathered reports, keyed by node name (repeated names told apart by rank)."""
+    return {
+        name: contract.parse_report(text)
+        for name, text in zip(unique_names(names), texts, strict=True)
+    }
+
+
 def needs_confirming(gathered: Sequence[tuple[str, str]], threshold: float) -> bool:
     """Whether a figure judges a node unfit: such a verdict is measured once more before it
     stands. A moment's contention (another process on the host, a scheduler hiccup) slows one
     round; a slow device or link is slow in both. A node missing devices needs no second look."""
-    names = unique_names([name for name, _ in gathered])
-    reports = {
-        name: contract.parse_report(text) for name, (_, text) in zip(names, gathered, strict=True)
-    }
+    reports = reports_by_name([name for name, _ in gathered], [text for _, text in gathered])
     return any(
         verdict.reason != contract.REASON_DEVICES for verdict in contract.judge(reports, threshold)
     )
@@ -559,13 +564,10 @@ def judge_gang(worker_output: str, threshold: float, seconds: float) -> GangResu
     """The gang's verdict from the worker's gathered reports, and this node's own report."""
     body = json.loads(worker_output)
     own_rank = int(body["rank"])
-    names = unique_names([str(name) for name in body["names"]])
-    reports = {
-        name: contract.parse_report(text) for name, text in zip(names, body["reports"], strict=True)
-    }
+    reports = reports_by_name([str(name) for name in body["names"]], body["reports"])
     verdicts = contract.judge(reports, threshold)
     own = dataclasses.replace(
-        reports[names[own_rank]],
+        reports[list(reports)[own_rank]],  # keyed in rank order
         outcome=contract.UNFIT if verdicts else contract.PASSED,
         seconds=min(seconds, contract.MAX_SECONDS),
     )

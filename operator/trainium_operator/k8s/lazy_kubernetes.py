@@ -106,10 +106,7 @@ class LazyPackage(types.ModuleType):
 
 
 class _LazyLoader(importlib.abc.Loader):
-    def __init__(
-        self, real: importlib.machinery.ModuleSpec, table: Table, constants: dict[str, Any]
-    ):
-        self.real = real
+    def __init__(self, table: Table, constants: dict[str, Any]):
         self.table = table
         self.constants = constants
 
@@ -144,7 +141,7 @@ class LazyFinder(importlib.abc.MetaPathFinder):
         if read is None:
             return real
         spec = importlib.machinery.ModuleSpec(
-            fullname, _LazyLoader(real, *read), origin=real.origin, is_package=True
+            fullname, _LazyLoader(*read), origin=real.origin, is_package=True
         )
         spec.submodule_search_locations = list(real.submodule_search_locations)
         spec.has_location = True
