@@ -1,15 +1,16 @@
 """Chaos suite: seeded, bounded fault injection on the real local cluster, invariants after every
 step.
 
-Two operator replicas run with kopf peering (one active, one standby; a short peering lifetime so
-a crashed active one is replaced in seconds). One-node, two-node and four-node jobs run through
-compile, training and restarts while a replica is SIGKILLed at random moments (at least 50 times;
-each restart takes a new random priority, so the active one changes), the kube-apiserver crashes
-and comes back, pods are deleted and force-deleted, PodGroups and Services are deleted by hand,
-training processes fail, a ResourceQuota refuses the jobs' pods for a while, and nodes are
-partitioned: a node's heartbeat stops (its Lease is taken over, as when the kubelet is cut off),
-the control plane marks it NotReady while its pods stay Running in the API (nothing acts for an
-unreachable node), and it comes back once the operator has given up on those pods. A second
+Two operator replicas run with kopf peering (one active, one standby; a short peering lifetime so a
+crashed active one is replaced in seconds). One-node, two-node and four-node jobs run through
+compile, training and restarts while a replica is SIGKILLed at random moments (at least 50 times,
+at least 25 of them the acting replica; while a standby takes over, the kill hits it or the
+restarted one; each restart takes a new random priority, so the active one changes), the kube-
+apiserver crashes and comes back, pods are deleted and force-deleted, PodGroups and Services are
+deleted by hand, training processes fail, a ResourceQuota refuses the jobs' pods for a while, and
+nodes are partitioned: a node's heartbeat stops (its Lease is taken over, as when the kubelet is
+cut off), the control plane marks it NotReady while its pods stay Running in the API (nothing acts
+for an unreachable node), and it comes back once the operator has given up on those pods. A second
 quota refuses every profile-upload pod for the whole run (a side pod's refusal), and two control
 jobs run beside the others that no fault targets (they are only finished).
 
@@ -97,6 +98,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.chaos]
 SEED = int(os.environ.get("CHAOS_SEED", "20261201"))
 STEPS = int(os.environ.get("CHAOS_STEPS", "80"))
 MIN_KILLS = 50
+# Of those, kills of the replica acting at that moment (the others hit a standby, often the one
+# about to take over): the extra kills go on until both counts are reached.
+MIN_ACTING_KILLS = 25
 VOLCANO = ("scheduling.volcano.sh", "v1beta1")
 PEERING = "chaos"
 PEERING_LIFETIME_SECONDS = 4
@@ -245,10 +249,16 @@ class Chaos:
     rng: random.Random
     ledger: Ledger
     kills: int = 0
+    acting_kills: int = 0  # of these, kills of the replica that was acting
     partition: Partition | None = None
     partitions: list[Partition] = field(default_factory=list)
     control_plane: dict[str, Any] = field(default_factory=dict)  # how to start each again
     seconds: dict[str, float] = field(default_factory=dict)  # wall time of each phase
+    # Wall time of the seeded steps by fault (the injection and the watch after it), and the
+    # part of the kills spent waiting for a replica to finish starting: where the suite's time
+    # goes.
+    step_seconds: Counter[str] = field(default_factory=Counter)
+    startup_wait_seconds: float = 0.0
 
     @property
     def names(self) -> list[str]:
@@ -328,8 +338,12 @@ class Chaos:
         # Never during its imports (seconds on a busy machine): a kill there interrupts no
         # work, and kills that fast in a row leave no replica running at all.
         started = [r for r in self.replicas if r.started_up()]
-        replica = self.rng.choice(started or self.replicas)
+        # The acting replica when one acts (killed mid-reconcile); during a takeover, the one
+        # taking over or the restarted one, at whatever point of its start-up it has reached.
+        acting = [r for r in started if r.acting()]
+        replica = self.rng.choice(acting or started or self.replicas)
         if not started:
+            waiting = time.monotonic()
             with contextlib.suppress(WaitTimeoutError):
                 wait_for(
                     replica.started_up,
@@ -337,6 +351,8 @@ class Chaos:
                     description="replica started",
                     interval=0.1,
                 )
+            self.startup_wait_seconds += time.monotonic() - waiting
+        self.acting_kills += replica.acting()
         replica.kill()
         self.kills += 1
         time.sleep(self.rng.uniform(0.0, 0.5))
@@ -570,13 +586,15 @@ def drive(chaos: Chaos) -> None:
         label, inject, _ = rng.choices(faults, weights=[w for _, _, w in faults])[0]
         ledger.step = f"step {index} {label}"
         ledger.faults[label] += 1
+        step_started = time.monotonic()
         try:
             inject()
         except ApiException as error:  # a fault racing a deletion is fine; note it
             ledger.faults[f"{label} (raced: {getattr(error, 'status', type(error).__name__)})"] += 1
         chaos.watch(rng.uniform(0.3, 1.5))
+        chaos.step_seconds[label] += time.monotonic() - step_started
     chaos.seconds["steps"] = time.monotonic() - started
-    while chaos.kills < MIN_KILLS:
+    while chaos.kills < MIN_KILLS or chaos.acting_kills < MIN_ACTING_KILLS:
         ledger.step = f"extra kill {chaos.kills}"
         chaos.kill_operator()
         chaos.watch(0.5)
@@ -719,7 +737,13 @@ def test_invariants_hold_under_seeded_faults(
         f"  nodes                 {testing.NODES + len(chaos_nodes)} "
         f"({len(chaos_nodes)} added for the suite)"
     )
-    report.append(f"  operator kills        {chaos.kills}")
+    report.append(
+        f"  operator kills        {chaos.kills} ({chaos.acting_kills} of the acting replica, "
+        f"{chaos.kills - chaos.acting_kills} of a standby; waiting for a replica to start: "
+        f"{chaos.startup_wait_seconds:.0f} s)"
+    )
+    by_fault = ", ".join(f"{k} {v:.0f} s" for k, v in chaos.step_seconds.most_common())
+    report.append(f"  steps' time by fault  {by_fault}")
     for label, count in sorted(ledger.faults.items()):
         report.append(f"  {label:<21} {count}")
     report.append(
@@ -754,6 +778,7 @@ def test_invariants_hold_under_seeded_faults(
     report += [f"    {text}" for text in ledger.violations[:30]]
     publish_report("chaos", report)
     assert chaos.kills >= MIN_KILLS
+    assert chaos.acting_kills >= MIN_ACTING_KILLS
     # Not vacuous: the faults did restart gangs (each counted, checked above), gangs of 2 and 4
     # nodes ran, nodes were partitioned and upload pods refused.
     assert sum(restarts.values()) >= 5, restarts

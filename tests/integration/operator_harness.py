@@ -77,18 +77,29 @@ class OperatorProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def started_up(self) -> bool:
-        """The latest start got past its imports and, under peering, took its role (kopf
-        says "Resuming operations" as the active replica, "Pausing operations" as a standby;
-        without peering "Starting Kopf" is the last word before it works)."""
+    def latest_output(self) -> bytes:
+        """What the latest start has logged so far."""
         if not self.log_path.exists():
-            return False
+            return b""
         with self.log_path.open("rb") as log:
             log.seek(self.start_offset)
-            text = log.read()
+            return log.read()
+
+    def started_up(self) -> bool:
+        """The latest start got past its imports and, under peering, joined the peering (kopf
+        starts paused and touches the peering every second: "Keep-alive in ...", as the acting
+        replica and as a standby alike; without peering "Starting Kopf" is the last word before
+        it works)."""
+        text = self.latest_output()
         if "--peering" not in self.extra_args:
             return b"Starting Kopf" in text
-        return b"Resuming operations" in text or b"Pausing operations" in text
+        return b"Keep-alive in" in text or b"Resuming operations" in text
+
+    def acting(self) -> bool:
+        """Under peering: the latest start resumed operations and has not paused since (kopf
+        logs each change of role; a standby from its start logs none)."""
+        text = self.latest_output()
+        return text.rfind(b"Resuming operations") > text.rfind(b"Pausing ")
 
     def assert_alive(self) -> None:
         assert self.process is not None
