@@ -247,7 +247,7 @@ def test_the_endpoint_reviews_each_token_once_per_ttl_and_stores_the_newest_mess
     assert channel.receive(token, message(step=13).to_json())[0] == 200
     assert reviews == [token, token]
     (report,) = channel.store.ranks(("team-a", "bert")).values()
-    assert (report.message.step, report.node, report.pod) == (13, "trn-node-7", "bert-train-0-1")
+    assert (report.step, report.node) == (13, "trn-node-7")
 
 
 def test_the_endpoint_refuses_without_a_token_a_bad_body_and_a_forged_job() -> None:
@@ -293,11 +293,11 @@ def test_the_endpoint_answers_unavailable_when_the_token_cannot_be_reviewed() ->
 
 def test_a_late_message_of_an_earlier_gang_does_not_replace_the_new_gangs_progress() -> None:
     store = ProgressStore()
-    store.put(message(attempt=0, rank=0, step=50), "p0", "n0")
-    store.put(message(attempt=1, rank=1, step=2), "p1", "n1")
-    store.put(message(attempt=0, rank=1, step=51), "p0", "n0")
+    store.put(message(attempt=0, rank=0, step=50), "n0")
+    store.put(message(attempt=1, rank=1, step=2), "n1")
+    store.put(message(attempt=0, rank=1, step=51), "n0")
     ranks = store.ranks(("team-a", "bert"))
-    assert {r: (v.message.attempt, v.message.step) for r, v in ranks.items()} == {1: (1, 2)}
+    assert {r: (v.attempt, v.step) for r, v in ranks.items()} == {1: (1, 2)}
 
 
 # -- the pod -----------------------------------------------------------------------------------

@@ -108,7 +108,7 @@ def test_a_replica_labels_its_pod_once_per_change_of_role_and_restarts_its_store
         role.check()
     assert (pods.reads, pods.writes, channel.accepting) == (1, [STANDBY], False)
 
-    channel.store.put(message(), "p", "n")  # heard while standing by: never kept
+    channel.store.put(message(), "n")  # heard while standing by: never kept
     acting[0] = True
     for _ in range(5):
         role.check()

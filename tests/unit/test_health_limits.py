@@ -76,7 +76,7 @@ def test_a_pods_batch_of_its_ranks_is_stored_rank_by_rank_with_its_node() -> Non
     assert status == 200
     stored = endpoint.store.ranks(KEY)
     assert sorted(stored) == list(range(32, 64))
-    assert {(r.node, r.message.step) for r in stored.values()} == {("trn-node-7", 7)}
+    assert {(r.node, r.step) for r in stored.values()} == {("trn-node-7", 7)}
 
 
 def test_a_batch_naming_another_nodes_rank_is_refused_whole() -> None:
@@ -106,10 +106,10 @@ def test_a_batch_round_trips_and_caps_its_ranks_step_times_and_duplicates() -> N
 
 def test_the_store_keeps_no_more_ranks_of_a_job_than_it_is_allowed() -> None:
     store = ProgressStore()
-    stored = store.put_many([message(rank=r) for r in range(100)], "p", "n", max_ranks=10)
+    stored = store.put_many([message(rank=r) for r in range(100)], "n", max_ranks=10)
     assert stored == 10
     assert len(store.ranks(KEY)) == 10
-    assert store.put(message(rank=3, step=99), "p", "n", max_ranks=10) == 1  # a kept rank moves
+    assert store.put(message(rank=3, step=99), "n", max_ranks=10) == 1  # a kept rank moves
 
 
 def _sample(rank: int, world_size: int, **changes: Any) -> RankSample:

@@ -227,8 +227,8 @@ def test_an_operator_restarted_mid_run_dates_steps_from_the_ranks_messages() -> 
             "bert", "team-a", UID, 0, rank, rank, 2, step, (500.0,) * 16, step_age_ms=age_ms
         )
 
-    store.put(message(0, 40, 90_000.0), "bert-train-0-0", "n0")  # frozen 90 s before
-    store.put(message(1, 77, 120.0), "bert-train-0-1", "n1")
+    store.put(message(0, 40, 90_000.0), "n0")  # frozen 90 s before
+    store.put(message(1, 77, 120.0), "n1")
     started = {s.rank: s.started for s in store.samples(("team-a", "bert"))}
     assert started[0] == T0 - timedelta(seconds=90)
     assert started[1] == T0 - timedelta(milliseconds=120)
@@ -241,9 +241,9 @@ def test_an_operator_restarted_mid_run_dates_steps_from_the_ranks_messages() -> 
     old = ProgressStore(clock=lambda: clock[0])
     first = message(0, 40, None)
     assert step_started(first, T0, None) == T0
-    old.put(first, "p", "n0")
+    old.put(first, "n0")
     clock[0] = T0 + timedelta(seconds=30)
-    old.put(first, "p", "n0")
+    old.put(first, "n0")
     assert old.ranks(("team-a", "bert"))[0].step_started == T0
 
 

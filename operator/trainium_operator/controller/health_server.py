@@ -84,37 +84,32 @@ class ReviewLimitedError(Exception):
     """Too many TokenReviews for one claimed pod: the rank retries later (429)."""
 
 
-@dataclass(frozen=True, slots=True)
-class RankReport:
-    message: ProgressMessage
-    pod: str
-    node: str
-    received: datetime
-    step_started: datetime | None = None
-
-    def sample(self) -> RankSample:
-        m = self.message
-        return RankSample(
-            rank=m.rank,
-            attempt=m.attempt,
-            world_size=m.world_size,
-            step=m.step,
-            step_times_ms=m.step_times_ms,
-            received=self.received,
-            node=self.node,
-            samples=m.samples,
-            tokens=m.tokens,
-            step_started=self.step_started,
-            stacks_dumped=m.stacks_dumped,
-            profile_capturing=m.profile_capturing,
-            profile_captured=m.profile_captured,
-            final=m.final,
-            last_checkpoint_step=m.last_checkpoint_step,
-        )
+def rank_sample(
+    message: ProgressMessage, node: str, received: datetime, started: datetime | None
+) -> RankSample:
+    """What the store keeps of a rank's message: built once as it arrives, so a pass reads
+    the job's ranks without converting every rank's message again."""
+    return RankSample(
+        rank=message.rank,
+        attempt=message.attempt,
+        world_size=message.world_size,
+        step=message.step,
+        step_times_ms=message.step_times_ms,
+        received=received,
+        node=node,
+        samples=message.samples,
+        tokens=message.tokens,
+        step_started=started,
+        stacks_dumped=message.stacks_dumped,
+        profile_capturing=message.profile_capturing,
+        profile_captured=message.profile_captured,
+        final=message.final,
+        last_checkpoint_step=message.last_checkpoint_step,
+    )
 
 
 def step_started(
-    message: ProgressMessage, received: datetime, previous: RankReport | None
+    message: ProgressMessage, received: datetime, previous: RankSample | None
 ) -> datetime:
     """When the rank entered its current step: from the age its message gives (the rank's own
     monotonic clock, so it holds across an operator restart), else the first time the operator
@@ -124,18 +119,18 @@ def step_started(
     if (
         previous is not None
         and previous.step_started is not None
-        and (previous.message.attempt, previous.message.step) == (message.attempt, message.step)
+        and (previous.attempt, previous.step) == (message.attempt, message.step)
     ):
         return previous.step_started
     return received
 
 
-def _answered_request(message: ProgressMessage, previous: RankReport | None) -> bool:
-    def answers(m: ProgressMessage) -> tuple[str, str, str]:
+def _answered_request(message: ProgressMessage, previous: RankSample | None) -> bool:
+    def answers(m: ProgressMessage | RankSample) -> tuple[str, str, str]:
         return (m.stacks_dumped, m.profile_capturing, m.profile_captured)
 
     now = answers(message)
-    before = answers(previous.message) if previous is not None else ("", "", "")
+    before = answers(previous) if previous is not None else ("", "", "")
     return any(new and new != old for new, old in zip(now, before, strict=True))
 
 
@@ -146,7 +141,7 @@ class ProgressStore:
     def __init__(self, clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._clock = clock
         self._lock = threading.Lock()
-        self._jobs: dict[Key, dict[int, RankReport]] = {}
+        self._jobs: dict[Key, dict[int, RankSample]] = {}
         self._changed: set[Key] = set()
         self._urgent: set[Key] = set()
         # Since when this store keeps what the ranks send (its start, or the replica's latest
@@ -162,16 +157,13 @@ class ProgressStore:
             self._urgent.clear()
             self.since = self._clock()
 
-    def put(
-        self, message: ProgressMessage, pod: str, node: str, max_ranks: int = MAX_STORED_RANKS
-    ) -> int:
+    def put(self, message: ProgressMessage, node: str, max_ranks: int = MAX_STORED_RANKS) -> int:
         """Stores one rank's message; how many were stored (0 or 1)."""
-        return self.put_many((message,), pod, node, max_ranks)
+        return self.put_many((message,), node, max_ranks)
 
     def put_many(
         self,
         messages: Sequence[ProgressMessage],
-        pod: str,
         node: str,
         max_ranks: int = MAX_STORED_RANKS,
     ) -> int:
@@ -186,7 +178,7 @@ class ProgressStore:
         stored = 0
         with self._lock:
             ranks = self._jobs.setdefault(key, {})
-            attempt = max((r.message.attempt for r in ranks.values()), default=first.attempt)
+            attempt = max((r.attempt for r in ranks.values()), default=first.attempt)
             # A newer gang replaces the old one's ranks; an old gang's late message is dropped.
             if first.attempt < attempt:
                 return 0
@@ -197,7 +189,7 @@ class ProgressStore:
                 if previous is None and len(ranks) >= limit:
                     continue
                 started = step_started(message, received, previous)
-                ranks[message.rank] = RankReport(message, pod, node, received, started)
+                ranks[message.rank] = rank_sample(message, node, received, started)
                 stored += 1
                 if _answered_request(message, previous):
                     # A rank answered a request (stacks, a capture): the job's pass waiting
@@ -207,12 +199,13 @@ class ProgressStore:
                 self._changed.add(key)
         return stored
 
-    def ranks(self, key: Key) -> dict[int, RankReport]:
+    def ranks(self, key: Key) -> dict[int, RankSample]:
         with self._lock:
             return dict(self._jobs.get(key, {}))
 
     def samples(self, key: Key) -> list[RankSample]:
-        return [report.sample() for report in self.ranks(key).values()]
+        with self._lock:
+            return list(self._jobs.get(key, {}).values())
 
     def take_changed(self) -> list[Key]:
         """The jobs that heard from a rank since the last call."""
@@ -573,7 +566,7 @@ class HealthChannel:
         if limited:
             return self._refused(429, limited, "rate_limited")
         node = str((pod.get("spec") or {}).get("nodeName") or "")
-        self.store.put_many(messages, pod_name, node, shape.world_size)
+        self.store.put_many(messages, node, shape.world_size)
         self.count("accepted")
         return 200, verdict, messages
 
