@@ -25,7 +25,13 @@ Prints, with each target's verdict:
    (every 0.2 s, 64 ranks each) for --soak-seconds (default 60), half of them with absurd
    fields, while a pass per job per second runs the stall, straggler, progress and goodput
    policies on the stored ranks: no pass raises, and the process's RSS stays within 100 MiB
-   of its idle figure.
+   of its idle figure;
+7. health at scale: one job of 512 trn1 nodes x 32 ranks (16 384 ranks, one message per pod)
+   reporting every 5 s for --scale-seconds (default 60) through the real endpoint, while a worker
+   thread runs the big job's pass of the health policies every second and this thread runs the
+   passes of 20 other two-node jobs: the endpoint thread's CPU plus the big job's passes (target
+   <= 0.5 core), the store's memory for its ranks and the process's RSS growth (<= 50 MiB), the
+   big job's status writes per minute (<= 7.5) and the other jobs' pass latency (< 100 ms).
 
 The endpoint figure excludes TokenReview round trips (one per token per 60 s; 4096 ranks: ~70 a
 minute) and the pass that writes the status; the stall latency excludes that status write
@@ -47,6 +53,7 @@ import sys
 import threading
 import time
 import tracemalloc
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -392,14 +399,17 @@ def _pod(job: str, job_uid: str, node_rank: int) -> dict[str, object]:
     }
 
 
-def _scale_cluster(jobs: dict[str, int], interval_s: float) -> ClusterCache:
-    """Jobs `name -> nodes` of 64-rank trn2 pods reporting every `interval_s`."""
+def _scale_cluster(
+    jobs: dict[str, int], interval_s: float, ppn: int = SCALE_PPN, instance: str = "trn2.48xlarge"
+) -> ClusterCache:
+    """Jobs `name -> nodes` of `ppn`-rank pods (64-rank trn2 by default) reporting every
+    `interval_s`."""
     cache = ClusterCache()
     for name, nodes in jobs.items():
         document = job_document(
             nodes=nodes,
-            processesPerNode=SCALE_PPN,
-            instanceType="trn2.48xlarge",
+            processesPerNode=ppn,
+            instanceType=instance,
             health={"reportIntervalSeconds": interval_s, "stragglerThreshold": 0.2},
         )
         document["metadata"] = {**document["metadata"], "name": name, "uid": f"uid-{name}"}
@@ -409,15 +419,17 @@ def _scale_cluster(jobs: dict[str, int], interval_s: float) -> ClusterCache:
     return cache
 
 
-def _rank_message(job: str, nodes: int, rank: int, step: int) -> ProgressMessage:
+def _rank_message(
+    job: str, nodes: int, rank: int, step: int, ppn: int = SCALE_PPN
+) -> ProgressMessage:
     return ProgressMessage(
         job=job,
         namespace="team-a",
         uid=f"uid-{job}",
         attempt=0,
         rank=rank,
-        node_rank=rank // SCALE_PPN,
-        world_size=nodes * SCALE_PPN,
+        node_rank=rank // ppn,
+        world_size=nodes * ppn,
         step=step,
         step_times_ms=tuple(500.0 + (rank + i) % 7 for i in range(16)),
         samples=800 * step,
@@ -428,11 +440,13 @@ def _rank_message(job: str, nodes: int, rank: int, step: int) -> ProgressMessage
     )
 
 
-def _pod_bodies(job: str, nodes: int, step: int, batched: bool) -> list[tuple[str, bytes]]:
+def _pod_bodies(
+    job: str, nodes: int, step: int, batched: bool, ppn: int = SCALE_PPN
+) -> list[tuple[str, bytes]]:
     """One interval's messages of the job: one per pod (`batched`) or one per rank."""
     bodies: list[tuple[str, bytes]] = []
     for p in range(nodes):
-        ranks = [_rank_message(job, nodes, p * SCALE_PPN + i, step) for i in range(SCALE_PPN)]
+        ranks = [_rank_message(job, nodes, p * ppn + i, step, ppn) for i in range(ppn)]
         token = _token(f"{job}-train-0-{p}", f"pod-{job}-{p}")
         if batched:
             bodies.append((token, contract.batch_json(ranks)))
@@ -635,11 +649,185 @@ def soak(seconds: float) -> None:
     )
 
 
+# -- 7. health at scale: 16 384 ranks beside other jobs -----------------------------------
+BIG_NODES, BIG_PPN, BIG_INSTANCE = 512, 32, "trn1.32xlarge"  # 512 nodes x 32 ranks
+OTHER_JOBS, OTHER_NODES = 20, 2
+
+
+def _scale_load(url: str, seconds: float, interval_s: float, cpu: dict[str, float]) -> None:
+    """The big job's 512 pods post one message each every `interval_s` (a process of its own,
+    so its CPU and memory are not the operator's), each on a new connection."""
+
+    async def run() -> None:
+        started = time.monotonic()
+        step = 1
+        while time.monotonic() - started < seconds:
+            began = time.monotonic()
+            bodies = _pod_bodies("big", BIG_NODES, step, True, BIG_PPN)
+            for status, n in (await _post(url, bodies, 32)).items():
+                cpu[f"answer {status}"] = cpu.get(f"answer {status}", 0) + n
+            step += 1
+            await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - began)))
+
+    asyncio.run(run())
+
+
+def _big_job_held_mib() -> float:
+    """What the store holds for one interval of the big job's messages (tracemalloc)."""
+    channel = HealthChannel(
+        _scale_cluster({"big": BIG_NODES}, SCALE_INTERVAL_S, BIG_PPN, BIG_INSTANCE),
+        TokenCache(_identity),
+        store=ProgressStore(),
+    )
+    bodies = _pod_bodies("big", BIG_NODES, 1, True, BIG_PPN)
+    for token, body in bodies:  # tokens reviewed and cached first, as in a running operator
+        channel.receive(token, body)
+    bodies = _pod_bodies("big", BIG_NODES, 2, True, BIG_PPN)
+    tracemalloc.start()
+    fresh = ProgressStore()
+    channel.store = fresh
+    before = tracemalloc.get_traced_memory()[0]
+    for token, body in bodies:
+        channel.receive(token, body)
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert len(fresh.samples(("team-a", "big"))) == BIG_NODES * BIG_PPN
+    return held / 2**20
+
+
+def _health_pass(job: JobRef, status: dict[str, Any], samples: list[RankSample]) -> dict[str, Any]:
+    """One job pass's health policies on the stored ranks, at the operator's default settings
+    (a progress write at most every 10 s)."""
+    observed = Observed((), {}, True, {}, datetime.now(UTC))
+    policies = (stall, stragglers, progress, goodput)
+    return run_policy(
+        policies, job, status, observed, ranks=tuple(samples), settings=PassSettings()
+    ).status
+
+
+def health_at_scale(seconds: float) -> None:
+    """One job of 512 trn1 nodes x 32 ranks reporting every 5 s through the real endpoint
+    (`ServerThread`, its own thread, as in the operator) while this thread runs a pass of the
+    health policies (stall, stragglers, progress, goodput) for the big job on a worker thread and
+    for 20 other two-node jobs on this one, each job every second (the worst case: the
+    operator's timer wakes a job every 10 s); the other jobs' passes are timed from reading
+    their ranks to their new status."""
+    jobs = {"big": BIG_NODES} | {f"other-{j}": OTHER_NODES for j in range(OTHER_JOBS)}
+    cluster = _scale_cluster(jobs, SCALE_INTERVAL_S, BIG_PPN, BIG_INSTANCE)
+    channel = HealthChannel(cluster, TokenCache(_identity), store=ProgressStore())
+    refs = {
+        name: job_ref(
+            nodes=nodes,
+            processesPerNode=BIG_PPN,
+            instanceType=BIG_INSTANCE,
+            health={"reportIntervalSeconds": SCALE_INTERVAL_S, "stragglerThreshold": 0.2},
+        )
+        for name, nodes in jobs.items()
+    }
+    server = ServerThread(channel, "127.0.0.1", free_port()).start()
+    url = f"http://127.0.0.1:{server.port}{contract.PATH}"
+    for j in range(OTHER_JOBS):  # the other jobs' ranks have reported once
+        asyncio.run(_post(url, _pod_bodies(f"other-{j}", OTHER_NODES, 1, True, BIG_PPN), 8))
+    statuses: dict[str, dict[str, Any]] = {n: {"phase": "Training", "attempt": 0} for n in jobs}
+    big: dict[str, Any] = {"pass_s": [], "cpu_s": 0.0, "fields": Counter(), "writes_at": []}
+    other_pass_s: list[float] = []
+    running = threading.Event()
+    running.set()
+
+    def big_job_passes() -> None:
+        # A worker thread of its own, as the operator's passes run (asyncio.to_thread).
+        while running.is_set():
+            tick = time.monotonic()
+            samples = channel.store.samples(("team-a", "big"))
+            began, cpu_began = time.perf_counter(), time.thread_time()
+            new = _health_pass(refs["big"], statuses["big"], samples)
+            big["pass_s"].append(time.perf_counter() - began)
+            big["cpu_s"] += time.thread_time() - cpu_began
+            old = statuses["big"]
+            if new != old:
+                big["writes_at"].append(time.monotonic())
+                big["fields"].update(k for k in new.keys() | old.keys() if new.get(k) != old.get(k))
+            statuses["big"] = new
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+
+    idle = _rss_mib()
+    peak = idle
+    endpoint_before = _thread_cpu_s(server.thread)
+    with multiprocessing.Manager() as manager:
+        counts = manager.dict()
+        load = multiprocessing.Process(
+            target=_scale_load, args=(url, seconds, SCALE_INTERVAL_S, counts)
+        )
+        load.start()
+        started = time.monotonic()
+        big_thread = threading.Thread(target=big_job_passes, daemon=True)
+        big_thread.start()
+        while load.is_alive():
+            tick = time.monotonic()
+            for name in jobs:
+                if name == "big":
+                    continue
+                began = time.perf_counter()
+                samples = channel.store.samples(("team-a", name))
+                statuses[name] = _health_pass(refs[name], statuses[name], samples)
+                other_pass_s.append(time.perf_counter() - began)
+            peak = max(peak, _rss_mib())
+            time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+        elapsed = time.monotonic() - started
+        running.clear()
+        big_thread.join()
+        load.join()
+        answered = dict(counts)
+    endpoint_cpu = (_thread_cpu_s(server.thread) - endpoint_before) / elapsed
+    server.stop()
+    held = _big_job_held_mib()
+    passes_cpu = big["cpu_s"] / elapsed
+    # The steady rate: from the first write with progress figures (the job's first pass also
+    # opens its goodput ledger, once) to the last.
+    writes_at = big["writes_at"][1:]
+    per_minute = (len(writes_at) - 1) / (writes_at[-1] - writes_at[0]) * 60
+    big_pass_s = big["pass_s"]
+    others = sorted(other_pass_s)
+    p99 = others[min(len(others) - 1, int(len(others) * 0.99))]
+    ranks = BIG_NODES * BIG_PPN
+    print(
+        f"7. health at scale: {BIG_NODES} {BIG_INSTANCE} nodes x {BIG_PPN} ranks = {ranks} ranks "
+        f"reporting every {SCALE_INTERVAL_S:g} s (one message per pod) for {elapsed:.0f} s, "
+        f"beside {OTHER_JOBS} two-node jobs; a pass of every job every second"
+    )
+    print(f"   answers {answered}")
+    print(
+        f"   operator CPU for the big job: endpoint thread {endpoint_cpu:.3f} + its passes "
+        f"{passes_cpu:.3f} = {endpoint_cpu + passes_cpu:.3f} core-s/s; target <= 0.5: "
+        f"{verdict(endpoint_cpu + passes_cpu <= 0.5)}"
+    )
+    print(
+        f"   the big job's pass: median {statistics.median(big_pass_s) * 1e3:.0f} ms, "
+        f"max {max(big_pass_s) * 1e3:.0f} ms"
+    )
+    print(
+        f"   memory: the store holds {held:.1f} MiB for its ranks (tracemalloc); process RSS "
+        f"idle {idle:.0f} MiB, peak {peak:.0f} MiB (+{peak - idle:.1f}); target <= 50 MiB: "
+        f"{verdict(max(held, peak - idle) <= 50)}"
+    )
+    print(
+        f"   status writes of the big job: {len(big['writes_at'])} in {elapsed:.0f} s (fields "
+        f"changed: {dict(big['fields'])}), {per_minute:.2f} per minute from the first progress "
+        f"write on; target <= 7.5: {verdict(per_minute <= 7.5)}"
+    )
+    print(
+        f"   other jobs' passes meanwhile ({len(others)}): median "
+        f"{statistics.median(others) * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms, max "
+        f"{others[-1] * 1e3:.1f} ms; target < 100 ms: {verdict(others[-1] < 0.1)}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--soak-seconds", type=float, default=60.0)
-    parser.add_argument("--only", default="1,2,3,4,5,6", help="sections to run, e.g. 5,6")
+    parser.add_argument("--scale-seconds", type=float, default=60.0)
+    parser.add_argument("--only", default="1,2,3,4,5,6,7", help="sections to run, e.g. 5,6")
     args = parser.parse_args()
     only = {int(x) for x in args.only.split(",")}
     if 1 in only:
@@ -654,6 +842,8 @@ def main() -> None:
         message_unit(args.quick)
     if 6 in only:
         soak(min(args.soak_seconds, 10.0) if args.quick else args.soak_seconds)
+    if 7 in only:
+        health_at_scale(min(args.scale_seconds, 15.0) if args.quick else args.scale_seconds)
 
 
 if __name__ == "__main__":
