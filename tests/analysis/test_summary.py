@@ -60,7 +60,7 @@ def test_the_composed_track_list_is_the_whole_profile_s(profile: Path) -> None:
     "damage",
     [
         lambda data: data[: len(data) // 2],
-        lambda data: data.replace(b'"version": 1', b'"version": 99'),
+        lambda data: data.replace(b'"version": 2', b'"version": 99'),
         lambda data: b"not a summary",
     ],
 )

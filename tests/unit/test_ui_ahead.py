@@ -62,15 +62,15 @@ def counting_summaries(
 ) -> list[Path]:
     """Counts the rank files summarised; with `gate`, each waits for it to be set."""
     summarised: list[Path] = []
-    real = ui_profiles.summary_bytes
+    real = ui_profiles.rank_summary
 
-    def counted(path: Path, points: Any) -> bytes:
+    def counted(path: Path, points: Any) -> Any:
         if gate is not None:
             gate.wait(30)
         summarised.append(path)
         return real(path, points)
 
-    monkeypatch.setattr(ui_profiles, "summary_bytes", counted)
+    monkeypatch.setattr(ui_profiles, "rank_summary", counted)
     return summarised
 
 

@@ -13,3 +13,7 @@ DEFAULT_SUMMARY_CACHE_BYTES = 2 << 30
 DEFAULT_SUMMARISE_AHEAD = 16
 """Discovered profiles that may wait to be summarised in the background before their first
 open (0: a profile is summarised only when it is opened)."""
+
+DEFAULT_SUMMARISE_WRITTEN_EVERY_S = 15.0
+"""Seconds between two looks at the TrainingJob list for profiles written since (with
+--list-jobs), which are then summarised ahead too (0: only listed profiles are)."""
