@@ -37,6 +37,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy.ma  # noqa: F401  np.unique imports it on first use: at start, not on an open's path
+
 from trainium_operator.analysis.loading import ProfileLoadError, read_manifest_or_default
 from trainium_operator.analysis.report import annotation_of, dashboard_of
 from trainium_operator.analysis.s3store import S3Profile, S3ProfileSource
