@@ -89,6 +89,13 @@ def _hwm_kib(pid: int) -> int:
     return 0
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU time (user + system) of a process so far: less noisy than wall time on a loaded
+    machine."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _tree(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
@@ -285,7 +292,9 @@ def bench_server(
         result: dict[str, Any] = {"server_idle_mib": idle_kib / 1024}
         if mode == "ahead":
             result["ahead_s"] = summarised_ahead(base, profile_id)
+        cpu_before = sum(_cpu_s(p) for p in _tree(server.pid))
         result["paint"] = first_paint(browser, base, profile_id)
+        result["open_cpu_s"] = sum(_cpu_s(p) for p in _tree(server.pid)) - cpu_before
         if mode == "reopen":
             time.sleep(TIMELINE_AFTER_S)
         if mode != "cold":
@@ -461,7 +470,8 @@ def main() -> None:
         f"nothing cached (median of {len(cold_runs)}: {paints(cold_runs)}; every rank file "
         f"summarised while the page shows its progress, {cold['paint']['opens']:.0f} open "
         f"requests; {summaries_mb:.1f} MB of summaries for {profile_bytes / 1e6:.1f} MB of "
-        f"rank files)"
+        f"rank files); server CPU for the open {median_of(cold_runs, 'open_cpu_s'):.2f} s "
+        f"(median; the wall time it would take on an idle core)"
     )
     cold_timing, took = cold["paint"], steps["seconds"]
     print(

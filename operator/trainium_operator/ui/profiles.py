@@ -174,6 +174,8 @@ class LoadedEntry:
     composed: ComposedProfile | None
     recompose: Callable[[], ComposedProfile]
     composing: asyncio.Future[ComposedProfile] | None = None
+    # Summaries an open computed, stored in the cache after its answer (`store_summaries`).
+    unstored: list[tuple[str, RankSummary]] = field(default_factory=list)
     _document: dict[str, Any] | None = None
 
     @property
@@ -334,6 +336,7 @@ class ProfileStore:
     _pool_lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
     _opens_summarising: int = field(init=False, default=0)  # opens summarising rank files now
     _s3_listed: dict[str, S3Profile] = field(init=False, repr=False, default_factory=dict)
+    _storing: set[asyncio.Future[None]] = field(init=False, repr=False, default_factory=set)
 
     def __post_init__(self) -> None:
         self._decodes = asyncio.Semaphore(self.max_decodes)
@@ -534,8 +537,11 @@ class ProfileStore:
         *,
         progress: Progress | None = None,
         ahead: bool = False,
+        unstored: list[tuple[str, RankSummary]] | None = None,
     ) -> list[RankSummary]:
-        """Each rank file's summary: from the cache, or summarised now (and stored)."""
+        """Each rank file's summary: from the cache, or summarised now and stored (with
+        `unstored`, those summarised in this process are appended there instead, to be stored
+        once the open has answered: encoding and writing them is not on its path)."""
         known = identities or [file_identity(p) for p in paths]
         keys = [summary_key(ident, pts) for ident, pts in zip(known, points, strict=True)]
         found: dict[int, RankSummary] = {}
@@ -549,7 +555,10 @@ class ProfileStore:
         missing = [i for i in range(len(paths)) if i not in found]
         with self._summarising(counted=bool(missing) and not ahead):
             for i, summary, data in self._summarise(missing, paths, points, check, ahead=ahead):
-                self.cache.put(keys[i], data)
+                if data is None and unstored is not None:
+                    unstored.append((keys[i], summary))
+                else:
+                    self.cache.put(keys[i], to_bytes(summary) if data is None else data)
                 found[i] = summary
                 shown.done += 1
         return [found[i] for i in range(len(paths))]
@@ -582,18 +591,17 @@ class ProfileStore:
         check: Callable[[], None],
         *,
         ahead: bool = False,
-    ) -> Iterator[tuple[int, RankSummary, bytes]]:
-        """Each missing rank's summary and its stored bytes: in this process one file at a
-        time (the default: no worker start on an open's path, one rank's columns in memory at
-        once), or in a pool of `workers` processes."""
+    ) -> Iterator[tuple[int, RankSummary, bytes | None]]:
+        """Each missing rank's summary and, from a worker, its stored bytes: in this process
+        one file at a time (the default: no worker start on an open's path, one rank's columns
+        in memory at once), or in a pool of `workers` processes."""
         workers = 1 if self.workers is None else self.workers
         if workers <= 1 or len(missing) <= 1:
             for i in missing:
                 check()
                 if ahead:
                     self._give_way(check)
-                summary = rank_summary(paths[i], points[i])
-                yield i, summary, to_bytes(summary)
+                yield i, rank_summary(paths[i], points[i]), None
             return
         pool = self._pool(workers)
         waiting = iter(missing)
@@ -634,8 +642,11 @@ class ProfileStore:
             return self._executor
 
     async def aclose(self) -> None:
-        """Stops the background summaries, then the decode workers (the app's cleanup)."""
+        """Stops the background summaries, lets the summaries of finished opens be stored,
+        then stops the decode workers (the app's cleanup)."""
         await self.ahead.close()
+        if self._storing:
+            await asyncio.wait(set(self._storing))
         self.close()
 
     def close(self) -> None:
@@ -680,11 +691,21 @@ class ProfileStore:
             identities, file_identity(manifest_file) if manifest_file.is_file() else "none"
         )
 
+        unstored: list[tuple[str, RankSummary]] = []
+
         def recompose(
-            check: Callable[[], None] = lambda: None, progress: Progress | None = None
+            check: Callable[[], None] = lambda: None,
+            progress: Progress | None = None,
+            later: list[tuple[str, RankSummary]] | None = None,
         ) -> ComposedProfile:
             summaries = self._summaries(
-                paths, [()] * len(paths), check, identities, progress=progress, ahead=ahead
+                paths,
+                [()] * len(paths),
+                check,
+                identities,
+                progress=progress,
+                ahead=ahead,
+                unstored=later,
             )
             # A rank without sync points of its own is placed with its node peers' (same clock).
             pooled = node_sync_points(summaries)
@@ -697,6 +718,7 @@ class ProfileStore:
                     [pooled[summaries[i].node] for i in borrowing],
                     check,
                     ahead=ahead,
+                    unstored=later,
                 )
                 for i, summary in zip(borrowing, again, strict=True):
                     summaries[i] = summary
@@ -708,7 +730,7 @@ class ProfileStore:
         stored = self.cache.get_dashboard(document)
         composed = None
         if stored is None:  # else composed before from these very files: nothing to read
-            composed = recompose(check, shown)
+            composed = recompose(check, shown, None if ahead else unstored)
             dashboard = dashboard_of(composed.inputs)
             if isinstance(target, S3Profile):
                 dashboard["overview"]["path"] = str(target.location)  # not the local cache
@@ -716,7 +738,18 @@ class ProfileStore:
             self.cache.put_dashboard(document, stored)
         shown.phase = "done"
         # Composed again when the timeline first needs it (nothing to stop: it is no load).
-        return LoadedEntry(stored, composed, partial(recompose, lambda: None))
+        return LoadedEntry(stored, composed, partial(recompose, lambda: None), unstored=unstored)
+
+    def _stored(self, task: asyncio.Future[None]) -> None:
+        self._storing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("storing summaries failed: %s", task.exception())
+
+    def store_summaries(self, entry: LoadedEntry) -> None:
+        """Stores the summaries its open computed (in a thread, after the open answered)."""
+        while entry.unstored:
+            key, summary = entry.unstored.pop()
+            self.cache.put(key, to_bytes(summary))
 
     def _precompose(self, key: str, entry: LoadedEntry) -> None:
         """Composes a loaded profile's summaries for its timeline, unless it was let go."""
@@ -787,6 +820,10 @@ class ProfileStore:
                 slot.state, slot.entry = "loaded", entry
                 slot.events = entry.stored.events
                 self.memory.put(("profile", key), slot, entry.nbytes())
+                if entry.unstored:
+                    storing = asyncio.ensure_future(asyncio.to_thread(self.store_summaries, entry))
+                    self._storing.add(storing)
+                    storing.add_done_callback(self._stored)
                 if entry.composed is None:
                     asyncio.get_running_loop().call_later(
                         PRECOMPOSE_AFTER_S, self._precompose, key, entry
