@@ -117,7 +117,6 @@ class TimelineIndex:
             track_of = np.cumsum(track_of)
         self.track_of = track_of
         self.depth = self._rows(columns, order, category[order])
-        self.max_end = self._prefix_max_end()
         self.tracks = self._describe_tracks(keys)
 
     # Built when first asked for: a summary needs only the track list.
@@ -163,7 +162,9 @@ class TimelineIndex:
         result: I64 = np.maximum.accumulate(shifted) - segment * width + low
         return result
 
-    def _prefix_max_end(self) -> I64:
+    @cached_property
+    def max_end(self) -> I64:
+        """Per sorted position, the latest end on its track up to it (window lookups)."""
         return self._segment_prefix_max(self.end, self.track_of)
 
     def _describe_tracks(self, keys: I64) -> list[Track]:
