@@ -219,6 +219,30 @@ def test_a_cold_open_answers_its_progress_then_its_dashboard(
     run(create_app(root, workers=1, summarise_ahead=0), session)
 
 
+def test_a_cold_open_stores_its_summaries_after_it_answered(
+    root: Path, cache: SummaryCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    summarised = counting_summaries(monkeypatch)
+
+    async def session(client: TestClient[Any, Any], app: web.Application) -> None:
+        opened = await client.post(f"/api/profiles/open?id={PROFILE}", headers=POST)
+        while opened.status == 202:
+            opened = await client.post(f"/api/profiles/open?id={PROFILE}", headers=POST)
+        assert opened.status == 200
+
+    run(create_app(root, workers=1, summary_cache=cache, summarise_ahead=0), session)
+    assert cache.directory is not None
+    assert len(list(cache.directory.glob("*.summary"))) == 4  # stored by the time it stopped
+    assert len(summarised) == 4
+
+    async def timeline(client: TestClient[Any, Any], app: web.Application) -> None:
+        assert (await client.post(f"/api/profiles/open?id={PROFILE}", headers=POST)).status == 200
+        assert (await client.get(f"/api/tracks?id={PROFILE}")).status == 200
+
+    run(create_app(root, workers=1, summary_cache=cache, summarise_ahead=0), timeline)
+    assert len(summarised) == 4  # a restarted UI composed the timeline from the stored ones
+
+
 def test_an_open_of_an_unknown_profile_is_a_404(root: Path) -> None:
     async def session(client: TestClient[Any, Any], app: web.Application) -> None:
         response = await client.post("/api/profiles/open?id=team-a/nothing/0", headers=POST)
