@@ -555,7 +555,9 @@ class ProfileStore:
         missing = [i for i in range(len(paths)) if i not in found]
         with self._summarising(counted=bool(missing) and not ahead):
             for i, summary, data in self._summarise(missing, paths, points, check, ahead=ahead):
-                if data is None and unstored is not None:
+                if self.cache.directory is None:
+                    pass  # nothing is kept: nothing to encode
+                elif data is None and unstored is not None:
                     unstored.append((keys[i], summary))
                 else:
                     self.cache.put(keys[i], to_bytes(summary) if data is None else data)
