@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.analysis.loading import load_profile, read_manifest_or_default
 from trainium_operator.analysis.report import dashboard, dashboard_of
 from trainium_operator.analysis.summary import (
+    SECTION_FIELDS,
     SummaryError,
     compose,
     from_bytes,
@@ -60,7 +63,7 @@ def test_the_composed_track_list_is_the_whole_profile_s(profile: Path) -> None:
     "damage",
     [
         lambda data: data[: len(data) // 2],
-        lambda data: data.replace(b'"version": 1', b'"version": 99'),
+        lambda data: data.replace(b'"version": 2', b'"version": 99'),
         lambda data: b"not a summary",
     ],
 )
@@ -68,3 +71,40 @@ def test_a_damaged_or_foreign_stored_summary_is_refused(profile: Path, damage: o
     data = to_bytes(summarise_rank(discover_rank_files(profile)[0].path))
     with pytest.raises(SummaryError):
         from_bytes(damage(data))  # type: ignore[operator]
+
+
+def test_a_stored_summary_reads_back_in_its_fields_types_and_is_narrower(profile: Path) -> None:
+    summary = summarise_rank(discover_rank_files(profile)[0].path)
+    data = to_bytes(summary)
+    back = from_bytes(data)
+    for section in SECTION_FIELDS:
+        for name, values in getattr(summary, section).items():
+            stored = getattr(back, section)[name]
+            assert stored.dtype == values.dtype, (section, name)
+            assert np.array_equal(stored, values), (section, name)
+    assert np.array_equal(back.latency_ns, summary.latency_ns)
+    with np.load(io.BytesIO(data), allow_pickle=False) as stored:
+        widths = {key: stored[key].dtype.itemsize for key in stored.files}
+    assert widths["operations.duration_ns"] < 8  # narrowed columns, not 8 bytes a value
+    assert widths["busy.start_ns"] < 8  # an offset from the rank's first event
+
+
+@pytest.mark.parametrize(
+    ("column", "foreign"),
+    [
+        ("operations.duration_ns", np.zeros(3, dtype=np.float64)),
+        ("busy.start_ns", np.zeros((2, 2), dtype=np.int32)),
+        ("samples.kind", np.zeros(3, dtype=np.int16)),
+    ],
+)
+def test_a_stored_column_of_a_foreign_type_or_shape_is_refused(
+    profile: Path, column: str, foreign: np.ndarray
+) -> None:
+    data = to_bytes(summarise_rank(discover_rank_files(profile)[0].path))
+    with np.load(io.BytesIO(data), allow_pickle=False) as stored:
+        arrays = {key: stored[key] for key in stored.files}
+    arrays[column] = foreign
+    out = io.BytesIO()
+    np.savez(out, **arrays)
+    with pytest.raises(SummaryError, match=column):
+        from_bytes(out.getvalue())

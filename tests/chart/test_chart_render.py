@@ -467,6 +467,8 @@ def test_profile_ui_mounts_the_shared_claim_read_only(tmp_path: Path) -> None:
         "--summary-cache=/summaries",
         "--summary-cache-size=1536",
         "--memory-budget=512",
+        "--summarise-ahead=16",
+        "--summarise-written-every=15",
         "--list-jobs",
     ]
     assert {"name": "shared", "mountPath": "/data", "readOnly": True} in container["volumeMounts"]
@@ -515,6 +517,16 @@ def test_profile_ui_can_serve_an_s3_prefix_with_a_local_cache(tmp_path: Path) ->
     assert {v["name"] for v in pod["volumes"]} == {"cache", "summaries", "tmp"}, "no claim needed"
     account = one(manifests, "ServiceAccount", f"{FULLNAME}-profile-ui")
     assert account["metadata"]["annotations"] == role
+
+
+def test_profile_ui_summarising_of_written_profiles_can_be_sized_or_turned_off(
+    tmp_path: Path,
+) -> None:
+    values = {"profileUI": {"enabled": True, "summariseAhead": 4, "summariseWrittenSeconds": 0}}
+    deployment = one(render(values, tmp_path), "Deployment", f"{FULLNAME}-profile-ui")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert "--summarise-ahead=4" in container["args"]
+    assert "--summarise-written-every=0" in container["args"]
 
 
 def test_profile_ui_lists_only_the_watched_namespaces_when_its_rbac_is_per_namespace(
@@ -580,6 +592,8 @@ def test_a_misspelled_value_is_refused_naming_the_key(
         pytest.param("watchNamespaces[0]=Not_A_Namespace", id="namespace-name"),
         pytest.param("fsx.enabled=true", id="fsx-without-subnet"),
         pytest.param("profileUpload.s3Uri=my-bucket/profiles", id="s3-uri-without-scheme"),
+        pytest.param("profileUI.summariseWrittenSeconds=-1", id="negative-interval"),
+        pytest.param("profileUI.summariseAhead=-1", id="negative-queue"),
     ],
 )
 def test_an_invalid_value_is_refused_by_the_schema(flag: str, tmp_path: Path) -> None:

@@ -62,15 +62,15 @@ def counting_summaries(
 ) -> list[Path]:
     """Counts the rank files summarised; with `gate`, each waits for it to be set."""
     summarised: list[Path] = []
-    real = ui_profiles.summary_bytes
+    real = ui_profiles.rank_summary
 
-    def counted(path: Path, points: Any) -> bytes:
+    def counted(path: Path, points: Any) -> Any:
         if gate is not None:
             gate.wait(30)
         summarised.append(path)
         return real(path, points)
 
-    monkeypatch.setattr(ui_profiles, "summary_bytes", counted)
+    monkeypatch.setattr(ui_profiles, "rank_summary", counted)
     return summarised
 
 
@@ -217,6 +217,30 @@ def test_a_cold_open_answers_its_progress_then_its_dashboard(
         assert (await second.json())["overview"]["events"] > 0
 
     run(create_app(root, workers=1, summarise_ahead=0), session)
+
+
+def test_a_cold_open_stores_its_summaries_after_it_answered(
+    root: Path, cache: SummaryCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    summarised = counting_summaries(monkeypatch)
+
+    async def session(client: TestClient[Any, Any], app: web.Application) -> None:
+        opened = await client.post(f"/api/profiles/open?id={PROFILE}", headers=POST)
+        while opened.status == 202:
+            opened = await client.post(f"/api/profiles/open?id={PROFILE}", headers=POST)
+        assert opened.status == 200
+
+    run(create_app(root, workers=1, summary_cache=cache, summarise_ahead=0), session)
+    assert cache.directory is not None
+    assert len(list(cache.directory.glob("*.summary"))) == 4  # stored by the time it stopped
+    assert len(summarised) == 4
+
+    async def timeline(client: TestClient[Any, Any], app: web.Application) -> None:
+        assert (await client.post(f"/api/profiles/open?id={PROFILE}", headers=POST)).status == 200
+        assert (await client.get(f"/api/tracks?id={PROFILE}")).status == 200
+
+    run(create_app(root, workers=1, summary_cache=cache, summarise_ahead=0), timeline)
+    assert len(summarised) == 4  # a restarted UI composed the timeline from the stored ones
 
 
 def test_an_open_of_an_unknown_profile_is_a_404(root: Path) -> None:

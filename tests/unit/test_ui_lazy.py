@@ -49,13 +49,13 @@ async def load(client: TestClient[Any, Any], expect: int = 200) -> Any:
 
 def counting_summaries(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     summarised: list[Path] = []
-    real = ui_profiles.summary_bytes
+    real = ui_profiles.rank_summary
 
-    def counted(path: Path, points: Any) -> bytes:
+    def counted(path: Path, points: Any) -> Any:
         summarised.append(path)
         return real(path, points)
 
-    monkeypatch.setattr(ui_profiles, "summary_bytes", counted)
+    monkeypatch.setattr(ui_profiles, "rank_summary", counted)
     return summarised
 
 

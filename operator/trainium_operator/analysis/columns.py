@@ -24,6 +24,16 @@ U64 = npt.NDArray[np.uint64]
 F64 = npt.NDArray[np.float64]
 BoolArray = npt.NDArray[np.bool_]
 
+
+def kind_mask(kind: U8, kinds: Iterable[int]) -> BoolArray:
+    """Boolean mask of the entries of `kind` that are one of `kinds`: a 256-entry table
+    looked up per event (np.isin sorts both sides, several times slower on uint8 kinds)."""
+    table = np.zeros(256, dtype=np.bool_)
+    table[[int(k) for k in kinds]] = True
+    mask: BoolArray = table[kind]
+    return mask
+
+
 TimelineMapping = Callable[[int, "npt.NDArray[np.int64]"], "npt.NDArray[np.int64]"]
 
 DEVICE_BUSY_KINDS: tuple[EventKind, ...] = (
@@ -65,8 +75,7 @@ class EventColumns:
 
     def of_kind(self, *kinds: EventKind) -> BoolArray:
         """Boolean mask of the events whose kind is one of `kinds`."""
-        mask: BoolArray = np.isin(self.kind, np.array([int(k) for k in kinds], dtype=np.uint8))
-        return mask
+        return kind_mask(self.kind, kinds)
 
     def name_id(self, name: str) -> int:
         """Index of `name` in the string table, or -1 when no event has it."""

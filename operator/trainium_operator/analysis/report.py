@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from trainium_operator.analysis.columns import F64, EventColumns
+from trainium_operator.analysis.columns import F64, EventColumns, kind_mask
 from trainium_operator.analysis.loading import LoadedProfile, RankInfo, profile_warnings
 from trainium_operator.analysis.stats import (
     ActivityBreakdown,
@@ -72,11 +72,7 @@ class DashboardInputs:
 
 
 def device_event_count(columns: EventColumns) -> int:
-    return int(
-        np.count_nonzero(
-            np.isin(columns.kind, [int(k) for k in DEVICE_KINDS]) & (columns.device >= 0)
-        )
-    )
+    return int(np.count_nonzero(kind_mask(columns.kind, DEVICE_KINDS) & (columns.device >= 0)))
 
 
 def inputs_of(profile: LoadedProfile) -> DashboardInputs:

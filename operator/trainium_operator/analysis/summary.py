@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from trainium_operator.analysis.clock import monotonic_to_wall
-from trainium_operator.analysis.columns import DEVICE_BUSY_KINDS, EventColumns
+from trainium_operator.analysis.columns import DEVICE_BUSY_KINDS, EventColumns, kind_mask
 from trainium_operator.analysis.intervals import merge_grouped
 from trainium_operator.analysis.loading import (
     LoadedProfile,
@@ -47,8 +47,10 @@ from trainium_operator.analysis.timeline import TimelineIndex
 from trainium_operator.profiler.events import EventKind
 from trainium_operator.profiler.manifest import ProfileManifest
 
-SUMMARY_VERSION = 1
-"""Bumped whenever what a summary holds or means changes: older stored summaries are ignored."""
+SUMMARY_VERSION = 2
+"""Bumped whenever what a summary holds, means or how it is stored changes: older stored
+summaries are ignored. 2: each integer column in the narrowest type its values fit, start
+times as offsets from the rank's first event."""
 
 SAMPLE_KINDS = (EventKind.STEP, EventKind.CPU_UTIL, EventKind.ANNOTATION)
 OPERATION_KINDS = (EventKind.KERNEL, EventKind.HOST_OP, EventKind.MEMCPY, EventKind.COLLECTIVE)
@@ -210,8 +212,8 @@ def summarise_rank(path: Path, points: Sequence[tuple[int, int]] = ()) -> RankSu
     columns = _aligned(load.columns, used)
     header = load.header
     kinds = columns.kind
-    samples = np.isin(kinds, np.array([int(k) for k in SAMPLE_KINDS], dtype=np.uint8))
-    operations = np.isin(kinds, np.array([int(k) for k in OPERATION_KINDS], dtype=np.uint8))
+    samples = kind_mask(kinds, SAMPLE_KINDS)
+    operations = kind_mask(kinds, OPERATION_KINDS)
     activity = activity_breakdown(columns)
     pairs = _latency(columns)
     summary = RankSummary(
@@ -301,32 +303,61 @@ def _meta(summary: RankSummary) -> dict[str, Any]:
     }
 
 
+_NARROW_TYPES = tuple(np.dtype(t) for t in ("u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8"))
+"""What a stored integer column may be: each is widened to its field's type when read."""
+_OFFSET_FIELDS = frozenset({"start_ns"})  # stored as offsets from `first_ns` (fit 32 bits)
+
+
+def _narrowed(values: npt.NDArray[Any], base: int = 0) -> npt.NDArray[Any]:
+    """`values - base` in the narrowest integer type that holds them: most columns of a rank
+    (name ids, precisions, durations, offsets within a window) fit 1 to 4 bytes, not 8."""
+    if not values.size:
+        return values
+    shifted = values - np.asarray(base, dtype=values.dtype) if base else values
+    low, high = int(shifted.min()), int(shifted.max())
+    for dtype in _NARROW_TYPES[:-2]:
+        limits = np.iinfo(dtype)
+        if limits.min <= low and high <= limits.max:
+            return shifted.astype(dtype)
+    return shifted
+
+
 def to_bytes(summary: RankSummary) -> bytes:
+    """The summary as the UI's cache stores it: an uncompressed .npz of narrowed columns,
+    read back without inflating anything."""
+    base = summary.first_ns or 0
     arrays: dict[str, npt.NDArray[Any]] = {
         "meta": np.frombuffer(json.dumps(_meta(summary)).encode(), dtype=np.uint8),
-        "latency_ns": summary.latency_ns,
-        "latency_kernel": summary.latency_kernel,
+        "latency_ns": _narrowed(summary.latency_ns),
+        "latency_kernel": _narrowed(summary.latency_kernel),
     }
     for section in SECTION_FIELDS:
         for name, values in getattr(summary, section).items():
-            arrays[f"{section}.{name}"] = values
+            arrays[f"{section}.{name}"] = _narrowed(values, base if name in _OFFSET_FIELDS else 0)
     out = io.BytesIO()
     np.savez(out, **arrays)  # type: ignore[arg-type]
     return out.getvalue()
 
 
-def _array(stored: Any, key: str, dtype: np.dtype[Any]) -> npt.NDArray[Any]:
+def _array(stored: Any, key: str, dtype: np.dtype[Any], base: int = 0) -> npt.NDArray[Any]:
+    """A stored column widened to `dtype` (`base` added back to an offset column);
+    SummaryError for a missing one, or one of another shape or type than `to_bytes` writes."""
     if key not in stored.files:
         raise SummaryError(f"summary lacks {key}")
     values = stored[key]
-    if values.dtype != dtype or values.ndim != 1:
+    allowed = _NARROW_TYPES if dtype.kind in "iu" and dtype.itemsize > 1 else (dtype,)
+    if values.dtype not in allowed or values.ndim != 1:
         raise SummaryError(f"summary's {key} is {values.dtype}[{values.ndim}], not {dtype}[1]")
-    return np.asarray(values)
+    widened = np.asarray(values).astype(dtype, copy=False)
+    return widened + np.asarray(base, dtype=dtype) if base else widened
 
 
-def _checked_section(stored: Any, section: str, names: int) -> Section:
+def _checked_section(stored: Any, section: str, names: int, base: int) -> Section:
     arrays = {
-        name: _array(stored, f"{section}.{name}", _DTYPES[name]) for name in SECTION_FIELDS[section]
+        name: _array(
+            stored, f"{section}.{name}", _DTYPES[name], base if name in _OFFSET_FIELDS else 0
+        )
+        for name in SECTION_FIELDS[section]
     }
     if len({a.size for a in arrays.values()}) > 1:
         raise SummaryError(f"summary's {section} columns differ in length")
@@ -344,7 +375,8 @@ def from_bytes(data: bytes) -> RankSummary:
             if not isinstance(meta, dict) or meta.get("version") != SUMMARY_VERSION:
                 raise SummaryError("summary of another version")
             names = tuple(str(n) for n in meta["names"])
-            sections = {s: _checked_section(stored, s, len(names)) for s in SECTION_FIELDS}
+            base = int(meta["first_ns"] or 0)
+            sections = {s: _checked_section(stored, s, len(names), base) for s in SECTION_FIELDS}
             latency = _array(stored, "latency_ns", np.dtype("i8"))
             kernel = _array(stored, "latency_kernel", np.dtype("i4"))
     except SummaryError:

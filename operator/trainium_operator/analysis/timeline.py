@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from trainium_operator.analysis.columns import I64, EventColumns
+from trainium_operator.analysis.columns import I64, EventColumns, kind_mask
 from trainium_operator.analysis.loading import LoadedProfile
 from trainium_operator.analysis.stats import launch_pairs
 from trainium_operator.profiler.events import EventKind, Precision
@@ -66,10 +67,8 @@ class TimelineIndex:
         columns = profile.columns
         self.columns = columns
         kind = columns.kind
-        sample = np.isin(kind, np.array([int(k) for k in _SAMPLE_KINDS], dtype=np.uint8))
-        device = (columns.device >= 0) & np.isin(
-            kind, np.array([int(k) for k in _DEVICE_KINDS], dtype=np.uint8)
-        )
+        sample = kind_mask(kind, _SAMPLE_KINDS)
+        device = (columns.device >= 0) & kind_mask(kind, _DEVICE_KINDS)
         category = np.full(len(columns), HOST, dtype=np.int64)
         category[kind == EventKind.STEP] = STEPS
         category[device] = DEVICE
@@ -118,14 +117,24 @@ class TimelineIndex:
             track_of = np.cumsum(track_of)
         self.track_of = track_of
         self.depth = self._rows(columns, order, category[order])
-        self.max_end = self._prefix_max_end()
         self.tracks = self._describe_tracks(keys)
-        self.sorted_position = np.empty(order.size, dtype=np.int64)
-        self.sorted_position[order] = np.arange(order.size)
-        launches, kernels = launch_pairs(columns)
-        self.partner = np.full(order.size, -1, dtype=np.int64)
-        self.partner[self.sorted_position[launches]] = self.sorted_position[kernels]
-        self.partner[self.sorted_position[kernels]] = self.sorted_position[launches]
+
+    # Built when first asked for: a summary needs only the track list.
+    @cached_property
+    def sorted_position(self) -> I64:
+        """Column index -> sorted position."""
+        position = np.empty(self.order.size, dtype=np.int64)
+        position[self.order] = np.arange(self.order.size)
+        return position
+
+    @cached_property
+    def partner(self) -> I64:
+        """Sorted position -> its launch's kernel or its kernel's launch (-1: none)."""
+        launches, kernels = launch_pairs(self.columns)
+        partner = np.full(self.order.size, -1, dtype=np.int64)
+        partner[self.sorted_position[launches]] = self.sorted_position[kernels]
+        partner[self.sorted_position[kernels]] = self.sorted_position[launches]
+        return partner
 
     # ------------------------------------------------------------------ construction
 
@@ -153,7 +162,9 @@ class TimelineIndex:
         result: I64 = np.maximum.accumulate(shifted) - segment * width + low
         return result
 
-    def _prefix_max_end(self) -> I64:
+    @cached_property
+    def max_end(self) -> I64:
+        """Per sorted position, the latest end on its track up to it (window lookups)."""
         return self._segment_prefix_max(self.end, self.track_of)
 
     def _describe_tracks(self, keys: I64) -> list[Track]:

@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Collection, Iterator
+from collections.abc import AsyncIterator, Callable, Collection, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -41,7 +41,10 @@ from trainium_operator.ui.guards import (
     host_allowed,
 )
 from trainium_operator.ui.job_cache import JOB_LIST_TTL_S, SharedJobList
-from trainium_operator.ui.limits import DEFAULT_SUMMARISE_AHEAD
+from trainium_operator.ui.limits import (
+    DEFAULT_SUMMARISE_AHEAD,
+    DEFAULT_SUMMARISE_WRITTEN_EVERY_S,
+)
 from trainium_operator.ui.memory import DEFAULT_MEMORY_BUDGET, OverBudgetError
 from trainium_operator.ui.params import NS_LIMIT, ParameterError, clamped_int, int_set
 from trainium_operator.ui.profile_id import InvalidProfileIdError, ProfileId, layout_namespace
@@ -56,6 +59,7 @@ from trainium_operator.ui.profiles import (
     matches,
 )
 from trainium_operator.ui.summary_cache import SummaryCache
+from trainium_operator.ui.written import watch_written
 
 log = logging.getLogger(__name__)
 
@@ -470,6 +474,19 @@ async def authenticate(request: web.Request, handler: Any) -> web.StreamResponse
     return response
 
 
+def _watching_written(
+    store: ProfileStore, jobs: SharedJobList, interval: float
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def watching(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(watch_written(store, jobs, interval))
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return watching
+
+
 def create_app(
     root: str | Path,
     job_lister: JobLister | None = None,
@@ -482,6 +499,7 @@ def create_app(
     summary_cache: SummaryCache | None = None,
     memory_budget: int = DEFAULT_MEMORY_BUDGET,
     summarise_ahead: int = DEFAULT_SUMMARISE_AHEAD,
+    summarise_written_every: float = DEFAULT_SUMMARISE_WRITTEN_EVERY_S,
 ) -> web.Application:
     """The UI for profiles under `root`, a directory or an `s3://bucket/prefix` URI.
     `job_lister` lists the TrainingJobs (injected so this module never imports
@@ -492,7 +510,8 @@ def create_app(
     `summary_cache` keeps rank summaries across loads and restarts (None: in memory only, per
     load); `memory_budget` bounds the loaded profiles and decoded ranks held (bytes);
     `summarise_ahead` profiles a listing discovers may wait to be summarised in the background
-    (0: only when opened)."""
+    (0: only when opened); with a `job_lister`, every `summarise_written_every` seconds the
+    profiles the jobs' statuses show written are queued there too (`ui.written`; 0: not)."""
     app = web.Application(middlewares=[security_headers, request_guard, authenticate])
     store = ProfileStore.for_source(
         root,
@@ -508,7 +527,10 @@ def create_app(
         await store.aclose()
 
     app.on_cleanup.append(stop_workers)
-    app[JOBS_KEY] = _Jobs(None if job_lister is None else SharedJobList(job_lister, job_list_ttl))
+    shared_jobs = None if job_lister is None else SharedJobList(job_lister, job_list_ttl)
+    app[JOBS_KEY] = _Jobs(shared_jobs)
+    if shared_jobs is not None and summarise_written_every > 0 and summarise_ahead > 0:
+        app.cleanup_ctx.append(_watching_written(store, shared_jobs, summarise_written_every))
     app[SECURITY_KEY] = _Security(frozenset(allowed_hosts), access)
     app.router.add_get("/", index)
     app.router.add_get("/api/profiles", list_profiles)

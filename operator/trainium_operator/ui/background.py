@@ -95,10 +95,7 @@ class BackgroundSummaries:
         for item in found:
             if len(self.queued) >= self.max_queued:
                 break  # the rest is offered again by a later listing
-            if item.key in self.queued or self.running(item.key) or self.busy(item.key):
-                continue
-            previous = self._seen.get(item.key)
-            if not due(previous, item, now):
+            if not self.wants(item, now):
                 continue
             self._seen[item.key] = _Seen(item.fingerprint, item.finished, now)
             self.queued[item.key] = item
@@ -107,6 +104,12 @@ class BackgroundSummaries:
         if added and (self._task is None or self._task.done()):
             self._task = asyncio.get_running_loop().create_task(self._drain())
         return added
+
+    def wants(self, item: Discovered, now: float | None = None) -> bool:
+        """Whether `item` would be queued: not queued or running, not being opened, and due."""
+        if item.key in self.queued or self.running(item.key) or self.busy(item.key):
+            return False
+        return due(self._seen.get(item.key), item, self.clock() if now is None else now)
 
     def running(self, key: str) -> bool:
         return self._current is not None and self._current[0] == key

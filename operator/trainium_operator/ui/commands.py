@@ -15,6 +15,7 @@ from trainium_operator.analysis.commands import PROFILE_DIR
 from trainium_operator.ui.limits import (
     DEFAULT_MEMORY_BUDGET,
     DEFAULT_SUMMARISE_AHEAD,
+    DEFAULT_SUMMARISE_WRITTEN_EVERY_S,
     DEFAULT_SUMMARY_CACHE_BYTES,
 )
 
@@ -28,7 +29,15 @@ from trainium_operator.ui.limits import (
     help="Address to bind (0.0.0.0: every interface, e.g. in a pod).",
 )
 @click.option("--port", default=8265, show_default=True, type=int)
-@click.option("--workers", type=int, default=None, help="Decoding processes per load.")
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Processes that summarise a profile's rank files. Default 1: in the server's own "
+    "process, one file at a time (no process start on an open's path, one rank's events in "
+    "memory at once). More: a pool of that many worker processes, faster on a large profile "
+    "with spare cores, each adding its own memory (about 80 MiB) to the UI's.",
+)
 @click.option(
     "--list-jobs",
     is_flag=True,
@@ -93,6 +102,18 @@ from trainium_operator.ui.limits import (
     "0: a profile is summarised only when it is opened.",
 )
 @click.option(
+    "--summarise-written-every",
+    "summarise_written_every",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_SUMMARISE_WRITTEN_EVERY_S,
+    show_default=True,
+    help="With --list-jobs: seconds between two looks at the jobs' statuses for profiles "
+    "written since (rank files present; under S3, uploaded), which are then summarised ahead "
+    "as --summarise-ahead describes, so that a link to one opens from the cache; each look "
+    "reads the shared job list once and the newest 64 jobs' profile directories. 0: only "
+    "profiles the UI lists are summarised ahead.",
+)
+@click.option(
     "--memory-budget",
     "memory_budget_mib",
     type=click.IntRange(min=32),
@@ -124,6 +145,7 @@ def serve(
     summary_cache: Path | None,
     summary_cache_mib: int,
     summarise_ahead: int,
+    summarise_written_every: float,
     memory_budget_mib: int,
 ) -> None:
     """Serve the profile web UI for every profile under DIRECTORY or s3://bucket/prefix."""
@@ -168,6 +190,7 @@ def serve(
         summary_cache=SummaryCache(cache_dir, summary_cache_mib << 20),
         memory_budget=memory_budget_mib << 20,
         summarise_ahead=summarise_ahead,
+        summarise_written_every=summarise_written_every,
     )
     shown = directory.resolve() if isinstance(directory, Path) else directory
     mode = "Kubernetes authentication" if access is not None else "no authentication"

@@ -20,6 +20,7 @@ def job_info(item: dict[str, Any]) -> JobInfo:
     """One TrainingJob object as the UI lists it."""
     status = item.get("status") or {}
     profile = status.get("profile") or {}
+    on_demand = status.get("onDemandProfile") or {}
     return JobInfo(
         name=item["metadata"]["name"],
         namespace=item["metadata"]["namespace"],
@@ -27,6 +28,7 @@ def job_info(item: dict[str, Any]) -> JobInfo:
         status=status.get("phase") or "Pending",
         profile_path=profile.get("path"),
         profile_s3_uri=profile.get("s3Uri"),
+        on_demand_path=on_demand.get("path") if on_demand.get("state") == "Captured" else None,
         profiling=bool(((item.get("spec") or {}).get("profile") or {}).get("enabled")),
         live=job_live(status),
     )

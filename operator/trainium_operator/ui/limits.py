@@ -8,8 +8,12 @@ limit, since the server itself (about 120 MiB idle), a decode in flight and the 
 need the rest."""
 
 DEFAULT_SUMMARY_CACHE_BYTES = 2 << 30
-"""Bytes of rank summaries kept on disk (about 25 MB per million events)."""
+"""Bytes of rank summaries kept on disk (about 12 MB per million events)."""
 
 DEFAULT_SUMMARISE_AHEAD = 16
 """Discovered profiles that may wait to be summarised in the background before their first
 open (0: a profile is summarised only when it is opened)."""
+
+DEFAULT_SUMMARISE_WRITTEN_EVERY_S = 15.0
+"""Seconds between two looks at the TrainingJob list for profiles written since (with
+--list-jobs), which are then summarised ahead too (0: only listed profiles are)."""

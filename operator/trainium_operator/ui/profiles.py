@@ -1,8 +1,9 @@
 """Finding profiles under a directory or an S3 prefix and holding the loaded ones for the UI.
 
 Loading a profile reads its ranks' summaries (`analysis.summary`) from the UI's summary cache
-(`ui.summary_cache`), summarising only the rank files it has not seen in this version (in
-worker processes when `workers` > 1), and composes the dashboard from them; the timeline
+(`ui.summary_cache`), summarising only the rank files it has not seen in this version (in the
+server's process, one file at a time; in a pool of worker processes when `workers` > 1), and
+composes the dashboard from them; the timeline
 decodes a rank only when one of its tracks is shown (`ui.lazy_timeline`). A profile a listing
 discovers is summarised ahead, in the background (`ui.background`), so that its first open
 reads one stored dashboard; an open reports its progress while it summarises. Loaded profiles and
@@ -30,17 +31,15 @@ import multiprocessing
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Hashable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from trainium_operator.analysis.loading import (
-    ProfileLoadError,
-    default_workers,
-    read_manifest_or_default,
-)
+import numpy.ma  # noqa: F401  np.unique imports it on first use: at start, not on an open's path
+
+from trainium_operator.analysis.loading import ProfileLoadError, read_manifest_or_default
 from trainium_operator.analysis.report import annotation_of, dashboard_of
 from trainium_operator.analysis.s3store import S3Profile, S3ProfileSource
 from trainium_operator.analysis.summary import (
@@ -73,6 +72,7 @@ from trainium_operator.ui.summary_cache import (
 
 MAX_SEARCH_DEPTH = 8
 MAX_ON_DEMAND_SCANNED = 1024  # entries of one on-demand/ directory looked at (a tenant's)
+MAX_JOBS_EXAMINED = 64  # newest jobs whose profiles one round of `written` looks at
 MAX_CONCURRENT_DECODES = 2  # profile loads at once (each summarises its ranks' files)
 MAX_CONCURRENT_RANK_DECODES = 2  # ranks decoded for the timeline at once
 # A rank decoded for the timeline holds its columns (~61 B/event) and their index (~80 B/event).
@@ -94,6 +94,7 @@ class JobInfo:
     status: str
     profile_path: str | None = None  # status.profile.path, when the job has written one
     profile_s3_uri: str | None = None  # status.profile.s3Uri, once its upload is complete
+    on_demand_path: str | None = None  # status.onDemandProfile.path, once Captured
     profiling: bool = True  # spec.profile.enabled
     live: JobLive = field(default_factory=JobLive)  # progress and health from its status
 
@@ -173,6 +174,8 @@ class LoadedEntry:
     composed: ComposedProfile | None
     recompose: Callable[[], ComposedProfile]
     composing: asyncio.Future[ComposedProfile] | None = None
+    # Summaries an open computed, stored in the cache after its answer (`store_summaries`).
+    unstored: list[tuple[str, RankSummary]] = field(default_factory=list)
     _document: dict[str, Any] | None = None
 
     @property
@@ -194,8 +197,13 @@ def ready_annotations(composed: ComposedProfile, dashboard: dict[str, Any]) -> d
 
 
 def summary_bytes(path: Path, points: Sequence[tuple[int, int]]) -> bytes:
-    """A rank's summary as stored (runs in a decode worker process, or a thread)."""
+    """A rank's summary as stored (runs in a decode worker process)."""
     return to_bytes(summarise_rank(path, points))
+
+
+def rank_summary(path: Path, points: Sequence[tuple[int, int]]) -> RankSummary:
+    """A rank's summary, in this process (a thread of the server)."""
+    return summarise_rank(path, points)
 
 
 @dataclass
@@ -328,6 +336,7 @@ class ProfileStore:
     _pool_lock: threading.Lock = field(init=False, repr=False, default_factory=threading.Lock)
     _opens_summarising: int = field(init=False, default=0)  # opens summarising rank files now
     _s3_listed: dict[str, S3Profile] = field(init=False, repr=False, default_factory=dict)
+    _storing: set[asyncio.Future[None]] = field(init=False, repr=False, default_factory=set)
 
     def __post_init__(self) -> None:
         self._decodes = asyncio.Semaphore(self.max_decodes)
@@ -425,6 +434,40 @@ class ProfileStore:
         found += [Discovered(key) for key in job_ids]
         self.ahead.offer(found)
 
+    def written(self, jobs: Sequence[JobInfo], limit: int) -> list[Discovered]:
+        """The profiles that the first MAX_JOBS_EXAMINED jobs' statuses name, that hold rank
+        files (a window written) and that the summarise-ahead queue wants (not summarised
+        since they changed), in the jobs' order (newest first), at most `limit`: what
+        `ui.written` offers. A directory's profile carries the same fingerprint as its listing
+        row, so the two never disagree about a change; an S3 profile is named only once its
+        upload is complete. Runs in a thread: it looks at the named directories' files."""
+        found: list[Discovered] = []
+        for job in jobs[:MAX_JOBS_EXAMINED]:
+            named = [self.id_for(job.profile_path, job.profile_s3_uri)]
+            if self.s3 is None and job.on_demand_path:
+                named.append(self.id_for(job.on_demand_path, None))
+            for key in named:
+                if len(found) >= limit:
+                    return found
+                if key is None or any(item.key == key for item in found):
+                    continue
+                item = self._written_item(key)
+                if item is not None and self.ahead.wants(item):
+                    found.append(item)
+        return found
+
+    def _written_item(self, key: str) -> Discovered | None:
+        if self.s3 is not None:
+            return Discovered(key)
+        try:
+            path = self.resolve(key)
+        except UnknownProfileError:
+            return None  # removed since
+        row = _row_or_error(key, str(path), partial(_dir_row, self.root, path))
+        if not row["loadable"] or not row["ranks"] or row.get("error"):
+            return None  # no window written yet
+        return Discovered(key, (row["ranks"], row["bytes"]), bool(row["finished"]))
+
     def _build_ahead(
         self, target: Path | S3Profile, stop: threading.Event, progress: Progress
     ) -> None:
@@ -494,8 +537,11 @@ class ProfileStore:
         *,
         progress: Progress | None = None,
         ahead: bool = False,
+        unstored: list[tuple[str, RankSummary]] | None = None,
     ) -> list[RankSummary]:
-        """Each rank file's summary: from the cache, or summarised now (and stored)."""
+        """Each rank file's summary: from the cache, or summarised now and stored (with
+        `unstored`, those summarised in this process are appended there instead, to be stored
+        once the open has answered: encoding and writing them is not on its path)."""
         known = identities or [file_identity(p) for p in paths]
         keys = [summary_key(ident, pts) for ident, pts in zip(known, points, strict=True)]
         found: dict[int, RankSummary] = {}
@@ -508,9 +554,14 @@ class ProfileStore:
                 shown.done += 1
         missing = [i for i in range(len(paths)) if i not in found]
         with self._summarising(counted=bool(missing) and not ahead):
-            for i, data in self._summarise(missing, paths, points, check, ahead=ahead):
-                self.cache.put(keys[i], data)
-                found[i] = from_bytes(data)
+            for i, summary, data in self._summarise(missing, paths, points, check, ahead=ahead):
+                if self.cache.directory is None:
+                    pass  # nothing is kept: nothing to encode
+                elif data is None and unstored is not None:
+                    unstored.append((keys[i], summary))
+                else:
+                    self.cache.put(keys[i], to_bytes(summary) if data is None else data)
+                found[i] = summary
                 shown.done += 1
         return [found[i] for i in range(len(paths))]
 
@@ -542,14 +593,17 @@ class ProfileStore:
         check: Callable[[], None],
         *,
         ahead: bool = False,
-    ) -> Any:
-        workers = default_workers() if self.workers is None else self.workers
+    ) -> Iterator[tuple[int, RankSummary, bytes | None]]:
+        """Each missing rank's summary and, from a worker, its stored bytes: in this process
+        one file at a time (the default: no worker start on an open's path, one rank's columns
+        in memory at once), or in a pool of `workers` processes."""
+        workers = 1 if self.workers is None else self.workers
         if workers <= 1 or len(missing) <= 1:
             for i in missing:
                 check()
                 if ahead:
                     self._give_way(check)
-                yield i, summary_bytes(paths[i], points[i])
+                yield i, rank_summary(paths[i], points[i]), None
             return
         pool = self._pool(workers)
         waiting = iter(missing)
@@ -575,7 +629,8 @@ class ProfileStore:
                     if ahead:
                         self._give_way(check)
                     submit()
-                    yield i, future.result()
+                    data = future.result()
+                    yield i, from_bytes(data), data
         finally:
             for future in futures:
                 future.cancel()  # an unload or a refused file: the rest is not started
@@ -589,8 +644,11 @@ class ProfileStore:
             return self._executor
 
     async def aclose(self) -> None:
-        """Stops the background summaries, then the decode workers (the app's cleanup)."""
+        """Stops the background summaries, lets the summaries of finished opens be stored,
+        then stops the decode workers (the app's cleanup)."""
         await self.ahead.close()
+        if self._storing:
+            await asyncio.wait(set(self._storing))
         self.close()
 
     def close(self) -> None:
@@ -635,11 +693,21 @@ class ProfileStore:
             identities, file_identity(manifest_file) if manifest_file.is_file() else "none"
         )
 
+        unstored: list[tuple[str, RankSummary]] = []
+
         def recompose(
-            check: Callable[[], None] = lambda: None, progress: Progress | None = None
+            check: Callable[[], None] = lambda: None,
+            progress: Progress | None = None,
+            later: list[tuple[str, RankSummary]] | None = None,
         ) -> ComposedProfile:
             summaries = self._summaries(
-                paths, [()] * len(paths), check, identities, progress=progress, ahead=ahead
+                paths,
+                [()] * len(paths),
+                check,
+                identities,
+                progress=progress,
+                ahead=ahead,
+                unstored=later,
             )
             # A rank without sync points of its own is placed with its node peers' (same clock).
             pooled = node_sync_points(summaries)
@@ -652,6 +720,7 @@ class ProfileStore:
                     [pooled[summaries[i].node] for i in borrowing],
                     check,
                     ahead=ahead,
+                    unstored=later,
                 )
                 for i, summary in zip(borrowing, again, strict=True):
                     summaries[i] = summary
@@ -663,7 +732,7 @@ class ProfileStore:
         stored = self.cache.get_dashboard(document)
         composed = None
         if stored is None:  # else composed before from these very files: nothing to read
-            composed = recompose(check, shown)
+            composed = recompose(check, shown, None if ahead else unstored)
             dashboard = dashboard_of(composed.inputs)
             if isinstance(target, S3Profile):
                 dashboard["overview"]["path"] = str(target.location)  # not the local cache
@@ -671,7 +740,18 @@ class ProfileStore:
             self.cache.put_dashboard(document, stored)
         shown.phase = "done"
         # Composed again when the timeline first needs it (nothing to stop: it is no load).
-        return LoadedEntry(stored, composed, partial(recompose, lambda: None))
+        return LoadedEntry(stored, composed, partial(recompose, lambda: None), unstored=unstored)
+
+    def _stored(self, task: asyncio.Future[None]) -> None:
+        self._storing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("storing summaries failed: %s", task.exception())
+
+    def store_summaries(self, entry: LoadedEntry) -> None:
+        """Stores the summaries its open computed (in a thread, after the open answered)."""
+        while entry.unstored:
+            key, summary = entry.unstored.pop()
+            self.cache.put(key, to_bytes(summary))
 
     def _precompose(self, key: str, entry: LoadedEntry) -> None:
         """Composes a loaded profile's summaries for its timeline, unless it was let go."""
@@ -742,6 +822,10 @@ class ProfileStore:
                 slot.state, slot.entry = "loaded", entry
                 slot.events = entry.stored.events
                 self.memory.put(("profile", key), slot, entry.nbytes())
+                if entry.unstored:
+                    storing = asyncio.ensure_future(asyncio.to_thread(self.store_summaries, entry))
+                    self._storing.add(storing)
+                    storing.add_done_callback(self._stored)
                 if entry.composed is None:
                     asyncio.get_running_loop().call_later(
                         PRECOMPOSE_AFTER_S, self._precompose, key, entry
