@@ -15,13 +15,13 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from support.synthetic import SyntheticSpec, write_synthetic_profile
 from trainium_operator.profiler.manifest import MANIFEST_NAME
-from trainium_operator.ui import profiles as ui_profiles
 from trainium_operator.ui.app import STORE_KEY, create_app
 from trainium_operator.ui.guards import CSRF_HEADER
 from trainium_operator.ui.jobs import job_info
 from trainium_operator.ui.profiles import JobInfo, ProfileStore
 from trainium_operator.ui.summary_cache import SummaryCache, checked_directory
 from trainium_operator.ui.written import offer_written
+from unit.test_ui_lazy import counting_summaries
 
 SMALL = SyntheticSpec(nodes=1, ranks_per_node=2, steps=3, detailed_steps=(1, 1), kernels_per_step=4)
 POST = {CSRF_HEADER: "1"}
@@ -46,18 +46,6 @@ def written(root: Path, key: str) -> str:
 
 def job(name: str, profile: str | None, created: str = "2026-01-01T00:00:00Z") -> JobInfo:
     return JobInfo(name, "team-a", created, "Running", profile_path=profile)
-
-
-def counting_summaries(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    summarised: list[Path] = []
-    real = ui_profiles.rank_summary
-
-    def counted(path: Path, points: Any) -> Any:
-        summarised.append(path)
-        return real(path, points)
-
-    monkeypatch.setattr(ui_profiles, "rank_summary", counted)
-    return summarised
 
 
 def run(app: web.Application, session: Any) -> None:
