@@ -486,9 +486,13 @@ class PodWatch:
         timeout: float,
         on_all_pods: Callable[[], None] | None = None,
         on_gangs_running: Callable[[], None] | None = None,
+        only_expected: bool = False,
     ):
         self.namespace = namespace
         self.expected = set(expected)
+        # Count only the expected pods towards the gangs (a restart's new attempt beside the
+        # old gang, still Running when the watch opens).
+        self.only_expected = only_expected
         self.gang_label = gang_label
         self.gang_size = gang_size
         self.gangs = gangs
@@ -530,6 +534,8 @@ class PodWatch:
         now = time.monotonic()
         meta = pod.get("metadata") or {}
         name = meta.get("name", "")
+        if self.only_expected and name not in self.expected:
+            return False
         if self.first_pod is None and (not self.expected or name in self.expected):
             self.first_pod = now
         if name in self.expected and name not in self.seen:
@@ -665,9 +671,9 @@ def wait_server_quiet(bench: Bench, identity: kubeflow_peer.Identity) -> tuple[i
 
 
 class Operator(kubeflow_peer.LoggedProcess):
-    def __init__(self, bench: Bench, namespace: str, label: str):
+    def __init__(self, bench: Bench, namespace: str, label: str, *extra: str):
         self.port = free_port()
-        flags = ("--metrics-port", str(self.port), "--workers", str(WORKERS))
+        flags = ("--metrics-port", str(self.port), "--workers", str(WORKERS), *extra)
         command = operator_command(bench.ours.kubeconfig, namespace, *flags)
         super().__init__("the operator", command, bench.log_dir / f"operator-{label}.log")
 
@@ -845,6 +851,7 @@ def direct_sample(
     workers: int,
     *,
     gated: bool = False,
+    clear: bool = True,
 ) -> DirectSample:
     """The same objects the operator creates, from `workers` threads of a plain client. With
     `gated`, each job's pods are held until a PodGroup watch shows Volcano admitted its group
@@ -895,7 +902,8 @@ def direct_sample(
                     pending |= {pool.submit(create, obj) for obj in future.result()}
     client_seconds = time.monotonic() - started
     times = pod_watch.wait(started, stall=STALL_SECONDS if admissions is not None else None)
-    clear_namespace(bench, namespace)
+    if clear:
+        clear_namespace(bench, namespace)
     _echo(
         f"  direct x{workers}{' gated' if gated else ''}: {scenario.pods} pods in "
         f"{_seconds(times.all_pods)}, gangs Running {times.gangs_running:.2f}s"
