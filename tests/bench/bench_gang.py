@@ -192,14 +192,18 @@ class SizeResult:
             return [v for v in values if v is not None]
 
         rows = []
-        for label, what in (
-            ("first pod", "first_pod"),
-            ("all pods", "all_pods"),
-            ("all Running", "gangs_running"),
+        # Targets on the three figures; the PodGroup's admission and the last bind (limit 0:
+        # no verdict) say where the time between them went.
+        for label, what, limit in (
+            ("PodGroup admitted", "admitted", 0.0),
+            ("first pod", "first_pod", TARGET),
+            ("all pods", "all_pods", TARGET),
+            ("all bound", "all_bound", 0.0),
+            ("all Running", "gangs_running", TARGET),
         ):
             direct = pick(self.direct, what)
-            rows.append(Row(f"warm job, {label}", pick(self.warm, what), direct, "direct"))
-            rows.append(Row(f"first job, {label}", pick(self.fresh, what), direct, "direct"))
+            rows.append(Row(f"warm job, {label}", pick(self.warm, what), direct, "direct", limit))
+            rows.append(Row(f"first job, {label}", pick(self.fresh, what), direct, "direct", limit))
             if self.kubeflow:
                 rows.append(
                     Row(f"Kubeflow, {label}", pick(self.kubeflow, what), direct, "direct", 0)
@@ -278,10 +282,20 @@ def restart(bench: bo.Bench, namespace: str, pods: set[str], nodes: int) -> floa
         timeout=gang_scenario(nodes).timeout,
         only_expected=True,
     )
+    old = PodsGone(bench, namespace, _job_of(pods))
     victim = sorted(pods)[len(pods) // 2]
     started = time.monotonic()
     sim.simulate_pod_outcome(bench.clients.core, namespace, victim, succeeded=False, exit_code=1)
-    return watch.wait(started).gangs_running
+    times = watch.wait(started)
+    old_gone = old.wait(started)
+    _echo(f"  restart: old gang gone {old_gone:.2f}s, new gang {_times(times)}")
+    return times.gangs_running
+
+
+def _job_of(pods: set[str]) -> str:
+    match = _POD_NAME.match(next(iter(pods)))
+    assert match is not None
+    return match["job"]
 
 
 class PodsGone:
@@ -395,7 +409,7 @@ def run_pair(
     health_port = bo.free_port()
     extra = ["--liveness-endpoint", f"http://127.0.0.1:{health_port}/healthz"]
     if verbose:
-        extra.append("--verbose")
+        extra += ["--verbose", "--log-format", "json"]
     spawned = time.monotonic()
     operator = bo.Operator(bench, op_ns, f"gang{nodes}-pair{index}", *extra)
     try:
@@ -416,6 +430,7 @@ def run_pair(
             bench, direct_ns, gang_scenario(nodes), prefix, DIRECT_THREADS, gated=True, clear=False
         )
         result.direct.append(sample.times)
+        _echo(f"  pair {index}: direct {_times(sample.times)}")
         desync()
         result.delete_direct.append(delete_direct(bench, direct_ns, f"{prefix}-0000"))
         _echo(f"  pair {index}: direct delete {result.delete_direct[-1]:.2f}s")
@@ -442,7 +457,8 @@ def run_pair(
 
 def _times(times: bo.Times) -> str:
     return (
-        f"first pod {times.first_pod:.2f}s, all pods {bo._seconds(times.all_pods)}, "
+        f"admitted {bo._seconds(times.admitted)}, first pod {times.first_pod:.2f}s, all pods "
+        f"{bo._seconds(times.all_pods)}, all bound {bo._seconds(times.all_bound)}, "
         f"Running {times.gangs_running:.2f}s"
     )
 

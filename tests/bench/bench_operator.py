@@ -186,6 +186,9 @@ class Times:
     # operators create a gang's pods only after it, so all_pods - admitted is their own share
     # (Volcano's 1 s scheduling period makes the time before it vary by up to a second).
     admitted: float | None = None
+    # When every expected pod was first seen bound to a node (spec.nodeName): between all pods
+    # and this is the scheduler's binding, after it KWOK's (the kubelet's) start.
+    all_bound: float | None = None
 
     @property
     def pods_after_admission(self) -> float | None:
@@ -503,6 +506,8 @@ class PodWatch:
         self.all_pods_at: float | None = None
         self.last_new = time.monotonic()  # when the last expected pod first appeared
         self.gangs_at: float | None = None
+        self.bound: set[str] = set()
+        self.all_bound_at: float | None = None
         self.done = threading.Event()
         self.error: BaseException | None = None
         self._hooks = {"pods": on_all_pods, "gangs": on_gangs_running}
@@ -544,6 +549,10 @@ class PodWatch:
             if len(self.seen) == len(self.expected) and self.all_pods_at is None:
                 self.all_pods_at = now
                 self._hook("pods")
+        if name in self.expected and (pod.get("spec") or {}).get("nodeName"):
+            self.bound.add(name)
+            if len(self.bound) == len(self.expected) and self.all_bound_at is None:
+                self.all_bound_at = now
         gang = (meta.get("labels") or {}).get(self.gang_label)
         if gang and (pod.get("status") or {}).get("phase") == "Running":
             pods = self.running.setdefault(gang, {})
@@ -611,6 +620,7 @@ class PodWatch:
             all_pods=None if self.all_pods_at is None else self.all_pods_at - started,
             gangs_running=self.gangs_at - started,
             admitted=None if admitted is None else admitted - started,
+            all_bound=None if self.all_bound_at is None else self.all_bound_at - started,
         )
 
 
