@@ -282,8 +282,9 @@ def restart(bench: bo.Bench, namespace: str, pods: set[str], nodes: int) -> floa
         timeout=gang_scenario(nodes).timeout,
         only_expected=True,
     )
-    old = PodsGone(bench, namespace, _job_of(pods))
     victim = sorted(pods)[len(pods) // 2]
+    # The failed rank's pod stays for its logs; the others go before the new gang starts.
+    old = PodsGone(bench, namespace, _job_of(pods), ignore=frozenset({victim}))
     started = time.monotonic()
     sim.simulate_pod_outcome(bench.clients.core, namespace, victim, succeeded=False, exit_code=1)
     times = watch.wait(started)
@@ -301,11 +302,13 @@ def _job_of(pods: set[str]) -> str:
 class PodsGone:
     """Times until every pod of one job is gone, from a watch opened before the delete."""
 
-    def __init__(self, bench: bo.Bench, namespace: str, job: str):
+    def __init__(
+        self, bench: bo.Bench, namespace: str, job: str, ignore: frozenset[str] = frozenset()
+    ):
         core = bench.clients.core
         selector = f"{bo.JOB_LABEL}={job}"
         listed = core.list_namespaced_pod(namespace, label_selector=selector)
-        self.left = {pod.metadata.name for pod in listed.items}
+        self.left = {pod.metadata.name for pod in listed.items} - ignore
         self.gone_at: float | None = None if self.left else time.monotonic()
         self.done = threading.Event()
         self._response = core.list_namespaced_pod(
