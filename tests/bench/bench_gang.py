@@ -50,6 +50,7 @@ import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -263,9 +264,11 @@ def ours_gang(bench: bo.Bench, namespace: str, name: str, nodes: int) -> tuple[b
     job = bo.training_job(name, nodes)
     expected = bo.expected_pods([job], namespace)
     watch = bo.watch_jobs(bench, namespace, gang_scenario(nodes), expected, bo.JOB_LABEL)
+    wall = datetime.now(UTC)
     started = bo.create_all(
         bench, namespace, (spec_model.GROUP, spec_model.VERSION, spec_model.PLURAL), [job]
     )
+    _echo(f"  {name} created at {wall:%H:%M:%S.%f}")
     return watch.wait(started), expected
 
 
@@ -285,11 +288,23 @@ def restart(bench: bo.Bench, namespace: str, pods: set[str], nodes: int) -> floa
     victim = sorted(pods)[len(pods) // 2]
     # The failed rank's pod stays for its logs; the others go before the new gang starts.
     old = PodsGone(bench, namespace, _job_of(pods), ignore=frozenset({victim}))
-    started = time.monotonic()
-    sim.simulate_pod_outcome(bench.clients.core, namespace, victim, succeeded=False, exit_code=1)
+    core = bench.clients.core
+    started, wall = time.monotonic(), datetime.now(UTC)
+    sim.simulate_pod_outcome(core, namespace, victim, succeeded=False, exit_code=1)
+    failed = sim.wait_for(
+        lambda: core.read_namespaced_pod(victim, namespace).status.phase,
+        until=lambda phase: phase == "Failed",
+        timeout=60,
+        description=f"{victim} Failed",
+        interval=0.05,
+    )
+    failed_after = time.monotonic() - started
     times = watch.wait(started)
     old_gone = old.wait(started)
-    _echo(f"  restart: old gang gone {old_gone:.2f}s, new gang {_times(times)}")
+    _echo(
+        f"  restart at {wall:%H:%M:%S.%f}: rank {failed}: {failed_after:.2f}s, old gang gone "
+        f"{old_gone:.2f}s, new gang {_times(times)}"
+    )
     return times.gangs_running
 
 
