@@ -259,8 +259,12 @@ def gang_pods(name: str, nodes: int, namespace: str) -> set[str]:
     return bo.expected_pods([bo.training_job(name, nodes)], namespace)
 
 
-def ours_gang(bench: bo.Bench, namespace: str, name: str, nodes: int) -> tuple[bo.Times, set[str]]:
-    """Creates one TrainingJob and times its gang (the operator must be watching)."""
+def ours_gang(
+    bench: bo.Bench, operator: bo.Operator, namespace: str, name: str, nodes: int
+) -> tuple[bo.Times, set[str]]:
+    """Creates one TrainingJob and times its gang (the operator must be watching); echoes
+    the operator's passes and requests until then."""
+    before = operator.scrape()
     job = bo.training_job(name, nodes)
     expected = bo.expected_pods([job], namespace)
     watch = bo.watch_jobs(bench, namespace, gang_scenario(nodes), expected, bo.JOB_LABEL)
@@ -269,7 +273,10 @@ def ours_gang(bench: bo.Bench, namespace: str, name: str, nodes: int) -> tuple[b
         bench, namespace, (spec_model.GROUP, spec_model.VERSION, spec_model.PLURAL), [job]
     )
     _echo(f"  {name} created at {wall:%H:%M:%S.%f}")
-    return watch.wait(started), expected
+    times = watch.wait(started)
+    spent = operator.scrape().minus(before)
+    _echo(f"  {name}: {spent.reconciles} passes, requests {bo._requests_line(spent.requests)}")
+    return times, expected
 
 
 def restart(bench: bo.Bench, namespace: str, pods: set[str], nodes: int) -> float:
@@ -326,32 +333,41 @@ class PodsGone:
         self.left = {pod.metadata.name for pod in listed.items} - ignore
         self.gone_at: float | None = None if self.left else time.monotonic()
         self.done = threading.Event()
-        self._response = core.list_namespaced_pod(
-            namespace,
-            label_selector=selector,
-            watch=True,
-            resource_version=listed.metadata.resource_version,
-            timeout_seconds=int(GONE_TIMEOUT) + 30,
-            _preload_content=False,
-        )
+        self._version = listed.metadata.resource_version
+        self._deadline = time.monotonic() + GONE_TIMEOUT
+
+        def open_watch() -> Any:
+            return core.list_namespaced_pod(
+                namespace,
+                label_selector=selector,
+                watch=True,
+                resource_version=self._version,
+                timeout_seconds=int(GONE_TIMEOUT) + 30,
+                _preload_content=False,
+            )
+
+        self._open = open_watch
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         with contextlib.suppress(Exception):
-            if self.gone_at is None:
-                for line in iter_resp_lines(self._response):
+            # Reopened from the last event seen when the API server ends the watch early.
+            while self.gone_at is None and time.monotonic() < self._deadline:
+                response = self._open()
+                for line in iter_resp_lines(response):
                     if not line:
                         continue
                     event = json.loads(line)
+                    self._version = event["object"]["metadata"]["resourceVersion"]
                     if event.get("type") == "DELETED":
                         self.left.discard(event["object"]["metadata"]["name"])
                         if not self.left:
                             self.gone_at = time.monotonic()
                             break
+                with contextlib.suppress(Exception):
+                    response.close()
         self.done.set()
-        with contextlib.suppress(Exception):
-            self._response.close()
 
     def wait(self, started: float) -> float:
         self.done.wait(GONE_TIMEOUT)
@@ -434,7 +450,7 @@ def run_pair(
         wait_healthz(operator, health_port)
         result.ready.append(time.monotonic() - spawned)
         desync()
-        times, _ = ours_gang(bench, op_ns, f"fresh{index}", nodes)
+        times, _ = ours_gang(bench, operator, op_ns, f"fresh{index}", nodes)
         result.fresh.append(times)
         _echo(f"  pair {index}: ours fresh {_times(times)}")
         desync()
@@ -455,7 +471,7 @@ def run_pair(
         bo.clear_namespace(bench, direct_ns)
 
         desync()
-        times, pods = ours_gang(bench, op_ns, f"warm{index}", nodes)
+        times, pods = ours_gang(bench, operator, op_ns, f"warm{index}", nodes)
         result.warm.append(times)
         _echo(f"  pair {index}: ours warm {_times(times)}")
         desync()

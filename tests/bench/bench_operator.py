@@ -516,16 +516,24 @@ class PodWatch:
         listed = clients.core.list_namespaced_pod(namespace)
         for pod in listed.items:
             self._saw(clients.api_client.sanitize_for_serialization(pod))
-        self._response = clients.core.list_namespaced_pod(
-            namespace,
-            watch=True,
-            resource_version=listed.metadata.resource_version,
-            allow_watch_bookmarks=False,
-            timeout_seconds=int(timeout) + 30,
-            _preload_content=False,
-        )
+        self._clients = clients
+        self._version = listed.metadata.resource_version
+        self._deadline = time.monotonic() + timeout
+        self._stopped = False
+        self.reopened = 0  # watches the API server ended early (a slow reader under load)
+        self._response = self._open()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
+
+    def _open(self) -> Any:
+        return self._clients.core.list_namespaced_pod(
+            self.namespace,
+            watch=True,
+            resource_version=self._version,
+            allow_watch_bookmarks=False,
+            timeout_seconds=int(self.timeout) + 30,
+            _preload_content=False,
+        )
 
     def _hook(self, which: str) -> None:
         hook = self._hooks[which]
@@ -569,16 +577,24 @@ class PodWatch:
         try:
             if self.gangs_at is not None and (not self.expected or self.all_pods_at):
                 return
-            for line in iter_resp_lines(self._response):
-                if not line:
-                    continue
-                event = json.loads(line)
-                if event.get("type") == "ERROR":
-                    raise RuntimeError(f"watch error: {event.get('object')}")
-                if event.get("type") == "DELETED":
-                    continue
-                if self._saw(event["object"]):
-                    break
+            while True:
+                for line in iter_resp_lines(self._response):
+                    if not line:
+                        continue
+                    event = json.loads(line)
+                    if event.get("type") == "ERROR":
+                        raise RuntimeError(f"watch error: {event.get('object')}")
+                    self._version = event["object"]["metadata"]["resourceVersion"]
+                    if event.get("type") == "DELETED":
+                        continue
+                    if self._saw(event["object"]):
+                        return
+                # The API server ends a watch whose reader falls behind (a loaded machine):
+                # go on from the last event seen.
+                if self._stopped or time.monotonic() > self._deadline:
+                    return
+                self.reopened += 1
+                self._response = self._open()
         except BaseException as error:
             self.error = error
         finally:
@@ -599,6 +615,7 @@ class PodWatch:
                 and time.monotonic() - self.last_new > stall
             ):
                 stalled = True
+                self._stopped = True
                 with contextlib.suppress(Exception):
                     self._response.close()
                 break
@@ -611,7 +628,8 @@ class PodWatch:
             raise TimeoutError(
                 f"in {self.timeout:.0f}s in {self.namespace}: {len(self.seen)} of "
                 f"{len(self.expected)} pods created (e.g. missing {missing[:3]}), "
-                f"{self.full_gangs()} of {self.gangs} gangs Running; watch error {self.error!r}"
+                f"{self.full_gangs()} of {self.gangs} gangs Running; watch error {self.error!r}, "
+                f"reopened {self.reopened}x"
             )
         assert self.first_pod is not None
         admitted = self.admissions.first_admitted_at
