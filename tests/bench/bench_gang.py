@@ -264,7 +264,7 @@ def ours_gang(
 ) -> tuple[bo.Times, set[str]]:
     """Creates one TrainingJob and times its gang (the operator must be watching); echoes
     the operator's passes and requests until then."""
-    before = operator.scrape()
+    before, cpu_before = operator.scrape(), cpu_seconds(operator.process.pid)
     job = bo.training_job(name, nodes)
     expected = bo.expected_pods([job], namespace)
     watch = bo.watch_jobs(bench, namespace, gang_scenario(nodes), expected, bo.JOB_LABEL)
@@ -275,7 +275,11 @@ def ours_gang(
     _echo(f"  {name} created at {wall:%H:%M:%S.%f}")
     times = watch.wait(started)
     spent = operator.scrape().minus(before)
-    _echo(f"  {name}: {spent.reconciles} passes, requests {bo._requests_line(spent.requests)}")
+    cpu = cpu_seconds(operator.process.pid) - cpu_before
+    _echo(
+        f"  {name}: {spent.reconciles} passes, {cpu:.2f}s of CPU, requests "
+        + bo._requests_line(spent.requests)
+    )
     return times, expected
 
 
@@ -313,6 +317,12 @@ def restart(bench: bo.Bench, namespace: str, pods: set[str], nodes: int) -> floa
         f"{old_gone:.2f}s, new gang {_times(times)}"
     )
     return times.gangs_running
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _job_of(pods: set[str]) -> str:

@@ -338,10 +338,13 @@ async def _process(operator: Operator, key: Key) -> float | None:
         if not may_work:
             return PEERING_RECHECK_SECONDS  # another replica works; keep the key warm
     counts.reconciles += 1
+    started = time.monotonic()
     try:
         requeue_after = await asyncio.to_thread(
             passes.run, key, lambda: operator.reconciler.reconcile(*key)
         )
+        # With --verbose: where a slow start or restart spends its time.
+        log.debug("%s/%s: pass took %.3f s", *key, time.monotonic() - started)
     except JobGoneError:
         operator.jobs.job_gone(key)
         return None
