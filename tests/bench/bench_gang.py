@@ -312,9 +312,10 @@ def restart(bench: bo.Bench, namespace: str, pods: set[str], nodes: int) -> floa
     failed_after = time.monotonic() - started
     times = watch.wait(started)
     old_gone = old.wait(started)
+    marked = None if old.marked_at is None else old.marked_at - started
     _echo(
-        f"  restart at {wall:%H:%M:%S.%f}: rank {failed}: {failed_after:.2f}s, old gang gone "
-        f"{old_gone:.2f}s, new gang {_times(times)}"
+        f"  restart at {wall:%H:%M:%S.%f}: rank {failed}: {failed_after:.2f}s, old gang deleted "
+        f"{bo._seconds(marked)}, gone {old_gone:.2f}s, new gang {_times(times)}"
     )
     return times.gangs_running
 
@@ -342,6 +343,10 @@ class PodsGone:
         listed = core.list_namespaced_pod(namespace, label_selector=selector)
         self.left = {pod.metadata.name for pod in listed.items} - ignore
         self.gone_at: float | None = None if self.left else time.monotonic()
+        # When every one of them had been deleted (a deletionTimestamp): the deleter's share;
+        # from there to gone is the kubelet's (KWOK's) removal.
+        self.unmarked = set(self.left)
+        self.marked_at: float | None = self.gone_at
         self.done = threading.Event()
         self._version = listed.metadata.resource_version
         self._deadline = time.monotonic() + GONE_TIMEOUT
@@ -369,7 +374,12 @@ class PodsGone:
                     if not line:
                         continue
                     event = json.loads(line)
-                    self._version = event["object"]["metadata"]["resourceVersion"]
+                    meta = event["object"]["metadata"]
+                    self._version = meta["resourceVersion"]
+                    if event.get("type") == "DELETED" or meta.get("deletionTimestamp"):
+                        self.unmarked.discard(meta["name"])
+                        if not self.unmarked and self.marked_at is None:
+                            self.marked_at = time.monotonic()
                     if event.get("type") == "DELETED":
                         self.left.discard(event["object"]["metadata"]["name"])
                         if not self.left:
