@@ -389,10 +389,16 @@ class PodsGone:
                     response.close()
         self.done.set()
 
-    def wait(self, started: float) -> float:
+    def wait(self, started: float, who: str = "") -> float:
         self.done.wait(GONE_TIMEOUT)
         if self.gone_at is None:
             raise TimeoutError(f"{len(self.left)} pods still there after {GONE_TIMEOUT:.0f}s")
+        if who:
+            marked = None if self.marked_at is None else self.marked_at - started
+            _echo(
+                f"  {who} delete: every pod deleted {bo._seconds(marked)}, gone "
+                f"{self.gone_at - started:.2f}s"
+            )
         return self.gone_at - started
 
 
@@ -402,7 +408,7 @@ def delete_ours(bench: bo.Bench, namespace: str, job: str) -> float:
     bench.clients.custom.delete_namespaced_custom_object(
         spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, job
     )
-    return gone.wait(started)
+    return gone.wait(started, "ours")
 
 
 def delete_direct(bench: bo.Bench, namespace: str, job: str) -> float:
@@ -429,7 +435,7 @@ def delete_direct(bench: bo.Bench, namespace: str, job: str) -> float:
     ):
         with contextlib.suppress(Exception):
             delete()
-    return gone.wait(started)
+    return gone.wait(started, "direct")
 
 
 def wait_healthz(operator: bo.Operator, port: int) -> None:
