@@ -31,6 +31,7 @@ from trainium_operator.builders.upload import (
 )
 from trainium_operator.controller.admission_holds import AdmissionHolds, Mark
 from trainium_operator.controller.cache import ClusterCache
+from trainium_operator.controller.views import Views
 from trainium_operator.k8s.client import (
     AdmissionRejection,
     ClusterAPI,
@@ -231,6 +232,7 @@ class Reconciler:
         self.events = EventPoster(cluster)
         self.clock = clock
         self.holds = AdmissionHolds()
+        self.views = Views()
         # Jobs warned about pod fields the allowlist dropped, with the fields warned about.
         self.warned_dropped: dict[str, tuple[str, ...]] = {}
         self._pod_writers = ThreadPoolExecutor(
@@ -411,6 +413,8 @@ class Reconciler:
         service = self.cache.service(job.namespace, job.service_name)
         policy = self.cache.network_policy(job.namespace, job.network_policy_name)
         observed = observe(
+            pod_view=self.views.pod,
+            node_view=self.views.node,
             pods=pods,
             podgroups=podgroups,
             service_exists=service is not None and _owned_by(service, job.uid),
