@@ -137,8 +137,9 @@ class JobTracker:
             self.queue.add(key)
 
     def wake(self, keys: list[Key]) -> None:
+        # Children's ordinary changes (a pod scheduled, Running, its conditions): spaced out.
         for key in keys:
-            self.queue.touch(key)
+            self.queue.nudge(key)
 
     def wake_held(self, keys: list[Key]) -> None:
         # A job held after an admission refusal still owes a pass to its own pods and to a
@@ -146,7 +147,7 @@ class JobTracker:
         # running gang and its restart. Its refused create is retried once in that pass.
         for key in keys:
             self.holds.release(key)
-            self.queue.touch(key)
+            self.queue.touch(key)  # at once: a failure's restart is not spaced out
 
 
 @dataclass
