@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from trainium_operator.controller.admission_holds import AdmissionHolds
+from trainium_operator.controller.cache import ClusterCache
+from trainium_operator.controller.wiring import JobTracker
 from trainium_operator.controller.workqueue import Key, WorkQueue
 
 KEY: Key = ("team-a", "bert")
@@ -63,3 +66,16 @@ def test_child_events_of_a_forgotten_job_start_nothing() -> None:
         queue.nudge(KEY)
 
     assert len(passes_at(0.0, gone_then_nudged, run=0.1)) == 1
+
+
+def test_pod_events_are_spaced_and_a_podgroups_admission_wakes_its_job_at_once() -> None:
+    def tracker(queue: WorkQueue) -> JobTracker:
+        return JobTracker(queue, ClusterCache(), AdmissionHolds())
+
+    spaced = passes_at(0.2, lambda queue: tracker(queue).wake_spaced([KEY]), run=0.4)
+    assert len(spaced) == 2
+    assert spaced[1] >= 0.19
+    at_once = passes_at(5.0, lambda queue: tracker(queue).wake([KEY]), run=0.1)
+    assert len(at_once) == 2, "an admitted gang's pods must not wait for the spacing"
+    held = passes_at(5.0, lambda queue: tracker(queue).wake_held([KEY]), run=0.1)
+    assert len(held) == 2, "a failed pod's restart must not wait for the spacing"

@@ -137,7 +137,12 @@ class JobTracker:
             self.queue.add(key)
 
     def wake(self, keys: list[Key]) -> None:
-        # Children's ordinary changes (a pod scheduled, Running, its conditions): spaced out.
+        for key in keys:
+            self.queue.touch(key)
+
+    def wake_spaced(self, keys: list[Key]) -> None:
+        # A pod's ordinary change (scheduled, Running, its conditions): a gang's hundreds of
+        # them are spaced out (WorkQueue.nudge).
         for key in keys:
             self.queue.nudge(key)
 
@@ -380,11 +385,14 @@ def _start_watches(operator: Operator, loop: asyncio.AbstractEventLoop) -> None:
         update: Callable[[WatchEvent], Key | None],
         *,
         release: Callable[[WatchEvent], bool] = lambda _: False,
+        spaced: bool = False,
     ) -> Callable[[WatchEvent], None]:
+        wake = jobs.wake_spaced if spaced else jobs.wake
+
         def on_event(event: WatchEvent) -> None:
             key = update(event)
             if key is not None:
-                loop.call_soon_threadsafe(jobs.wake_held if release(event) else jobs.wake, [key])
+                loop.call_soon_threadsafe(jobs.wake_held if release(event) else wake, [key])
 
         return on_event
 
@@ -400,7 +408,8 @@ def _start_watches(operator: Operator, loop: asyncio.AbstractEventLoop) -> None:
 
     handlers: dict[str, Callable[[WatchEvent], None]] = {
         spec_model.PLURAL: on_job,
-        "pods": child(cache.on_pod, release=_pod_ended),
+        # A PodGroup's admission and the other children wake their job at once.
+        "pods": child(cache.on_pod, release=_pod_ended, spaced=True),
         "services": child(cache.on_service),
         NETWORK_POLICIES: child(cache.on_network_policy),
         PODGROUPS: child(cache.on_podgroup),
