@@ -8,8 +8,9 @@ For each size it starts its own dev cluster of N fake trn1.32xlarge nodes (KWOK)
 CRDs, measures the API server's idle request rate (the nodes' heartbeats and leases), runs one
 full-size gang through the direct client unmeasured (a new cluster's first large gang binds
 slowly whoever creates it), and runs `--pairs` pairs (default 5; `--quick`: 32 nodes, 2
-pairs). One job is one gang of N pods, one per node, the compile stage off. Each pair, every run after a seeded random pause of up to 1 s
-(so runs do not lock to Volcano's 1 s scheduling tick):
+pairs). One job is one gang of N pods, one per node, the compile stage off. Each pair, every
+run after a seeded random pause of up to 1 s (so runs do not lock to Volcano's 1 s scheduling
+tick):
 
 * ours, fresh: a new operator process (`trainium-operator run --namespace NS --workers 4
   --liveness-endpoint ...`); once its /healthz answers (the chart's readiness probe), one job is
