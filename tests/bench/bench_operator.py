@@ -186,6 +186,9 @@ class Times:
     # operators create a gang's pods only after it, so all_pods - admitted is their own share
     # (Volcano's 1 s scheduling period makes the time before it vary by up to a second).
     admitted: float | None = None
+    # When every expected pod was first seen bound to a node (spec.nodeName): between all pods
+    # and this is the scheduler's binding, after it KWOK's (the kubelet's) start.
+    all_bound: float | None = None
 
     @property
     def pods_after_admission(self) -> float | None:
@@ -486,9 +489,13 @@ class PodWatch:
         timeout: float,
         on_all_pods: Callable[[], None] | None = None,
         on_gangs_running: Callable[[], None] | None = None,
+        only_expected: bool = False,
     ):
         self.namespace = namespace
         self.expected = set(expected)
+        # Count only the expected pods towards the gangs (a restart's new attempt beside the
+        # old gang, still Running when the watch opens).
+        self.only_expected = only_expected
         self.gang_label = gang_label
         self.gang_size = gang_size
         self.gangs = gangs
@@ -499,6 +506,8 @@ class PodWatch:
         self.all_pods_at: float | None = None
         self.last_new = time.monotonic()  # when the last expected pod first appeared
         self.gangs_at: float | None = None
+        self.bound: set[str] = set()
+        self.all_bound_at: float | None = None
         self.done = threading.Event()
         self.error: BaseException | None = None
         self._hooks = {"pods": on_all_pods, "gangs": on_gangs_running}
@@ -507,16 +516,24 @@ class PodWatch:
         listed = clients.core.list_namespaced_pod(namespace)
         for pod in listed.items:
             self._saw(clients.api_client.sanitize_for_serialization(pod))
-        self._response = clients.core.list_namespaced_pod(
-            namespace,
-            watch=True,
-            resource_version=listed.metadata.resource_version,
-            allow_watch_bookmarks=False,
-            timeout_seconds=int(timeout) + 30,
-            _preload_content=False,
-        )
+        self._clients = clients
+        self._version = listed.metadata.resource_version
+        self._deadline = time.monotonic() + timeout
+        self._stopped = False
+        self.reopened = 0  # watches the API server ended early (a slow reader under load)
+        self._response = self._open()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
+
+    def _open(self) -> Any:
+        return self._clients.core.list_namespaced_pod(
+            self.namespace,
+            watch=True,
+            resource_version=self._version,
+            allow_watch_bookmarks=False,
+            timeout_seconds=int(self.timeout) + 30,
+            _preload_content=False,
+        )
 
     def _hook(self, which: str) -> None:
         hook = self._hooks[which]
@@ -530,6 +547,8 @@ class PodWatch:
         now = time.monotonic()
         meta = pod.get("metadata") or {}
         name = meta.get("name", "")
+        if self.only_expected and name not in self.expected:
+            return False
         if self.first_pod is None and (not self.expected or name in self.expected):
             self.first_pod = now
         if name in self.expected and name not in self.seen:
@@ -538,6 +557,10 @@ class PodWatch:
             if len(self.seen) == len(self.expected) and self.all_pods_at is None:
                 self.all_pods_at = now
                 self._hook("pods")
+        if name in self.expected and (pod.get("spec") or {}).get("nodeName"):
+            self.bound.add(name)
+            if len(self.bound) == len(self.expected) and self.all_bound_at is None:
+                self.all_bound_at = now
         gang = (meta.get("labels") or {}).get(self.gang_label)
         if gang and (pod.get("status") or {}).get("phase") == "Running":
             pods = self.running.setdefault(gang, {})
@@ -554,16 +577,24 @@ class PodWatch:
         try:
             if self.gangs_at is not None and (not self.expected or self.all_pods_at):
                 return
-            for line in iter_resp_lines(self._response):
-                if not line:
-                    continue
-                event = json.loads(line)
-                if event.get("type") == "ERROR":
-                    raise RuntimeError(f"watch error: {event.get('object')}")
-                if event.get("type") == "DELETED":
-                    continue
-                if self._saw(event["object"]):
-                    break
+            while True:
+                for line in iter_resp_lines(self._response):
+                    if not line:
+                        continue
+                    event = json.loads(line)
+                    if event.get("type") == "ERROR":
+                        raise RuntimeError(f"watch error: {event.get('object')}")
+                    self._version = event["object"]["metadata"]["resourceVersion"]
+                    if event.get("type") == "DELETED":
+                        continue
+                    if self._saw(event["object"]):
+                        return
+                # The API server ends a watch whose reader falls behind (a loaded machine):
+                # go on from the last event seen.
+                if self._stopped or time.monotonic() > self._deadline:
+                    return
+                self.reopened += 1
+                self._response = self._open()
         except BaseException as error:
             self.error = error
         finally:
@@ -584,6 +615,7 @@ class PodWatch:
                 and time.monotonic() - self.last_new > stall
             ):
                 stalled = True
+                self._stopped = True
                 with contextlib.suppress(Exception):
                     self._response.close()
                 break
@@ -596,7 +628,8 @@ class PodWatch:
             raise TimeoutError(
                 f"in {self.timeout:.0f}s in {self.namespace}: {len(self.seen)} of "
                 f"{len(self.expected)} pods created (e.g. missing {missing[:3]}), "
-                f"{self.full_gangs()} of {self.gangs} gangs Running; watch error {self.error!r}"
+                f"{self.full_gangs()} of {self.gangs} gangs Running; watch error {self.error!r}, "
+                f"reopened {self.reopened}x"
             )
         assert self.first_pod is not None
         admitted = self.admissions.first_admitted_at
@@ -605,6 +638,7 @@ class PodWatch:
             all_pods=None if self.all_pods_at is None else self.all_pods_at - started,
             gangs_running=self.gangs_at - started,
             admitted=None if admitted is None else admitted - started,
+            all_bound=None if self.all_bound_at is None else self.all_bound_at - started,
         )
 
 
@@ -665,9 +699,9 @@ def wait_server_quiet(bench: Bench, identity: kubeflow_peer.Identity) -> tuple[i
 
 
 class Operator(kubeflow_peer.LoggedProcess):
-    def __init__(self, bench: Bench, namespace: str, label: str):
+    def __init__(self, bench: Bench, namespace: str, label: str, *extra: str):
         self.port = free_port()
-        flags = ("--metrics-port", str(self.port), "--workers", str(WORKERS))
+        flags = ("--metrics-port", str(self.port), "--workers", str(WORKERS), *extra)
         command = operator_command(bench.ours.kubeconfig, namespace, *flags)
         super().__init__("the operator", command, bench.log_dir / f"operator-{label}.log")
 
@@ -845,6 +879,7 @@ def direct_sample(
     workers: int,
     *,
     gated: bool = False,
+    clear: bool = True,
 ) -> DirectSample:
     """The same objects the operator creates, from `workers` threads of a plain client. With
     `gated`, each job's pods are held until a PodGroup watch shows Volcano admitted its group
@@ -895,7 +930,8 @@ def direct_sample(
                     pending |= {pool.submit(create, obj) for obj in future.result()}
     client_seconds = time.monotonic() - started
     times = pod_watch.wait(started, stall=STALL_SECONDS if admissions is not None else None)
-    clear_namespace(bench, namespace)
+    if clear:
+        clear_namespace(bench, namespace)
     _echo(
         f"  direct x{workers}{' gated' if gated else ''}: {scenario.pods} pods in "
         f"{_seconds(times.all_pods)}, gangs Running {times.gangs_running:.2f}s"

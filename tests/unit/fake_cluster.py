@@ -95,6 +95,8 @@ class FakeCluster:
         """What another writer (kubelet, Volcano) does: merges `change` into the object."""
         obj = self.objects[(kind, name)]
         _merge(obj, change)
+        # As on a real server, every write is a new version of the object.
+        obj.setdefault("metadata", {})["resourceVersion"] = self._next_version()
         self._deliver("MODIFIED", obj)
         return obj
 

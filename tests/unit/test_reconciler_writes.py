@@ -564,3 +564,28 @@ def test_a_running_job_whose_unchanged_spec_a_newer_operator_refuses_is_held_not
     cluster.update("TrainingJob", NAME, {"metadata": {"generation": 2}})
     reconciler.reconcile(*KEY)
     assert cluster.job(NAME)["status"]["phase"] == "Failed"
+
+
+def test_a_restart_deletes_the_old_gangs_pods_together_not_one_after_another() -> None:
+    cluster, reconciler = new_world(nodes=3)
+    cluster.add_node(ready_node("trn1-2"))
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    reconciler.reconcile(*KEY)
+    run_pods(cluster)
+    reconciler.reconcile(*KEY)
+    # Each delete returns only once another is in flight: deletes issued one after another
+    # would break the barrier.
+    both_in_flight = threading.Barrier(2, timeout=5)
+    delete_pod = cluster.delete_pod
+
+    def delete_once_both_started(namespace: str, name: str, *, force: bool) -> None:
+        both_in_flight.wait()
+        delete_pod(namespace, name, force=force)
+
+    cluster.delete_pod = delete_once_both_started  # type: ignore[method-assign]
+    end_pod(cluster, "bert-train-0-0", exit_code=1)
+    reconciler.reconcile(*KEY)
+    deleted = sorted(w.name for w in cluster.of("delete"))
+    assert deleted == ["bert-train-0-1", "bert-train-0-2"], "the failed rank stays for its logs"
+    assert cluster.job(NAME)["status"]["phase"] == "Restarting"

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from functools import partial
 
 from trainium_operator.api.objects import Obj
 from trainium_operator.builders.job import JobRef
@@ -30,6 +31,7 @@ from trainium_operator.builders.upload import (
 )
 from trainium_operator.controller.admission_holds import AdmissionHolds, Mark
 from trainium_operator.controller.cache import ClusterCache
+from trainium_operator.controller.views import Views
 from trainium_operator.k8s.client import (
     AdmissionRejection,
     ClusterAPI,
@@ -40,7 +42,7 @@ from trainium_operator.k8s.client import (
     is_namespace_terminating,
 )
 from trainium_operator.lifecycle import blockers, cleanup, machine
-from trainium_operator.lifecycle.decision import Decision, NodePatch
+from trainium_operator.lifecycle.decision import Decision, NodePatch, PodDeletion
 from trainium_operator.lifecycle.observed import (
     local_queue_view,
     node_view,
@@ -61,7 +63,9 @@ from trainium_operator.lifecycle.ranks import RankSample
 from trainium_operator.lifecycle.snapshot import PassSettings, Snapshot
 
 log = logging.getLogger(__name__)
-CREATE_CONCURRENCY = 8
+# A gang's pods are independent creates and deletes, issued together: a 512-node gang must
+# not pay 512 sequential round trips to start, or to stop before its next attempt.
+CHILD_WRITE_CONCURRENCY = 8
 
 
 class _CreateError(Exception):
@@ -228,12 +232,11 @@ class Reconciler:
         self.events = EventPoster(cluster)
         self.clock = clock
         self.holds = AdmissionHolds()
+        self.views = Views()
         # Jobs warned about pod fields the allowlist dropped, with the fields warned about.
         self.warned_dropped: dict[str, tuple[str, ...]] = {}
-        # A gang's pods are independent creates; issuing them together keeps a 16-node
-        # job from paying 16 sequential round trips.
-        self._creators = ThreadPoolExecutor(
-            max_workers=CREATE_CONCURRENCY, thread_name_prefix="create"
+        self._pod_writers = ThreadPoolExecutor(
+            max_workers=CHILD_WRITE_CONCURRENCY, thread_name_prefix="pod-write"
         )
 
     def _create_one(self, obj: Obj) -> tuple[Obj, Exception | None]:
@@ -258,7 +261,7 @@ class Reconciler:
         pods = [o for o in objects if o["kind"] == "Pod"]
         results = [self._create_one(o) for o in objects if o["kind"] != "Pod"]
         if not any(error for _, error in results):
-            results += list(self._creators.map(self._create_one, pods))
+            results += list(self._pod_writers.map(self._create_one, pods))
         created_pods += [
             obj["metadata"]["name"]
             for obj, error in results
@@ -410,6 +413,8 @@ class Reconciler:
         service = self.cache.service(job.namespace, job.service_name)
         policy = self.cache.network_policy(job.namespace, job.network_policy_name)
         observed = observe(
+            pod_view=self.views.pod,
+            node_view=self.views.node,
             pods=pods,
             podgroups=podgroups,
             service_exists=service is not None and _owned_by(service, job.uid),
@@ -469,14 +474,9 @@ class Reconciler:
         for patch in decision.patch_nodes:
             # After the restart that decided it is stored, before its new gang can be placed.
             self._patch_node(body, patch)
-        for deletion in decision.delete_pods:
-            self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
-            # Only an operator running with Kueue has the grant (the chart's kueue.enabled);
-            # without it a Kueue that manages pods on its own keeps them, as before.
-            if deletion.release_finalizer is not None and self.kueue:
-                self.cluster.release_pod_finalizer(
-                    namespace, deletion.name, deletion.release_finalizer
-                )
+        # All of them, together; the first error (if any) fails the pass after the others
+        # were tried, and the next pass deletes what is left.
+        list(self._pod_writers.map(partial(self._delete_pod, namespace), decision.delete_pods))
         self.cache.expect(key, deleted=[d.name for d in decision.delete_pods])
         for podgroup in decision.delete_podgroups:
             self.cluster.delete_podgroup(namespace, podgroup)
@@ -508,6 +508,13 @@ class Reconciler:
             log.info("%s/%s: ttlSecondsAfterFinished elapsed, deleting", namespace, meta["name"])
             self.cluster.delete_training_job(namespace, meta["name"], meta["uid"])
         return decision.requeue_after
+
+    def _delete_pod(self, namespace: str, deletion: PodDeletion) -> None:
+        self.cluster.delete_pod(namespace, deletion.name, force=deletion.force)
+        # Only an operator running with Kueue has the grant (the chart's kueue.enabled);
+        # without it a Kueue that manages pods on its own keeps them, as before.
+        if deletion.release_finalizer is not None and self.kueue:
+            self.cluster.release_pod_finalizer(namespace, deletion.name, deletion.release_finalizer)
 
     def _patch_node(self, body: Obj, patch: NodePatch) -> None:
         """A node patch the RBAC refuses is reported and skipped: the gang restarts anyway (it

@@ -140,13 +140,19 @@ class JobTracker:
         for key in keys:
             self.queue.touch(key)
 
+    def wake_spaced(self, keys: list[Key]) -> None:
+        # A pod's ordinary change (scheduled, Running, its conditions): a gang's hundreds of
+        # them are spaced out (WorkQueue.nudge).
+        for key in keys:
+            self.queue.nudge(key)
+
     def wake_held(self, keys: list[Key]) -> None:
         # A job held after an admission refusal still owes a pass to its own pods and to a
         # node going (a rank failed, a node lost): the refusal must never stand between a
         # running gang and its restart. Its refused create is retried once in that pass.
         for key in keys:
             self.holds.release(key)
-            self.queue.touch(key)
+            self.queue.touch(key)  # at once: a failure's restart is not spaced out
 
 
 @dataclass
@@ -338,10 +344,13 @@ async def _process(operator: Operator, key: Key) -> float | None:
         if not may_work:
             return PEERING_RECHECK_SECONDS  # another replica works; keep the key warm
     counts.reconciles += 1
+    started = time.monotonic()
     try:
         requeue_after = await asyncio.to_thread(
             passes.run, key, lambda: operator.reconciler.reconcile(*key)
         )
+        # With --verbose: where a slow start or restart spends its time.
+        log.debug("%s/%s: pass took %.3f s", *key, time.monotonic() - started)
     except JobGoneError:
         operator.jobs.job_gone(key)
         return None
@@ -376,11 +385,14 @@ def _start_watches(operator: Operator, loop: asyncio.AbstractEventLoop) -> None:
         update: Callable[[WatchEvent], Key | None],
         *,
         release: Callable[[WatchEvent], bool] = lambda _: False,
+        spaced: bool = False,
     ) -> Callable[[WatchEvent], None]:
+        wake = jobs.wake_spaced if spaced else jobs.wake
+
         def on_event(event: WatchEvent) -> None:
             key = update(event)
             if key is not None:
-                loop.call_soon_threadsafe(jobs.wake_held if release(event) else jobs.wake, [key])
+                loop.call_soon_threadsafe(jobs.wake_held if release(event) else wake, [key])
 
         return on_event
 
@@ -396,7 +408,8 @@ def _start_watches(operator: Operator, loop: asyncio.AbstractEventLoop) -> None:
 
     handlers: dict[str, Callable[[WatchEvent], None]] = {
         spec_model.PLURAL: on_job,
-        "pods": child(cache.on_pod, release=_pod_ended),
+        # A PodGroup's admission and the other children wake their job at once.
+        "pods": child(cache.on_pod, release=_pod_ended, spaced=True),
         "services": child(cache.on_service),
         NETWORK_POLICIES: child(cache.on_network_policy),
         PODGROUPS: child(cache.on_podgroup),

@@ -243,6 +243,12 @@ def credentials(kubeconfig: str | None = None) -> Credentials:
     )
 
 
+def _drain(response: Any) -> None:
+    """Reads a raw (`_preload_content=False`) answer to its end, so its connection goes back
+    to the pool for the next request."""
+    response.data  # noqa: B018 -- reading it is the point
+
+
 class Cluster:
     """Typed-enough operations the operator needs, over one ApiClient."""
 
@@ -498,23 +504,26 @@ class Cluster:
         kind = obj["kind"]
         namespace = obj["metadata"]["namespace"]
         self.counter.add("create", CHILD_RESOURCES.get(kind, kind.lower() + "s"))
-        sends: dict[str, Callable[[], object]] = {
-            "Pod": lambda: self.core.create_namespaced_pod(namespace, obj),
-            "Service": lambda: self.core.create_namespaced_service(namespace, obj),
+        # The answer is not read (the watch brings the object): left raw, a gang's hundreds of
+        # pod answers are never turned into client models, which costs CPU on every start.
+        raw = {"_preload_content": False}
+        sends: dict[str, Callable[[], Any]] = {
+            "Pod": lambda: self.core.create_namespaced_pod(namespace, obj, **raw),
+            "Service": lambda: self.core.create_namespaced_service(namespace, obj, **raw),
             "NetworkPolicy": lambda: self.networking.create_namespaced_network_policy(
-                namespace, obj
+                namespace, obj, **raw
             ),
             "PodGroup": lambda: self.custom.create_namespaced_custom_object(
-                VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, obj
+                VOLCANO_GROUP, VOLCANO_VERSION, namespace, PODGROUPS, obj, **raw
             ),
             "ResourceClaimTemplate": lambda: (
-                self.resource.create_namespaced_resource_claim_template(namespace, obj)
+                self.resource.create_namespaced_resource_claim_template(namespace, obj, **raw)
             ),
         }
         if kind not in sends:
             raise ValueError(f"the operator does not create {kind} objects")
         try:
-            sends[kind]()
+            _drain(sends[kind]())
         except ApiException as error:
             if error.status == 409:
                 return False  # ours from an earlier pass, or another owner's of that name
@@ -567,8 +576,13 @@ class Cluster:
     def delete_pod(self, namespace: str, name: str, *, force: bool) -> None:
         self.counter.add("delete", "pods")
         try:
-            self.core.delete_namespaced_pod(
-                name, namespace, grace_period_seconds=0 if force else None
+            _drain(
+                self.core.delete_namespaced_pod(
+                    name,
+                    namespace,
+                    grace_period_seconds=0 if force else None,
+                    _preload_content=False,
+                )
             )
         except ApiException as error:
             if error.status != 404:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -371,7 +371,11 @@ def observe(
     network_policy_missing: bool = False,
     workloads: Sequence[Obj] = (),
     local_queue: LocalQueueView | None = None,
+    pod_view: Callable[[Obj], PodView | None] = pod_view,
+    node_view: Callable[[Obj], NodeView] = node_view,
 ) -> Observed:
+    """What one pass sees. `pod_view` and `node_view` reduce each object (a caller may pass
+    memoised ones: the reduction of an object version never changes)."""
     views = tuple(v for v in (pod_view(p) for p in pods) if v is not None)
     groups = (podgroup_view(o) for o in podgroups)
     return Observed(

@@ -1,0 +1,69 @@
+"""The gang-size benchmark's pure helpers: ratios, verdicts, spreads, the next attempt's pod
+names and the API server's request rates (the bench itself needs a dev cluster)."""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "bench"))
+import bench_gang  # noqa: E402
+
+
+def test_ratio_is_none_without_a_positive_reference() -> None:
+    assert bench_gang.ratio(3.0, 2.0) == 1.5
+    assert bench_gang.ratio(3.0, None) is None
+    assert bench_gang.ratio(None, 2.0) is None
+    assert bench_gang.ratio(3.0, 0.0) is None
+
+
+def test_verdict_meets_the_target_at_and_below_the_limit_only() -> None:
+    assert bench_gang.verdict(1.2) == "met"
+    assert bench_gang.verdict(1.21) == "NOT met"
+    assert bench_gang.verdict(None) == "-"
+
+
+def test_spread_shows_median_then_min_and_max() -> None:
+    assert bench_gang.spread([3.0, 1.0, 2.0]) == "2.00 (1.00-3.00)"
+    assert bench_gang.spread([1.5]) == "1.50"
+    assert bench_gang.spread([]) == "-"
+
+
+def test_next_attempt_names_every_rank_of_the_following_attempt() -> None:
+    pods = {"warm0-0000-train-0-0", "warm0-0000-train-0-11"}
+    assert bench_gang.next_attempt(pods) == {"warm0-0000-train-1-0", "warm0-0000-train-1-11"}
+
+
+def test_request_rates_sum_codes_and_sort_highest_first() -> None:
+    text = "\n".join(
+        [
+            "# TYPE apiserver_request_total counter",
+            'apiserver_request_total{code="200",resource="leases",verb="PUT"} 100',
+            'apiserver_request_total{code="409",resource="leases",verb="PUT"} 10',
+            'apiserver_request_total{code="200",resource="pods",verb="LIST"} 5',
+        ]
+    )
+    before = bench_gang.parse_request_counts(text)
+    assert before == Counter({"PUT leases": 110, "LIST pods": 5})
+    after = Counter({"PUT leases": 130, "LIST pods": 5, "GET nodes": 10})
+    assert bench_gang.request_rates(before, after, 10.0) == [
+        ("PUT leases", 2.0),
+        ("GET nodes", 1.0),
+    ]
+
+
+def test_table_rows_carry_ratio_and_verdict_of_medians() -> None:
+    row = bench_gang.Row("warm job, all Running", [2.0, 4.0, 3.0], [2.0, 2.5, 3.0], "direct")
+    assert row.cells() == [
+        "warm job, all Running",
+        "3.00 (2.00-4.00)",
+        "2.50 (2.00-3.00)",
+        "direct",
+        "1.20x",
+        "met",
+    ]
+    text = bench_gang.table([row])
+    assert text.splitlines()[0].startswith("figure (s)")
+    assert "1.20x  met" in text
