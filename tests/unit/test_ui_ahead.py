@@ -62,7 +62,7 @@ def counting_summaries(
 ) -> list[Path]:
     """Counts the rank files summarised; with `gate`, each waits for it to be set."""
     summarised: list[Path] = []
-    real = ui_profiles.rank_summary
+    real = ui_profiles.summarise_rank
 
     def counted(path: Path, points: Any) -> Any:
         if gate is not None:
@@ -70,7 +70,7 @@ def counting_summaries(
         summarised.append(path)
         return real(path, points)
 
-    monkeypatch.setattr(ui_profiles, "rank_summary", counted)
+    monkeypatch.setattr(ui_profiles, "summarise_rank", counted)
     return summarised
 
 

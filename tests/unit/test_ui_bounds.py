@@ -170,13 +170,13 @@ def test_aliases_of_one_profile_decode_once(
     profile_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     decodes: list[Path] = []
-    real = ui_profiles.rank_summary
+    real = ui_profiles.summarise_rank
 
     def counted(path: Path, points: Any) -> Any:
         decodes.append(path.parent.parent)
         return real(path, points)
 
-    monkeypatch.setattr(ui_profiles, "rank_summary", counted)
+    monkeypatch.setattr(ui_profiles, "summarise_rank", counted)
     aliases = [ATTEMPT, f"{ATTEMPT}/", f"./{ATTEMPT}", "team-a//job-a/0", "team-a/./job-a/0"]
 
     async def session(client: TestClient[Any, Any], app: web.Application) -> None:
@@ -198,10 +198,10 @@ def test_a_symlink_to_a_profile_shares_its_decode(
     (root / "team-a" / "alias").mkdir()
     (root / "team-a" / "alias" / "0").symlink_to(root / ATTEMPT, target_is_directory=True)
     decodes: list[Path] = []
-    real = ui_profiles.rank_summary
+    real = ui_profiles.summarise_rank
     monkeypatch.setattr(
         ui_profiles,
-        "rank_summary",
+        "summarise_rank",
         lambda path, points: decodes.append(Path(path)) or real(path, points),
     )
 
@@ -241,7 +241,7 @@ def test_a_decode_unloaded_midway_stops_before_its_next_stage_and_stores_nothing
 ) -> None:
     started, release, decoded = threading.Event(), threading.Event(), threading.Event()
     composed: list[int] = []
-    real_summary, real_compose = ui_profiles.rank_summary, ui_profiles.compose
+    real_summary, real_compose = ui_profiles.summarise_rank, ui_profiles.compose
 
     def slow(path: Path, points: Any) -> Any:
         started.set()
@@ -255,7 +255,7 @@ def test_a_decode_unloaded_midway_stops_before_its_next_stage_and_stores_nothing
         composed.append(1)
         return real_compose(*args, **kwargs)
 
-    monkeypatch.setattr(ui_profiles, "rank_summary", slow)
+    monkeypatch.setattr(ui_profiles, "summarise_rank", slow)
     monkeypatch.setattr(ui_profiles, "compose", counted_compose)
 
     async def session(client: TestClient[Any, Any], app: web.Application) -> None:
@@ -280,7 +280,7 @@ def test_decodes_in_flight_are_bounded_however_often_a_user_unloads(
     release = threading.Event()
     running, most = [0], [0]
     lock = threading.Lock()
-    real = ui_profiles.rank_summary
+    real = ui_profiles.summarise_rank
 
     def slow(path: Path, points: Any) -> Any:
         with lock:
@@ -293,7 +293,7 @@ def test_decodes_in_flight_are_bounded_however_often_a_user_unloads(
             with lock:
                 running[0] -= 1
 
-    monkeypatch.setattr(ui_profiles, "rank_summary", slow)
+    monkeypatch.setattr(ui_profiles, "summarise_rank", slow)
 
     async def session(client: TestClient[Any, Any], app: web.Application) -> None:
         for _ in range(10):
@@ -312,14 +312,14 @@ def test_a_waiting_load_of_a_profile_unloaded_meanwhile_is_a_409_not_a_500(
     profile_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     started, release = threading.Event(), threading.Event()
-    real = ui_profiles.rank_summary
+    real = ui_profiles.summarise_rank
 
     def slow(path: Path, points: Any) -> Any:
         started.set()
         release.wait(5)
         return real(path, points)
 
-    monkeypatch.setattr(ui_profiles, "rank_summary", slow)
+    monkeypatch.setattr(ui_profiles, "summarise_rank", slow)
 
     async def session(client: TestClient[Any, Any], app: web.Application) -> None:
         waiting = asyncio.ensure_future(

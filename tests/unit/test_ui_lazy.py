@@ -49,13 +49,13 @@ async def load(client: TestClient[Any, Any], expect: int = 200) -> Any:
 
 def counting_summaries(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     summarised: list[Path] = []
-    real = ui_profiles.rank_summary
+    real = ui_profiles.summarise_rank
 
     def counted(path: Path, points: Any) -> Any:
         summarised.append(path)
         return real(path, points)
 
-    monkeypatch.setattr(ui_profiles, "rank_summary", counted)
+    monkeypatch.setattr(ui_profiles, "summarise_rank", counted)
     return summarised
 
 

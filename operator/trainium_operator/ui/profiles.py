@@ -201,11 +201,6 @@ def summary_bytes(path: Path, points: Sequence[tuple[int, int]]) -> bytes:
     return to_bytes(summarise_rank(path, points))
 
 
-def rank_summary(path: Path, points: Sequence[tuple[int, int]]) -> RankSummary:
-    """A rank's summary, in this process (a thread of the server)."""
-    return summarise_rank(path, points)
-
-
 @dataclass
 class LoadSlot:
     """One profile's load: its state, progress and, once loaded, its entry."""
@@ -603,7 +598,7 @@ class ProfileStore:
                 check()
                 if ahead:
                     self._give_way(check)
-                yield i, rank_summary(paths[i], points[i]), None
+                yield i, summarise_rank(paths[i], points[i]), None
             return
         pool = self._pool(workers)
         waiting = iter(missing)
