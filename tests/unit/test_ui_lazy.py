@@ -21,6 +21,7 @@ from trainium_operator.ui.app import STORE_KEY, create_app
 from trainium_operator.ui.guards import CSRF_HEADER
 from trainium_operator.ui.memory import MemoryLRU
 from trainium_operator.ui.summary_cache import SummaryCache, UnsafeCacheDirError, checked_directory
+from unit.test_ui_ahead import counting_summaries
 
 SMALL = SyntheticSpec(nodes=2, ranks_per_node=2, steps=4, detailed_steps=(1, 2), kernels_per_step=8)
 PROFILE = "team-a/job-a/0"
@@ -45,18 +46,6 @@ async def load(client: TestClient[Any, Any], expect: int = 200) -> Any:
     response = await client.post(f"/api/profiles/load?id={PROFILE}&wait=1", headers=POST)
     assert response.status == expect, await response.text()
     return await response.json() if expect == 200 else await response.text()
-
-
-def counting_summaries(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
-    summarised: list[Path] = []
-    real = ui_profiles.summarise_rank
-
-    def counted(path: Path, points: Any) -> Any:
-        summarised.append(path)
-        return real(path, points)
-
-    monkeypatch.setattr(ui_profiles, "summarise_rank", counted)
-    return summarised
 
 
 def test_a_restarted_ui_opens_a_profile_from_its_cache_and_resummarises_a_changed_rank(

@@ -21,7 +21,7 @@ from trainium_operator.ui.jobs import job_info
 from trainium_operator.ui.profiles import JobInfo, ProfileStore
 from trainium_operator.ui.summary_cache import SummaryCache, checked_directory
 from trainium_operator.ui.written import offer_written
-from unit.test_ui_lazy import counting_summaries
+from unit.test_ui_ahead import counting_summaries
 
 SMALL = SyntheticSpec(nodes=1, ranks_per_node=2, steps=3, detailed_steps=(1, 1), kernels_per_step=4)
 POST = {CSRF_HEADER: "1"}
