@@ -654,7 +654,7 @@ BIG_NODES, BIG_PPN, BIG_INSTANCE = 512, 32, "trn1.32xlarge"  # 512 nodes x 32 ra
 OTHER_JOBS, OTHER_NODES = 20, 2
 
 
-def _scale_load(url: str, seconds: float, interval_s: float, cpu: dict[str, float]) -> None:
+def _scale_load(url: str, seconds: float, interval_s: float, counts: dict[str, int]) -> None:
     """The big job's 512 pods post one message each every `interval_s` (a process of its own,
     so its CPU and memory are not the operator's), each on a new connection."""
 
@@ -665,7 +665,7 @@ def _scale_load(url: str, seconds: float, interval_s: float, cpu: dict[str, floa
             began = time.monotonic()
             bodies = _pod_bodies("big", BIG_NODES, step, True, BIG_PPN)
             for status, n in (await _post(url, bodies, 32)).items():
-                cpu[f"answer {status}"] = cpu.get(f"answer {status}", 0) + n
+                counts[f"answer {status}"] = counts.get(f"answer {status}", 0) + n
             step += 1
             await asyncio.sleep(max(0.0, interval_s - (time.monotonic() - began)))
 
