@@ -175,6 +175,35 @@ def test_worker_failure_restarts_the_whole_gang_with_resume_and_counts_it() -> N
     assert started.status["restarts"]["total"] == 1
 
 
+@pytest.mark.parametrize("exit_code", [137, 143])
+def test_a_compile_pod_deleted_by_someone_and_seen_only_once_failed_restarts_the_gang(
+    exit_code: int,
+) -> None:
+    # The pass that would have seen it terminating never ran (an operator restart): Failed by
+    # the deletion's signal, with its deletionTimestamp, it was deleted, not a compile failure.
+    job = job_ref()
+    status = decide(job, {}, observed(*gang(job, Stage.COMPILE, 0))).status
+    killed = pod(
+        job, Stage.COMPILE, 0, 0, "Failed", exit_code=exit_code, reason=None, deleting=True
+    )
+    decision = decide(job, status, observed(killed, pod(job, Stage.COMPILE, 0, 1)))
+    assert decision.status["phase"] == "Restarting"
+    assert decision.status["restarts"] == {"total": 1, "application": 0, "infrastructure": 1}
+    assert decision.status["lastFailure"]["reason"] == "PodDeleted"
+    assert decision.status["lastFailure"]["exitCode"] == exit_code
+
+
+def test_a_pod_that_failed_on_its_own_and_was_deleted_afterwards_is_still_its_scripts_failure() -> (
+    None
+):
+    job = job_ref()
+    status = decide(job, {}, observed(*gang(job, Stage.COMPILE, 0))).status
+    failed = pod(job, Stage.COMPILE, 0, 0, "Failed", exit_code=2, deleting=True)
+    decision = decide(job, status, observed(failed, pod(job, Stage.COMPILE, 0, 1)))
+    assert decision.status["phase"] == "Failed"
+    assert decision.status["reason"] == "CompileFailed"
+
+
 def test_repeating_a_pass_after_a_restart_decision_is_idempotent() -> None:
     job = job_ref(compile={"enabled": False})
     status = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status

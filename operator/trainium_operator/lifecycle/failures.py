@@ -7,6 +7,7 @@ infrastructureBackoffLimit) by its class; `restarts` decides what a failure lead
 from __future__ import annotations
 
 import re
+import signal
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -27,6 +28,10 @@ CANNOT_START_REASONS = frozenset(
         "CreateContainerError",
     }
 )
+
+# A container ended by the signals a pod's deletion sends (SIGTERM, then SIGKILL after the grace
+# period): a kubelet marks a pod deleted while it ran Failed with one of these before it goes.
+DELETION_EXIT_CODES = frozenset({128 + signal.SIGTERM, 128 + signal.SIGKILL})
 
 CLAIM_NOT_FOUND = "ClaimNotFound"
 _CLAIM_NOT_FOUND_MESSAGE = re.compile(r'persistentvolumeclaim "([^"]+)" not found')
@@ -108,6 +113,16 @@ def failure_of(pod: PodView, observed: Observed, grace: float) -> Failure | None
                 f"node {pod.node} is {'gone' if node_gone else 'NotReady'}; "
                 f"pod {pod.name} (rank {pod.rank}) lost",
             )
+    if (
+        pod.phase == "Failed"
+        and pod.deleting
+        and not pod.infrastructure_failure
+        and pod.exit_code in DELETION_EXIT_CODES
+    ):
+        # Deleted by someone else and ended by the deletion's signal: the delete, not the
+        # script, ended it (seen as Failed when the pass that would have seen it terminating
+        # never ran: an operator restart, coalesced events).
+        return _deleted(pod)
     if pod.phase == "Failed":
         klass = (
             FailureClass.INFRASTRUCTURE if pod.infrastructure_failure else FailureClass.APPLICATION
@@ -119,13 +134,18 @@ def failure_of(pod: PodView, observed: Observed, grace: float) -> Failure | None
             message += f": {pod.message}"
         return Failure.of(pod, klass, reason, message, pod.exit_code)
     if pod.deleting and not pod.terminal:
-        return Failure.of(
-            pod,
-            FailureClass.INFRASTRUCTURE,
-            "PodDeleted",
-            f"pod {pod.name} (rank {pod.rank}) was deleted while running",
-        )
+        return _deleted(pod)
     return None
+
+
+def _deleted(pod: PodView) -> Failure:
+    return Failure.of(
+        pod,
+        FailureClass.INFRASTRUCTURE,
+        "PodDeleted",
+        f"pod {pod.name} (rank {pod.rank}) was deleted while running",
+        pod.exit_code,
+    )
 
 
 def start_blocker(job: JobRef, gang: dict[int, PodView]) -> Failure | None:
