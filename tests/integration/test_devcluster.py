@@ -460,3 +460,27 @@ def test_kubectl_and_helm_talk_to_the_cluster(dev_cluster: DevCluster) -> None:
     assert "node/trn1-32xlarge-0" in nodes
     assert helm.stdout.strip() == "[]"
     assert '"gitVersion": "v1.36.5"' in server.stdout
+
+
+def test_a_pod_delete_naming_a_uid_leaves_a_pod_that_has_another(
+    dev_cluster: DevCluster, namespace: str
+) -> None:
+    """The operator deletes a deleted job's pods by name and uid: the API server refuses the
+    delete (409) when the name now belongs to another pod, and the operator lets that be."""
+    from trainium_operator.k8s.client import Cluster
+
+    pod = {
+        "metadata": {"name": "named"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}], "schedulerName": "nobody"},
+    }
+    created = dev_cluster.core.create_namespaced_pod(namespace, pod)
+    operator_client = Cluster(dev_cluster.clients.api_client)
+    operator_client.delete_pod(namespace, "named", force=True, uid="another-pods-uid")
+    assert read_pod(dev_cluster, namespace, "named").metadata.deletion_timestamp is None
+    operator_client.delete_pod(namespace, "named", force=True, uid=created.metadata.uid)
+    sim.wait_for(
+        lambda: dev_cluster.core.list_namespaced_pod(namespace).items,
+        until=lambda pods: pods == [],
+        timeout=30,
+        description="the pod with that uid deleted",
+    )

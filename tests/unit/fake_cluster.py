@@ -122,6 +122,7 @@ class FakeCluster:
         stored = copy.deepcopy(obj)
         stored["metadata"]["resourceVersion"] = self._next_version()
         stored["metadata"].setdefault("creationTimestamp", "2026-12-01T12:00:00Z")
+        stored["metadata"].setdefault("uid", f"{kind}-{name}-uid")
         self.objects[(kind, name)] = stored
         self.writes.append(Write("create", kind, name))
         self._deliver("ADDED", stored)
@@ -145,9 +146,12 @@ class FakeCluster:
         if obj is not None:
             self._deliver("DELETED", obj)
 
-    def delete_pod(self, namespace: str, name: str, *, force: bool) -> None:
+    def delete_pod(self, namespace: str, name: str, *, force: bool, uid: str | None = None) -> None:
         self.fail_if_refused("delete", "Pod")
         self.writes.append(Write("delete", "Pod", name, "force" if force else ""))
+        current = self.objects.get(("Pod", name))
+        if current is not None and uid is not None and current["metadata"].get("uid") != uid:
+            return  # the server's precondition: another pod now has the name
         obj = self.objects.pop(("Pod", name), None)
         if obj is not None:
             self._deliver("DELETED", obj)

@@ -130,3 +130,27 @@ def test_a_queue_changing_state_wakes_the_jobs_naming_it_but_its_counts_do_not()
     assert cache.queue("test") is not None
     assert cache.on_queue(WatchEvent("DELETED", queue("test", "Open"))) == [("ns", "w")]
     assert cache.queue("test") is None
+
+
+def owned(name: str, job_name: str, owner_uid: str) -> dict[str, Any]:
+    return pod(name, job_name, uid=f"{name}-uid", ownerReferences=[{"uid": owner_uid}])
+
+
+def test_only_pods_of_a_job_seen_deleted_are_orphans_and_the_record_goes_with_its_last_pod() -> (
+    None
+):
+    cache = ClusterCache()
+    key = ("ns", "a")
+    old = {"metadata": {"name": "a", "namespace": "ns", "uid": "old", "resourceVersion": "1"}}
+    cache.on_pod(WatchEvent("ADDED", owned("a-0-0", "a", "old")))
+    assert cache.orphaned_pods(key) == []  # its job was never seen deleted
+    cache.on_job(WatchEvent("ADDED", old))
+    cache.on_job(WatchEvent("DELETED", old))
+    # Re-created under the same name: its pod (a new owner uid) is no orphan.
+    cache.on_pod(WatchEvent("ADDED", owned("a-1-0", "a", "new")))
+    assert [p["metadata"]["name"] for p in cache.orphaned_pods(key)] == ["a-0-0"]
+    cache.on_pod(WatchEvent("DELETED", owned("a-0-0", "a", "old")))
+    cache.on_pod(WatchEvent("DELETED", owned("a-1-0", "a", "new")))
+    # A later pod owned by that uid (none can be: a uid is never reused) would be no orphan.
+    cache.on_pod(WatchEvent("ADDED", owned("a-0-0", "a", "old")))
+    assert cache.orphaned_pods(key) == []

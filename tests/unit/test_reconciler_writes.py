@@ -589,3 +589,52 @@ def test_a_restart_deletes_the_old_gangs_pods_together_not_one_after_another() -
     deleted = sorted(w.name for w in cluster.of("delete"))
     assert deleted == ["bert-train-0-1", "bert-train-0-2"], "the failed rank stays for its logs"
     assert cluster.job(NAME)["status"]["phase"] == "Restarting"
+
+
+def test_a_deleted_jobs_pods_are_deleted_together_each_by_its_uid_then_the_job_is_forgotten() -> (
+    None
+):
+    cluster, reconciler = new_world(nodes=3)
+    cluster.add_node(ready_node("trn1-2"))
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    reconciler.reconcile(*KEY)
+    run_pods(cluster)
+    reconciler.reconcile(*KEY)
+    # Each delete returns only once another is in flight: one after another would not.
+    both_in_flight = threading.Barrier(2, timeout=5)
+    delete_pod = cluster.delete_pod
+    uids: list[str | None] = []
+
+    def delete_once_two_started(
+        namespace: str, name: str, *, force: bool, uid: str | None = None
+    ) -> None:
+        uids.append(uid)
+        if len(uids) <= 2:
+            both_in_flight.wait()
+        delete_pod(namespace, name, force=force, uid=uid)
+
+    cluster.delete_pod = delete_once_two_started  # type: ignore[method-assign]
+    cluster.update("Pod", "bert-train-0-2", {"metadata": {"deletionTimestamp": "x"}})
+    cluster.writes.clear()
+    cluster.vanish("TrainingJob", NAME)
+    with pytest.raises(JobGoneError):
+        reconciler.reconcile(*KEY)
+    deleted = sorted(w.name for w in cluster.of("delete"))
+    assert deleted == ["bert-train-0-0", "bert-train-0-1"], "one already terminating is left"
+    assert sorted(uids) == ["Pod-bert-train-0-0-uid", "Pod-bert-train-0-1-uid"]
+    assert [w.verb for w in cluster.writes] == ["delete", "delete"]
+
+
+def test_a_gone_jobs_pod_replaced_by_a_new_pod_of_that_name_is_left_alone() -> None:
+    cluster, reconciler = running_gang()
+    cluster.vanish("TrainingJob", NAME)
+    # Between the cache's view and the delete, the name came to belong to another pod.
+    pod = cluster.objects[("Pod", "bert-train-0-0")]
+    cluster.objects[("Pod", "bert-train-0-0")] = {
+        **pod, "metadata": {**pod["metadata"], "uid": "someone-elses"}
+    }  # fmt: skip
+    with pytest.raises(JobGoneError):
+        reconciler.reconcile(*KEY)
+    assert ("Pod", "bert-train-0-0") in cluster.objects
+    assert ("Pod", "bert-train-0-1") not in cluster.objects

@@ -118,6 +118,8 @@ class ClusterCache:
         self._pods_on_node: dict[str, set[tuple[Key, str]]] = {}
         self._expected: dict[Key, _Expected] = {}
         self._recent_versions: dict[Key, deque[str]] = {}
+        # The uids of deleted jobs whose pods are still held (dropped with their last pod).
+        self._gone_uids: dict[Key, set[str]] = {}
 
     # -- fed by the watches -------------------------------------------------------------
     def on_job(self, event: WatchEvent) -> Key:
@@ -128,6 +130,8 @@ class ClusterCache:
                 self._jobs.pop(key, None)
                 self._expected.pop(key, None)
                 self._recent_versions.pop(key, None)
+                if key in self._pods and meta.get("uid"):
+                    self._gone_uids.setdefault(key, set()).add(meta["uid"])
             else:
                 self._jobs[key] = event.obj
                 recent = self._recent_versions.setdefault(key, deque(maxlen=RECENT_VERSIONS))
@@ -156,6 +160,7 @@ class ClusterCache:
                 pods.pop(name, None)
                 if not pods:
                     self._pods.pop(key, None)
+                    self._gone_uids.pop(key, None)
             else:
                 pods[name] = event.obj
                 if node:
@@ -287,6 +292,19 @@ class ClusterCache:
     def pods(self, key: Key) -> list[Obj]:
         with self._lock:
             return list(self._pods.get(key, {}).values())
+
+    def orphaned_pods(self, key: Key) -> list[Obj]:
+        """The pods of `key` whose owner, a job the watch saw deleted, is gone: garbage
+        collection's to delete, and safe for anyone to (a uid is never reused)."""
+        with self._lock:
+            gone = self._gone_uids.get(key, set())
+            return [
+                pod
+                for pod in self._pods.get(key, {}).values()
+                if any(
+                    ref.get("uid") in gone for ref in pod["metadata"].get("ownerReferences") or []
+                )
+            ]
 
     def pod(self, namespace: str, name: str) -> Obj | None:
         """A pod of any job by its name (the pods held are only the operator's children)."""

@@ -3,7 +3,8 @@ admission refusal; the operator itself is built and started by `controller.wirin
 
 Only `on.event` handlers are used, so kopf adds no finalizers and no progress annotations:
 deleting a TrainingJob never waits for the operator, and garbage collection removes its
-children through owner references.
+children through owner references (the operator deletes the gang's pods at once when it sees the
+job gone: `Reconciler._delete_orphans`).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from trainium_operator.builders.upload import (
     is_upload_pod,
 )
 from trainium_operator.controller.admission_holds import AdmissionHolds, Mark
-from trainium_operator.controller.cache import ClusterCache
+from trainium_operator.controller.cache import ClusterCache, Key
 from trainium_operator.controller.views import Views
 from trainium_operator.k8s.client import (
     AdmissionRejection,
@@ -281,6 +281,7 @@ class Reconciler:
             return CACHE_WAIT_SECONDS
         body = self.cache.job((namespace, name))
         if body is None:
+            self._delete_orphans((namespace, name))
             raise JobGoneError(f"{namespace}/{name}")
         if body["metadata"].get("deletionTimestamp"):
             # Garbage collection removes the children through their owner references; we only
@@ -308,6 +309,27 @@ class Reconciler:
         )
         self.events.post(body, "Warning", "PermissionDenied", message, self.clock())
         raise PermissionDeniedError(message) from error
+
+    def _delete_orphans(self, key: Key) -> None:
+        """A deleted job's gang goes at once, together, as its restarts' do: garbage collection
+        would delete it at the controller manager's rate (20 requests/s by default), about 6 s
+        for 128 pods. Each delete names the pod's uid, so a pod of a job re-created under the
+        same name is never touched; garbage collection still deletes whatever this misses."""
+        namespace = key[0]
+        pods = [
+            pod
+            for pod in self.cache.orphaned_pods(key)
+            if not pod["metadata"].get("deletionTimestamp") and not is_upload_pod(pod)
+        ]
+
+        def delete(pod: Obj) -> None:
+            meta = pod["metadata"]
+            try:
+                self.cluster.delete_pod(namespace, meta["name"], force=False, uid=meta["uid"])
+            except Exception as error:  # garbage collection deletes it anyway
+                log.info("%s/%s: left to garbage collection (%r)", namespace, meta["name"], error)
+
+        list(self._pod_writers.map(delete, pods))
 
     def _help_deletion(self, body: Obj) -> float:
         meta = body["metadata"]
