@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from trainium_operator.builders.job import LABEL_JOB_NAME
 from trainium_operator.controller.admission_holds import AdmissionHolds
 from trainium_operator.controller.cache import ClusterCache
 from trainium_operator.controller.wiring import JobTracker
@@ -54,5 +55,40 @@ def test_a_job_recreated_during_a_pass_that_found_it_gone_gets_its_own_pass() ->
 
 def test_a_job_that_is_really_gone_is_forgotten() -> None:
     processed, jobs = run_one_pass(during=["DELETED"])
+    assert processed == [KEY]
+    assert KEY not in jobs.queue.known
+
+
+def test_a_deleted_job_whose_pods_remain_gets_one_last_pass_then_is_forgotten() -> None:
+    processed: list[Key] = []
+    jobs = JobTracker(WorkQueue(), ClusterCache(), AdmissionHolds())
+    body = job_document()
+    pod = {
+        "metadata": {
+            "name": "bert-train-0-0",
+            "namespace": KEY[0],
+            "labels": {LABEL_JOB_NAME: KEY[1]},
+            "ownerReferences": [{"uid": body["metadata"]["uid"]}],
+        },
+        "spec": {},
+    }
+
+    async def scenario() -> None:
+        async def process(key: Key) -> float | None:
+            processed.append(key)
+            jobs.job_gone(key)  # the pass deleted the pods and found its job gone
+            return None
+
+        worker = asyncio.create_task(jobs.queue.run_worker(process))
+        jobs.cache.on_pod(WatchEvent("ADDED", pod))
+        jobs.cache.on_job(WatchEvent("DELETED", body))
+        jobs.job_changed(KEY, "DELETED", (body["metadata"]["uid"], 1, None))
+        await asyncio.sleep(0.05)
+        # The pods' own deletion events bring it back no more.
+        jobs.wake([KEY])
+        await asyncio.sleep(0.05)
+        worker.cancel()
+
+    asyncio.run(scenario())
     assert processed == [KEY]
     assert KEY not in jobs.queue.known

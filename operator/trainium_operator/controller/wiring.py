@@ -128,6 +128,10 @@ class JobTracker:
                 self.health.forget(key)
             self.seen_generations.pop(key, None)
             self.holds.release(key)
+            if self.cache.orphaned_pods(key):
+                # One last pass deletes its gang's pods (Reconciler._delete_orphans), then
+                # forgets the job.
+                self.queue.add(key)
             return
         # Our own status writes come back as events; only spec changes (a new generation),
         # deletion and first sight need a pass. Pod and node events cover the rest.
