@@ -419,6 +419,12 @@ def _holder_class(receiver: ast.expr) -> str | None:
 
 def used_k8s_methods(files: Iterable[Path]) -> set[tuple[str, str]]:
     """(class, method) of every k8s-class method the files reach through a holder."""
+    return set(_used_k8s_methods(tuple(files)))
+
+
+# Each test asks about the same few file lists: each walk of their trees is done once.
+@cache
+def _used_k8s_methods(files: tuple[Path, ...]) -> frozenset[tuple[str, str]]:
     classes = k8s_methods()
     used: set[tuple[str, str]] = set()
     for _path, tree in _trees(files):
@@ -427,7 +433,7 @@ def used_k8s_methods(files: Iterable[Path]) -> set[tuple[str, str]]:
                 holder = _holder_class(node.value)
                 if holder is not None and node.attr in classes[holder]:
                     used.add((holder, node.attr))
-    return used
+    return frozenset(used)
 
 
 def direct_client_uses(files: Iterable[Path]) -> list[str]:
@@ -442,6 +448,11 @@ def direct_client_uses(files: Iterable[Path]) -> list[str]:
 
 
 def constructs(files: Iterable[Path], class_name: str) -> bool:
+    return _constructs(tuple(files), class_name)
+
+
+@cache
+def _constructs(files: tuple[Path, ...], class_name: str) -> bool:
     return any(
         isinstance(node, ast.Call) and ast.unparse(node.func) == class_name
         for _path, tree in _trees(files)
@@ -451,6 +462,11 @@ def constructs(files: Iterable[Path], class_name: str) -> bool:
 
 def kopf_watches(files: Iterable[Path]) -> set[tuple[str, str]]:
     """(group, resource) of every `@kopf.on.event(group, version, plural)` handler."""
+    return set(_kopf_watches(tuple(files)))
+
+
+@cache
+def _kopf_watches(files: tuple[Path, ...]) -> frozenset[tuple[str, str]]:
     watched: set[tuple[str, str]] = set()
     for path, tree in _trees(files):
         for node in ast.walk(tree):
@@ -473,7 +489,7 @@ def kopf_watches(files: Iterable[Path]) -> set[tuple[str, str]]:
                     a.value for a in call.args if isinstance(a, ast.Constant)
                 )
                 watched.add((str(group), str(plural)))
-    return watched
+    return frozenset(watched)
 
 
 def component_calls(
