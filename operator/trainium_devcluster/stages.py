@@ -41,11 +41,6 @@ NODE_LEASE_DURATION_SECONDS = 8
 NODE_MONITOR_PERIOD_MS = 1000
 NODE_MONITOR_GRACE_PERIOD_MS = 16000
 
-# How many pods' stages (start, end, delete) KWOK plays at once. Each real node's kubelet acts on
-# its own pods independently; with KWOK's default of 4, a 128-pod gang's deletion waited about
-# 2.3 s for KWOK to confirm the deletes the API server had taken in 1.2 s (0.6 s at 16).
-POD_STAGE_PARALLELISM = 16
-
 
 def _annotation(key: str) -> str:
     return f'.metadata.annotations["{key}"]'
@@ -587,28 +582,8 @@ def kwokctl_config_documents(
             etcd_version=etcd_version,
             kwok_version=kwok_version,
         ),
-        kwok_configuration(),
         *all_stages(),
     ]
-
-
-def kwok_configuration() -> dict[str, Any]:
-    """The KWOK controller's own options (kwokctl hands it this document). Once the document
-    exists KWOK defaults none of them, so each is set: KWOK's defaults but the pods' stages."""
-    return {
-        "apiVersion": KWOKCTL_API_VERSION,
-        "kind": "KwokConfiguration",
-        "options": {
-            "cidr": "10.0.0.1/24",
-            "enableDebuggingHandlers": True,  # the pods' logs, served as a kubelet serves them
-            "enableProfilingHandler": False,
-            "podPlayStageParallelism": POD_STAGE_PARALLELISM,
-            "nodePlayStageParallelism": 4,
-            "nodeLeaseParallelism": 4,
-            # Replays a returning node's pods (their Ready condition after a node loss).
-            "podsOnNodeSyncParallelism": 1,
-        },
-    }
 
 
 def dump_documents(documents: list[dict[str, Any]]) -> str:
