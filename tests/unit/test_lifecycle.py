@@ -193,12 +193,15 @@ def test_a_compile_pod_deleted_by_someone_and_seen_only_once_failed_restarts_the
     assert decision.status["lastFailure"]["exitCode"] == exit_code
 
 
-def test_a_pod_that_failed_on_its_own_and_was_deleted_afterwards_is_still_its_scripts_failure() -> (
-    None
-):
+@pytest.mark.parametrize(("exit_code", "reason"), [(2, None), (137, "OOMKilled")])
+def test_a_pod_that_failed_on_its_own_and_was_deleted_afterwards_is_still_its_scripts_failure(
+    exit_code: int, reason: str | None
+) -> None:
     job = job_ref()
     status = decide(job, {}, observed(*gang(job, Stage.COMPILE, 0))).status
-    failed = pod(job, Stage.COMPILE, 0, 0, "Failed", exit_code=2, deleting=True)
+    failed = pod(
+        job, Stage.COMPILE, 0, 0, "Failed", exit_code=exit_code, reason=reason, deleting=True
+    )
     decision = decide(job, status, observed(failed, pod(job, Stage.COMPILE, 0, 1)))
     assert decision.status["phase"] == "Failed"
     assert decision.status["reason"] == "CompileFailed"

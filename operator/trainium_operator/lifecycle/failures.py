@@ -118,6 +118,7 @@ def failure_of(pod: PodView, observed: Observed, grace: float) -> Failure | None
         and pod.deleting
         and not pod.infrastructure_failure
         and pod.exit_code in DELETION_EXIT_CODES
+        and pod.reason in (None, "Error")  # not OOMKilled: the kernel's kill, not the delete's
     ):
         # Deleted by someone else and ended by the deletion's signal: the delete, not the
         # script, ended it (seen as Failed when the pass that would have seen it terminating
