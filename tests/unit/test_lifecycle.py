@@ -175,36 +175,34 @@ def test_worker_failure_restarts_the_whole_gang_with_resume_and_counts_it() -> N
     assert started.status["restarts"]["total"] == 1
 
 
-@pytest.mark.parametrize("exit_code", [137, 143])
-def test_a_compile_pod_deleted_by_someone_and_seen_only_once_failed_restarts_the_gang(
-    exit_code: int,
+@pytest.mark.parametrize(
+    ("exit_code", "reason", "by_the_delete"),
+    [
+        (137, None, True),  # SIGKILL
+        (143, None, True),  # SIGTERM
+        (137, "Error", True),  # as a kubelet (and KWOK) reports a killed container
+        (2, None, False),  # its own failure, deleted afterwards
+        (137, "OOMKilled", False),  # the kernel's kill, not the delete's
+    ],
+)
+def test_a_compile_pod_seen_only_once_failed_while_being_deleted_restarts_if_the_delete_ended_it(
+    exit_code: int, reason: str | None, by_the_delete: bool
 ) -> None:
-    # The pass that would have seen it terminating never ran (an operator restart): Failed by
-    # the deletion's signal, with its deletionTimestamp, it was deleted, not a compile failure.
+    # The pass that would have seen it terminating never ran (an operator restart).
     job = job_ref()
     status = decide(job, {}, observed(*gang(job, Stage.COMPILE, 0))).status
-    killed = pod(
-        job, Stage.COMPILE, 0, 0, "Failed", exit_code=exit_code, reason=None, deleting=True
-    )
-    decision = decide(job, status, observed(killed, pod(job, Stage.COMPILE, 0, 1)))
-    assert decision.status["phase"] == "Restarting"
-    assert decision.status["restarts"] == {"total": 1, "application": 0, "infrastructure": 1}
-    assert decision.status["lastFailure"]["reason"] == "PodDeleted"
-    assert decision.status["lastFailure"]["exitCode"] == exit_code
-
-
-@pytest.mark.parametrize(("exit_code", "reason"), [(2, None), (137, "OOMKilled")])
-def test_a_pod_that_failed_on_its_own_and_was_deleted_afterwards_is_still_its_scripts_failure(
-    exit_code: int, reason: str | None
-) -> None:
-    job = job_ref()
-    status = decide(job, {}, observed(*gang(job, Stage.COMPILE, 0))).status
-    failed = pod(
+    ended = pod(
         job, Stage.COMPILE, 0, 0, "Failed", exit_code=exit_code, reason=reason, deleting=True
     )
-    decision = decide(job, status, observed(failed, pod(job, Stage.COMPILE, 0, 1)))
-    assert decision.status["phase"] == "Failed"
-    assert decision.status["reason"] == "CompileFailed"
+    decision = decide(job, status, observed(ended, pod(job, Stage.COMPILE, 0, 1)))
+    if by_the_delete:
+        assert decision.status["phase"] == "Restarting"
+        assert decision.status["restarts"] == {"total": 1, "application": 0, "infrastructure": 1}
+        assert decision.status["lastFailure"]["reason"] == "PodDeleted"
+        assert decision.status["lastFailure"]["exitCode"] == exit_code
+    else:
+        assert decision.status["phase"] == "Failed"
+        assert decision.status["reason"] == "CompileFailed"
 
 
 def test_repeating_a_pass_after_a_restart_decision_is_idempotent() -> None:

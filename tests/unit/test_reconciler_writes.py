@@ -566,7 +566,7 @@ def test_a_running_job_whose_unchanged_spec_a_newer_operator_refuses_is_held_not
     assert cluster.job(NAME)["status"]["phase"] == "Failed"
 
 
-def test_a_restart_deletes_the_old_gangs_pods_together_not_one_after_another() -> None:
+def running_three_node_gang() -> tuple[FakeCluster, Reconciler]:
     cluster, reconciler = new_world(nodes=3)
     cluster.add_node(ready_node("trn1-2"))
     reconciler.reconcile(*KEY)
@@ -574,6 +574,11 @@ def test_a_restart_deletes_the_old_gangs_pods_together_not_one_after_another() -
     reconciler.reconcile(*KEY)
     run_pods(cluster)
     reconciler.reconcile(*KEY)
+    return cluster, reconciler
+
+
+def test_a_restart_deletes_the_old_gangs_pods_together_not_one_after_another() -> None:
+    cluster, reconciler = running_three_node_gang()
     # Each delete returns only once another is in flight: deletes issued one after another
     # would break the barrier.
     both_in_flight = threading.Barrier(2, timeout=5)
@@ -591,16 +596,10 @@ def test_a_restart_deletes_the_old_gangs_pods_together_not_one_after_another() -
     assert cluster.job(NAME)["status"]["phase"] == "Restarting"
 
 
-def test_a_deleted_jobs_pods_are_deleted_together_each_by_its_uid_then_the_job_is_forgotten() -> (
+def test_a_deleted_jobs_pods_are_deleted_together_each_by_its_uid_and_the_pass_finds_it_gone() -> (
     None
 ):
-    cluster, reconciler = new_world(nodes=3)
-    cluster.add_node(ready_node("trn1-2"))
-    reconciler.reconcile(*KEY)
-    admit(cluster, "bert-train")
-    reconciler.reconcile(*KEY)
-    run_pods(cluster)
-    reconciler.reconcile(*KEY)
+    cluster, reconciler = running_three_node_gang()
     # Each delete returns only once another is in flight: one after another would not.
     both_in_flight = threading.Barrier(2, timeout=5)
     delete_pod = cluster.delete_pod
