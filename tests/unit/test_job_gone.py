@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 from trainium_operator.builders.job import LABEL_JOB_NAME
+from trainium_operator.controller import wiring
 from trainium_operator.controller.admission_holds import AdmissionHolds
 from trainium_operator.controller.cache import ClusterCache
-from trainium_operator.controller.wiring import JobTracker
+from trainium_operator.controller.metrics import PassCounts
+from trainium_operator.controller.wiring import JobTracker, RunningPasses
 from trainium_operator.controller.workqueue import Key, WorkQueue
 from trainium_operator.k8s.informer import WatchEvent
 from unit.jobs import job_document
@@ -92,3 +95,27 @@ def test_a_deleted_job_whose_pods_remain_gets_one_last_pass_then_is_forgotten() 
     asyncio.run(scenario())
     assert processed == [KEY]
     assert KEY not in jobs.queue.known
+
+
+class _StandbyGate:
+    def may_work(self, namespace: str) -> bool:
+        return False
+
+
+def test_a_standby_replica_forgets_a_deleted_job_instead_of_keeping_its_key_warm() -> None:
+    jobs = JobTracker(WorkQueue(), ClusterCache(), AdmissionHolds())
+    operator = SimpleNamespace(
+        gate=_StandbyGate(),
+        passes=RunningPasses(),
+        counts=PassCounts(),
+        cache=jobs.cache,
+        jobs=jobs,
+    )
+    jobs.queue.add(KEY)  # a deleted job's last pass, queued on every replica
+    assert asyncio.run(wiring._process(operator, KEY)) is None  # type: ignore[arg-type]
+    assert KEY not in jobs.queue.known
+    # A live job's key stays warm on the standby, for when it takes over.
+    jobs.cache.on_job(WatchEvent("ADDED", job_document()))
+    jobs.queue.add(KEY)
+    assert asyncio.run(wiring._process(operator, KEY)) == wiring.PEERING_RECHECK_SECONDS  # type: ignore[arg-type]
+    assert KEY in jobs.queue.known

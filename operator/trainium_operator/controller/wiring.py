@@ -346,6 +346,10 @@ async def _process(operator: Operator, key: Key) -> float | None:
                 raise RetryableError(f"peering unreadable ({error!r})") from error
             raise
         if not may_work:
+            if operator.cache.job(key) is None:
+                # A deleted job's last pass (its pods' deletes) is the acting replica's.
+                operator.jobs.job_gone(key)
+                return None
             return PEERING_RECHECK_SECONDS  # another replica works; keep the key warm
     counts.reconciles += 1
     started = time.monotonic()
