@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import socket
 import threading
 import time
@@ -315,5 +316,30 @@ def test_idle_connections_are_cut_at_their_deadline_and_capped(
         assert endpoint.counted()["connection_refused"] == 1
         for sock in [*slow, extra]:
             sock.close()
+    finally:
+        server.stop()
+
+
+def test_a_sender_gone_mid_message_is_counted_cut_off_and_logs_no_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = channel()
+    server = ServerThread(endpoint, "127.0.0.1", port).start()
+    try:
+        with caplog.at_level(logging.ERROR):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=2)
+            sock.sendall(
+                b'POST /v1/progress HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"rank"'
+            )
+            time.sleep(0.1)
+            sock.close()  # the rest of the promised body never comes
+            deadline = time.monotonic() + 5
+            while "cut_off" not in endpoint.counted() and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert endpoint.counted().get("cut_off") == 1
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     finally:
         server.stop()

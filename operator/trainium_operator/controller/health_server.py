@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
 from trainium_operator.contract import channel as contract
@@ -682,6 +683,11 @@ def handler(
         except TimeoutError:
             channel.count("malformed")
             return reply(408, "the message took too long to arrive")
+        except (ConnectionResetError, HttpProcessingError):
+            # The sender went away mid-message (a rank killed, or one that never meant to
+            # finish): nothing to answer, and not the operator's error to log.
+            channel.count("cut_off")
+            return reply(400, "the message was cut off")
         if body is None:
             channel.count("malformed")
             return reply(413, f"the message is larger than {contract.MAX_BATCH_BODY_BYTES} bytes")
