@@ -51,6 +51,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -636,6 +637,17 @@ def upload_decided(status: dict[str, Any]) -> bool:
     return upload.get("state") not in (None, "Pending")
 
 
+def lapsed_nodes(core: Any, since: datetime) -> set[str]:
+    """Nodes whose Ready condition changed after `since` (NotReady, then Ready again)."""
+    found = set()
+    for node in core.list_node().items:
+        for condition in node.status.conditions or []:
+            changed = condition.last_transition_time
+            if condition.type == "Ready" and changed is not None and changed > since:
+                found.add(node.metadata.name)
+    return found
+
+
 def test_invariants_hold_under_seeded_faults(
     dev_cluster: Any, namespace: str, tmp_path: Path, chaos_nodes: list[str]
 ) -> None:
@@ -646,6 +658,7 @@ def test_invariants_hold_under_seeded_faults(
     nodes_of = {name: int(m["spec"]["nodes"]) for name, m in jobs.items()}
     names = list(jobs)
     started = time.monotonic()
+    started_at = datetime.now(UTC)
     clients.core.create_namespaced_resource_quota(namespace, upload_quota())
     with peered_replicas(dev_cluster, namespace, tmp_path) as replicas:
         # The control jobs first: they find room before the others queue.
@@ -663,6 +676,10 @@ def test_invariants_hold_under_seeded_faults(
         ledger.step = "end"
         statuses = chaos.statuses()
         refusals: dict[str, list[int]] = {}
+        partitioned = {part.node for part in chaos.partitions}
+        if chaos.partition is not None:
+            partitioned.add(chaos.partition.node)
+        lapsed = frozenset(lapsed_nodes(clients.core, started_at) - partitioned)
         for name in names:
             status = statuses.get(name, {})
             want = ("Succeeded", "TrainingSucceeded")
@@ -690,7 +707,7 @@ def test_invariants_hold_under_seeded_faults(
             if chaos.partition is not None:
                 hit |= chaos.partition.placed_after
             if name in CONTROL_JOBS and name not in hit:
-                for text in warning_violations(name, events):
+                for text in warning_violations(name, events, lapsed):
                     ledger.violation(text)
             if name == UPLOAD_JOB:
                 refusals[name] = refused_uploads(status)
@@ -772,6 +789,10 @@ def test_invariants_hold_under_seeded_faults(
         f"  side-pod refusals     {sum(len(a) for a in refusals.values())} "
         f"(upload pods of {UPLOAD_JOB} refused by quota {UPLOAD_QUOTA}: attempts "
         f"{refusals.get(UPLOAD_JOB, [])})"
+    )
+    report.append(
+        f"  nodes NotReady unasked {', '.join(sorted(lapsed)) or 'none'} (their Ready condition "
+        "changed during the run with no partition: their jobs' NodeLost is true)"
     )
     report.append(f"  restarts seen         {restarts}")
     report.append(f"  violations            {len(ledger.violations)}")

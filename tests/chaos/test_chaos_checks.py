@@ -118,6 +118,17 @@ def test_any_warning_on_a_control_job_is_a_violation() -> None:
     assert "ctl (a control job no fault targeted) has Warning events" in found
 
 
+def test_a_control_jobs_true_report_of_a_node_that_went_notready_on_its_own_is_no_violation() -> (
+    None
+):
+    lost = event("NodeLost", 0, "Warning", "node n-3 is NotReady; pod ctl-train-0-0 (rank 0) lost")
+    assert checks.warning_violations("ctl", [lost], frozenset({"n-3"})) == []
+    # Any other node's, or any other Warning, still is one.
+    assert checks.warning_violations("ctl", [lost], frozenset({"n-4"}))
+    other = event("Unschedulable", 0, "Warning", "2/0 tasks")
+    assert checks.warning_violations("ctl", [lost, other], frozenset({"n-3"}))
+
+
 def refused_status(**changes: Any) -> dict[str, Any]:
     message = "the upload pod p-profile-upload-0 was refused by the API server: exceeded quota"
     record = {
