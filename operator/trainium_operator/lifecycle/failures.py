@@ -113,17 +113,14 @@ def failure_of(pod: PodView, observed: Observed, grace: float) -> Failure | None
                 f"node {pod.node} is {'gone' if node_gone else 'NotReady'}; "
                 f"pod {pod.name} (rank {pod.rank}) lost",
             )
-    if (
-        pod.phase == "Failed"
-        and pod.deleting
-        and not pod.infrastructure_failure
-        and pod.exit_code in DELETION_EXIT_CODES
-        and pod.reason in (None, "Error")  # not OOMKilled: the kernel's kill, not the delete's
-    ):
-        # Deleted by someone else and ended by the deletion's signal: the delete, not the
-        # script, ended it (seen as Failed when the pass that would have seen it terminating
-        # never ran: an operator restart, coalesced events).
-        return _deleted(pod)
+    if pod.deleting and (not pod.terminal or _ended_by_its_deletion(pod)):
+        return Failure.of(
+            pod,
+            FailureClass.INFRASTRUCTURE,
+            "PodDeleted",
+            f"pod {pod.name} (rank {pod.rank}) was deleted while running",
+            pod.exit_code,
+        )
     if pod.phase == "Failed":
         klass = (
             FailureClass.INFRASTRUCTURE if pod.infrastructure_failure else FailureClass.APPLICATION
@@ -134,18 +131,18 @@ def failure_of(pod: PodView, observed: Observed, grace: float) -> Failure | None
         if pod.message:
             message += f": {pod.message}"
         return Failure.of(pod, klass, reason, message, pod.exit_code)
-    if pod.deleting and not pod.terminal:
-        return _deleted(pod)
     return None
 
 
-def _deleted(pod: PodView) -> Failure:
-    return Failure.of(
-        pod,
-        FailureClass.INFRASTRUCTURE,
-        "PodDeleted",
-        f"pod {pod.name} (rank {pod.rank}) was deleted while running",
-        pod.exit_code,
+def _ended_by_its_deletion(pod: PodView) -> bool:
+    """Failed by the deletion's own signal, as a kubelet reports a pod deleted while it ran:
+    seen so when the pass that would have seen it terminating never ran (an operator restart,
+    coalesced events). An OOMKilled 137 is the kernel's kill, not the delete's."""
+    return (
+        pod.phase == "Failed"
+        and not pod.infrastructure_failure
+        and pod.exit_code in DELETION_EXIT_CODES
+        and pod.reason in (None, "Error")
     )
 
 
