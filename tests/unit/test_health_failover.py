@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -14,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from support.local_server import free_port
 from trainium_operator.contract import channel as contract
 from trainium_operator.controller import health_role
 from trainium_operator.controller.health_role import (
@@ -145,12 +145,6 @@ def test_a_failed_label_write_is_retried_at_the_next_check() -> None:
 
 
 # -- a standby's answer ------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def test_a_standby_answers_503_with_retry_after_and_keeps_nothing() -> None:
     channel = endpoint(accepting=False)
     port = free_port()

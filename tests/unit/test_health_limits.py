@@ -3,17 +3,20 @@ pods' and jobs' budgets, the token pre-filter and review cache, the endpoint's c
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from support.local_server import free_port
 from trainium_operator.contract import channel as contract
 from trainium_operator.contract.channel import batch_json, parse_messages
 from trainium_operator.controller import channel_limits, health_server
@@ -292,17 +295,24 @@ def test_a_pod_keeps_a_bounded_number_of_accepted_tokens() -> None:
 
 
 # -- the endpoint's connections --------------------------------------------------------------
+@contextlib.contextmanager
+def serving(endpoint: HealthChannel) -> Iterator[int]:
+    """The endpoint served on a free localhost port (yielded) until the block ends."""
+    port = free_port()
+    server = ServerThread(endpoint, "127.0.0.1", port).start()
+    try:
+        yield port
+    finally:
+        server.stop()
+
+
 def test_idle_connections_are_cut_at_their_deadline_and_capped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(health_server, "MAX_CONNECTIONS", 3)
     monkeypatch.setattr(health_server, "CONNECTION_SECONDS", 0.4)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     endpoint = channel()
-    server = ServerThread(endpoint, "127.0.0.1", port).start()
-    try:
+    with serving(endpoint) as port:
         slow = [socket.create_connection(("127.0.0.1", port), timeout=2) for _ in range(3)]
         for sock in slow:
             sock.sendall(b"POST /v1/progress HTTP/1.1\r\nHost: x\r\n")  # headers never end
@@ -316,30 +326,21 @@ def test_idle_connections_are_cut_at_their_deadline_and_capped(
         assert endpoint.counted()["connection_refused"] == 1
         for sock in [*slow, extra]:
             sock.close()
-    finally:
-        server.stop()
 
 
 def test_a_sender_gone_mid_message_is_counted_cut_off_and_logs_no_error(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     endpoint = channel()
-    server = ServerThread(endpoint, "127.0.0.1", port).start()
-    try:
-        with caplog.at_level(logging.ERROR):
-            sock = socket.create_connection(("127.0.0.1", port), timeout=2)
-            sock.sendall(
-                b'POST /v1/progress HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"rank"'
-            )
-            time.sleep(0.1)
-            sock.close()  # the rest of the promised body never comes
-            deadline = time.monotonic() + 5
-            while "cut_off" not in endpoint.counted() and time.monotonic() < deadline:
-                time.sleep(0.02)
-        assert endpoint.counted().get("cut_off") == 1
-        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    finally:
-        server.stop()
+    with serving(endpoint) as port, caplog.at_level(logging.ERROR):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=2)
+        sock.sendall(
+            b'POST /v1/progress HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{"rank"'
+        )
+        time.sleep(0.1)
+        sock.close()  # the rest of the promised body never comes
+        deadline = time.monotonic() + 5
+        while "cut_off" not in endpoint.counted() and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert endpoint.counted().get("cut_off") == 1
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
