@@ -676,10 +676,9 @@ def test_invariants_hold_under_seeded_faults(
         ledger.step = "end"
         statuses = chaos.statuses()
         refusals: dict[str, list[int]] = {}
-        partitioned = {part.node for part in chaos.partitions}
-        if chaos.partition is not None:
-            partitioned.add(chaos.partition.node)
-        lapsed = frozenset(lapsed_nodes(clients.core, started_at) - partitioned)
+        cuts = [*chaos.partitions, *([chaos.partition] if chaos.partition is not None else [])]
+        hit = {job for part in cuts for job in part.placed_after}
+        lapsed = frozenset(lapsed_nodes(clients.core, started_at) - {part.node for part in cuts})
         for name in names:
             status = statuses.get(name, {})
             want = ("Succeeded", "TrainingSucceeded")
@@ -703,9 +702,6 @@ def test_invariants_hold_under_seeded_faults(
             events = settled_events(clients, namespace, name, str(status.get("reason")))
             for text in final_event_violations(name, status, events):
                 ledger.violation(text)
-            hit = {job for part in chaos.partitions for job in part.placed_after}
-            if chaos.partition is not None:
-                hit |= chaos.partition.placed_after
             if name in CONTROL_JOBS and name not in hit:
                 for text in warning_violations(name, events, lapsed):
                     ledger.violation(text)
