@@ -236,8 +236,8 @@ def warning_violations(
 ) -> list[str]:
     """A job no fault targeted (only operator and API server crashes, which must not show)
     has no Warning at all, but the true report of a node that went NotReady on its own during
-    the run (`lapsed_nodes`, seen so in the node's own Ready condition: KWOK's lease renewals
-    stalled after an API server restart), which a healthy job would report too."""
+    the run (`lapsed_nodes`, seen NotReady by the suite with no partition on them: KWOK's
+    lease renewals stalled after an API server restart), which a healthy job would report too."""
     warnings = [
         e
         for e in events
