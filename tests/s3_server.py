@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from support.local_server import free_port, wait_answering
+from trainium_operator.profiler.s3 import s3_client
 
 REGION = "us-east-1"
 _bucket_numbers = itertools.count()
@@ -66,9 +67,7 @@ class S3Bucket:
     env: dict[str, str]
 
     def client(self) -> Any:
-        import boto3
-
-        return boto3.session.Session().client("s3")
+        return s3_client()
 
     def uri(self, prefix: str = "") -> str:
         return f"s3://{self.bucket}/{prefix}".rstrip("/")

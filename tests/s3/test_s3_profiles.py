@@ -30,6 +30,7 @@ from trainium_operator.profiler.s3 import (
     S3Location,
     S3ProfileError,
     parse_s3_uri,
+    s3_client,
     upload_profile,
 )
 
@@ -61,6 +62,25 @@ def test_s3_uris_parse_into_bucket_and_prefix() -> None:
     for bad in ("b/p", "s3:///p", "s3://b/../x"):
         with pytest.raises(ValueError, match=r"s3://|bucket|not allowed"):
             parse_s3_uri(bad)
+
+
+def test_clients_after_the_first_read_no_service_model_again(
+    s3: S3Bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from botocore.loaders import JSONFileLoader
+
+    s3_client()
+    read: list[str] = []
+    original = JSONFileLoader.load_file
+
+    def counted(self: JSONFileLoader, path: str) -> Any:
+        read.append(path)
+        return original(self, path)
+
+    monkeypatch.setattr(JSONFileLoader, "load_file", counted)
+    s3_client()
+    s3_client(max_attempts=2).list_objects_v2(Bucket=s3.bucket)
+    assert read == []
 
 
 def test_upload_writes_every_rank_file_then_the_manifest(s3: S3Bucket, local_profile: Path) -> None:
