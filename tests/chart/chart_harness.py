@@ -34,6 +34,12 @@ FULLNAME = f"{RELEASE}-trainium-operator"
 Manifest = dict[str, Any]
 
 
+def load_all(text: str) -> Iterable[Any]:
+    """The YAML documents in `text`, parsed by libyaml: the CRDs and renders run to megabytes,
+    which pure-Python parsing takes seconds over."""
+    return yaml.load_all(text, Loader=yaml.CSafeLoader)
+
+
 def _missing(what: str) -> None:
     message = f"{what}; run `trainium-operator dev build` (or set $HELM)"
     if os.environ.get("CI") == "true":
@@ -111,7 +117,7 @@ _renders: dict[str, list[Manifest]] = {}
 def _rendered(key: str, directory: Path) -> list[Manifest]:
     if key not in _renders:
         output = helm(*template_args(json.loads(key), directory)).stdout
-        _renders[key] = [doc for doc in yaml.safe_load_all(output) if doc]
+        _renders[key] = [doc for doc in load_all(output) if doc]
     return _renders[key]
 
 
@@ -177,7 +183,7 @@ def _strict(schema: Any, *, root: bool = False) -> Any:
 
 def _crd_documents() -> Iterable[Manifest]:
     for path in sorted((ROOT / "crds").glob("*.yaml")):
-        yield from (doc for doc in yaml.safe_load_all(path.read_text()) if doc)
+        yield from (doc for doc in load_all(path.read_text()) if doc)
     yield from volcano_crds()
     yield from kueue_crds()
 
@@ -191,7 +197,7 @@ def volcano_crds() -> tuple[Manifest, ...]:
     return tuple(
         doc
         for path in sorted(directory.glob("*.yaml"))
-        for doc in yaml.safe_load_all(path.read_text())
+        for doc in load_all(path.read_text())
         if doc
     )
 
@@ -209,7 +215,7 @@ def kueue_crds() -> tuple[Manifest, ...]:
     return tuple(
         doc
         for path in sorted(directory.glob(KUEUE_CRD_GLOB))
-        for doc in yaml.safe_load_all(path.read_text())
+        for doc in load_all(path.read_text())
         if doc
     )
 

@@ -346,7 +346,8 @@ def k8s_methods() -> dict[str, dict[str, MethodCalls]]:
     return classes
 
 
-def reflector_verbs() -> set[str]:
+@cache
+def reflector_verbs() -> frozenset[str]:
     """The verbs a `Reflector` sends with the list function it is given: its `self._call(...)`
     calls, a WATCH where it passes watch=True, else a LIST."""
     verbs: set[str] = set()
@@ -357,7 +358,7 @@ def reflector_verbs() -> set[str]:
                 for k in node.keywords
             )
             verbs.add("watch" if watch else "list")
-    return verbs
+    return frozenset(verbs)
 
 
 def counter_mismatches() -> list[str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -161,10 +162,14 @@ def _merged(defaults: Any, override: Any) -> Any:
     return override
 
 
+@cache
+def _chart_defaults() -> Any:
+    return yaml.safe_load((CHART_DIR / "values.yaml").read_text(encoding="utf-8"))
+
+
 def _value(values: dict[str, Any], path: tuple[str, ...]) -> Any:
     """A chart value as helm sees it: `values` over the chart's defaults (values.yaml)."""
-    defaults = yaml.safe_load((CHART_DIR / "values.yaml").read_text(encoding="utf-8"))
-    node: Any = _merged(defaults, values)
+    node: Any = _merged(_chart_defaults(), values)
     for key in path:
         node = (node or {}).get(key)
     return node

@@ -21,6 +21,7 @@ from chart.chart_harness import (
     Manifest,
     find,
     helm,
+    load_all,
     one,
     render,
     template_args,
@@ -79,7 +80,7 @@ def test_the_chart_crds_validate_as_custom_resource_definitions() -> None:
     crds = [
         doc
         for path in sorted((CHART_DIR / "crds").glob("*.yaml"))
-        for doc in yaml.safe_load_all(path.read_text())
+        for doc in load_all(path.read_text())
         if doc
     ]
     names = {crd["metadata"]["name"] for crd in crds}
