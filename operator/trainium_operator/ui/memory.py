@@ -8,14 +8,13 @@ drops what it held (an evicted profile is unloaded and loads again from the summ
 
 from __future__ import annotations
 
-import ctypes
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
 
 from trainium_operator.ui.limits import DEFAULT_MEMORY_BUDGET
 
-__all__ = ["DEFAULT_MEMORY_BUDGET", "MemoryLRU", "OverBudgetError", "release_freed_memory"]
+__all__ = ["DEFAULT_MEMORY_BUDGET", "MemoryLRU", "OverBudgetError"]
 
 
 class OverBudgetError(MemoryError):
@@ -73,14 +72,3 @@ class MemoryLRU:
         for key in keys:
             self.pop(key)
         return len(keys)
-
-
-def release_freed_memory() -> None:
-    """Gives the pages malloc keeps after large frees back to the system: composing a profile
-    in the background frees ~50 MB per million events that glibc would otherwise keep in the
-    server's resident memory. Nothing happens where there is no malloc_trim (musl, macOS)."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return
-    trim(0)

@@ -54,13 +54,14 @@ from trainium_operator.analysis.summary import (
 )
 from trainium_operator.analysis.timeline import TimelineIndex
 from trainium_operator.contract.channel import ON_DEMAND_SUBDIR, valid_request_id
+from trainium_operator.process_memory import release_freed_memory
 from trainium_operator.profiler.manifest import MANIFEST_NAME, discover_rank_files
 from trainium_operator.profiler.s3 import is_s3_uri, parse_s3_uri
 from trainium_operator.ui import lazy_timeline
 from trainium_operator.ui.background import BackgroundSummaries, Discovered, Progress
 from trainium_operator.ui.limits import DEFAULT_SUMMARISE_AHEAD
 from trainium_operator.ui.live import JobLive
-from trainium_operator.ui.memory import DEFAULT_MEMORY_BUDGET, MemoryLRU, release_freed_memory
+from trainium_operator.ui.memory import DEFAULT_MEMORY_BUDGET, MemoryLRU
 from trainium_operator.ui.profile_id import InvalidProfileIdError, ProfileId
 from trainium_operator.ui.summary_cache import (
     StoredDashboard,
