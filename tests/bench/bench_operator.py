@@ -63,7 +63,9 @@ import random
 import re
 import signal
 import statistics
+import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -1570,6 +1572,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_kubeflow:
         with _step("kubeflow training-operator build (cached after the first)"):
             kubeflow_build = build.build_kubeflow(jobs=build.default_jobs(), echo=_echo)
+    with _step("bytecode of the environment, as the image's pip install writes it"):
+        compile_environment()
     started = time.monotonic()
     results = [Result(s, nodes) for s in scenarios]
     try:
@@ -1582,6 +1586,27 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         report(results, nodes, time.monotonic() - started, log_dir)
     return 0 if all(result.complete for result in results) else 1
+
+
+def compile_environment() -> None:
+    """Writes the bytecode of every installed module that lacks it: the image's pip install
+    does, and an operator that compiles its imports from source at start (a venv installed
+    without bytecode, PYTHONDONTWRITEBYTECODE set) holds about 30 MiB more memory."""
+    package = Path(spec_model.__file__).resolve().parents[1]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "compileall",
+            "-q",
+            "-j",
+            "0",
+            sysconfig.get_path("purelib"),
+            str(package),
+        ],
+        check=False,
+        stdout=subprocess.DEVNULL,
+    )
 
 
 if __name__ == "__main__":
