@@ -140,9 +140,14 @@ def test_tutorial_job_compiles_then_trains_to_success_on_two_trainium_nodes(
     assert goodput["trainingSeconds"] > 0, goodput
     assert (goodput["lostSeconds"], goodput["lostUnknown"]) == (0, 0), goodput
     assert goodput["summary"] == f"{goodput['percent']:.1f}%", goodput
-    reasons = [reason for _, reason, _ in job_events(clients, namespace, name)]
+    # Events are written after the status they report: the last one may follow the phase.
+    reasons = wait_for(
+        lambda: [reason for _, reason, _ in job_events(clients, namespace, name)],
+        until=lambda found: "TrainingSucceeded" in found,
+        timeout=10,
+        description="the TrainingSucceeded event",
+    )
     assert "CompileSucceeded" in reasons
-    assert "TrainingSucceeded" in reasons
 
     # `kubectl describe` is what a user reads as the truth: a healthy job shows no Warning, and
     # its events in kubectl's order end with the state the job is in.

@@ -176,7 +176,13 @@ def test_profile_now_makes_every_rank_capture_the_next_n_steps_named_in_the_stat
         captured = steps_in(path)
         assert len(captured) == CAPTURED_STEPS, captured
         assert captured == list(range(captured[0], captured[0] + CAPTURED_STEPS)), captured
-    events = {e[1]: e for e in job_events(clients, namespace, name)}
+    # Events follow the status write they report.
+    events = wait_for(
+        lambda: {e[1]: e for e in job_events(clients, namespace, name)},
+        until=lambda found: "ProfileCaptured" in found,
+        timeout=10,
+        description="the ProfileCaptured event",
+    )
     assert events["ProfileRequested"][0] == "Normal"
     assert events["ProfileCaptured"][0] == "Normal"
     assert record["path"] in events["ProfileCaptured"][2]

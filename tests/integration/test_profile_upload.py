@@ -94,8 +94,15 @@ def test_a_profiled_job_ends_with_its_profile_in_s3_and_the_status_pointing_at_i
     condition = profile_condition(job)
     assert condition is not None
     assert (condition["status"], condition["reason"]) == ("True", "Uploaded")
-    reasons = [(kind, reason) for kind, reason, _ in job_events(clients, namespace, name)]
-    assert ("Normal", "ProfileUploaded") in reasons
+    # Events follow the status write they report.
+    eventually(
+        lambda: (
+            ("Normal", "ProfileUploaded")
+            in [(kind, reason) for kind, reason, _ in job_events(clients, namespace, name)]
+        ),
+        timeout=10,
+        description="the ProfileUploaded event",
+    )
 
     keys = s3.keys(f"profiles/{namespace}/{name}/0/")
     local_files = sorted(profile_dir.glob("*/rank-*.trnprof"))
