@@ -302,9 +302,9 @@ class Chaos:
 
     def note_nodes_not_ready(self) -> None:
         cut_off = self.partition.node if self.partition else None
+        serialise = self.clients.api_client.sanitize_for_serialization
         for node in self.clients.core.list_node().items:
-            ready = [c for c in node.status.conditions or [] if c.type == "Ready"]
-            if node.metadata.name != cut_off and not (ready and ready[0].status == "True"):
+            if node.metadata.name != cut_off and not node_is_ready(serialise(node)):
                 self.not_ready_unasked.add(node.metadata.name)
 
     def watch(self, seconds: float) -> None:

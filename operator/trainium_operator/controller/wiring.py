@@ -198,9 +198,7 @@ def build_operator(settings: OperatorSettings) -> Operator:
     cache = ClusterCache()
     queue = WorkQueue()
     reflectors: list[Reflector] = []
-
-    def synced() -> bool:
-        return all(r.synced.is_set() for r in reflectors)
+    synced = partial(_all_synced, reflectors)
 
     health_settings = settings.health
     progress = ProgressStore() if health_settings is not None else None
@@ -276,14 +274,16 @@ def start(operator: Operator) -> None:
         tasks.append(asyncio.create_task(queue.run_worker(partial(_process, operator))))
     tasks.append(asyncio.create_task(_resync(queue)))
     _start_watches(operator, asyncio.get_running_loop())
-    tasks.append(asyncio.create_task(_release_freed_memory(operator.reflectors)))
+    tasks.append(
+        asyncio.create_task(_release_freed_memory(partial(_all_synced, operator.reflectors)))
+    )
     if operator.topology is not None:
         tasks.append(
             asyncio.create_task(
                 topology_reconciler.run(
                     operator.topology,
                     operator.topology_changed,
-                    ready=lambda: all(r.synced.is_set() for r in operator.reflectors),
+                    ready=partial(_all_synced, operator.reflectors),
                     may_work=partial(_may_write_topology, operator),
                 )
             )
@@ -503,11 +503,15 @@ async def _wake_on_progress(store: ProgressStore, queue: WorkQueue, interval: fl
                 queue.touch(key)
 
 
-async def _release_freed_memory(reflectors: list[Reflector]) -> None:
+def _all_synced(reflectors: list[Reflector]) -> bool:
+    return all(r.synced.is_set() for r in reflectors)
+
+
+async def _release_freed_memory(synced: Callable[[], bool]) -> None:
     # The first lists of the cluster are the start's largest allocations, and glibc keeps
     # what they freed (about 5 MiB of an idle operator's RSS): give it back once the caches
     # are synced, then after whatever bursts come later.
-    while not all(r.synced.is_set() for r in reflectors):
+    while not synced():
         await asyncio.sleep(0.5)
     while True:
         await asyncio.to_thread(release_freed_memory)
