@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from trainium_operator.builders.job import JobRef, Stage
+from trainium_operator.lifecycle import machine
 from trainium_operator.lifecycle.decision import Decision
 from trainium_operator.lifecycle.observed import (
     NodeView,
@@ -455,9 +456,11 @@ def test_the_first_attempt_is_recorded_before_the_stages_first_pods_are_created(
     decision = decide(job, {}, admitted)
     assert names(decision.create) == ["bert-train-0-0", "bert-train-0-1"]
     assert decision.status["training"]["firstAttempt"] == 0
-    assert decision.status_first, "the status must be stored before the creates"
+    record = decision.status_before_pods
+    assert record is not None, "the record must be stored before the creates"
+    assert record["training"] == {"firstAttempt": 0, "createdAttempt": 0}
     again = decide(job, decision.status, observed(*gang(job, Stage.TRAIN, 0)))
-    assert not again.status_first, "only the pass that creates the first gang writes first"
+    assert again.status_before_pods is None, "only the pass that creates the gang writes first"
 
 
 def test_a_placed_gang_whose_whole_gang_record_was_lost_restarts_on_a_vanished_rank() -> None:
@@ -477,14 +480,49 @@ def test_a_placed_gang_whose_whole_gang_record_was_lost_restarts_on_a_vanished_r
     assert decision.status["attempt"] == 1
     resumed = decide(job, decision.status, observed())
     assert resumed.status["phase"] in ("Restarting", "Pending")
-    after = decide(
-        job,
-        resumed.status,
-        Observed((), {"bert-train": PodGroupView("bert-train", "Inqueue", None)}, True, NODES, T0),
-    )
-    train = [o for o in after.create if o["kind"] == "Pod"]
+    train = [o for o in resumed.create if o["kind"] == "Pod"]
     assert names(train) == ["bert-train-1-0", "bert-train-1-1"]
     assert "--resume" in train[0]["spec"]["containers"][0]["command"]
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_a_gang_whose_pods_all_vanished_before_any_pass_saw_them_restarts_instead_of_recreating(
+    nodes: int,
+) -> None:
+    # The pass that created the gang stored createdAttempt first; the operator went down before
+    # it saw the pods, and they were placed and force-deleted meanwhile (a force-deleted process
+    # may still run on its node): the same attempt must not get a second gang.
+    job = job_ref(compile={"enabled": False}, nodes=nodes)
+    creating = decide(job, {}, observed())
+    assert names([o for o in creating.create if o["kind"] == "Pod"]) == [
+        f"bert-train-0-{rank}" for rank in range(nodes)
+    ]
+    assert creating.status["training"]["createdAttempt"] == 0
+    record = creating.status_before_pods
+    assert record is not None, "the record must be stored before the creates"
+    assert record["training"]["createdAttempt"] == 0
+    after = decide(job, creating.status, observed())
+    assert [o for o in after.create if o["kind"] == "Pod"] == []
+    assert after.status["lastFailure"]["reason"] == "PodVanished"
+    assert after.status["attempt"] == 1
+    assert after.status["restarts"]["infrastructure"] == 1
+
+
+def test_a_gang_whose_creates_were_refused_before_any_pod_is_created_again_not_restarted() -> None:
+    job = job_ref(compile={"enabled": False})
+    creating = decide(job, {}, observed())
+    refused = machine.decide_finding(
+        creating.status, 1, T0, None, machine.ChildRefused("QuotaExceeded", "no room", False)
+    )
+    assert "createdAttempt" not in refused.status["training"]
+    again = decide(job, refused.status, observed())
+    pods = [o for o in again.create if o["kind"] == "Pod"]
+    assert names(pods) == ["bert-train-0-0", "bert-train-0-1"]
+    assert again.status["restarts"]["total"] == 0
+    partly = machine.decide_finding(
+        creating.status, 1, T0, None, machine.ChildRefused("QuotaExceeded", "no room", False, True)
+    )
+    assert partly.status["training"]["createdAttempt"] == 0
 
 
 def test_an_unknown_node_right_after_start_is_not_a_lost_node() -> None:

@@ -338,8 +338,7 @@ def test_without_the_preflight_the_same_exit_code_is_an_ordinary_application_fai
 def test_the_operators_multi_node_default_preflights_a_job_that_does_not_say() -> None:
     job = job_ref(compile={"enabled": False}, nodes=2)
     on = PassSettings(preflight_multi_node=True)
-    first = decide(job, {}, observed(), settings=on)
-    created = decide(job, first.status, observed(), settings=on).create
+    created = decide(job, {}, observed(), settings=on).create
     commands = [o["spec"]["containers"][0]["command"] for o in created if o["kind"] == "Pod"]
     assert commands
     assert all(c[:3] == ["python3", "-m", contract.MODULE] for c in commands)

@@ -162,7 +162,49 @@ def test_the_stages_first_attempt_is_stored_before_its_pods_are_created() -> Non
     order = [(w.verb, w.kind) for w in cluster.writes if w.verb in ("status", "create")]
     assert order[0] == ("status", "TrainingJob"), f"firstAttempt after the creates: {order}"
     assert cluster.job(NAME)["status"]["training"]["firstAttempt"] == 0
+    assert cluster.job(NAME)["status"]["training"]["createdAttempt"] == 0
     assert [w.name for w in cluster.of("create")] == ["bert-train-0-0", "bert-train-0-1"]
+
+
+def test_a_gang_deleted_before_any_pass_saw_it_restarts_as_a_new_attempt_not_created_twice() -> (
+    None
+):
+    # The pass that created the gang was the operator's last; its pods were placed and
+    # force-deleted before the next pass (a force-deleted process may still run on its node).
+    cluster, reconciler = new_world()
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    reconciler.reconcile(*KEY)
+    run_pods(cluster)
+    for pod in ("bert-train-0-0", "bert-train-0-1"):
+        cluster.vanish("Pod", pod)
+    cluster.writes.clear()
+    reconciler.reconcile(*KEY)
+    status = cluster.job(NAME)["status"]
+    assert status["lastFailure"]["reason"] == "PodVanished"
+    assert status["attempt"] == 1
+    assert not [w for w in cluster.of("create") if w.name.startswith("bert-train-0-")]
+
+
+def test_a_pod_name_a_foreign_pod_holds_keeps_the_waits_start_and_records_no_created_gang() -> None:
+    cluster, reconciler = new_world(nodes=1)
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    cluster.objects[("Pod", "bert-train-0-0")] = {
+        "kind": "Pod",
+        "metadata": {"name": "bert-train-0-0", "namespace": NAMESPACE, "resourceVersion": "1"},
+    }
+    clock = [NOW]
+    reconciler.clock = lambda: clock[0]
+    reconciler.reconcile(*KEY)
+    first = cluster.job(NAME)["status"]
+    assert first["reason"] == "WaitingForNameConflict"
+    clock[0] = NOW + timedelta(seconds=5)
+    reconciler.reconcile(*KEY)
+    status = cluster.job(NAME)["status"]
+    assert status["message"] == first["message"], "the bounded wait started again"
+    assert "createdAttempt" not in status["training"], "no pod of the attempt was created"
+    assert status["restarts"]["total"] == 0
 
 
 def test_a_restart_is_written_to_the_status_before_the_failed_gang_is_deleted() -> None:
@@ -231,6 +273,7 @@ def test_a_quota_refusal_is_the_jobs_reason_holds_it_and_is_not_a_permission_war
     assert status["reason"] == "QuotaExceeded"
     assert "exceeded quota" in status["message"]
     assert requeue is not None, "held, with a bound"
+    assert "createdAttempt" not in status["training"], "no pod of the attempt was created"
     assert not [e for e in cluster.events if e["reason"] == "PermissionDenied"]
     writes = len(cluster.writes)
     reconciler.reconcile(*KEY)

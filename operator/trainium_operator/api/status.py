@@ -98,6 +98,10 @@ class StageStatus(ApiModel):
     full_gang_attempt: Count | None = None
     """Newest attempt all of whose pods existed at once; a pod of it that vanishes restarts the
     whole gang instead of being re-created alone."""
+    created_attempt: Count | None = None
+    """Newest attempt whose pods the operator began creating (stored before the creates): if
+    none of them exists later, they vanished (deleted before the operator saw them), and the
+    gang restarts instead of being created twice within one attempt."""
 
 
 class CompileCacheStatus(ApiModel):

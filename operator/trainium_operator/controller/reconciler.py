@@ -69,10 +69,11 @@ CHILD_WRITE_CONCURRENCY = 8
 
 
 class _CreateError(Exception):
-    def __init__(self, obj: Obj, error: Exception):
+    def __init__(self, obj: Obj, error: Exception, *, pods_created: bool):
         super().__init__(str(error))
         self.obj = obj
         self.error = error
+        self.pods_created = pods_created  # whether any pod of the pass was created
 
 
 PREDECESSOR_RETRY_SECONDS = 5.0
@@ -113,7 +114,8 @@ def _owned_by(obj: Obj, uid: str) -> bool:
 def status_first(decision: Decision, current: Obj) -> bool:
     """The applier's write order, whatever the policies asked: the status is stored before any
     side effect when the plan deletes or cordons anything, deletes the job, changes the phase,
-    or asks for it (a stage's first attempt, recorded before its pods exist). A terminal
+    or asks for it (a restart's new attempt). A pass that creates pods without it stores only
+    their record first (`Decision.status_before_pods`, before the pods). A terminal
     decision whose deletes landed but whose status did not (a 409, an operator exit) would
     otherwise find no pods next pass and train a finished job again."""
     return bool(
@@ -253,14 +255,19 @@ class Reconciler:
             return obj, error
         return obj, None
 
-    def _create_all(self, objects: list[Obj], created_pods: list[str]) -> None:
+    def _create_all(
+        self, objects: list[Obj], created_pods: list[str], before_pods: Callable[[], None]
+    ) -> None:
         """Creates every object, adding the pods that exist now to `created_pods`; raises the
-        first error with the object it was for."""
+        first error with the object it was for. `before_pods` runs once the other objects
+        exist, before the first pod is created."""
         # Service and PodGroup first: pods name the group, and the first pods to arrive
         # should find it.
         pods = [o for o in objects if o["kind"] == "Pod"]
         results = [self._create_one(o) for o in objects if o["kind"] != "Pod"]
         if not any(error for _, error in results):
+            if pods:
+                before_pods()
             results += list(self._pod_writers.map(self._create_one, pods))
         created_pods += [
             obj["metadata"]["name"]
@@ -269,7 +276,7 @@ class Reconciler:
         ]
         for obj, error in results:
             if error is not None:
-                raise _CreateError(obj, error) from error
+                raise _CreateError(obj, error, pods_created=bool(created_pods)) from error
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         held = self.holds.remaining((namespace, name))
@@ -291,10 +298,10 @@ class Reconciler:
             return self._reconcile(body)
         except _CreateError as failed:
             if isinstance(failed.error, ForeignChildError):
-                return self._blocked_by_predecessor(body, failed.error)
+                return self._blocked_by_predecessor(body, failed.error, failed.pods_created)
             rejection = admission_rejection(failed.error)
             if rejection is not None:
-                return self._rejected(body, failed.obj, rejection, since)
+                return self._rejected(body, failed.obj, rejection, since, failed.pods_created)
             error: Exception = failed.error
         except Exception as caught:
             error = caught
@@ -364,16 +371,23 @@ class Reconciler:
         plan = machine.decide_finding(current, generation, self.clock(), created, finding)
         return self._apply(fresh, current, plan)
 
-    def _blocked_by_predecessor(self, body: Obj, error: ForeignChildError) -> float | None:
+    def _blocked_by_predecessor(
+        self, body: Obj, error: ForeignChildError, pods_created: bool
+    ) -> float | None:
         """A child's name is taken: wait for it, with a bound and an escalation
         (`lifecycle.blockers`)."""
         blocker = blockers.blocker_view(
             error.existing, {n.name: n for n in map(node_view, self.cache.nodes())}
         )
-        return self._record(body, machine.ChildNameTaken(blocker, _stuck_bound(body)))
+        return self._record(body, machine.ChildNameTaken(blocker, _stuck_bound(body), pods_created))
 
     def _rejected(
-        self, body: Obj, obj: Obj, rejection: AdmissionRejection, since: Mark
+        self,
+        body: Obj,
+        obj: Obj,
+        rejection: AdmissionRejection,
+        since: Mark,
+        pods_created: bool,
     ) -> float | None:
         """Admission refused a child: the status names the real cause; no timed retries."""
         message = (
@@ -389,7 +403,10 @@ class Reconciler:
                 meta["name"],
                 message,
             )
-        self._record(body, machine.ChildRefused(rejection.reason, message, rejection.fatal))
+        self._record(
+            body,
+            machine.ChildRefused(rejection.reason, message, rejection.fatal, pods_created),
+        )
         if rejection.fatal:
             return None  # only a spec change helps, and it wakes the job itself
         return self.holds.hold((meta["namespace"], meta["name"]), rejection.reason, since)
@@ -504,17 +521,26 @@ class Reconciler:
             self.cluster.delete_podgroup(namespace, podgroup)
         for kind, name in decision.delete_foreign:
             self._delete_foreign(namespace, kind, name)
+        # The job and its status as the server holds them for the pass's last status write.
+        target, stored = body, current_status
+
+        def store_pods_record() -> None:
+            nonlocal target, stored
+            if decision.status_before_pods is not None and not status_written:
+                target = self._write_status(body, decision.status_before_pods)
+                stored = decision.status_before_pods
+
         created: list[str] = []
         try:
-            self._create_all(decision.create, created)
+            self._create_all(decision.create, created, store_pods_record)
         finally:
             # Only what exists: a refused pod the cache waited for would hold the job's next
             # pass (after a released hold) until the expectation expires.
             self.cache.expect(key, created=created)
-        if decision.status != current_status and not status_written:
+        if decision.status != stored and not status_written:
             # resourceVersion makes a stale pass fail with 409 and retry, never overwrite;
             # events follow the status so a retried pass does not post them twice.
-            self._write_status(body, decision.status)
+            self._write_status(target, decision.status)
         for key_name, value in decision.remove_annotations:
             # After the status that recorded the request: a crash in between leaves the value
             # the status names, and the next pass only removes it.
@@ -591,10 +617,14 @@ class Reconciler:
             return
         self.cache.expect(key, created=[name])
 
-    def _write_status(self, body: Obj, status: Obj) -> None:
+    def _write_status(self, body: Obj, status: Obj) -> Obj:
+        """Writes `status` and returns `body` as it now is on the server (its new
+        resourceVersion), for a later write of the same pass."""
         meta = body["metadata"]
         # The whole status replaces the old one, under the resourceVersion the pass decided on.
         written = self.cluster.replace_training_job_status(body, status)
-        if written is not None:
-            version = written["metadata"].get("resourceVersion")
-            self.cache.expect((meta["namespace"], meta["name"]), job_version=version)
+        if written is None:
+            return body
+        version = written["metadata"].get("resourceVersion")
+        self.cache.expect((meta["namespace"], meta["name"]), job_version=version)
+        return {**body, "metadata": {**meta, "resourceVersion": version}}

@@ -56,10 +56,16 @@ class Decision:
     events: list[EventRecord] = field(default_factory=list)
     requeue_after: float | None = None
     # Written (guarded by resourceVersion) before anything is created as well: a restart's
-    # new attempt and counts, a stage's first attempt. A crash in between then neither loses
-    # the count nor lets a later pass re-create the old attempt or forget to resume. (Before
-    # any delete or node patch the applier stores the status whatever this says.)
+    # new attempt and counts. A crash in between then neither loses the count nor lets a later
+    # pass re-create the old attempt. (Before any delete or node patch the applier stores the
+    # status whatever this says.)
     status_first: bool = False
+    # The stored status plus the record of the pods about to be created (their stage's
+    # firstAttempt and createdAttempt): written after the other children exist and before the
+    # first pod, unless the whole status was written first. Only the record: if the creates are
+    # cut short (a refusal, a name a predecessor holds), the status still says what the last
+    # finding said (a bounded wait keeps its start).
+    status_before_pods: Obj | None = None
 
     def requeue(self, seconds: float, *, minimum: float = 1.0) -> None:
         """Another pass within `seconds`; `minimum` keeps a policy from spinning (a deadline that

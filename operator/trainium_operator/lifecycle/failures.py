@@ -222,8 +222,13 @@ def gang_was_whole(
     """Whether all of this attempt's pods have existed at once, so a missing rank vanished
     (and cannot rejoin a closed rendezvous alone). The status records it once seen; a pod of the
     attempt that Volcano placed proves it too (the PodGroup's minMember is the whole gang, so
-    nothing is bound before every pod exists), which covers a record lost to a crash."""
+    nothing is bound before every pod exists), which covers a record lost to a crash. A gang of
+    which no pod is left, after its creates were recorded, counts as whole: its pods may have
+    been placed and deleted (a force delete leaves the process running on its node) before any
+    pass saw them, and a second gang must not write to the same attempt."""
     if status.stage_int(stage, "fullGangAttempt") == attempt:
+        return True
+    if not gang and status.stage_int(stage, "createdAttempt") == attempt:
         return True
     return any(pod.node for pod in gang.values())
 

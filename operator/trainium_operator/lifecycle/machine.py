@@ -99,11 +99,13 @@ def decide(snapshot: Snapshot) -> Decision:
 @dataclass(frozen=True, slots=True)
 class ChildRefused:
     """The API server refused a child of the job (admission: quota, policy, a missing
-    PriorityClass or ServiceAccount); `fatal`: only a spec change can help."""
+    PriorityClass or ServiceAccount); `fatal`: only a spec change can help. `pods_created`:
+    whether any of the pass's pods was created before the refusal."""
 
     reason: str
     message: str
     fatal: bool
+    pods_created: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,7 @@ class ChildNameTaken:
 
     blocker: Blocker
     bound_seconds: float
+    pods_created: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +137,10 @@ def decide_finding(
     job's status as it is now (`status`), with goodput as on every status write."""
     plan = Decision()
     edit = StatusEdit(status, generation, now, plan)
+    if isinstance(finding, ChildRefused | ChildNameTaken) and not finding.pods_created:
+        # The pass's creates were cut short before any pod: an empty gang is then not one
+        # whose pods vanished (lifecycle.failures.gang_was_whole).
+        edit.forget_creates()
     match finding:
         case ChildRefused(reason, message, fatal):
             admission_rejected(edit, reason, message, fatal=fatal)

@@ -109,6 +109,12 @@ def timestamp(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def with_stage_records(status: Obj, stage: Stage, **records: int) -> Obj:
+    """A copy of a stored `status` with `records` set in its stage's section."""
+    section = _section(stage)
+    return {**status, section: {**(status.get(section) or {}), **records}}
+
+
 def _section(stage: Stage) -> str:
     return "compile" if stage is Stage.COMPILE else "training"
 
@@ -218,6 +224,11 @@ class StatusEdit:
 
     def set_stage(self, stage: Stage, key: str, value: int) -> None:
         self.data.setdefault(_section(stage), {})[key] = value
+
+    def forget_creates(self) -> None:
+        """Drops both stages' record of creates begun (createdAttempt)."""
+        for stage in Stage:
+            self.data.get(_section(stage), {}).pop("createdAttempt", None)
 
     def mark_stage(self, stage: Stage, key: str) -> None:
         self.data.setdefault(_section(stage), {}).setdefault(key, timestamp(self.now))

@@ -22,7 +22,12 @@ from trainium_operator.lifecycle.admission import (
 from trainium_operator.lifecycle.cleanup import delete_gang, is_lost, is_overdue, stuck_bound
 from trainium_operator.lifecycle.failures import node_lost_requeue
 from trainium_operator.lifecycle.observed import PodView
-from trainium_operator.lifecycle.status_edit import profile_view, timestamp, workers_view
+from trainium_operator.lifecycle.status_edit import (
+    profile_view,
+    timestamp,
+    with_stage_records,
+    workers_view,
+)
 
 if TYPE_CHECKING:
     from trainium_operator.lifecycle.snapshot import Pass
@@ -112,10 +117,15 @@ def _run_gang(p: Pass, gang: dict[int, PodView]) -> None:
     if first_attempt is None:
         first_attempt = attempt
         status.set_stage(stage, "firstAttempt", attempt)
-        if missing:
-            # Recorded before the stage's first pods exist: a crash after the creates, and a
-            # failure while the operator is down, must still leave the next attempt resuming.
-            decision.status_first = True
+    if missing and status.stage_int(stage, "createdAttempt") != attempt:
+        # Stored before the pods, with the stage's first attempt: a gang whose pods all vanish
+        # before a pass sees them (the operator down, its status write lost) restarts rather
+        # than being created again, and a crash after the creates still leaves the next
+        # attempt resuming.
+        status.set_stage(stage, "createdAttempt", attempt)
+        decision.status_before_pods = with_stage_records(
+            p.snapshot.status, stage, firstAttempt=first_attempt, createdAttempt=attempt
+        )
     # Resume only when an earlier training gang ran: a compile-stage restart or a suspend
     # before training raises the attempt too, and must not pick up an older run's checkpoints.
     resume = stage is Stage.TRAIN and attempt > first_attempt

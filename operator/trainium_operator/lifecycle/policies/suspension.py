@@ -42,7 +42,8 @@ def _suspend(p: Pass) -> None:
     p.plan.delete_podgroups.extend(sorted(p.observed.podgroups))
     for section in ("compile", "training"):
         # Suspend removes the pods on purpose: their absence is not a vanished pod.
-        status.data.get(section, {}).pop("fullGangAttempt", None)
+        for record in ("fullGangAttempt", "createdAttempt"):
+            status.data.get(section, {}).pop(record, None)
     status.workers = workers_view({}, p.job.spec.nodes)
 
 
