@@ -21,7 +21,7 @@ from trainium_operator.controller.reconciler import (
     Reconciler,
 )
 from trainium_operator.k8s.client import is_conflict
-from trainium_operator.k8s.informer import WatchEvent
+from trainium_operator.k8s.informer import WatchEvent, ownership_and_status, ownership_only
 from trainium_operator.lifecycle.policies.profile_upload import UploadDefaults
 from trainium_operator.lifecycle.ranks import RankSample
 from unit.fake_cluster import FakeCluster, Write, api_error
@@ -680,3 +680,22 @@ def test_a_gone_jobs_pod_replaced_by_a_new_pod_of_that_name_is_left_alone() -> N
         reconciler.reconcile(*KEY)
     assert ("Pod", "bert-train-0-0") in cluster.objects
     assert ("Pod", "bert-train-0-1") not in cluster.objects
+
+
+def test_children_cached_as_ownership_and_state_only_are_still_the_jobs_and_admit_its_gang() -> (
+    None
+):
+    # The reflectors keep only identity, labels and owners of a Service and NetworkPolicy, and
+    # the status of a PodGroup as well (k8s.informer's transforms).
+    cluster, reconciler = new_world()
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    children = {kind: obj for (kind, _), obj in cluster.objects.items()}
+    cache = reconciler.cache
+    cache.on_service(WatchEvent("MODIFIED", ownership_only(children["Service"])))
+    cache.on_network_policy(WatchEvent("MODIFIED", ownership_only(children["NetworkPolicy"])))
+    cache.on_podgroup(WatchEvent("MODIFIED", ownership_and_status(children["PodGroup"])))
+    cluster.writes.clear()
+    reconciler.reconcile(*KEY)
+    created = sorted((w.kind, w.name) for w in cluster.of("create"))
+    assert created == [("Pod", "bert-train-0-0"), ("Pod", "bert-train-0-1")]

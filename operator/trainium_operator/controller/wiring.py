@@ -53,7 +53,13 @@ from trainium_operator.k8s.client import (
     is_transient,
     load_api_client,
 )
-from trainium_operator.k8s.informer import Reflector, WatchEvent
+from trainium_operator.k8s.informer import (
+    Reflector,
+    WatchEvent,
+    ownership_and_status,
+    ownership_only,
+    without_managed_fields,
+)
 from trainium_operator.k8s.reviews import Reviews
 from trainium_operator.process_memory import release_freed_memory
 
@@ -430,6 +436,14 @@ def _start_watches(operator: Operator, loop: asyncio.AbstractEventLoop) -> None:
     # Only the operator's children, selected by the API server: nothing else is held. Kueue
     # labels neither its Workloads nor the LocalQueues: the cache keeps only our groups'.
     selectors = {spec_model.PLURAL: None, WORKLOADS: None, LOCAL_QUEUES: None}
+    # A job's Service and NetworkPolicy are only checked for being there and being the job's,
+    # a PodGroup for its state (ClusterCache.service, lifecycle.observed.podgroup_view): the
+    # cache keeps no more of them.
+    transforms = {
+        "services": ownership_only,
+        NETWORK_POLICIES: ownership_only,
+        PODGROUPS: ownership_and_status,
+    }
     scope = watch_scope(operator.settings.namespaces)
     reflectors = operator.reflectors
     for namespace in scope.sources:
@@ -443,6 +457,7 @@ def _start_watches(operator: Operator, loop: asyncio.AbstractEventLoop) -> None:
                     label_selector=selectors.get(resource, LABEL_JOB_NAME),
                     counter=cluster.counter,
                     accepts_namespace=scope.accepts,
+                    transform=transforms.get(resource, without_managed_fields),
                 )
             )
     counter = cluster.counter
