@@ -140,7 +140,7 @@ def decide_finding(
     if isinstance(finding, ChildRefused | ChildNameTaken) and not finding.pods_created:
         # The pass's creates were cut short before any pod: an empty gang is then not one
         # whose pods vanished (lifecycle.failures.gang_was_whole).
-        edit.forget_creates()
+        edit.forget_stage_records("createdAttempt")
     match finding:
         case ChildRefused(reason, message, fatal):
             admission_rejected(edit, reason, message, fatal=fatal)

@@ -225,10 +225,12 @@ class StatusEdit:
     def set_stage(self, stage: Stage, key: str, value: int) -> None:
         self.data.setdefault(_section(stage), {})[key] = value
 
-    def forget_creates(self) -> None:
-        """Drops both stages' record of creates begun (createdAttempt)."""
+    def forget_stage_records(self, *keys: str) -> None:
+        """Drops `keys` (records of a gang, as createdAttempt) from both stages' sections."""
         for stage in Stage:
-            self.data.get(_section(stage), {}).pop("createdAttempt", None)
+            section = self.data.get(_section(stage), {})
+            for key in keys:
+                section.pop(key, None)
 
     def mark_stage(self, stage: Stage, key: str) -> None:
         self.data.setdefault(_section(stage), {}).setdefault(key, timestamp(self.now))

@@ -40,10 +40,8 @@ def _suspend(p: Pass) -> None:
     live = [pod for pod in p.observed.pods if not pod.terminal]
     delete_gang(p.plan, live, p.observed, stuck_bound(p.job))
     p.plan.delete_podgroups.extend(sorted(p.observed.podgroups))
-    for section in ("compile", "training"):
-        # Suspend removes the pods on purpose: their absence is not a vanished pod.
-        for record in ("fullGangAttempt", "createdAttempt"):
-            status.data.get(section, {}).pop(record, None)
+    # Suspend removes the pods on purpose: their absence is not a vanished pod.
+    status.forget_stage_records("fullGangAttempt", "createdAttempt")
     status.workers = workers_view({}, p.job.spec.nodes)
 
 
