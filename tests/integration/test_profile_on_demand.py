@@ -179,9 +179,9 @@ def test_profile_now_makes_every_rank_capture_the_next_n_steps_named_in_the_stat
     # Events follow the status write they report.
     events = wait_for(
         lambda: {e[1]: e for e in job_events(clients, namespace, name)},
-        until=lambda found: "ProfileCaptured" in found,
+        until=lambda found: {"ProfileCaptured", "ProfileUploaded"} <= found.keys(),
         timeout=10,
-        description="the ProfileCaptured event",
+        description="the ProfileCaptured and ProfileUploaded events",
     )
     assert events["ProfileRequested"][0] == "Normal"
     assert events["ProfileCaptured"][0] == "Normal"
