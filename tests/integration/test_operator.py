@@ -220,10 +220,18 @@ def test_worker_failure_restarts_the_whole_gang_with_resume_then_succeeds(
     finish_pods(clients, namespace, second)
     wait_phase(clients, namespace, "wf", "Succeeded")
     # kubectl lists events by time; microseconds keep GangRunning before TrainingSucceeded
-    # even when both fall in one second.
-    events = clients.core.list_namespaced_event(
-        namespace, field_selector="involvedObject.name=wf,involvedObject.kind=TrainingJob"
-    ).items
+    # even when both fall in one second. The operator posts events after the status they
+    # follow: the last one may arrive just after the phase.
+    events = wait_for(
+        lambda: (
+            clients.core.list_namespaced_event(
+                namespace, field_selector="involvedObject.name=wf,involvedObject.kind=TrainingJob"
+            ).items
+        ),
+        until=lambda found: "TrainingSucceeded" in {e.reason for e in found},
+        timeout=10,
+        description="the TrainingSucceeded event",
+    )
     in_time_order = sorted(events, key=lambda e: e.event_time)
     assert all(e.event_time.microsecond or e.last_timestamp is None for e in events)
     assert [e.reason for e in in_time_order][-1] == "TrainingSucceeded"
