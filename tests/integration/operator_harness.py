@@ -399,6 +399,20 @@ def job_events(clients: Any, namespace: str, name: str) -> list[tuple[str, str, 
     return [(e.type, e.reason, e.message) for e in events]
 
 
+def events_with_reason(
+    clients: Any, namespace: str, name: str, reason: str, timeout: float = 10
+) -> list[tuple[str, str, str]]:
+    """The job's events of `reason`, once there is one: a pass posts its events after the
+    status write they report, so a test that read that status may list them too early."""
+    found: list[tuple[str, str, str]] = wait_for(
+        lambda: [e for e in job_events(clients, namespace, name) if e[1] == reason],
+        until=bool,
+        timeout=timeout,
+        description=f"a {reason} event on {name}",
+    )
+    return found
+
+
 def eventually(check: Any, timeout: float = 30, description: str = "condition") -> Any:
     return wait_for(check, timeout=timeout, description=description)
 

@@ -16,6 +16,7 @@ import pytest
 from integration.operator_harness import (
     OperatorProcess,
     create_job,
+    events_with_reason,
     finish_job,
     get_job,
     job_manifest,
@@ -145,5 +146,5 @@ def test_a_claim_no_nodes_connected_group_can_hold_is_unschedulable_and_the_stat
         message = job["status"]["message"]
         assert message.startswith("train stage: admitted by Kueue ClusterQueue trainium, but 1/1")
         assert "cannot allocate all claims" in message, message
-        events = [e.reason for e in clients.core.list_namespaced_event(namespace).items]
-        assert "Unschedulable" in events
+        # The event follows the status write it reports.
+        assert events_with_reason(clients, namespace, "dra-split", "Unschedulable")

@@ -32,8 +32,8 @@ from integration.health_ranks import (
 from integration.operator_harness import (
     OperatorProcess,
     create_job,
+    events_with_reason,
     get_job,
-    job_events,
     job_manifest,
     wait_gang_running,
     wait_phase,
@@ -167,7 +167,7 @@ def _each_action(clients: Any, namespace: str, tmp_path: Path) -> None:
             ).read_text()
             assert "wait_in_collective" in text  # where the training thread is stuck
             assert "Thread MainThread" in text
-        stalled_events = [e for e in job_events(clients, namespace, name) if e[1] == "Stalled"]
+        stalled_events = events_with_reason(clients, namespace, name, "Stalled")
         assert len(stalled_events) == 1, stalled_events
         assert stalled_events[0][0] == "Warning"
         assert f"stopped first: rank 0 on {nodes[name]}" in stalled_events[0][2]
@@ -203,7 +203,7 @@ def test_a_rank_30_percent_slower_is_named_a_straggler_in_the_status_and_an_even
     assert [r["rank"] for r in named["ranks"]] == [2], named
     assert named["ranks"][0]["node"] == pod.spec.node_name
     assert named["ranks"][0]["ratio"] >= 1.2
-    warnings = [e for e in job_events(clients, namespace, "slow") if e[1] == "Straggler"]
+    warnings = events_with_reason(clients, namespace, "slow", "Straggler")
     assert len(warnings) == 1, warnings
     assert f"rank 2 on {pod.spec.node_name}" in warnings[0][2]
 
@@ -261,9 +261,7 @@ def test_a_persistent_straggler_has_its_node_cordoned_and_the_gang_restarts_on_a
         assert (status["restarts"]["straggler"], status["restarts"]["total"]) == (1, 1)
         (replaced,) = status["stragglers"]["replacements"]
         assert (replaced["rank"], replaced["node"]) == (2, slow_node)
-        warnings = [
-            e for e in job_events(clients, namespace, "replace") if e[1] == "StragglerReplaced"
-        ]
+        warnings = events_with_reason(clients, namespace, "replace", "StragglerReplaced")
         assert len(warnings) == 1, warnings
         assert f"rank 2 on {slow_node}" in warnings[0][2]
 
@@ -293,6 +291,6 @@ def test_a_persistent_straggler_has_its_node_cordoned_and_the_gang_restarts_on_a
         after = get_job(clients, namespace, "replace")["status"]
         assert (after["attempt"], after["restarts"]["straggler"]) == (1, 1)
         assert any(
-            e[1] == "StragglerNotReplaced" and "cordon budget" in e[2]
-            for e in job_events(clients, namespace, "replace")
+            "cordon budget" in e[2]
+            for e in events_with_reason(clients, namespace, "replace", "StragglerNotReplaced")
         )

@@ -20,6 +20,7 @@ import yaml
 from integration.operator_harness import (
     OperatorProcess,
     create_job,
+    events_with_reason,
     finish_job,
     finish_pods,
     get_job,
@@ -206,8 +207,7 @@ def test_a_higher_priority_job_preempts_a_lower_which_requeues_on_no_budget(
     assert status["restarts"]["infrastructure"] == 1  # spent no budget of 0
     assert status["lastFailure"]["reason"] == "WorkloadEvictedDueToPreempted"
     assert status["lastFailure"]["class"] == "Infrastructure"
-    reasons = [e[1] for e in job_events(clients, namespace, "low")]
-    assert "WorkloadEvictedDueToPreempted" in reasons
+    assert events_with_reason(clients, namespace, "low", "WorkloadEvictedDueToPreempted")
 
     finish_job(clients, namespace, "high", high)
     again = wait_gang_running(clients, namespace, "low", "train", 1, nodes=nodes)

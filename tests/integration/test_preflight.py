@@ -13,8 +13,8 @@ import pytest
 
 from integration.operator_harness import (
     create_job,
+    events_with_reason,
     get_job,
-    job_events,
     job_manifest,
     wait_attempt,
     wait_gang_running,
@@ -72,9 +72,7 @@ def test_a_slow_node_found_by_the_real_preflight_is_named_and_the_next_gang_avoi
         assert record["reports"] == 3
         assert job["status"]["restarts"]["preflight"] == 1
         assert job["status"]["lastFailure"]["class"] == "Preflight"
-        excluded = [
-            e for e in job_events(clients, namespace, name) if e[1] == "PreflightNodeExcluded"
-        ]
+        excluded = events_with_reason(clients, namespace, name, "PreflightNodeExcluded")
         assert len(excluded) == 1
         assert excluded[0][0] == "Warning"
         assert slow.node in excluded[0][2]

@@ -23,8 +23,8 @@ from integration.health_ranks import (
 )
 from integration.operator_harness import (
     OperatorProcess,
+    events_with_reason,
     get_job,
-    job_events,
 )
 from trainium_devcluster.sim import wait_for
 
@@ -79,8 +79,8 @@ def test_ranks_claiming_numbers_outside_the_jobs_world_are_never_named_straggler
                 if rank in flagged
                 else f"refused (outside the spec's world of 3); named: {flagged}",
             )
-    warnings = [e[2] for e in job_events(clients, namespace, "forged") if e[1] == "Straggler"]
     assert flagged == [2], status["stragglers"]
+    warnings = [e[2] for e in events_with_reason(clients, namespace, "forged", "Straggler")]
     assert (status.get("progress") or {}).get("ranksReporting", 0) <= 3
     assert len(warnings) == 1, warnings
     assert status["phase"] == "Training"
