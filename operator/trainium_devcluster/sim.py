@@ -24,7 +24,6 @@ T = TypeVar("T")
 
 NODE_LEASE_NAMESPACE = "kube-node-lease"
 NODE_LOST_HOLDER = "sim.trainium.dev/node-lost"
-NODE_LOST_ANNOTATION = "sim.trainium.dev/node-lost"
 # Long enough that KWOK never considers the taken-over lease expired during a test.
 NODE_LOST_LEASE_SECONDS = 24 * 3600
 _GO_DURATION = re.compile(r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$")
@@ -167,7 +166,7 @@ def simulate_node_loss(core_api: Any, node: str) -> None:
     }
     coordination.patch_namespaced_lease(node, NODE_LEASE_NAMESPACE, lease_patch)
     core_api.patch_node(
-        node, {"metadata": {"annotations": {NODE_LOST_ANNOTATION: _micro_time(now)}}}
+        node, {"metadata": {"annotations": {stages.NODE_LOST_ANNOTATION: _micro_time(now)}}}
     )
 
 
@@ -182,7 +181,7 @@ def restore_node(core_api: Any, node: str) -> None:
         NODE_LEASE_NAMESPACE,
         {"spec": {"leaseDurationSeconds": 1, "renewTime": _micro_time(expired)}},
     )
-    core_api.patch_node(node, {"metadata": {"annotations": {NODE_LOST_ANNOTATION: None}}})
+    core_api.patch_node(node, {"metadata": {"annotations": {stages.NODE_LOST_ANNOTATION: None}}})
 
 
 def _describe(value: object, limit: int = 2000) -> str:

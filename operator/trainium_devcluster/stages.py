@@ -24,6 +24,11 @@ import yaml
 from trainium_operator.api import kueue
 
 OUTCOME_ANNOTATION = "sim.trainium.dev/outcome"
+# On a node cut off from the control plane (`sim.simulate_node_loss`): its kubelet posts no
+# status. KWOK also stops for a node whose Lease another holder took, but it reads the Lease
+# from its own cache, which can lag after an API server restart and let it set the node Ready
+# again; the node's own annotation stops its stages whatever that cache says.
+NODE_LOST_ANNOTATION = "sim.trainium.dev/node-lost"
 EXIT_CODE_ANNOTATION = "sim.trainium.dev/exit-code"
 REASON_ANNOTATION = "sim.trainium.dev/reason"
 MESSAGE_ANNOTATION = "sim.trainium.dev/message"
@@ -61,6 +66,7 @@ KUEUE_FINALIZER = kueue.MANAGED_FINALIZER
 _HELD_BY_KUEUE = _expression(".metadata.finalizers.[]", "In", KUEUE_FINALIZER)
 _NOT_HELD_BY_KUEUE = _expression(".metadata.finalizers.[]", "NotIn", KUEUE_FINALIZER)
 _READY_STATUS = '.status.conditions.[] | select( .type == "Ready" ) | .status'
+_REACHABLE = _expression(_annotation(NODE_LOST_ANNOTATION), "DoesNotExist")
 
 
 def _stage(name: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -205,7 +211,9 @@ def node_stages() -> list[dict[str, Any]]:
             "node-initialize",
             "Node",
             {
-                "selector": {"matchExpressions": [_expression(_READY_STATUS, "NotIn", "True")]},
+                "selector": {
+                    "matchExpressions": [_expression(_READY_STATUS, "NotIn", "True"), _REACHABLE]
+                },
                 "next": {"statusTemplate": NODE_INITIALIZE_TEMPLATE},
             },
         ),
@@ -217,6 +225,7 @@ def node_stages() -> list[dict[str, Any]]:
                     "matchExpressions": [
                         _expression(".status.phase", "In", "Running"),
                         _expression(_READY_STATUS, "In", "True"),
+                        _REACHABLE,
                     ]
                 },
                 # Liveness comes from the Lease; the status heartbeat may be rare, as a kubelet's.

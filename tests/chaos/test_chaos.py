@@ -452,6 +452,11 @@ class Chaos:
         on_node = {p.uid: p for p in seen.pods if p.node == node and p.live}
         if any(p.job in CONTROL_JOBS for p in on_node.values()):
             return
+        # KWOK plays a stage it queued before the cut (a pod told to end, one about to run)
+        # after it, as no cut-off kubelet could report: cut only a node whose pods are settled.
+        if any(p.phase != "Running" or p.outcome is not None for p in on_node.values()):
+            self.ledger.faults["partition-node (a pod about to change)"] += 1
+            return
         simulate_node_loss(self.clients.core, node)
         now = time.monotonic()
         self.partition = Partition(node, on_node, now, counted_from=now)
