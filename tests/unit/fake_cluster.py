@@ -61,7 +61,7 @@ class FakeCluster:
     writes: list[Write] = field(default_factory=list)
     events: list[Obj] = field(default_factory=list)
     objects: dict[tuple[str, str], Obj] = field(default_factory=dict)  # (kind, name)
-    refusals: dict[tuple[str, str], ApiException] = field(default_factory=dict)
+    refusals: dict[tuple[str, str], Exception] = field(default_factory=dict)
     counter: RequestCounter = field(default_factory=RequestCounter)
     _version: int = 100
 
@@ -69,7 +69,7 @@ class FakeCluster:
         self.core = _FakeCore(self)
 
     # -- test controls ---------------------------------------------------------------------
-    def refuse(self, verb: str, kind: str, error: ApiException) -> None:
+    def refuse(self, verb: str, kind: str, error: Exception) -> None:
         """Every later `verb` of `kind` fails with `error` (until `allow`)."""
         self.refusals[(verb, kind)] = error
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import MaxRetryError, NewConnectionError
 
 from trainium_operator.builders.job import LABEL_JOB_NAME
 from trainium_operator.controller.cache import ClusterCache
@@ -180,6 +181,53 @@ def test_a_gang_deleted_before_any_pass_saw_it_restarts_as_a_new_attempt_not_cre
         cluster.vanish("Pod", pod)
     cluster.writes.clear()
     reconciler.reconcile(*KEY)
+    status = cluster.job(NAME)["status"]
+    assert status["lastFailure"]["reason"] == "PodVanished"
+    assert status["attempt"] == 1
+    assert not [w for w in cluster.of("create") if w.name.startswith("bert-train-0-")]
+
+
+def unreachable() -> MaxRetryError:
+    """What the client raises when no connection to the API server can be made."""
+    refused = NewConnectionError(None, "Failed to establish a new connection: Connection refused")  # type: ignore[arg-type]
+    return MaxRetryError(None, "/api/v1/namespaces/team-a/pods", refused)  # type: ignore[arg-type]
+
+
+def gang_record_stored_then_creates_unsent() -> tuple[FakeCluster, Reconciler]:
+    cluster, reconciler = new_world()
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    cluster.refuse("create", "Pod", unreachable())
+    with pytest.raises(MaxRetryError):
+        reconciler.reconcile(*KEY)
+    assert cluster.job(NAME)["status"]["training"]["createdAttempt"] == 0
+    assert not [w for w in cluster.of("create") if w.kind == "Pod"]
+    cluster.allow("create", "Pod")
+    return cluster, reconciler
+
+
+def test_a_gang_whose_creates_never_reached_the_api_server_is_created_again_not_restarted() -> None:
+    cluster, reconciler = gang_record_stored_then_creates_unsent()
+    reconciler.reconcile(*KEY)
+    status = cluster.job(NAME)["status"]
+    pods = [w.name for w in cluster.of("create") if w.kind == "Pod"]
+    assert pods == ["bert-train-0-0", "bert-train-0-1"]
+    assert (status["attempt"], status["restarts"]["total"]) == (0, 0)
+    assert "lastFailure" not in status
+
+
+def test_another_process_finding_that_recorded_gang_empty_restarts_it_as_vanished() -> None:
+    # A replica that took over cannot know the creates never left the other one.
+    cluster, _ = gang_record_stored_then_creates_unsent()
+    successor = Reconciler(
+        cluster,
+        cluster.cache,
+        synced=lambda: True,
+        clock=lambda: NOW,
+        upload_defaults=UploadDefaults(),
+        isolate_jobs=True,
+    )
+    successor.reconcile(*KEY)
     status = cluster.job(NAME)["status"]
     assert status["lastFailure"]["reason"] == "PodVanished"
     assert status["attempt"] == 1

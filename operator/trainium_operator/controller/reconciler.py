@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from functools import partial
 
 from trainium_operator.api.objects import Obj
-from trainium_operator.builders.job import JobRef
+from trainium_operator.builders.job import LABEL_ATTEMPT, LABEL_STAGE, JobRef, Stage
 from trainium_operator.builders.upload import (
     LABEL_PROFILE_ATTEMPT,
     LABEL_PROFILE_REQUEST,
@@ -40,6 +40,7 @@ from trainium_operator.k8s.client import (
     api_error_message,
     is_forbidden,
     is_namespace_terminating,
+    never_reached_server,
 )
 from trainium_operator.lifecycle import blockers, cleanup, machine
 from trainium_operator.lifecycle.decision import Decision, NodePatch, PodDeletion
@@ -69,11 +70,15 @@ CHILD_WRITE_CONCURRENCY = 8
 
 
 class _CreateError(Exception):
-    def __init__(self, obj: Obj, error: Exception, *, pods_created: bool):
+    def __init__(
+        self, obj: Obj, error: Exception, *, pods_created: bool, pods_unsent: bool = False
+    ):
         super().__init__(str(error))
         self.obj = obj
         self.error = error
         self.pods_created = pods_created  # whether any pod of the pass was created
+        # Every pod create failed before reaching the API server: none can exist.
+        self.pods_unsent = pods_unsent
 
 
 PREDECESSOR_RETRY_SECONDS = 5.0
@@ -237,6 +242,10 @@ class Reconciler:
         self.views = Views()
         # Jobs warned about pod fields the allowlist dropped, with the fields warned about.
         self.warned_dropped: dict[str, tuple[str, ...]] = {}
+        # Jobs (by uid) whose gang's creates this process sent nowhere after storing the
+        # gang's createdAttempt (the API server unreachable): the stage and attempt. Their next
+        # pass creates that gang rather than restarting it as vanished.
+        self.unsent_gangs: dict[str, tuple[Stage, int]] = {}
         self._pod_writers = ThreadPoolExecutor(
             max_workers=CHILD_WRITE_CONCURRENCY, thread_name_prefix="pod-write"
         )
@@ -274,9 +283,14 @@ class Reconciler:
             for obj, error in results
             if error is None and obj["kind"] == "Pod"
         ]
+        pod_errors = [error for obj, error in results if obj["kind"] == "Pod"]
+        unsent = bool(pods) and len(pod_errors) == len(pods)
+        unsent = unsent and all(e is not None and never_reached_server(e) for e in pod_errors)
         for obj, error in results:
             if error is not None:
-                raise _CreateError(obj, error, pods_created=bool(created_pods)) from error
+                raise _CreateError(
+                    obj, error, pods_created=bool(created_pods), pods_unsent=unsent
+                ) from error
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         held = self.holds.remaining((namespace, name))
@@ -478,6 +492,7 @@ class Reconciler:
             upload_pods=uploads,
             cordon_budget=self.cordons.budget(nodes),
             dropped_fields_warned=self.warned_dropped.get(job.uid) == job.dropped_pod_fields,
+            unsent_gang=self.unsent_gangs.get(job.uid),
             settings=self.pass_settings,
         )
 
@@ -533,10 +548,19 @@ class Reconciler:
         created: list[str] = []
         try:
             self._create_all(decision.create, created, store_pods_record)
+        except _CreateError as failed:
+            if failed.pods_unsent:
+                first = next(o for o in decision.create if o["kind"] == "Pod")
+                labels = first["metadata"]["labels"]
+                gang = (Stage(labels[LABEL_STAGE]), int(labels[LABEL_ATTEMPT]))
+                self.unsent_gangs[meta["uid"]] = gang
+            raise
         finally:
             # Only what exists: a refused pod the cache waited for would hold the job's next
             # pass (after a released hold) until the expectation expires.
             self.cache.expect(key, created=created)
+        if created:
+            self.unsent_gangs.pop(meta["uid"], None)
         if decision.status != stored and not status_written:
             # resourceVersion makes a stale pass fail with 409 and retry, never overwrite;
             # events follow the status so a retried pass does not post them twice.

@@ -153,6 +153,16 @@ def is_namespace_terminating(error: BaseException) -> bool:
     )
 
 
+def never_reached_server(error: BaseException) -> bool:
+    """The request was never sent: no connection to the API server could be made (refused, a
+    name that does not resolve, a connect timeout). A write that failed so changed nothing.
+    urllib3 retries only connection failures for a POST, so its last error being one means
+    every try was."""
+    if isinstance(error, urllib3.exceptions.MaxRetryError):
+        error = error.reason or error
+    return isinstance(error, urllib3.exceptions.ConnectTimeoutError)
+
+
 def is_forbidden(error: BaseException) -> bool:
     """The operator's identity lacks an RBAC permission (not an admission refusal)."""
     return (

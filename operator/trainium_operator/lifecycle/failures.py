@@ -217,7 +217,12 @@ def vanished(job: JobRef, stage: Stage, attempt: int, rank: int) -> Failure:
 
 
 def gang_was_whole(
-    status: StatusEdit, gang: dict[int, PodView], stage: Stage, attempt: int
+    status: StatusEdit,
+    gang: dict[int, PodView],
+    stage: Stage,
+    attempt: int,
+    *,
+    unsent: bool = False,
 ) -> bool:
     """Whether all of this attempt's pods have existed at once, so a missing rank vanished
     (and cannot rejoin a closed rendezvous alone). The status records it once seen; a pod of the
@@ -225,10 +230,11 @@ def gang_was_whole(
     nothing is bound before every pod exists), which covers a record lost to a crash. A gang of
     which no pod is left, after its creates were recorded, counts as whole: its pods may have
     been placed and deleted (a force delete leaves the process running on its node) before any
-    pass saw them, and a second gang must not write to the same attempt."""
+    pass saw them, and a second gang must not write to the same attempt. Unless this process
+    knows (`unsent`) that its creates of the attempt never reached the API server."""
     if status.stage_int(stage, "fullGangAttempt") == attempt:
         return True
-    if not gang and status.stage_int(stage, "createdAttempt") == attempt:
+    if not gang and not unsent and status.stage_int(stage, "createdAttempt") == attempt:
         return True
     return any(pod.node for pod in gang.values())
 

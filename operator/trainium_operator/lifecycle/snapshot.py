@@ -69,6 +69,9 @@ class Snapshot:
     cordon_budget: CordonBudget = field(default_factory=lambda: CordonBudget(0))
     # This operator process already warned about the pod fields the allowlist dropped.
     dropped_fields_warned: bool = False
+    # The stage and attempt whose pod creates this process sent nowhere (the API server was
+    # unreachable) after storing the gang's createdAttempt: no pod of it exists.
+    unsent_gang: tuple[Stage, int] | None = None
     settings: PassSettings = field(default_factory=PassSettings)
 
     @property

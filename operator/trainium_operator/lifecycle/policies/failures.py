@@ -31,7 +31,8 @@ def failures(p: Pass) -> None:
     gang = observed.gang(stage, attempt)
     grace = float(run_policy.node_lost_grace_period_seconds)
     found = [f for f in (failure_of(pod, observed, grace) for pod in gang.values()) if f]
-    if gang_was_whole(p.status, gang, stage, attempt):
+    unsent = p.snapshot.unsent_gang == (stage, attempt)
+    if gang_was_whole(p.status, gang, stage, attempt, unsent=unsent):
         missing = [rank for rank in range(job.spec.nodes) if rank not in gang]
         found += [vanished(job, stage, attempt, rank) for rank in missing]
     blocker = start_blocker(job, gang)
