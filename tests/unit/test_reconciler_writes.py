@@ -216,6 +216,27 @@ def test_a_gang_whose_creates_never_reached_the_api_server_is_created_again_not_
     assert "lastFailure" not in status
 
 
+def test_an_unsent_retry_of_a_gang_some_of_whose_pods_existed_still_restarts_once_all_vanish() -> (
+    None
+):
+    cluster, reconciler = new_world()
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    reconciler.reconcile(*KEY)
+    cluster.vanish("Pod", "bert-train-0-1")
+    cluster.refuse("create", "Pod", unreachable())
+    with pytest.raises(MaxRetryError):
+        reconciler.reconcile(*KEY)  # re-creating rank 1: never sent
+    cluster.vanish("Pod", "bert-train-0-0")  # rank 0 existed: it may have run
+    cluster.allow("create", "Pod")
+    cluster.writes.clear()
+    reconciler.reconcile(*KEY)
+    status = cluster.job(NAME)["status"]
+    assert status["lastFailure"]["reason"] == "PodVanished"
+    assert status["attempt"] == 1
+    assert not [w for w in cluster.of("create") if w.name.startswith("bert-train-0-")]
+
+
 def test_another_process_finding_that_recorded_gang_empty_restarts_it_as_vanished() -> None:
     # A replica that took over cannot know the creates never left the other one.
     cluster, _ = gang_record_stored_then_creates_unsent()

@@ -549,7 +549,9 @@ class Reconciler:
         try:
             self._create_all(decision.create, created, store_pods_record)
         except _CreateError as failed:
-            if failed.pods_unsent:
+            # Only for the pass that began the attempt's creates (it stored the record): had
+            # an earlier pass created some of its pods, they may have run.
+            if failed.pods_unsent and decision.status_before_pods is not None:
                 first = next(o for o in decision.create if o["kind"] == "Pod")
                 labels = first["metadata"]["labels"]
                 gang = (Stage(labels[LABEL_STAGE]), int(labels[LABEL_ATTEMPT]))
