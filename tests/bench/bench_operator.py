@@ -62,6 +62,7 @@ import os
 import random
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -408,6 +409,19 @@ def delete_namespace(bench: Bench, name: str) -> None:
 # -- watching pods appear and gangs run --------------------------------------------------------
 
 
+def abort_stream(response: Any) -> None:
+    """Ends a watch another thread is reading. Closing the response alone waits for that
+    reader's buffer lock, held until the server sends the next event or ends the watch (up to
+    its timeout: minutes of a stalled bench); shutting the socket down wakes the reader first."""
+    connection = getattr(response, "connection", None)
+    sock = getattr(connection, "sock", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(Exception):
+        response.close()
+
+
 class PodGroupAdmissions:
     """Pods held per PodGroup until a watch sees Volcano admit the group (Inqueue, Running)."""
 
@@ -453,8 +467,7 @@ class PodGroupAdmissions:
         return ready
 
     def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            self._response.close()
+        abort_stream(self._response)
 
     def _run(self) -> None:
         with contextlib.suppress(Exception):
@@ -621,8 +634,7 @@ class PodWatch:
             ):
                 stalled = True
                 self._stopped = True
-                with contextlib.suppress(Exception):
-                    self._response.close()
+                abort_stream(self._response)
                 break
         for thread in self._hook_threads:
             thread.join(timeout=60)
