@@ -167,6 +167,14 @@ def test_the_stages_first_attempt_is_stored_before_its_pods_are_created() -> Non
     assert [w.name for w in cluster.of("create")] == ["bert-train-0-0", "bert-train-0-1"]
 
 
+def assert_restarted_as_vanished(cluster: FakeCluster) -> None:
+    """The pass restarted the gang (attempt 1, PodVanished) and created no pod of attempt 0."""
+    status = cluster.job(NAME)["status"]
+    assert status["lastFailure"]["reason"] == "PodVanished"
+    assert status["attempt"] == 1
+    assert not [w for w in cluster.of("create") if w.name.startswith("bert-train-0-")]
+
+
 def test_a_gang_deleted_before_any_pass_saw_it_restarts_as_a_new_attempt_not_created_twice() -> (
     None
 ):
@@ -181,10 +189,7 @@ def test_a_gang_deleted_before_any_pass_saw_it_restarts_as_a_new_attempt_not_cre
         cluster.vanish("Pod", pod)
     cluster.writes.clear()
     reconciler.reconcile(*KEY)
-    status = cluster.job(NAME)["status"]
-    assert status["lastFailure"]["reason"] == "PodVanished"
-    assert status["attempt"] == 1
-    assert not [w for w in cluster.of("create") if w.name.startswith("bert-train-0-")]
+    assert_restarted_as_vanished(cluster)
 
 
 def unreachable() -> MaxRetryError:
@@ -231,10 +236,7 @@ def test_an_unsent_retry_of_a_gang_some_of_whose_pods_existed_still_restarts_onc
     cluster.allow("create", "Pod")
     cluster.writes.clear()
     reconciler.reconcile(*KEY)
-    status = cluster.job(NAME)["status"]
-    assert status["lastFailure"]["reason"] == "PodVanished"
-    assert status["attempt"] == 1
-    assert not [w for w in cluster.of("create") if w.name.startswith("bert-train-0-")]
+    assert_restarted_as_vanished(cluster)
 
 
 def test_another_process_finding_that_recorded_gang_empty_restarts_it_as_vanished() -> None:
@@ -249,10 +251,7 @@ def test_another_process_finding_that_recorded_gang_empty_restarts_it_as_vanishe
         isolate_jobs=True,
     )
     successor.reconcile(*KEY)
-    status = cluster.job(NAME)["status"]
-    assert status["lastFailure"]["reason"] == "PodVanished"
-    assert status["attempt"] == 1
-    assert not [w for w in cluster.of("create") if w.name.startswith("bert-train-0-")]
+    assert_restarted_as_vanished(cluster)
 
 
 def test_a_pod_name_a_foreign_pod_holds_keeps_the_waits_start_and_records_no_created_gang() -> None:
