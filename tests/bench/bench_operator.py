@@ -62,7 +62,6 @@ import os
 import random
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -91,6 +90,7 @@ from trainium_operator.k8s.client import (
     Cluster,
     load_api_client,
 )
+from trainium_operator.k8s.informer import interrupt_read
 from trainium_operator.lifecycle.render import render_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -410,14 +410,9 @@ def delete_namespace(bench: Bench, name: str) -> None:
 
 
 def abort_stream(response: Any) -> None:
-    """Ends a watch another thread is reading. Closing the response alone waits for that
-    reader's buffer lock, held until the server sends the next event or ends the watch (up to
-    its timeout: minutes of a stalled bench); shutting the socket down wakes the reader first."""
-    connection = getattr(response, "connection", None)
-    sock = getattr(connection, "sock", None)
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)
+    """Ends a watch another thread is reading: its blocked read first (closing alone would wait
+    for it until the server's next event or the watch's timeout), then the response."""
+    interrupt_read(response)
     with contextlib.suppress(Exception):
         response.close()
 
