@@ -581,6 +581,36 @@ def kwokctl_configuration(
     }
 
 
+# How many pods KWOK moves through their stages at once (KWOK's default: 4). On EKS each node's
+# kubelet starts and stops its own pods, all at once across a gang; 4 workers for 128-512 nodes
+# made a gang's pods turn Running, and a deleted gang's pods go, one after another over a second
+# or more, a delay no real cluster has (the gang benchmark's restart waited on it).
+POD_STAGE_PARALLELISM = 16
+
+
+def kwok_configuration() -> dict[str, Any]:
+    """KWOK's own options. kwokctl hands this document to KWOK as written, without KWOK's
+    defaults (a missing parallelism is 0, and KWOK refuses to start), so every option KWOK
+    defaults is spelled out here, at its default except POD_STAGE_PARALLELISM."""
+    return {
+        "apiVersion": KWOKCTL_API_VERSION,
+        "kind": "KwokConfiguration",
+        "options": {
+            "cidr": "10.0.0.0/24",
+            "manageAllNodes": False,
+            "enableDebuggingHandlers": True,  # `kubectl logs` through KWOK's kubelet server
+            "enableContentionProfiling": False,
+            "enableProfilingHandler": True,
+            "podPlayStageParallelism": POD_STAGE_PARALLELISM,
+            "nodePlayStageParallelism": 4,
+            "nodeLeaseParallelism": 4,
+            "podsOnNodeSyncParallelism": 1,
+            "enablePodsOnNodeSyncListPager": True,
+            "enablePodsOnNodeSyncStreamWatch": False,
+        },
+    }
+
+
 def kwokctl_config_documents(
     *, binaries: dict[str, Path], kube_version: str, etcd_version: str, kwok_version: str
 ) -> list[dict[str, Any]]:
@@ -591,6 +621,7 @@ def kwokctl_config_documents(
             etcd_version=etcd_version,
             kwok_version=kwok_version,
         ),
+        kwok_configuration(),
         *all_stages(),
     ]
 

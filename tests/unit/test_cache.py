@@ -31,7 +31,9 @@ def job(name: str, version: str) -> dict[str, Any]:
 
 def test_pods_are_indexed_by_their_job_label() -> None:
     cache = ClusterCache()
-    assert cache.on_pod(WatchEvent("ADDED", pod("a-0", "a"))) == ("ns", "a")
+    change = cache.on_pod(WatchEvent("ADDED", pod("a-0", "a")))
+    assert change is not None
+    assert change.key == ("ns", "a")
     cache.on_pod(WatchEvent("ADDED", pod("b-0", "b")))
     assert [p["metadata"]["name"] for p in cache.pods(("ns", "a"))] == ["a-0"]
     cache.on_pod(WatchEvent("DELETED", pod("a-0", "a")))
@@ -70,8 +72,11 @@ def test_a_status_write_is_awaited_until_the_watch_delivers_its_version() -> Non
     cache.on_job(WatchEvent("ADDED", job("j", "1")))
     cache.expect(key, job_version="2")
     assert not cache.settled(key)
-    cache.on_job(WatchEvent("MODIFIED", job("j", "2")))
+    assert cache.on_job(WatchEvent("MODIFIED", job("j", "2"))).settles_wait is True
     assert cache.settled(key)
+    # Not waited for: the echo of a status write wakes nobody.
+    cache.expect(key, job_version="3")
+    assert cache.on_job(WatchEvent("MODIFIED", job("j", "3"))).settles_wait is False
 
 
 def test_a_write_the_watch_delivered_before_it_was_expected_does_not_hold_the_job() -> None:
@@ -92,8 +97,69 @@ def test_created_and_deleted_pods_are_awaited_until_seen() -> None:
     cache.on_pod(WatchEvent("ADDED", pod("a-1-0", "a")))
     assert not cache.settled(key)
     terminating = pod("a-0-0", "a", deletionTimestamp="2026-12-01T00:00:00Z")
-    cache.on_pod(WatchEvent("MODIFIED", terminating))
+    change = cache.on_pod(WatchEvent("MODIFIED", terminating))
     assert cache.settled(key)
+    # The pass that found the cache behind its writes runs as soon as the last arrives.
+    assert change is not None
+    assert change.urgent is True
+
+
+GONE = "2026-12-01T00:00:00Z"
+
+
+def status(phase: str) -> dict[str, Any]:
+    return {"status": {"phase": phase}}
+
+
+def urgent(cache: ClusterCache, kind: str, obj: dict[str, Any]) -> bool:
+    change = cache.on_pod(WatchEvent(kind, obj))
+    assert change is not None
+    return change.urgent
+
+
+def test_a_pod_failing_or_finishing_wakes_its_job_at_once_but_its_later_changes_do_not() -> None:
+    cache = ClusterCache()
+    assert urgent(cache, "ADDED", pod("a-0-0", "a")) is False
+    assert urgent(cache, "MODIFIED", pod("a-0-0", "a") | status("Running")) is False
+    assert urgent(cache, "MODIFIED", pod("a-0-0", "a") | status("Failed")) is True
+    assert urgent(cache, "MODIFIED", pod("a-0-0", "a") | status("Failed")) is False
+    # First seen already finished (after an operator start): at once.
+    assert urgent(cache, "ADDED", pod("a-0-1", "a") | status("Succeeded")) is True
+
+
+def test_a_pod_someone_else_deletes_or_that_vanishes_wakes_its_job_at_once() -> None:
+    cache = ClusterCache()
+    cache.on_pod(WatchEvent("ADDED", pod("a-0-0", "a")))
+    cache.on_pod(WatchEvent("ADDED", pod("a-0-1", "a")))
+    assert urgent(cache, "MODIFIED", pod("a-0-0", "a", deletionTimestamp=GONE)) is True
+    assert urgent(cache, "DELETED", pod("a-0-1", "a")) is True  # force-deleted, unseen going
+
+
+def test_the_operators_own_deletes_are_spaced_until_the_last_deleting_pod_is_gone() -> None:
+    cache = ClusterCache()
+    key = ("ns", "a")
+    for rank in range(3):
+        cache.on_pod(WatchEvent("ADDED", pod(f"a-0-{rank}", "a")))
+    cache.on_pod(WatchEvent("ADDED", pod("a-0-9", "a") | status("Failed")))  # kept for logs
+    cache.expect(key, deleted=["a-0-0", "a-0-1", "a-0-2"])
+    for rank in range(3):
+        going = pod(f"a-0-{rank}", "a", deletionTimestamp=GONE)
+        assert urgent(cache, "MODIFIED", going) is False
+    assert urgent(cache, "DELETED", pod("a-0-0", "a", deletionTimestamp=GONE)) is False
+    assert urgent(cache, "DELETED", pod("a-0-1", "a", deletionTimestamp=GONE)) is False
+    # The wave's last: the restart's next gang may be created now.
+    assert urgent(cache, "DELETED", pod("a-0-2", "a", deletionTimestamp=GONE)) is True
+
+
+def test_a_deleting_pod_that_turns_failed_is_not_waited_for() -> None:
+    cache = ClusterCache()
+    cache.expect(("ns", "a"), deleted=[])
+    for rank in range(2):
+        cache.on_pod(WatchEvent("ADDED", pod(f"a-0-{rank}", "a", deletionTimestamp=GONE)))
+    stopped = pod("a-0-1", "a", deletionTimestamp=GONE) | status("Failed")
+    assert urgent(cache, "MODIFIED", stopped) is True
+    # Nothing live is deleting any more once a-0-0 goes: at once.
+    assert urgent(cache, "DELETED", pod("a-0-0", "a", deletionTimestamp=GONE)) is True
 
 
 def test_an_expectation_that_never_arrives_expires() -> None:

@@ -308,7 +308,20 @@ def test_kwokctl_config_serialises_once_to_parseable_documents(tmp_path: Path) -
     assert options["heartbeatFactor"] == 1
     assert options["etcdVersion"] == "3.6.6"
     assert options["kubeApiserverBinary"] == str(tmp_path / "kube-apiserver")
-    assert [d["kind"] for d in documents[1:]] == ["Stage"] * len(stages.all_stages())
+    kwok = documents[1]
+    assert kwok["kind"] == "KwokConfiguration"
+    # Written without KWOK's defaults: a parallelism left out is 0 and KWOK refuses to start.
+    parallelisms = {k: v for k, v in kwok["options"].items() if k.endswith("Parallelism")}
+    assert set(parallelisms) == {
+        "podPlayStageParallelism",
+        "nodePlayStageParallelism",
+        "nodeLeaseParallelism",
+        "podsOnNodeSyncParallelism",
+    }
+    assert all(v >= 1 for v in parallelisms.values())
+    assert parallelisms["podPlayStageParallelism"] == stages.POD_STAGE_PARALLELISM
+    assert kwok["options"]["enableDebuggingHandlers"] is True
+    assert [d["kind"] for d in documents[2:]] == ["Stage"] * len(stages.all_stages())
 
 
 def test_go_build_names_a_single_binary_explicitly() -> None:

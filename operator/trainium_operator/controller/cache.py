@@ -89,6 +89,48 @@ def _ready(node: Obj) -> bool:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class PodChange:
+    """A pod event's job, and whether it needs a pass at once: a pod that failed or finished,
+    vanished, or is being deleted by someone else, and the end of a wave of deletions (the
+    job's last deleting pod gone: a restart's next gang may start). Anything else (its
+    scheduling, readiness, the operator's own deletes coming back) waits for the spaced pass
+    (WorkQueue.nudge): a gang's hundreds of such events would otherwise each cost a pass over
+    the whole gang, taking CPU from the API server and the nodes the job waits for."""
+
+    key: Key
+    urgent: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobChange:
+    """A job event's key, and whether it brought the last of the operator's own writes a pass
+    is waiting to see (`ClusterCache.settled`): that pass can run now."""
+
+    key: Key
+    settles_wait: bool
+
+
+def _terminal(pod: Obj) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def _deleting(pod: Obj) -> bool:
+    return bool(pod["metadata"].get("deletionTimestamp"))
+
+
+def _urgent(event: WatchEvent, before: Obj | None, ours: bool, others: Iterable[Obj]) -> bool:
+    """Whether a pod event needs its job's pass at once (PodChange). `before`: the pod as the
+    cache held it; `ours`: the operator deleted it and has not seen that come back;
+    `others`: the job's other pods now."""
+    was_deleting = before is not None and _deleting(before)
+    if event.type == "DELETED":
+        return not was_deleting or not any(_deleting(p) and not _terminal(p) for p in others)
+    if _terminal(event.obj) and (before is None or not _terminal(before)):
+        return True
+    return _deleting(event.obj) and not was_deleting and not ours
+
+
 @dataclass
 class _Expected:
     """What the operator wrote for one job and has not seen in the watches yet."""
@@ -120,15 +162,19 @@ class ClusterCache:
         self._recent_versions: dict[Key, deque[str]] = {}
         # The uids of deleted jobs whose pods are still held (dropped with their last pod).
         self._gone_uids: dict[Key, set[str]] = {}
+        # Jobs whose pass found the cache behind the operator's own writes and waits for them.
+        self._waiting: set[Key] = set()
 
     # -- fed by the watches -------------------------------------------------------------
-    def on_job(self, event: WatchEvent) -> Key:
+    def on_job(self, event: WatchEvent) -> JobChange:
         meta = event.obj["metadata"]
         key = (meta["namespace"], meta["name"])
+        settles_wait = False
         with self._lock:
             if event.type == "DELETED":
                 self._jobs.pop(key, None)
                 self._expected.pop(key, None)
+                self._waiting.discard(key)
                 self._recent_versions.pop(key, None)
                 if key in self._pods and meta.get("uid"):
                     self._gone_uids.setdefault(key, set()).add(meta["uid"])
@@ -139,10 +185,10 @@ class ClusterCache:
                 expected = self._expected.get(key)
                 if expected is not None and expected.job_version == meta.get("resourceVersion"):
                     expected.job_version = None
-                    self._drop_if_met(key)
-        return key
+                    settles_wait = self._drop_if_met(key)
+        return JobChange(key, settles_wait)
 
-    def on_pod(self, event: WatchEvent) -> Key | None:
+    def on_pod(self, event: WatchEvent) -> PodChange | None:
         key = _job_of(event.obj)
         if key is None:
             return None
@@ -156,6 +202,8 @@ class ClusterCache:
             if old_node and (old_node != node or event.type == "DELETED"):
                 self._pods_on_node.get(old_node, set()).discard((key, name))
             expected = self._expected.get(key)
+            ours = expected is not None and name in expected.gone
+            settles_wait = False
             if event.type == "DELETED":
                 pods.pop(name, None)
                 if not pods:
@@ -170,8 +218,10 @@ class ClusterCache:
                     expected.present.discard(name)
                 if event.type == "DELETED" or meta.get("deletionTimestamp"):
                     expected.gone.discard(name)
-                self._drop_if_met(key)
-        return key
+                settles_wait = self._drop_if_met(key)
+            others = self._pods.get(key, {})
+            urgent = _urgent(event, old, ours, (p for n, p in others.items() if n != name))
+        return PodChange(key, urgent or settles_wait)
 
     def on_podgroup(self, event: WatchEvent) -> Key | None:
         return self._on_child(self._podgroups, event)
@@ -269,20 +319,30 @@ class ClusterCache:
             self._drop_if_met(key)
 
     def settled(self, key: Key) -> bool:
-        """True when the cache has seen every write the operator made for `key`."""
+        """True when the cache has seen every write the operator made for `key`. When not,
+        the event that brings the last of them says so (`settles_wait`)."""
         with self._lock:
             expected = self._expected.get(key)
             if expected is None:
                 return True
             if self._clock() - expected.since > EXPECTATION_SECONDS:
                 del self._expected[key]
+                self._waiting.discard(key)
                 return True
+            self._waiting.add(key)
             return False
 
-    def _drop_if_met(self, key: Key) -> None:
+    def _drop_if_met(self, key: Key) -> bool:
+        """Drops `key`'s expectation once every write in it was seen; True if a pass waits
+        for exactly that."""
         expected = self._expected.get(key)
-        if expected is not None and expected.empty():
-            del self._expected[key]
+        if expected is None or not expected.empty():
+            return False
+        del self._expected[key]
+        if key in self._waiting:
+            self._waiting.discard(key)
+            return True
+        return False
 
     # -- read by the reconciler -----------------------------------------------------------
     def job(self, key: Key) -> Obj | None:

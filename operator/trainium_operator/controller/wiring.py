@@ -153,8 +153,9 @@ class JobTracker:
             self.queue.touch(key)
 
     def wake_spaced(self, keys: list[Key]) -> None:
-        # A pod's ordinary change (scheduled, Running, its conditions): a gang's hundreds of
-        # them are spaced out (WorkQueue.nudge).
+        # A pod's ordinary change (scheduled, Running, its conditions, the operator's own
+        # deletes coming back): a gang's hundreds of them are spaced out (WorkQueue.nudge;
+        # cache.PodChange says which are not).
         for key in keys:
             self.queue.nudge(key)
 
@@ -393,25 +394,27 @@ def _start_watches(operator: Operator, loop: asyncio.AbstractEventLoop) -> None:
     cluster, cache, jobs = operator.cluster, operator.cache, operator.jobs
 
     def on_job(event: WatchEvent) -> None:
-        key = cache.on_job(event)
+        change = cache.on_job(event)
         meta = event.obj["metadata"]
         revision = (meta.get("uid"), meta.get("generation"), meta.get("deletionTimestamp"))
-        loop.call_soon_threadsafe(jobs.job_changed, key, event.type, revision)
+        loop.call_soon_threadsafe(jobs.job_changed, change.key, event.type, revision)
+        if change.settles_wait:
+            # A pass waits for this status write to come back (Reconciler: CACHE_WAIT_SECONDS).
+            loop.call_soon_threadsafe(jobs.wake, [change.key])
 
-    def child(
-        update: Callable[[WatchEvent], Key | None],
-        *,
-        release: Callable[[WatchEvent], bool] = lambda _: False,
-        spaced: bool = False,
-    ) -> Callable[[WatchEvent], None]:
-        wake = jobs.wake_spaced if spaced else jobs.wake
-
+    def child(update: Callable[[WatchEvent], Key | None]) -> Callable[[WatchEvent], None]:
         def on_event(event: WatchEvent) -> None:
             key = update(event)
             if key is not None:
-                loop.call_soon_threadsafe(jobs.wake_held if release(event) else wake, [key])
+                loop.call_soon_threadsafe(jobs.wake, [key])
 
         return on_event
+
+    def on_pod(event: WatchEvent) -> None:
+        change = cache.on_pod(event)
+        if change is not None:
+            wake = jobs.wake_held if change.urgent else jobs.wake_spaced
+            loop.call_soon_threadsafe(wake, [change.key])
 
     def several(
         update: Callable[[WatchEvent], list[Key]], *, release: bool = False
@@ -426,7 +429,7 @@ def _start_watches(operator: Operator, loop: asyncio.AbstractEventLoop) -> None:
     handlers: dict[str, Callable[[WatchEvent], None]] = {
         spec_model.PLURAL: on_job,
         # A PodGroup's admission and the other children wake their job at once.
-        "pods": child(cache.on_pod, release=_pod_ended, spaced=True),
+        "pods": on_pod,
         "services": child(cache.on_service),
         NETWORK_POLICIES: child(cache.on_network_policy),
         PODGROUPS: child(cache.on_podgroup),
@@ -492,13 +495,6 @@ def _acts(gate: PeeringGate | None, namespaces: tuple[str, ...]) -> bool:
 def _may_write_topology(operator: Operator) -> bool:
     """The cluster-scoped topology objects are written by the working replica only."""
     return _acts(operator.gate, operator.settings.namespaces)
-
-
-def _pod_ended(event: WatchEvent) -> bool:
-    """A pod gone, going or finished: its job may owe a restart even while it is held."""
-    if event.type == "DELETED" or event.obj["metadata"].get("deletionTimestamp"):
-        return True
-    return (event.obj.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
 async def _wake_on_progress(store: ProgressStore, queue: WorkQueue, interval: float) -> None:
