@@ -223,6 +223,23 @@ def test_repeating_a_pass_after_a_restart_decision_is_idempotent() -> None:
     assert done.status["restarts"]["total"] == 1
 
 
+def test_a_restarts_next_gang_is_created_while_volcano_admits_its_podgroup_again() -> None:
+    job = job_ref(compile={"enabled": False})
+    status = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    failed = pod(job, Stage.TRAIN, 0, 0, "Failed", exit_code=1)
+    restarting = decide(job, status, observed(failed, pod(job, Stage.TRAIN, 0, 1))).status
+    # The old pods gone, Volcano put the group back to Pending (no placed pods left).
+    pending = replace(
+        observed(failed), podgroups={"bert-train": PodGroupView("bert-train", "Pending", None)}
+    )
+    decision = decide(job, restarting, pending)
+    assert names(decision.create) == ["bert-train-1-0", "bert-train-1-1"]
+    assert decision.status["phase"] == "Restarting"
+    # Not so for a job that never ran: it waits in its queue holding no pods.
+    queued = replace(pending, pods=())
+    assert decide(job, {}, queued).create == []
+
+
 def test_backoff_limit_exhaustion_fails_the_job() -> None:
     job = job_ref(compile={"enabled": False}, runPolicy={"backoffLimit": 1})
     status = {"phase": "Training", "attempt": 1, "restarts": {"total": 1, "application": 1}}

@@ -1,6 +1,7 @@
 """Gang: the stage's gang exists and runs. Its NetworkPolicy, Service and PodGroup first; while
-Volcano has not admitted the PodGroup, no pods (the reason for the wait is the status); then
-every missing rank's pod. A gang Kueue queues has no PodGroup: its pods are created at once,
+Volcano has not admitted the PodGroup, no pods (the reason for the wait is the status; a
+restart's next gang, whose group Volcano is about to admit again, excepted); then every missing
+rank's pod. A gang Kueue queues has no PodGroup: its pods are created at once,
 held by Kueue's admission gate until Kueue admits the whole group (api/kueue.py). The next
 attempt starts only once every older pod has stopped (bounded: a pod stuck Terminating is
 force-deleted, and one that survives that fails the job)."""
@@ -21,7 +22,7 @@ from trainium_operator.lifecycle.admission import (
 )
 from trainium_operator.lifecycle.cleanup import delete_gang, is_lost, is_overdue, stuck_bound
 from trainium_operator.lifecycle.failures import node_lost_requeue
-from trainium_operator.lifecycle.observed import PodView
+from trainium_operator.lifecycle.observed import PodGroupView, PodView
 from trainium_operator.lifecycle.status_edit import (
     profile_view,
     timestamp,
@@ -103,7 +104,14 @@ def _run_gang(p: Pass, gang: dict[int, PodView]) -> None:
     else:
         group = observed.podgroups.get(job.podgroup_name(stage))
         status.queue = volcano_queue_status(job, group, job.podgroup_name(stage))
-    if not job.queued_by_kueue and not gang and (group is None or not group.admitted):
+    # A restarting gang's PodGroup goes back to Pending once the old pods are gone (Volcano
+    # counts only placed pods), and Volcano admits it again a session later. The next attempt's
+    # pods are created meanwhile, so that session admits and places the gang together rather
+    # than admitting it for the one after (a second scheduling period, 1 s by default). The
+    # group held the room a moment ago; should another gang take it, the pods wait unplaced,
+    # which startupTimeoutSeconds does not count.
+    readmitting = status.phase is Phase.RESTARTING and group is not None
+    if not job.queued_by_kueue and not gang and not readmitting and not _admitted(group):
         # As Kubeflow's operator does under Volcano: a gang waiting in its queue holds one
         # PodGroup (with minResources, all Volcano's enqueue needs), not Pending pods in etcd.
         # The PodGroup's watch event wakes the job once Volcano lets it in.
@@ -189,6 +197,10 @@ def _run_gang(p: Pass, gang: dict[int, PodView]) -> None:
     elif status.phase is not Phase.RESTARTING or _queued_again(p):
         reason, message, warning = waiting_reason(job, stage, gang, observed, attempt)
         status.transition(Phase.PENDING, reason, message, warning=warning)
+
+
+def _admitted(group: PodGroupView | None) -> bool:
+    return group is not None and group.admitted
 
 
 def _queued_again(p: Pass) -> bool:
