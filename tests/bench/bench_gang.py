@@ -8,9 +8,10 @@ For each size it starts its own dev cluster of N fake trn1.32xlarge nodes (KWOK)
 CRDs, measures the API server's idle request rate (the nodes' heartbeats and leases), runs one
 full-size gang through the direct client unmeasured (a new cluster's first large gang binds
 slowly whoever creates it), and runs `--pairs` pairs (default 5; `--quick`: 32 nodes, 2
-pairs). One job is one gang of N pods, one per node, the compile stage off. Each pair, every
-run after a seeded random pause of up to 1 s (so runs do not lock to Volcano's 1 s scheduling
-tick):
+pairs). One job is one gang of N pods, one per node, the compile stage off. Every run of a
+pair starts the same seeded time (0-0.8 s, one draw per pair) after one of Volcano's scheduling
+sessions closed (its log says when), so each run of the pair waits for Volcano's next session
+equally long, and the pairs' phases spread over the 1 s period:
 
 * ours, fresh: a new operator process (`trainium-operator run --namespace NS --workers 4
   --liveness-endpoint ...`); once its /healthz answers (the chart's readiness probe), one job is
@@ -32,7 +33,8 @@ tick):
 Targets (issue 34): every figure's median <= 1.2x the direct client's, the fresh operator's
 first job included; a restart <= 1.2x a fresh gang's start (ours, warm, all Running).
 Everything runs on the same machine (API server, etcd, KWOK, Volcano, the operator, this
-script); the ratios are of medians measured in the same run.
+script); a ratio is the median of the pairs' ratios (each pair's runs met Volcano's tick at the
+same phase), measured in the same run.
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_operator as bo
 import kubeflow_peer
 
-from trainium_devcluster import build, paths, sim
+from trainium_devcluster import build, paths, sim, volcano
 from trainium_operator.api import spec as spec_model
 from trainium_operator.builders.job import LABEL_ATTEMPT
 from trainium_operator.k8s.client import PODGROUPS
@@ -93,8 +95,9 @@ def verdict(value: float | None, limit: float = TARGET) -> str:
     return "met" if value <= limit else "NOT met"
 
 
-def spread(values: list[float]) -> str:
-    """`median (min-max)` in seconds, or `-` without values."""
+def spread(measured: list[float | None]) -> str:
+    """`median (min-max)` in seconds of the values measured, or `-` without any."""
+    values = [v for v in measured if v is not None]
     if not values:
         return "-"
     median = statistics.median(values)
@@ -103,8 +106,11 @@ def spread(values: list[float]) -> str:
     return f"{median:.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
+def paired_ratio(ours: list[float | None], reference: list[float | None]) -> float | None:
+    """The median of the pairs' ratios (pair i: ours[i] / reference[i]), over the pairs that
+    measured both: the runs of a pair met Volcano's tick at the same phase."""
+    ratios = [r for o, ref in zip(ours, reference, strict=False) if (r := ratio(o, ref))]
+    return statistics.median(ratios) if ratios else None
 
 
 def next_attempt(pod_names: set[str]) -> set[str]:
@@ -142,13 +148,13 @@ def parse_request_counts(text: str) -> Counter[str]:
 @dataclass(frozen=True)
 class Row:
     figure: str
-    ours: list[float]
-    reference: list[float]
+    ours: list[float | None]  # one per pair, None where the pair did not measure it
+    reference: list[float | None]
     reference_label: str  # "direct", or "ours warm" for the restart
     limit: float = TARGET
 
     def cells(self) -> list[str]:
-        r = ratio(median(self.ours), median(self.reference))
+        r = paired_ratio(self.ours, self.reference)
         return [
             self.figure,
             spread(self.ours),
@@ -190,9 +196,8 @@ class SizeResult:
     error: str = ""
 
     def rows(self) -> list[Row]:
-        def pick(times: list[bo.Times], what: str) -> list[float]:
-            values = [getattr(t, what) for t in times]
-            return [v for v in values if v is not None]
+        def pick(times: list[bo.Times], what: str) -> list[float | None]:
+            return [getattr(t, what) for t in times]
 
         rows = []
         # Targets on the three figures; the PodGroup's admission and the last bind (limit 0:
@@ -214,12 +219,19 @@ class SizeResult:
         rows.append(
             Row(
                 "rank fails -> new gang Running",
-                self.restart,
+                list(self.restart),
                 pick(self.warm, "gangs_running"),
                 "ours warm start",
             )
         )
-        rows.append(Row("delete -> all pods gone", self.delete_ours, self.delete_direct, "direct"))
+        rows.append(
+            Row(
+                "delete -> all pods gone",
+                list(self.delete_ours),
+                list(self.delete_direct),
+                "direct",
+            )
+        )
         return rows
 
 
@@ -452,6 +464,35 @@ def wait_healthz(operator: bo.Operator, port: int) -> None:
     raise TimeoutError(f"the operator's /healthz did not answer in {READY_TIMEOUT:.0f}s")
 
 
+class VolcanoTick:
+    """Volcano's scheduling sessions, read from its log: a session opens one period after the
+    previous one closed (`wait.Until` slides), so a create `phase` seconds after a close meets
+    the next session `period - phase` seconds later, whoever creates."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+
+    def wait_close(self, timeout: float = 3.0) -> bool:
+        """Returns at the next "Close Session" line; False if none came within `timeout`."""
+        deadline = time.monotonic() + timeout
+        try:
+            with self.log.open("rb") as lines:
+                lines.seek(0, os.SEEK_END)
+                pending = b""
+                while time.monotonic() < deadline:
+                    chunk = lines.read()
+                    if not chunk:
+                        time.sleep(0.005)
+                        continue
+                    pending += chunk
+                    if b"Close Session" in pending:
+                        return True
+                    pending = pending[pending.rfind(b"\n") + 1 :]
+        except OSError:
+            return False
+        return False
+
+
 def run_pair(
     bench: bo.Bench,
     result: SizeResult,
@@ -459,13 +500,22 @@ def run_pair(
     namespaces: dict[str, str],
     *,
     jitter: random.Random,
+    tick: VolcanoTick,
     verbose: bool,
     kubeflow: kubeflow_peer.KubeflowOperator | None,
 ) -> None:
     nodes = result.nodes
+    # One phase of Volcano's tick for every run of the pair: each meets the scheduler's next
+    # session equally late, so the pair's ratios compare the creators, not where the tick fell;
+    # the phases of the pairs spread over the period, short of its last fifth, where a session
+    # opening a few milliseconds early or late decides which one a run meets.
+    phase = jitter.uniform(0, 0.8 * bo.TICK_JITTER_SECONDS)
 
     def desync() -> None:
-        time.sleep(jitter.uniform(0, bo.TICK_JITTER_SECONDS))
+        if tick.wait_close():
+            time.sleep(phase)
+        else:
+            time.sleep(jitter.uniform(0, bo.TICK_JITTER_SECONDS))
 
     op_ns, direct_ns = namespaces["op"], namespaces["direct"]
     health_port = bo.free_port()
@@ -575,6 +625,7 @@ def run_size(
                             index,
                             namespaces,
                             jitter=jitter,
+                            tick=VolcanoTick(volcano.daemons(paths.ClusterPaths(name))[0].log),
                             verbose=verbose,
                             kubeflow=kubeflow,
                         )
@@ -602,7 +653,7 @@ def report(results: list[SizeResult], elapsed: float) -> None:
         "admits the PodGroup (Inqueue); its delete: the pods by one deletecollection, the rest "
         "by name, default grace as garbage collection uses. Seconds from the create (restart: "
         "from marking one rank Failed; delete: from the delete call); median (min-max) of the "
-        "pairs; ratio of medians."
+        "pairs; ratio: the median of the pairs' ratios."
     )
     for result in results:
         print()

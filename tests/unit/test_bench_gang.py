@@ -54,16 +54,23 @@ def test_request_rates_sum_codes_and_sort_highest_first() -> None:
     ]
 
 
-def test_table_rows_carry_ratio_and_verdict_of_medians() -> None:
+def test_table_rows_carry_the_median_of_the_pairs_ratios_and_its_verdict() -> None:
+    # Pairs: 2.0/2.0, 4.0/2.5, 3.0/3.0 -> 1.0, 1.6, 1.0; the ratio of the medians would be 1.2.
     row = bench_gang.Row("warm job, all Running", [2.0, 4.0, 3.0], [2.0, 2.5, 3.0], "direct")
     assert row.cells() == [
         "warm job, all Running",
         "3.00 (2.00-4.00)",
         "2.50 (2.00-3.00)",
         "direct",
-        "1.20x",
+        "1.00x",
         "met",
     ]
     text = bench_gang.table([row])
     assert text.splitlines()[0].startswith("figure (s)")
-    assert "1.20x  met" in text
+    assert "1.00x  met" in text
+
+
+def test_a_pair_that_did_not_measure_a_figure_is_left_out_of_its_ratio() -> None:
+    row = bench_gang.Row("warm job, admitted", [None, 3.0, 1.3], [1.0, 2.0, 1.0], "direct", 0.0)
+    assert row.cells()[1:5] == ["2.15 (1.30-3.00)", "1.00 (1.00-2.00)", "direct", "1.40x"]
+    assert bench_gang.paired_ratio([None], [1.0]) is None
