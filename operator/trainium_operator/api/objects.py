@@ -6,3 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 Obj = dict[str, Any]
+
+# The phases a pod never leaves: its containers have ended and will not run again.
+POD_ENDED_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def pod_ended(pod: Obj) -> bool:
+    """A pod, as the API server returns it, in one of POD_ENDED_PHASES."""
+    return (pod.get("status") or {}).get("phase") in POD_ENDED_PHASES

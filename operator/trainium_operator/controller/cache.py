@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from trainium_operator.api import kueue
-from trainium_operator.api.objects import Obj
+from trainium_operator.api.objects import Obj, pod_ended
 from trainium_operator.builders.job import LABEL_JOB_NAME, Stage
 from trainium_operator.k8s.informer import WatchEvent
 
@@ -111,10 +111,6 @@ class JobChange:
     settles_wait: bool
 
 
-def _terminal(pod: Obj) -> bool:
-    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
-
-
 def _deleting(pod: Obj) -> bool:
     return bool(pod["metadata"].get("deletionTimestamp"))
 
@@ -125,8 +121,8 @@ def _urgent(event: WatchEvent, before: Obj | None, ours: bool, others: Iterable[
     `others`: the job's other pods now."""
     was_deleting = before is not None and _deleting(before)
     if event.type == "DELETED":
-        return not was_deleting or not any(_deleting(p) and not _terminal(p) for p in others)
-    if _terminal(event.obj) and (before is None or not _terminal(before)):
+        return not was_deleting or not any(_deleting(p) and not pod_ended(p) for p in others)
+    if pod_ended(event.obj) and (before is None or not pod_ended(before)):
         return True
     return _deleting(event.obj) and not was_deleting and not ours
 
@@ -312,9 +308,7 @@ class ClusterCache:
                 expected.job_version = None if seen else job_version
             pods = self._pods.get(key, {})
             expected.present |= {n for n in created if n not in pods}
-            expected.gone |= {
-                n for n in deleted if n in pods and not pods[n]["metadata"].get("deletionTimestamp")
-            }
+            expected.gone |= {n for n in deleted if n in pods and not _deleting(pods[n])}
             expected.since = self._clock()
             self._drop_if_met(key)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from trainium_operator.api import kueue
-from trainium_operator.api.objects import Obj
+from trainium_operator.api.objects import POD_ENDED_PHASES, Obj
 from trainium_operator.api.spec import TRAINING_CONTAINER
 from trainium_operator.builders.job import LABEL_ATTEMPT, LABEL_NODE_RANK, LABEL_STAGE, Stage
 
@@ -83,7 +83,7 @@ class PodView:
 
     @property
     def terminal(self) -> bool:
-        return self.phase in ("Succeeded", "Failed")
+        return self.phase in POD_ENDED_PHASES
 
     @property
     def infrastructure_failure(self) -> bool:

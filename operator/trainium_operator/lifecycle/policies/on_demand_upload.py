@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from trainium_operator.api.objects import pod_ended
 from trainium_operator.api.status import ProfileUploadSummary, UploadReason
 from trainium_operator.builders.upload import (
     LABEL_PROFILE_REQUEST,
@@ -44,7 +45,7 @@ def on_demand_upload(p: Pass) -> None:
         for pod in upload_pods
         if LABEL_PROFILE_REQUEST in (pod["metadata"].get("labels") or {})
         and pod["metadata"]["labels"][LABEL_PROFILE_REQUEST] != current
-        and (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        and pod_ended(pod)
     ]
     if record is None or record.state != "Captured" or not s3_uri or decision.delete_job:
         return

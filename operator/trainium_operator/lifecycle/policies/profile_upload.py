@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from trainium_operator.api.objects import Obj
+from trainium_operator.api.objects import POD_ENDED_PHASES, Obj, pod_ended
 from trainium_operator.api.status import (
     MAX_PROFILE_UPLOAD_RECORDS,
     TERMINAL_PHASES,
@@ -146,7 +146,7 @@ def pod_outcome(pod: Obj) -> PodOutcome:
     """An upload pod's outcome, from its phase and its uploader's exit code (never its text)."""
     status = pod.get("status") or {}
     phase = status.get("phase") or "Pending"
-    if phase not in ("Succeeded", "Failed"):
+    if phase not in POD_ENDED_PHASES:
         return PodOutcome("Running" if phase == "Running" else "Pending")
     if phase == "Succeeded":  # the kubelet's word: every container exited 0
         return PodOutcome("Succeeded", UploadReason.UPLOADED)
@@ -286,7 +286,7 @@ def _finished_pods_to_delete(upload_pods: list[Obj], stored: dict[int, ProfileUp
         if attempt is None:
             continue
         done = attempt in stored and stored[attempt].state in DONE_STATES
-        over = ((pod.get("status") or {}).get("phase")) in ("Succeeded", "Failed")
+        over = pod_ended(pod)
         if done or (attempt < oldest and over and attempt not in stored):
             finished.append((attempt, pod["metadata"]["name"]))
     finished.sort(reverse=True)
