@@ -503,12 +503,12 @@ def test_a_placed_gang_whose_whole_gang_record_was_lost_restarts_on_a_vanished_r
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
-def test_a_gang_whose_pods_all_vanished_before_any_pass_saw_them_restarts_instead_of_recreating(
+def test_a_gang_this_operator_created_whose_pods_all_vanished_unseen_restarts_not_recreated(
     nodes: int,
 ) -> None:
-    # The pass that created the gang stored createdAttempt first; the operator went down before
-    # it saw the pods, and they were placed and force-deleted meanwhile (a force-deleted process
-    # may still run on its node): the same attempt must not get a second gang.
+    # The pass that created the gang stored createdAttempt first; its pods were placed and
+    # force-deleted before the next pass saw them (a force-deleted process may still run on
+    # its node): the same attempt must not get a second gang.
     job = job_ref(compile={"enabled": False}, nodes=nodes)
     creating = decide(job, {}, observed())
     assert names([o for o in creating.create if o["kind"] == "Pod"]) == [
@@ -518,11 +518,47 @@ def test_a_gang_whose_pods_all_vanished_before_any_pass_saw_them_restarts_instea
     record = creating.status_before_pods
     assert record is not None, "the record must be stored before the creates"
     assert record["training"]["createdAttempt"] == 0
-    after = decide(job, creating.status, observed())
+    after = decide(job, creating.status, observed(), gangs_known_here={Stage.TRAIN: 0})
     assert [o for o in after.create if o["kind"] == "Pod"] == []
     assert after.status["lastFailure"]["reason"] == "PodVanished"
     assert after.status["attempt"] == 1
     assert after.status["restarts"]["infrastructure"] == 1
+
+
+def test_a_recorded_gang_a_new_operator_finds_no_pod_of_starts_as_the_next_attempt_unbudgeted() -> (
+    None
+):
+    # The operator stored createdAttempt and was stopped before its creates; its successor
+    # (which neither created nor saw the gang) finds no pod of it.
+    job = job_ref(compile={"enabled": False})
+    recorded = decide(job, {}, observed()).status
+    after = decide(job, recorded, observed())
+    assert after.status["attempt"] == 1
+    assert after.status["restarts"] == {
+        "total": 1,
+        "application": 0,
+        "infrastructure": 1,
+        "unseenGang": 1,
+    }, "a restart of the infrastructure's, charged to no budget"
+    assert "lastFailure" not in after.status, "nothing says a failure happened"
+    assert [e.type for e in after.events] == ["Normal"]
+    assert after.events[0].reason == "GangNotFound"
+    pods = [o for o in after.create if o["kind"] == "Pod"]
+    assert names(pods) == ["bert-train-1-0", "bert-train-1-1"], "the attempt is not reused"
+    assert after.status_first, "the new attempt is stored before its pods are created"
+    assert after.status["training"]["createdAttempt"] == 1
+    assert after.status["training"]["firstAttempt"] == 1
+    assert "--resume" not in pods[0]["spec"]["containers"][0]["command"]
+
+
+def test_a_recorded_gang_whose_pods_a_new_operator_sees_is_not_skipped() -> None:
+    job = job_ref(compile={"enabled": False})
+    recorded = decide(job, {}, observed()).status
+    unplaced = pod(job, Stage.TRAIN, 0, 0, "Pending", node=None)
+    after = decide(job, recorded, observed(unplaced))
+    assert after.status["attempt"] == 0
+    assert names(after.create) == ["bert-train-0-1"]
+    assert after.events == []
 
 
 def test_a_gang_whose_creates_were_refused_before_any_pod_is_created_again_not_restarted() -> None:

@@ -239,10 +239,9 @@ def test_an_unsent_retry_of_a_gang_some_of_whose_pods_existed_still_restarts_onc
     assert_restarted_as_vanished(cluster)
 
 
-def test_another_process_finding_that_recorded_gang_empty_restarts_it_as_vanished() -> None:
-    # A replica that took over cannot know the creates never left the other one.
-    cluster, _ = gang_record_stored_then_creates_unsent()
-    successor = Reconciler(
+def successor_of(cluster: FakeCluster) -> Reconciler:
+    """A replica that took over: the same cluster and cache, none of the old process's memory."""
+    return Reconciler(
         cluster,
         cluster.cache,
         synced=lambda: True,
@@ -250,8 +249,55 @@ def test_another_process_finding_that_recorded_gang_empty_restarts_it_as_vanishe
         upload_defaults=UploadDefaults(),
         isolate_jobs=True,
     )
+
+
+def test_a_new_operator_creates_a_recorded_gang_it_finds_no_pod_of_as_the_next_attempt() -> None:
+    # A replica that took over cannot know whether the creates left the other one; a gang of
+    # that attempt may have run, so it is not created again, and no failure is counted.
+    cluster, _ = gang_record_stored_then_creates_unsent()
+    cluster.writes.clear()
+    cluster.events.clear()
+    successor_of(cluster).reconcile(*KEY)
+    status = cluster.job(NAME)["status"]
+    assert (status["attempt"], status["restarts"]["total"]) == (1, 1)
+    assert status["restarts"]["unseenGang"] == 1
+    assert "lastFailure" not in status
+    order = [(w.verb, w.name) for w in cluster.writes if w.verb in ("status", "create")]
+    assert order[0] == ("status", NAME), f"the new attempt must be stored first: {order}"
+    assert sorted(name for verb, name in order if verb == "create") == [
+        "bert-train-1-0",
+        "bert-train-1-1",
+    ]
+    assert ("Normal", "GangNotFound") in [(e["type"], e["reason"]) for e in cluster.events]
+    assert {e["type"] for e in cluster.events} == {"Normal"}
+
+
+def test_a_gang_a_new_operator_saw_restarts_as_vanished_when_its_pods_go_unseen() -> None:
+    cluster, reconciler = new_world()
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    reconciler.reconcile(*KEY)
+    successor = successor_of(cluster)
+    successor.reconcile(*KEY)  # sees the gang's pods
+    for pod in ("bert-train-0-0", "bert-train-0-1"):
+        cluster.vanish("Pod", pod)
+    cluster.writes.clear()
     successor.reconcile(*KEY)
     assert_restarted_as_vanished(cluster)
+
+
+def test_what_the_operator_remembers_of_a_job_goes_with_the_job() -> None:
+    cluster, reconciler = new_world()
+    reconciler.reconcile(*KEY)
+    admit(cluster, "bert-train")
+    reconciler.reconcile(*KEY)
+    assert len(reconciler.memory) == 1
+    for pod in ("bert-train-0-0", "bert-train-0-1"):
+        cluster.vanish("Pod", pod)
+    cluster.vanish("TrainingJob", NAME)
+    with pytest.raises(JobGoneError):
+        reconciler.reconcile(*KEY)
+    assert len(reconciler.memory) == 0
 
 
 def test_a_pod_name_a_foreign_pod_holds_keeps_the_waits_start_and_records_no_created_gang() -> None:

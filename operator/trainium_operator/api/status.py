@@ -100,8 +100,8 @@ class StageStatus(ApiModel):
     whole gang instead of being re-created alone."""
     created_attempt: Count | None = None
     """Newest attempt whose pods the operator began creating (stored before the creates): if
-    none of them exists later, they vanished (deleted before the operator saw them), and the
-    gang restarts instead of being created twice within one attempt."""
+    none of them exists later, the gang restarts as the next attempt instead of being created
+    twice within one attempt (its pods may have run and been deleted unseen)."""
 
 
 class CompileCacheStatus(ApiModel):
@@ -161,6 +161,10 @@ class Restarts(ApiModel):
     preempted: Count = 0
     """Of the infrastructure restarts, those after Kueue preempted the gang for a
     higher-priority one: charged to no budget (the job queues again)."""
+    unseen_gang: Count = 0
+    """Of the infrastructure restarts, those of a gang an earlier operator instance recorded
+    and no pod of which was found (the operator restarted between recording and creating it):
+    charged to no budget."""
 
 
 class LastFailure(ApiModel):

@@ -31,6 +31,7 @@ from trainium_operator.builders.upload import (
 )
 from trainium_operator.controller.admission_holds import AdmissionHolds, Mark
 from trainium_operator.controller.cache import ClusterCache, Key
+from trainium_operator.controller.job_memory import JobMemories
 from trainium_operator.controller.views import Views
 from trainium_operator.k8s.client import (
     AdmissionRejection,
@@ -114,6 +115,15 @@ def _stuck_bound(body: Obj) -> float:
 
 def _owned_by(obj: Obj, uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def _gang_of(objects: list[Obj]) -> tuple[Stage, int] | None:
+    """The stage and attempt of the gang whose pods `objects` include (a pass creates one)."""
+    for obj in objects:
+        if obj["kind"] == "Pod":
+            labels = obj["metadata"]["labels"]
+            return Stage(labels[LABEL_STAGE]), int(labels[LABEL_ATTEMPT])
+    return None
 
 
 def status_first(decision: Decision, current: Obj) -> bool:
@@ -240,12 +250,9 @@ class Reconciler:
         self.clock = clock
         self.holds = AdmissionHolds()
         self.views = Views()
-        # Jobs warned about pod fields the allowlist dropped, with the fields warned about.
-        self.warned_dropped: dict[str, tuple[str, ...]] = {}
-        # Jobs (by uid) whose gang's creates this process sent nowhere after storing the
-        # gang's createdAttempt (the API server unreachable): the stage and attempt. Their next
-        # pass creates that gang rather than restarting it as vanished.
-        self.unsent_gangs: dict[str, tuple[Stage, int]] = {}
+        # Per job: the dropped pod fields warned about, and the gangs this process created,
+        # saw, or knows it never sent (lifecycle.failures.gang_was_whole).
+        self.memory = JobMemories()
         self._pod_writers = ThreadPoolExecutor(
             max_workers=CHILD_WRITE_CONCURRENCY, thread_name_prefix="pod-write"
         )
@@ -302,6 +309,7 @@ class Reconciler:
             return CACHE_WAIT_SECONDS
         body = self.cache.job((namespace, name))
         if body is None:
+            self.memory.forget((namespace, name))
             self._delete_orphans((namespace, name))
             raise JobGoneError(f"{namespace}/{name}")
         if body["metadata"].get("deletionTimestamp"):
@@ -479,6 +487,9 @@ class Reconciler:
             workloads=workloads,
             local_queue=local_queue,
         )
+        memory = self.memory.of(key, job.uid)
+        for pod in observed.pods:
+            memory.know_gang(pod.stage, pod.attempt)
         ranks = self.progress(key) if self.progress is not None and job.health_channel else None
         return Snapshot(
             job,
@@ -491,8 +502,9 @@ class Reconciler:
             ranks_since=self.ranks_since() if ranks is not None and self.ranks_since else None,
             upload_pods=uploads,
             cordon_budget=self.cordons.budget(nodes),
-            dropped_fields_warned=self.warned_dropped.get(job.uid) == job.dropped_pod_fields,
-            unsent_gang=self.unsent_gangs.get(job.uid),
+            dropped_fields_warned=memory.warned_dropped == job.dropped_pod_fields,
+            unsent_gang=memory.unsent_gang,
+            gangs_known_here=dict(memory.gangs_known),
             settings=self.pass_settings,
         )
 
@@ -502,7 +514,9 @@ class Reconciler:
         job = snapshot.job
         if job is not None and job.dropped_pod_fields:
             # Warned once per job and operator process (lifecycle.policies.pod_fields).
-            self.warned_dropped[job.uid] = job.dropped_pod_fields
+            self.memory.of(
+                (job.namespace, job.name), job.uid
+            ).warned_dropped = job.dropped_pod_fields
         return self._apply(body, snapshot.status, plan)
 
     def _apply(self, body: Obj, current_status: Obj, decision: Decision) -> float | None:
@@ -546,23 +560,27 @@ class Reconciler:
                 stored = decision.status_before_pods
 
         created: list[str] = []
+        memory = self.memory.of(key, meta["uid"])
+        gang = _gang_of(decision.create)
         try:
             self._create_all(decision.create, created, store_pods_record)
         except _CreateError as failed:
             # Only for the pass that began the attempt's creates (it stored the record): had
             # an earlier pass created some of its pods, they may have run.
             if failed.pods_unsent and decision.status_before_pods is not None:
-                first = next(o for o in decision.create if o["kind"] == "Pod")
-                labels = first["metadata"]["labels"]
-                gang = (Stage(labels[LABEL_STAGE]), int(labels[LABEL_ATTEMPT]))
-                self.unsent_gangs[meta["uid"]] = gang
+                memory.unsent_gang = gang
+            elif gang is not None and failed.obj["kind"] == "Pod" and not failed.pods_unsent:
+                memory.know_gang(*gang)  # some creates may have reached the API server
             raise
         finally:
             # Only what exists: a refused pod the cache waited for would hold the job's next
             # pass (after a released hold) until the expectation expires.
             self.cache.expect(key, created=created)
+        if gang is not None:
+            # Sent: whatever happens to its pods now, this process knows they were created.
+            memory.know_gang(*gang)
         if created:
-            self.unsent_gangs.pop(meta["uid"], None)
+            memory.unsent_gang = None
         if decision.status != stored and not status_written:
             # resourceVersion makes a stale pass fail with 409 and retry, never overwrite;
             # events follow the status so a retried pass does not post them twice.

@@ -216,6 +216,29 @@ def vanished(job: JobRef, stage: Stage, attempt: int, rank: int) -> Failure:
     )
 
 
+def gang_never_seen(
+    status: StatusEdit,
+    gang: dict[int, PodView],
+    stage: Stage,
+    attempt: int,
+    *,
+    unsent: bool,
+    known_here: bool,
+) -> bool:
+    """The status records this attempt's creates (createdAttempt) and nothing more: no pod of it
+    exists, none was ever seen whole, and this operator process neither sent its creates nor
+    saw a pod of it. An earlier process stored the record and may have been stopped before its
+    creates (the record is written first), or the pods were created and removed while no
+    operator ran; nothing tells the two apart."""
+    return (
+        not gang
+        and not unsent
+        and not known_here
+        and status.stage_int(stage, "createdAttempt") == attempt
+        and status.stage_int(stage, "fullGangAttempt") != attempt
+    )
+
+
 def gang_was_whole(
     status: StatusEdit,
     gang: dict[int, PodView],

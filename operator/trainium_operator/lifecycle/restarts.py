@@ -43,8 +43,9 @@ def handle_failures(p: Pass, failures: list[Failure]) -> None:
         used, limit, budget = restarts.application, policy.backoff_limit, "backoffLimit"
     else:
         # A preemption by the queue is charged to no budget: the job waits in its queue again
-        # however often a higher-priority gang takes its place, as Kueue's own job types do.
-        used = restarts.infrastructure - restarts.preempted
+        # however often a higher-priority gang takes its place, as Kueue's own job types do;
+        # nor is a gang found missing after an operator restart (skip_unseen_gang).
+        used = restarts.infrastructure - restarts.preempted - restarts.unseen_gang
         limit, budget = policy.infrastructure_backoff_limit, "infrastructureBackoffLimit"
 
     if stage is Stage.COMPILE and first.klass is FailureClass.APPLICATION:
@@ -133,3 +134,37 @@ def restart_gang(p: Pass, *, stage: Stage, attempt: int, reason: str, message: s
     status.workers = workers_view({}, job.spec.nodes)
     if stage is Stage.TRAIN and job.spec.profile.enabled:
         status.profile = profile_view(job, new_attempt)
+
+
+def skip_unseen_gang(p: Pass) -> None:
+    """A gang recorded by an earlier operator process of which no pod exists or was seen
+    (lifecycle.failures.gang_never_seen): most likely that process stopped between the
+    record and the creates. The attempt is not reused all the same: had its pods been placed
+    and force-deleted while no operator ran, their processes may still run on their nodes, and
+    a second gang of one attempt would share its rendezvous. So the gang starts as the next
+    attempt: counted as a restart (status.restarts.total stays the attempt number), of the
+    infrastructure, charged to no budget and with no failure recorded or Warning posted, since
+    nothing says one happened. The gang policy creates it in the same pass, after the status
+    that records it."""
+    job, status, stage, attempt = p.job, p.status, p.stage, p.attempt
+    for kind in ("infrastructure", "unseen_gang", "total"):
+        count_restart(status, kind)
+    new_attempt = attempt + 1
+    p.attempt = status.attempt = new_attempt
+    if status.stage_int(stage, "firstAttempt") == attempt:
+        # It was the stage's first gang and nothing of it was seen to run: the next one
+        # starts afresh rather than resuming (lifecycle.policies.gang).
+        status.set_stage(stage, "firstAttempt", new_attempt)
+    status.workers = workers_view({}, job.spec.nodes)
+    if stage is Stage.TRAIN and job.spec.profile.enabled:
+        status.profile = profile_view(job, new_attempt)
+    p.plan.status_first = True
+    p.plan.events.append(
+        EventRecord(
+            "Normal",
+            "GangNotFound",
+            f"no pod of {stage.value} attempt {attempt} exists and this operator instance did "
+            "not create it (the operator restarted after recording the gang, before or while "
+            f"creating it); creating the gang as attempt {new_attempt}",
+        )
+    )

@@ -72,6 +72,9 @@ class Snapshot:
     # The stage and attempt whose pod creates this process sent nowhere (the API server was
     # unreachable) after storing the gang's createdAttempt: no pod of it exists.
     unsent_gang: tuple[Stage, int] | None = None
+    # Per stage, the newest attempt whose pods this operator process created (or sent creates
+    # for) or saw; empty after a failover (lifecycle.failures.gang_never_seen).
+    gangs_known_here: Mapping[Stage, int] = field(default_factory=dict)
     settings: PassSettings = field(default_factory=PassSettings)
 
     @property

@@ -10,12 +10,13 @@ from trainium_operator.api.status import FailureClass, Phase
 from trainium_operator.lifecycle.cleanup import cleanup_on_finish
 from trainium_operator.lifecycle.failures import (
     failure_of,
+    gang_never_seen,
     gang_was_whole,
     start_blocker,
     startup_overdue,
     vanished,
 )
-from trainium_operator.lifecycle.restarts import handle_failures
+from trainium_operator.lifecycle.restarts import handle_failures, skip_unseen_gang
 
 if TYPE_CHECKING:
     from trainium_operator.lifecycle.snapshot import Pass
@@ -32,6 +33,11 @@ def failures(p: Pass) -> None:
     grace = float(run_policy.node_lost_grace_period_seconds)
     found = [f for f in (failure_of(pod, observed, grace) for pod in gang.values()) if f]
     unsent = p.snapshot.unsent_gang == (stage, attempt)
+    known_here = p.snapshot.gangs_known_here.get(stage, -1) >= attempt
+    if gang_never_seen(p.status, gang, stage, attempt, unsent=unsent, known_here=known_here):
+        # Neither a failure nor this gang to create again: the next attempt, uncounted.
+        skip_unseen_gang(p)
+        return
     if gang_was_whole(p.status, gang, stage, attempt, unsent=unsent):
         missing = [rank for rank in range(job.spec.nodes) if rank not in gang]
         found += [vanished(job, stage, attempt, rank) for rank in missing]
