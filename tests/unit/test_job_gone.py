@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from trainium_operator.builders.job import LABEL_JOB_NAME
+from trainium_operator.builders.job import LABEL_JOB_NAME, Stage
 from trainium_operator.controller import wiring
 from trainium_operator.controller.admission_holds import AdmissionHolds
 from trainium_operator.controller.cache import ClusterCache
+from trainium_operator.controller.job_memory import JobMemories
 from trainium_operator.controller.metrics import PassCounts
 from trainium_operator.controller.wiring import JobTracker, RunningPasses
 from trainium_operator.controller.workqueue import Key, WorkQueue
@@ -119,3 +120,14 @@ def test_a_standby_replica_forgets_a_deleted_job_instead_of_keeping_its_key_warm
     jobs.queue.add(KEY)
     assert asyncio.run(wiring._process(operator, KEY)) == wiring.PEERING_RECHECK_SECONDS  # type: ignore[arg-type]
     assert KEY in jobs.queue.known
+
+
+def test_a_deleted_jobs_memory_goes_with_it_but_not_a_successors_of_its_name() -> None:
+    memory = JobMemories()
+    jobs = JobTracker(WorkQueue(), ClusterCache(), AdmissionHolds(), memory=memory)
+    memory.of(KEY, "old-uid").know_gang(Stage.TRAIN, 0)
+    jobs.job_changed(KEY, "DELETED", ("old-uid", 1, None))
+    assert len(memory) == 0
+    memory.of(KEY, "new-uid").know_gang(Stage.TRAIN, 0)
+    jobs.job_changed(KEY, "DELETED", ("old-uid", 1, None))  # a late event of the old job
+    assert memory.of(KEY, "new-uid").gangs_known == {Stage.TRAIN: 0}

@@ -44,9 +44,12 @@ class JobMemories:
                 memory = self._jobs[key] = JobMemory(uid)
             return memory
 
-    def forget(self, key: Key) -> None:
+    def forget(self, key: Key, uid: str | None = None) -> None:
+        """Drops the job's memory (with `uid`: only that job's, not a successor's of its name)."""
         with self._lock:
-            self._jobs.pop(key, None)
+            memory = self._jobs.get(key)
+            if memory is not None and uid in (None, memory.uid):
+                del self._jobs[key]
 
     def __len__(self) -> int:
         return len(self._jobs)

@@ -32,6 +32,7 @@ from trainium_operator.controller.health_server import (
     TokenCache,
     reviewer,
 )
+from trainium_operator.controller.job_memory import JobMemories
 from trainium_operator.controller.peering import PeeringGate
 from trainium_operator.controller.reconciler import (
     JobGoneError,
@@ -118,6 +119,8 @@ class JobTracker:
     cache: ClusterCache
     holds: AdmissionHolds
     health: HealthChannel | None = None  # None: no health channel
+    # The reconciler's: what it remembers of a job goes with the job.
+    memory: JobMemories = field(default_factory=JobMemories)
     seen_generations: dict[Key, tuple[Any, ...]] = field(default_factory=dict)
 
     def job_gone(self, key: Key) -> None:
@@ -132,6 +135,7 @@ class JobTracker:
     def job_changed(self, key: Key, event_type: str, revision: tuple[Any, ...]) -> None:
         if event_type == "DELETED":
             self.queue.forget(key)
+            self.memory.forget(key, revision[0])
             if self.health is not None:
                 self.health.forget(key)
             self.seen_generations.pop(key, None)
@@ -259,7 +263,7 @@ def build_operator(settings: OperatorSettings) -> Operator:
         cache=cache,
         queue=queue,
         reconciler=reconciler,
-        jobs=JobTracker(queue, cache, reconciler.holds, health),
+        jobs=JobTracker(queue, cache, reconciler.holds, health, memory=reconciler.memory),
         progress=progress,
         health=health,
         gate=gate,
