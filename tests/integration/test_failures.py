@@ -16,6 +16,7 @@ from integration.operator_harness import (
     OperatorProcess,
     OperatorView,
     create_job,
+    events_with_reason,
     eventually,
     finish_job,
     finish_pods,
@@ -129,6 +130,47 @@ def test_a_restart_never_runs_two_attempts_at_once_and_counts_once(
     job = wait_phase(clients, namespace, "once", "Training")
     assert job["status"]["restarts"] == {"total": 1, "application": 1, "infrastructure": 0}
     finish_job(clients, namespace, "once", new)
+
+
+def test_a_gang_recorded_by_an_operator_stopped_before_its_creates_starts_as_the_next_attempt(
+    clients: Any, namespace: str, own_operator: OperatorProcess
+) -> None:
+    """The operator stores a gang's createdAttempt before its pods; one killed in between
+    leaves that record and no pod. Its successor neither reuses the attempt nor reports a
+    failure: the gang starts as attempt 1, with no Warning, charged to no budget."""
+    own_operator.kill()
+    create_job(clients, namespace, job_manifest("unsent", compile={"enabled": False}))
+    # The status as the killed process left it: the record written, no pod created.
+    clients.custom.patch_namespaced_custom_object_status(
+        "trainium.dev",
+        "v1alpha1",
+        namespace,
+        "trainingjobs",
+        "unsent",
+        {
+            "status": {
+                "phase": "Pending",
+                "attempt": 0,
+                "restarts": {"total": 0, "application": 0, "infrastructure": 0},
+                "training": {"firstAttempt": 0, "createdAttempt": 0},
+            }
+        },
+    )
+    own_operator.start()
+    pods = wait_gang_running(clients, namespace, "unsent", "train", 1)
+    assert not job_pods(clients, namespace, "unsent", "train", 0), "the attempt was reused"
+    job = get_job(clients, namespace, "unsent")
+    assert job["status"]["restarts"] == {
+        "total": 1,
+        "application": 0,
+        "infrastructure": 1,
+        "unseenGang": 1,
+    }
+    assert "lastFailure" not in job["status"]
+    assert "--resume" not in pods[0].spec.containers[0].command
+    assert [e for e in job_events(clients, namespace, "unsent") if e[0] == "Warning"] == []
+    assert events_with_reason(clients, namespace, "unsent", "GangNotFound")
+    finish_job(clients, namespace, "unsent", pods)
 
 
 def test_a_kubelet_admission_rejection_is_charged_as_infrastructure(
