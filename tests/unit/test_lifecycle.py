@@ -551,6 +551,24 @@ def test_a_recorded_gang_a_new_operator_finds_no_pod_of_starts_as_the_next_attem
     assert "--resume" not in pods[0]["spec"]["containers"][0]["command"]
 
 
+def test_a_restarts_gang_a_new_operator_finds_no_pod_of_names_the_attempt_it_now_starts() -> None:
+    job = job_ref(compile={"enabled": False})
+    running = decide(job, {}, observed(*gang(job, Stage.TRAIN, 0))).status
+    failed = pod(job, Stage.TRAIN, 0, 0, "Failed", exit_code=1)
+    restarting = decide(job, running, observed(failed, pod(job, Stage.TRAIN, 0, 1))).status
+    # The next pass recorded attempt 1's gang; the operator was stopped before its creates.
+    recorded = decide(job, restarting, observed(failed)).status
+    assert recorded["training"]["createdAttempt"] == 1
+    after = decide(job, recorded, observed(failed))
+    assert after.status["phase"] == "Restarting"
+    assert "as attempt 2" in after.status["message"]
+    assert after.status["restarts"]["total"] == 2
+    assert [e.type for e in after.events] == ["Normal"]
+    pods = [o for o in after.create if o["kind"] == "Pod"]
+    assert names(pods) == ["bert-train-2-0", "bert-train-2-1"]
+    assert "--resume" in pods[0]["spec"]["containers"][0]["command"], "attempt 0 trained"
+
+
 def test_a_recorded_gang_whose_pods_a_new_operator_sees_is_not_skipped() -> None:
     job = job_ref(compile={"enabled": False})
     recorded = decide(job, {}, observed()).status

@@ -158,6 +158,15 @@ def skip_unseen_gang(p: Pass) -> None:
     status.workers = workers_view({}, job.spec.nodes)
     if stage is Stage.TRAIN and job.spec.profile.enabled:
         status.profile = profile_view(job, new_attempt)
+    if status.phase is Phase.RESTARTING:
+        # The restart's message names the attempt it starts; its reason (and so no new event)
+        # stays.
+        status.transition(
+            Phase.RESTARTING,
+            str(status.data.get("reason") or "GangRestart"),
+            f"restarting all {job.spec.nodes} {stage.value} pods as attempt {new_attempt} (no "
+            f"pod of attempt {attempt} was found after an operator restart)",
+        )
     p.plan.status_first = True
     p.plan.events.append(
         EventRecord(
