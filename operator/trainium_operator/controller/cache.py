@@ -100,6 +100,9 @@ class PodChange:
 
     key: Key
     urgent: bool
+    # It brought the last of the operator's own writes a pass is waiting to see
+    # (`ClusterCache.settled`): that pass can run now, as for JobChange.
+    settles_wait: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,7 +220,7 @@ class ClusterCache:
                 settles_wait = self._drop_if_met(key)
             others = self._pods.get(key, {})
             urgent = _urgent(event, old, ours, (p for n, p in others.items() if n != name))
-        return PodChange(key, urgent or settles_wait)
+        return PodChange(key, urgent, settles_wait)
 
     def on_podgroup(self, event: WatchEvent) -> Key | None:
         return self._on_child(self._podgroups, event)

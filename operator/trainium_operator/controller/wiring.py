@@ -417,7 +417,12 @@ def _start_watches(operator: Operator, loop: asyncio.AbstractEventLoop) -> None:
     def on_pod(event: WatchEvent) -> None:
         change = cache.on_pod(event)
         if change is not None:
-            wake = jobs.wake_held if change.urgent else jobs.wake_spaced
+            if change.urgent:
+                wake = jobs.wake_held
+            elif change.settles_wait:
+                wake = jobs.wake  # a held job stays held: its own writes coming back
+            else:
+                wake = jobs.wake_spaced
             loop.call_soon_threadsafe(wake, [change.key])
 
     def several(
