@@ -251,7 +251,7 @@ class Reconciler:
         self.holds = AdmissionHolds()
         self.views = Views()
         # Per job: the dropped pod fields warned about, and the gangs this process created,
-        # saw, or knows it never sent (lifecycle.failures.gang_was_whole).
+        # saw, or knows it never sent (lifecycle.failures: gang_was_whole, gang_never_seen).
         self.memory = JobMemories()
         self._pod_writers = ThreadPoolExecutor(
             max_workers=CHILD_WRITE_CONCURRENCY, thread_name_prefix="pod-write"

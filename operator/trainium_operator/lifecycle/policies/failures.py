@@ -35,7 +35,7 @@ def failures(p: Pass) -> None:
     unsent = p.snapshot.unsent_gang == (stage, attempt)
     known_here = p.snapshot.gangs_known_here.get(stage, -1) >= attempt
     if gang_never_seen(p.status, gang, stage, attempt, unsent=unsent, known_here=known_here):
-        # Neither a failure nor this gang to create again: the next attempt, uncounted.
+        # Neither a failure nor this gang to create again: the next attempt, on no budget.
         skip_unseen_gang(p)
         return
     if gang_was_whole(p.status, gang, stage, attempt, unsent=unsent):
