@@ -254,7 +254,8 @@ def gang_was_whole(
     which no pod is left, after its creates were recorded, counts as whole: its pods may have
     been placed and deleted (a force delete leaves the process running on its node) before any
     pass saw them, and a second gang must not write to the same attempt. Unless this process
-    knows (`unsent`) that its creates of the attempt never reached the API server."""
+    knows (`unsent`) that its creates of the attempt never reached the API server (a gang this
+    process never created or saw is `gang_never_seen`'s, which the Failures policy asks first)."""
     if status.stage_int(stage, "fullGangAttempt") == attempt:
         return True
     if not gang and not unsent and status.stage_int(stage, "createdAttempt") == attempt:

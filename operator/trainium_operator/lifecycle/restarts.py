@@ -106,9 +106,7 @@ def restart_gang(p: Pass, *, stage: Stage, attempt: int, reason: str, message: s
     """Stops the whole gang and records the next attempt, before any of it happens. The
     caller has counted the restart by its kind in status.restarts; this adds it to the total."""
     job, status, observed = p.job, p.status, p.observed
-    count_restart(status, "total")
-    new_attempt = attempt + 1
-    status.attempt = new_attempt
+    new_attempt = _next_attempt(p, stage, attempt)
     # torchrun ranks cannot rejoin alone: stop the whole gang. Keep this attempt's failed
     # pods for their logs; drop failed pods of older attempts.
     old = [
@@ -131,9 +129,18 @@ def restart_gang(p: Pass, *, stage: Stage, attempt: int, reason: str, message: s
     # are gone (their deletion events wake the job).
     p.plan.status_first = True
     p.plan.requeue(1.0)
+
+
+def _next_attempt(p: Pass, stage: Stage, attempt: int) -> int:
+    """Records the attempt after `attempt` in the status, counted in status.restarts.total, with
+    no worker of it yet and (profiled training) its profile to come; returns it."""
+    job, status = p.job, p.status
+    count_restart(status, "total")
+    new_attempt = status.attempt = attempt + 1
     status.workers = workers_view({}, job.spec.nodes)
     if stage is Stage.TRAIN and job.spec.profile.enabled:
         status.profile = profile_view(job, new_attempt)
+    return new_attempt
 
 
 def skip_unseen_gang(p: Pass) -> None:
@@ -147,17 +154,13 @@ def skip_unseen_gang(p: Pass) -> None:
     nothing says one happened. The gang policy creates it in the same pass, after the status
     that records it."""
     job, status, stage, attempt = p.job, p.status, p.stage, p.attempt
-    for kind in ("infrastructure", "unseen_gang", "total"):
-        count_restart(status, kind)
-    new_attempt = attempt + 1
-    p.attempt = status.attempt = new_attempt
+    count_restart(status, "infrastructure")
+    count_restart(status, "unseen_gang")
+    new_attempt = p.attempt = _next_attempt(p, stage, attempt)
     if status.stage_int(stage, "firstAttempt") == attempt:
         # It was the stage's first gang and nothing of it was seen to run: the next one
         # starts afresh rather than resuming (lifecycle.policies.gang).
         status.set_stage(stage, "firstAttempt", new_attempt)
-    status.workers = workers_view({}, job.spec.nodes)
-    if stage is Stage.TRAIN and job.spec.profile.enabled:
-        status.profile = profile_view(job, new_attempt)
     if status.phase is Phase.RESTARTING:
         # The restart's message names the attempt it starts; its reason (and so no new event)
         # stays.
