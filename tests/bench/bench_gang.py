@@ -27,11 +27,18 @@ equally long, and the pairs' phases spread over the 1 s period:
 * ours, warm: the same operator process, a second job: the same three figures. Then one rank
   is marked Failed (`sim.simulate_pod_outcome`, exit code 1, as the tests do) -> the next
   attempt's gang all Running.
+* direct restart (the floor for a restart): the direct client starts a second gang as before,
+  marks one rank Failed the same way, and does what the operator does: from the failed pod's
+  watch event it deletes the gang's other pods by name (uid precondition, default grace) from
+  8 threads, and once they are all gone creates the next attempt's pods (the rendered pods
+  renamed to that attempt) from 8 threads -> the new gang all Running.
 * Kubeflow (`--kubeflow`, at 128 nodes or fewer): its training-operator creates the PyTorchJob
   twin (bench_operator's peer): the same three figures.
 
 Targets (issue 34): every figure's median <= 1.2x the direct client's, the fresh operator's
-first job included; a restart <= 1.2x a fresh gang's start (ours, warm, all Running).
+first job included; a restart <= 1.2x a fresh gang's start (ours, warm, all Running). The
+table also gives the direct client's restart against its own start (what this machine allows a
+restart, whoever drives it) and ours against it.
 Everything runs on the same machine (API server, etcd, KWOK, Volcano, the operator, this
 script); a ratio is the median of the pairs' ratios (each pair's runs met Volcano's tick at the
 same phase), measured in the same run.
@@ -40,6 +47,7 @@ same phase), measured in the same run.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -67,7 +75,7 @@ import kubeflow_peer
 from trainium_devcluster import build, paths, sim, volcano
 from trainium_operator.api import spec as spec_model
 from trainium_operator.builders.job import LABEL_ATTEMPT
-from trainium_operator.k8s.client import PODGROUPS
+from trainium_operator.k8s.client import PODGROUPS, Cluster, load_api_client
 
 Obj = dict[str, Any]
 DIRECT_THREADS = 8
@@ -113,15 +121,38 @@ def paired_ratio(ours: list[float | None], reference: list[float | None]) -> flo
     return statistics.median(ratios) if ratios else None
 
 
+def next_attempt_name(pod_name: str) -> str:
+    """A training pod's name in the gang's next attempt (`<job>-train-<attempt>-<rank>`)."""
+    match = _POD_NAME.match(pod_name)
+    if match is None:
+        raise ValueError(f"not a training pod name: {pod_name}")
+    return f"{match['job']}-train-{int(match['attempt']) + 1}-{match['rank']}"
+
+
 def next_attempt(pod_names: set[str]) -> set[str]:
-    """The pod names of the gang's next attempt (`<job>-train-<attempt>-<rank>`)."""
-    names = set()
-    for name in pod_names:
-        match = _POD_NAME.match(name)
-        if match is None:
-            raise ValueError(f"not a training pod name: {name}")
-        names.add(f"{match['job']}-train-{int(match['attempt']) + 1}-{match['rank']}")
-    return names
+    """The pod names of the gang's next attempt."""
+    return {next_attempt_name(name) for name in pod_names}
+
+
+def next_attempt_pods(pods: list[Obj]) -> list[Obj]:
+    """Rendered training pods as the gang's next attempt: each renamed and labelled with that
+    attempt, everything else as rendered (the direct client's restart creates these)."""
+    renamed = []
+    for pod in pods:
+        metadata = pod["metadata"]
+        labels = metadata.get("labels", {})
+        attempt = int(labels[LABEL_ATTEMPT]) + 1
+        renamed.append(
+            {
+                **pod,
+                "metadata": {
+                    **metadata,
+                    "name": next_attempt_name(metadata["name"]),
+                    "labels": {**labels, LABEL_ATTEMPT: str(attempt)},
+                },
+            }
+        )
+    return renamed
 
 
 def request_rates(
@@ -188,6 +219,9 @@ class SizeResult:
     direct: list[bo.Times] = field(default_factory=list)
     kubeflow: list[bo.Times] = field(default_factory=list)
     restart: list[float] = field(default_factory=list)
+    # The direct client's restart (the floor) and the start of the gang it restarts.
+    direct_again: list[bo.Times] = field(default_factory=list)
+    restart_direct: list[float] = field(default_factory=list)
     delete_ours: list[float] = field(default_factory=list)
     delete_direct: list[float] = field(default_factory=list)
     ready: list[float] = field(default_factory=list)
@@ -222,6 +256,25 @@ class SizeResult:
                 list(self.restart),
                 pick(self.warm, "gangs_running"),
                 "ours warm start",
+            )
+        )
+        # The floor for a restart here: the direct client's restart against its own start
+        # (no verdict: it says what the machine allows), and ours against it.
+        rows.append(
+            Row(
+                "direct: rank fails -> Running",
+                list(self.restart_direct),
+                pick(self.direct_again, "gangs_running"),
+                "direct start",
+                0.0,
+            )
+        )
+        rows.append(
+            Row(
+                "rank fails -> new gang Running",
+                list(self.restart),
+                list(self.restart_direct),
+                "direct restart",
             )
         )
         rows.append(
@@ -330,6 +383,73 @@ def restart(bench: bo.Bench, namespace: str, pods: set[str], nodes: int) -> floa
     _echo(
         f"  restart at {wall:%H:%M:%S.%f}: rank {failed}: {failed_after:.2f}s, old gang deleted "
         f"{bo._seconds(marked)}, gone {old_gone:.2f}s, new gang {_times(times)}"
+    )
+    return times.gangs_running
+
+
+def restart_direct(bench: bo.Bench, namespace: str, job: str, nodes: int) -> float:
+    """The floor for a restart on this cluster: the direct client does what the operator does
+    when a rank fails. From the failed pod's watch event it deletes every other pod of the
+    gang by name (the pod's uid as a precondition, the default grace period) from
+    DIRECT_THREADS threads, and once a watch shows them all gone it creates the next attempt's
+    pods (the rendered pods, renamed to that attempt) from as many threads, into the same
+    admitted PodGroup. Marks one rank Failed; seconds until the new gang is Running."""
+    client = Cluster(load_api_client(str(bench.kubeconfig)))
+    core, custom = bench.clients.core, bench.clients.custom
+    uid = custom.get_namespaced_custom_object(
+        spec_model.GROUP, spec_model.VERSION, namespace, spec_model.PLURAL, job
+    )["metadata"]["uid"]
+    rendered = [
+        obj
+        for obj in bo.children(bo.training_job(job, nodes), namespace, uid)
+        if obj["kind"] == "Pod"
+    ]
+    new_gang = next_attempt_pods(rendered)
+    listed = core.list_namespaced_pod(namespace, label_selector=f"{bo.JOB_LABEL}={job}")
+    uids = {pod.metadata.name: pod.metadata.uid for pod in listed.items}
+    watch = bo.PodWatch(
+        bench.clients,
+        namespace,
+        {pod["metadata"]["name"] for pod in new_gang},
+        gang_label=LABEL_ATTEMPT,
+        gang_size=nodes,
+        gangs=1,
+        timeout=gang_scenario(nodes).timeout,
+        only_expected=True,
+    )
+    victim = sorted(uids)[len(uids) // 2]
+    old = PodsGone(bench, namespace, job, ignore=frozenset({victim}))
+    failure = core.list_namespaced_pod(
+        namespace,
+        field_selector=f"metadata.name={victim}",
+        watch=True,
+        resource_version=listed.metadata.resource_version,
+        timeout_seconds=60,
+        _preload_content=False,
+    )
+    started, wall = time.monotonic(), datetime.now(UTC)
+    sim.simulate_pod_outcome(core, namespace, victim, succeeded=False, exit_code=1)
+    for line in iter_resp_lines(failure):
+        if line and json.loads(line)["object"].get("status", {}).get("phase") == "Failed":
+            break
+    else:
+        raise TimeoutError(f"{victim} was not seen Failed in 60s")
+    failed_after = time.monotonic() - started
+    bo.abort_stream(failure)
+    with concurrent.futures.ThreadPoolExecutor(DIRECT_THREADS) as pool:
+        list(
+            pool.map(
+                lambda name: client.delete_pod(namespace, name, force=False, uid=uids[name]),
+                sorted(set(uids) - {victim}),
+            )
+        )
+        deleted_after = time.monotonic() - started
+        old_gone = old.wait(started)
+        list(pool.map(client.create, new_gang))
+    times = watch.wait(started)
+    _echo(
+        f"  direct restart at {wall:%H:%M:%S.%f}: rank failed {failed_after:.2f}s, old gang "
+        f"deleted {deleted_after:.2f}s, gone {old_gone:.2f}s, new gang {_times(times)}"
     )
     return times.gangs_running
 
@@ -556,6 +676,17 @@ def run_pair(
         result.restart.append(restart(bench, op_ns, pods, nodes))
         _echo(f"  pair {index}: restart {result.restart[-1]:.2f}s")
         bo.clear_namespace(bench, op_ns)
+
+        desync()
+        prefix = f"again{index}"
+        sample = bo.direct_sample(
+            bench, direct_ns, gang_scenario(nodes), prefix, DIRECT_THREADS, gated=True, clear=False
+        )
+        result.direct_again.append(sample.times)
+        desync()
+        result.restart_direct.append(restart_direct(bench, direct_ns, f"{prefix}-0000", nodes))
+        _echo(f"  pair {index}: direct restart {result.restart_direct[-1]:.2f}s")
+        bo.clear_namespace(bench, direct_ns)
 
         if kubeflow is not None:
             desync()

@@ -10,6 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "bench"))
 import bench_gang  # noqa: E402
+import bench_operator  # noqa: E402
 
 
 def test_ratio_is_none_without_a_positive_reference() -> None:
@@ -34,6 +35,51 @@ def test_spread_shows_median_then_min_and_max() -> None:
 def test_next_attempt_names_every_rank_of_the_following_attempt() -> None:
     pods = {"warm0-0000-train-0-0", "warm0-0000-train-0-11"}
     assert bench_gang.next_attempt(pods) == {"warm0-0000-train-1-0", "warm0-0000-train-1-11"}
+
+
+def test_the_direct_restarts_pods_are_the_rendered_ones_renamed_to_the_next_attempt() -> None:
+    rendered = [
+        {
+            "kind": "Pod",
+            "metadata": {
+                "name": f"again0-0000-train-0-{rank}",
+                "labels": {"trainium.dev/attempt": "0", "trainium.dev/rank": str(rank)},
+            },
+            "spec": {"hostname": f"train-{rank}"},
+        }
+        for rank in (0, 1)
+    ]
+    renamed = bench_gang.next_attempt_pods(rendered)
+    assert [pod["metadata"]["name"] for pod in renamed] == [
+        "again0-0000-train-1-0",
+        "again0-0000-train-1-1",
+    ]
+    assert renamed[1]["metadata"]["labels"] == {
+        "trainium.dev/attempt": "1",
+        "trainium.dev/rank": "1",
+    }
+    assert renamed[1]["spec"] == rendered[1]["spec"]
+    assert rendered[0]["metadata"]["name"] == "again0-0000-train-0-0", "the rendered pods stay"
+
+
+def test_the_restart_is_compared_with_a_warm_start_and_with_the_direct_clients_restart() -> None:
+    times = [
+        bench_operator.Times(first_pod=0.1, all_pods=0.5, gangs_running=running)
+        for running in (2.0, 2.0)
+    ]
+    result = bench_gang.SizeResult(128, 2, warm=times, direct_again=times)
+    result.restart = [3.0, 3.2]
+    result.restart_direct = [2.8, 3.2]
+    restarts = {
+        (row.figure, row.reference_label): row.cells()[4:]
+        for row in result.rows()
+        if "rank fails" in row.figure
+    }
+    assert restarts == {
+        ("rank fails -> new gang Running", "ours warm start"): ["1.55x", "NOT met"],
+        ("direct: rank fails -> Running", "direct start"): ["1.50x", ""],
+        ("rank fails -> new gang Running", "direct restart"): ["1.04x", "met"],
+    }
 
 
 def test_request_rates_sum_codes_and_sort_highest_first() -> None:
