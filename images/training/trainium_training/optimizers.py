@@ -40,15 +40,16 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, An
 
 
 class _Fp32StateOptimizer(torch.optim.Optimizer):
-    """Shared state handling: fp32 moments, a tensor step count, dtype-preserving loading."""
+    """Shared state handling: fp32 moments, a tensor step count, dtype-preserving loading, and
+    the step over every parameter with a gradient; a subclass gives its update (`_apply`)."""
 
     def __init__(
         self,
         params: Iterable[Any],
-        lr: float,
-        betas: tuple[float, float],
-        eps: float,
-        weight_decay: float,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
     ) -> None:
         if lr <= 0.0:
             raise ValueError(f"learning rate must be > 0, got {lr}")
@@ -124,20 +125,6 @@ class _Fp32StateOptimizer(torch.optim.Optimizer):
                 restored[key] = value.to(device=param.device, dtype=torch.float32)
             self.state[param] = restored
 
-
-class AdamW(_Fp32StateOptimizer):
-    """Adam with decoupled weight decay (Loshchilov & Hutter), fp32 state."""
-
-    def __init__(
-        self,
-        params: Iterable[Any],
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-6,
-        weight_decay: float = 0.01,
-    ) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay)
-
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
         if closure is not None:
@@ -148,46 +135,62 @@ class AdamW(_Fp32StateOptimizer):
                 if param.grad is None:
                     continue
                 p32, m_hat, v_hat = self._moments(param, group["betas"])
-                p32.mul_(1.0 - lr * decay)
-                p32.addcdiv_(m_hat, v_hat.sqrt().add_(eps), value=-lr)
+                self._apply(p32, m_hat, v_hat, lr=lr, eps=eps, decay=decay)
                 param.copy_(p32)
+
+    def _apply(
+        self,
+        p32: torch.Tensor,
+        m_hat: torch.Tensor,
+        v_hat: torch.Tensor,
+        *,
+        lr: float,
+        eps: float,
+        decay: float,
+    ) -> None:
+        """Updates the fp32 parameter `p32` in place from the bias-corrected moments."""
+        raise NotImplementedError
+
+
+class AdamW(_Fp32StateOptimizer):
+    """Adam with decoupled weight decay (Loshchilov & Hutter), fp32 state."""
+
+    def _apply(
+        self,
+        p32: torch.Tensor,
+        m_hat: torch.Tensor,
+        v_hat: torch.Tensor,
+        *,
+        lr: float,
+        eps: float,
+        decay: float,
+    ) -> None:
+        p32.mul_(1.0 - lr * decay)
+        p32.addcdiv_(m_hat, v_hat.sqrt().add_(eps), value=-lr)
 
 
 class Lamb(_Fp32StateOptimizer):
     """LAMB: the Adam direction plus weight decay, scaled per tensor by ||w|| / ||update||."""
 
-    def __init__(
+    def _apply(
         self,
-        params: Iterable[Any],
-        lr: float = 1e-3,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-6,
-        weight_decay: float = 0.01,
+        p32: torch.Tensor,
+        m_hat: torch.Tensor,
+        v_hat: torch.Tensor,
+        *,
+        lr: float,
+        eps: float,
+        decay: float,
     ) -> None:
-        super().__init__(params, lr, betas, eps, weight_decay)
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
-        if closure is not None:
-            raise ValueError("closures are not supported")
-        for group in self.param_groups:
-            lr, eps, decay = group["lr"], group["eps"], group["weight_decay"]
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                p32, m_hat, v_hat = self._moments(param, group["betas"])
-                update = m_hat / (v_hat.sqrt() + eps)
-                if decay != 0.0:
-                    update.add_(p32, alpha=decay)
-                weight_norm = torch.linalg.vector_norm(p32)
-                update_norm = torch.linalg.vector_norm(update)
-                # Ratio 1 when either norm is zero (fresh zero-initialised biases, zero grads).
-                usable = (weight_norm > 0) & (update_norm > 0)
-                trust = torch.where(
-                    usable, weight_norm / torch.where(usable, update_norm, 1.0), 1.0
-                )
-                p32.add_(update * (trust * -lr))
-                param.copy_(p32)
+        update = m_hat / (v_hat.sqrt() + eps)
+        if decay != 0.0:
+            update.add_(p32, alpha=decay)
+        weight_norm = torch.linalg.vector_norm(p32)
+        update_norm = torch.linalg.vector_norm(update)
+        # Ratio 1 when either norm is zero (fresh zero-initialised biases, zero grads).
+        usable = (weight_norm > 0) & (update_norm > 0)
+        trust = torch.where(usable, weight_norm / torch.where(usable, update_norm, 1.0), 1.0)
+        p32.add_(update * (trust * -lr))
 
 
 def build_optimizer(
