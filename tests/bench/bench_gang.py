@@ -350,10 +350,9 @@ def ours_gang(
     return times, expected
 
 
-def restart(bench: bo.Bench, namespace: str, pods: set[str], nodes: int) -> float:
-    """Marks one rank Failed; seconds until every pod of the next attempt is Running."""
-    expected = next_attempt(pods)
-    watch = bo.PodWatch(
+def new_gang_watch(bench: bo.Bench, namespace: str, expected: set[str], nodes: int) -> bo.PodWatch:
+    """Times a restart's new gang (only its pods count: the old gang is still Running)."""
+    return bo.PodWatch(
         bench.clients,
         namespace,
         expected,
@@ -363,6 +362,11 @@ def restart(bench: bo.Bench, namespace: str, pods: set[str], nodes: int) -> floa
         timeout=gang_scenario(nodes).timeout,
         only_expected=True,
     )
+
+
+def restart(bench: bo.Bench, namespace: str, pods: set[str], nodes: int) -> float:
+    """Marks one rank Failed; seconds until every pod of the next attempt is Running."""
+    watch = new_gang_watch(bench, namespace, next_attempt(pods), nodes)
     victim = sorted(pods)[len(pods) // 2]
     # The failed rank's pod stays for its logs; the others go before the new gang starts.
     old = PodsGone(bench, namespace, _job_of(pods), ignore=frozenset({victim}))
@@ -407,16 +411,7 @@ def restart_direct(bench: bo.Bench, namespace: str, job: str, nodes: int) -> flo
     new_gang = next_attempt_pods(rendered)
     listed = core.list_namespaced_pod(namespace, label_selector=f"{bo.JOB_LABEL}={job}")
     uids = {pod.metadata.name: pod.metadata.uid for pod in listed.items}
-    watch = bo.PodWatch(
-        bench.clients,
-        namespace,
-        {pod["metadata"]["name"] for pod in new_gang},
-        gang_label=LABEL_ATTEMPT,
-        gang_size=nodes,
-        gangs=1,
-        timeout=gang_scenario(nodes).timeout,
-        only_expected=True,
-    )
+    watch = new_gang_watch(bench, namespace, {pod["metadata"]["name"] for pod in new_gang}, nodes)
     victim = sorted(uids)[len(uids) // 2]
     old = PodsGone(bench, namespace, job, ignore=frozenset({victim}))
     failure = core.list_namespaced_pod(
