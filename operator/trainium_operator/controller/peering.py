@@ -75,8 +75,12 @@ class PeeringGate:
         self.clock = clock
         self._cache: dict[str, tuple[float, bool]] = {}
 
+    def scope(self, namespace: str) -> str:
+        """The peering a job of `namespace` is gated by: the cluster's ("") or its namespace's."""
+        return "" if self.clusterwide else namespace
+
     def may_work(self, namespace: str) -> bool:
-        scope = "" if self.clusterwide else namespace
+        scope = self.scope(namespace)
         cached = self._cache.get(scope)
         if cached is not None and self.clock() - cached[0] < CACHE_SECONDS:
             return cached[1]
@@ -84,3 +88,8 @@ class PeeringGate:
         allowed = may_work(peers, self.priority, datetime.now(UTC))
         self._cache[scope] = (self.clock(), allowed)
         return allowed
+
+
+def took_over(before: dict[str, bool], now: dict[str, bool]) -> set[str]:
+    """The peering scopes this replica acts in now and did not at the check before."""
+    return {scope for scope, acting in now.items() if acting and not before.get(scope, False)}

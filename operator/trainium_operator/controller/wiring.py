@@ -33,7 +33,7 @@ from trainium_operator.controller.health_server import (
     reviewer,
 )
 from trainium_operator.controller.job_memory import JobMemories
-from trainium_operator.controller.peering import PeeringGate
+from trainium_operator.controller.peering import PeeringGate, took_over
 from trainium_operator.controller.reconciler import (
     JobGoneError,
     PermissionDeniedError,
@@ -76,6 +76,7 @@ URGENT_TICK_SECONDS = 0.25  # how soon a rank's answer to a request wakes its jo
 SHUTDOWN_GRACE_SECONDS = 2.0
 CONFLICT_RETRY_SECONDS = 0.2
 PEERING_RECHECK_SECONDS = 5.0
+TAKEOVER_CHECK_SECONDS = 1.0  # how soon a replica that starts acting passes every job
 PERMISSION_RETRY_SECONDS = 30.0  # until someone fixes the RBAC
 STAND_DOWN_SECONDS = 3.0  # the shutdown's relabel of the pod waits no longer for the API
 
@@ -313,6 +314,37 @@ def start(operator: Operator) -> None:
         )
     if operator.role is not None:
         operator.role_task = asyncio.create_task(_keep_role(operator.role))
+    if operator.gate is not None:
+        tasks.append(asyncio.create_task(_wake_on_takeover(operator.gate, queue)))
+
+
+async def _wake_on_takeover(gate: PeeringGate, queue: WorkQueue) -> None:
+    """A replica that starts acting passes every job of that peering at once. While it stood
+    by, its jobs came back only every PEERING_RECHECK_SECONDS: a job nothing happens to (a
+    gang on a node that went NotReady, a requeue the replica before planned) waited that long
+    for its first pass, and through a series of failovers, each replica stopped sooner, for
+    as long as the series lasted."""
+    acting: dict[str, bool] = {}
+    while True:
+        now: dict[str, bool] = {}
+        for scope in sorted({gate.scope(namespace) for namespace, _ in queue.known}):
+            try:
+                now[scope] = await asyncio.to_thread(gate.may_work, scope)
+            except Exception as error:  # checked again next time; the jobs' own passes retry
+                if not is_transient(error):
+                    log.warning("peering %r unreadable: %r", scope, error)
+                now[scope] = acting.get(scope, False)
+        for scope in took_over(acting, now):
+            keys = [key for key in list(queue.known) if gate.scope(key[0]) == scope]
+            log.info("peering: this replica acts%s; passing its %d jobs", _in(scope), len(keys))
+            for key in keys:
+                queue.touch(key)
+        acting = now
+        await asyncio.sleep(TAKEOVER_CHECK_SECONDS)
+
+
+def _in(scope: str) -> str:
+    return f" in namespace {scope}" if scope else ""
 
 
 async def _keep_role(role: HealthRole) -> None:
