@@ -4,6 +4,7 @@ keep-warm timer (PEERING_RECHECK_SECONDS)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from kubernetes.client.exceptions import ApiException
@@ -19,13 +20,14 @@ class _Gate:
     def __init__(self) -> None:
         self.acting: set[str] = set()
         self.unreadable = False
+        self.status = 503
 
     def scope(self, namespace: str) -> str:
         return namespace
 
     def may_work(self, namespace: str) -> bool:
         if self.unreadable:
-            raise ApiException(status=503)
+            raise ApiException(status=self.status)
         return namespace in self.acting
 
 
@@ -72,3 +74,27 @@ def test_a_standby_that_starts_acting_passes_each_of_its_jobs_at_once_and_only_t
         await asyncio.gather(takeover, worker, return_exceptions=True)
 
     asyncio.run(scenario())
+
+
+def test_a_peering_the_replica_may_not_read_is_warned_about_once_per_streak(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(wiring, "TAKEOVER_CHECK_SECONDS", 0.01)
+    gate, queue = _Gate(), WorkQueue()
+    gate.unreadable, gate.status = True, 403
+    queue.known.add(("team-a", "bert"))
+
+    async def scenario() -> None:
+        takeover = asyncio.create_task(wiring._wake_on_takeover(gate, queue))  # type: ignore[arg-type]
+        await asyncio.sleep(0.1)
+        gate.unreadable = False
+        await asyncio.sleep(0.05)
+        gate.unreadable = True
+        await asyncio.sleep(0.1)
+        takeover.cancel()
+        await asyncio.gather(takeover, return_exceptions=True)
+
+    with caplog.at_level(logging.WARNING, logger=wiring.log.name):
+        asyncio.run(scenario())
+    warnings = [r for r in caplog.records if "unreadable" in r.getMessage()]
+    assert len(warnings) == 2, "one warning for each of the two streaks, not one a check"

@@ -325,14 +325,17 @@ async def _wake_on_takeover(gate: PeeringGate, queue: WorkQueue) -> None:
     for its first pass, and through a series of failovers, each replica stopped sooner, for
     as long as the series lasted."""
     acting: dict[str, bool] = {}
+    unreadable: set[str] = set()  # warned once until the peering reads again
     while True:
         now: dict[str, bool] = {}
         for scope in sorted({gate.scope(namespace) for namespace, _ in queue.known}):
             try:
                 now[scope] = await asyncio.to_thread(gate.may_work, scope)
+                unreadable.discard(scope)
             except Exception as error:  # checked again next time; the jobs' own passes retry
-                if not is_transient(error):
+                if not is_transient(error) and scope not in unreadable:
                     log.warning("peering %r unreadable: %r", scope, error)
+                unreadable.add(scope)
                 now[scope] = acting.get(scope, False)
         for scope in took_over(acting, now):
             keys = [key for key in list(queue.known) if gate.scope(key[0]) == scope]
