@@ -51,6 +51,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +238,8 @@ class Partition:
     # Jobs whose pods the scheduler placed on the node after it was cut off (it stays Ready
     # until its heartbeat is missed): the partition hit them too, control jobs included.
     placed_after: set[str] = field(default_factory=set)
+    # The wall clock at `started`: the replicas' log lines carry it.
+    started_wall: datetime = field(default_factory=lambda: datetime.now(UTC))
 
 
 @dataclass
@@ -550,7 +553,11 @@ def peered_replicas(
     ensure_shared_claim(clients, namespace)
     create_peering(clients, namespace, PEERING)
     dev_kueue.ensure_local_queue(clients, namespace, dev_kueue.LOCAL_QUEUE)
-    args = ("--peering", PEERING, "--peering-lifetime", str(PEERING_LIFETIME_SECONDS), "--kueue")
+    # Timestamped lines: what the replicas did, and when, against the report's times.
+    args = (
+        *("--peering", PEERING, "--peering-lifetime", str(PEERING_LIFETIME_SECONDS), "--kueue"),
+        *("--log-format", "full"),
+    )
     replicas = [
         OperatorProcess(
             Path(dev_cluster.kubeconfig), namespace, tmp_path / f"replica-{i}.log", extra_args=args
@@ -641,7 +648,8 @@ def partition_line(part: Partition) -> str:
 
     pods = ", ".join(sorted(p.name for p in part.pods.values()))
     return (
-        f"{part.node} ({pods}): NotReady at {at(part.not_ready_at)}, pods gone at "
+        f"{part.node} ({pods}), cut at {part.started_wall:%H:%M:%S.%f} UTC: NotReady at "
+        f"{at(part.not_ready_at)}, pods gone at "
         f"{at(part.gone_at)}, healed at {at(part.healed_at)}; seen Running and not Ready: "
         f"{len(part.running_unready)}/{len(part.pods)}"
     )

@@ -130,3 +130,10 @@ def test_nothing_below_the_cli_reads_the_environment() -> None:
         if reads.search(line)
     ]
     assert found == [], "settings come from the CLI (controller/settings.py), not the env"
+
+
+def test_every_log_format_the_cli_offers_is_one_kopf_configures() -> None:
+    import kopf
+
+    assert settings_of(["--log-format", "full"]).log_format == "full"
+    assert {kopf.LogFormat[name.upper()] for name in settings.LOG_FORMATS} == set(kopf.LogFormat)

@@ -28,6 +28,7 @@ from trainium_operator.controller.settings import (
     ENV_PROFILE_UPLOAD_SERVICE_ACCOUNT,
     ENV_RESERVED_SERVICE_ACCOUNTS,
     ENV_TOPOLOGY,
+    LOG_FORMATS,
     HealthSettings,
     OperatorSettings,
     OwnPod,
@@ -201,7 +202,13 @@ def _env_text_options(command: Callable[..., None]) -> Callable[..., None]:
 )
 @_env_text_options
 @click.option("--kubeconfig", type=click.Path(dir_okay=False), default=None)
-@click.option("--log-format", type=click.Choice(["plain", "json"]), default="plain")
+@click.option(
+    "--log-format",
+    type=click.Choice(list(LOG_FORMATS)),
+    default="plain",
+    help="plain: the message only; full: with its time, logger and level (a file or a "
+    "terminal; in a pod the runtime stamps each line already); json: one object per line.",
+)
 @click.option("--verbose", is_flag=True)
 def run(
     *,

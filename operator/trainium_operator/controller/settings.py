@@ -8,10 +8,13 @@ them; `run`'s options fall back to them), kept here so the CLI and the chart's t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 from trainium_operator.contract.channel import PATH as HEALTH_CHANNEL_PATH
 from trainium_operator.lifecycle.policies.profile_upload import UploadDefaults
 from trainium_operator.lifecycle.ranks import DEFAULT_INTERVAL_SECONDS
+
+LOG_FORMATS: Final = ("plain", "full", "json")  # `run --log-format`
 
 # Default spec.profile.s3Uri of profiled jobs (the chart's profileUpload.s3Uri).
 ENV_PROFILE_S3_URI = "TRAINIUM_PROFILE_S3_URI"
@@ -101,5 +104,5 @@ class OperatorSettings:
     topology: frozenset[str] = frozenset()
     reserved_service_accounts: frozenset[str] = frozenset()
     upload: UploadDefaults = field(default_factory=UploadDefaults)
-    log_format: str = "plain"
+    log_format: str = "plain"  # one of LOG_FORMATS
     verbose: bool = False

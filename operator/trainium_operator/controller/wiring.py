@@ -589,7 +589,7 @@ def run_operator(settings: OperatorSettings) -> None:
     importlib.import_module("trainium_operator.controller.handlers")
     kopf.configure(
         verbose=settings.verbose,
-        log_format=kopf.LogFormat.JSON if settings.log_format == "json" else kopf.LogFormat.PLAIN,
+        log_format=kopf.LogFormat[settings.log_format.upper()],  # LOG_FORMATS are its names
     )
     peering = settings.peering
     kopf.run(
