@@ -8,6 +8,7 @@ and no live peer outranks it, and (as kopf does) a tie pauses both.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -74,6 +75,9 @@ class PeeringGate:
         self.clusterwide = clusterwide
         self.clock = clock
         self._cache: dict[str, tuple[float, bool]] = {}
+        # Scopes where a fresh read allowed what the read before refused, since took_over().
+        self._taken_over: set[str] = set()
+        self._lock = threading.Lock()  # may_work runs in the passes' worker threads
 
     def scope(self, namespace: str) -> str:
         """The peering a job of `namespace` is gated by: the cluster's ("") or its namespace's."""
@@ -86,10 +90,17 @@ class PeeringGate:
             return cached[1]
         peers = self.cluster.get_peering_status(self.name, None if self.clusterwide else namespace)
         allowed = may_work(peers, self.priority, datetime.now(UTC))
-        self._cache[scope] = (self.clock(), allowed)
+        with self._lock:
+            before = self._cache.get(scope)
+            if allowed and before is not None and not before[1]:
+                self._taken_over.add(scope)
+            self._cache[scope] = (self.clock(), allowed)
         return allowed
 
-
-def took_over(before: dict[str, bool], now: dict[str, bool]) -> set[str]:
-    """The peering scopes this replica acts in now and did not at the check before."""
-    return {scope for scope, acting in now.items() if acting and not before.get(scope, False)}
+    def took_over(self) -> set[str]:
+        """The scopes this replica started acting in since the last call: a read allowed it
+        what the read before refused (a replica acting from its first read took over
+        nothing: its jobs' first passes are under way)."""
+        with self._lock:
+            scopes, self._taken_over = self._taken_over, set()
+        return scopes

@@ -33,7 +33,7 @@ from trainium_operator.controller.health_server import (
     reviewer,
 )
 from trainium_operator.controller.job_memory import JobMemories
-from trainium_operator.controller.peering import PeeringGate, took_over
+from trainium_operator.controller.peering import PeeringGate
 from trainium_operator.controller.reconciler import (
     JobGoneError,
     PermissionDeniedError,
@@ -324,25 +324,23 @@ async def _wake_on_takeover(gate: PeeringGate, queue: WorkQueue) -> None:
     gang on a node that went NotReady, a requeue the replica before planned) waited that long
     for its first pass, and through a series of failovers, each replica stopped sooner, for
     as long as the series lasted."""
-    acting: dict[str, bool] = {}
     unreadable: set[str] = set()  # warned once until the peering reads again
     while True:
-        now: dict[str, bool] = {}
+        # Reading keeps the gate fresh; the gate itself notes a refusal turned into leave
+        # (PeeringGate.took_over), whichever read saw it first: this one or a pass's.
         for scope in sorted({gate.scope(namespace) for namespace, _ in queue.known}):
             try:
-                now[scope] = await asyncio.to_thread(gate.may_work, scope)
+                await asyncio.to_thread(gate.may_work, scope)
                 unreadable.discard(scope)
             except Exception as error:  # checked again next time; the jobs' own passes retry
                 if not is_transient(error) and scope not in unreadable:
                     log.warning("peering %r unreadable: %r", scope, error)
                 unreadable.add(scope)
-                now[scope] = acting.get(scope, False)
-        for scope in took_over(acting, now):
+        for scope in gate.took_over():
             keys = [key for key in list(queue.known) if gate.scope(key[0]) == scope]
             log.info("peering: this replica acts%s; passing its %d jobs", _in(scope), len(keys))
             for key in keys:
                 queue.touch(key)
-        acting = now
         await asyncio.sleep(TAKEOVER_CHECK_SECONDS)
 
 
