@@ -50,7 +50,10 @@ def test_a_slow_node_found_by_the_real_preflight_is_named_and_the_next_gang_avoi
             name,
             nodes=3,
             compile={"enabled": False},
-            preflight={"enabled": True, "timeoutSeconds": 60},
+            # Half the median, not the default quarter: the nodes here are processes sharing
+            # two cores with the cluster, and an unthrottled one has measured 0.72x the others'
+            # network median in CI; the throttled one (a fifth of the time) measures 0.18-0.23x.
+            preflight={"enabled": True, "timeoutSeconds": 60, "threshold": 0.5},
         )
         create_job(clients, namespace, manifest)
         gang = wait_gang_running(clients, namespace, name, "train", 0, nodes=3)
