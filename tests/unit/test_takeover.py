@@ -4,8 +4,10 @@ keep-warm timer (PEERING_RECHECK_SECONDS)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,6 +44,24 @@ def _gate(peering: _Peering) -> PeeringGate:
     return PeeringGate(peering, "tj", 100, clusterwide=False, clock=lambda: next(ticks))  # type: ignore[arg-type]
 
 
+@contextlib.asynccontextmanager
+async def _running(
+    gate: PeeringGate,
+    queue: WorkQueue,
+    process: Callable[[Key], Awaitable[float | None]] | None = None,
+) -> AsyncIterator[None]:
+    """The takeover task (and, given `process`, a queue worker) running until the block ends."""
+    tasks = [asyncio.create_task(wiring._wake_on_takeover(gate, queue))]
+    if process is not None:
+        tasks.append(asyncio.create_task(queue.run_worker(process)))
+    try:
+        yield
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def test_the_gate_notes_a_takeover_only_where_a_read_allows_what_the_one_before_refused() -> None:
     peering = _Peering()
     peering.acting = {"acting-from-start"}
@@ -72,25 +92,21 @@ def test_a_standby_that_starts_acting_passes_each_of_its_jobs_at_once_and_only_t
     async def scenario() -> None:
         for key in jobs:
             queue.add(key)
-        worker = asyncio.create_task(queue.run_worker(process))
-        takeover = asyncio.create_task(wiring._wake_on_takeover(gate, queue))
-        await asyncio.sleep(0.05)
-        assert sorted(passed) == sorted(jobs), "each job's first pass, as listed"
-        passed.clear()
-        await asyncio.sleep(0.05)
-        assert passed == [], "standing by, nothing wakes the jobs"
-        peering.unreadable = True
-        await asyncio.sleep(0.05)
-        peering.unreadable = False
-        peering.acting.add("team-a")
-        await asyncio.sleep(0.05)
-        assert sorted(passed) == [("team-a", "bert"), ("team-a", "gpt")]
-        passed.clear()
-        await asyncio.sleep(0.05)
-        assert passed == [], "acting on, no job is passed again for it"
-        takeover.cancel()
-        worker.cancel()
-        await asyncio.gather(takeover, worker, return_exceptions=True)
+        async with _running(gate, queue, process):
+            await asyncio.sleep(0.05)
+            assert sorted(passed) == sorted(jobs), "each job's first pass, as listed"
+            passed.clear()
+            await asyncio.sleep(0.05)
+            assert passed == [], "standing by, nothing wakes the jobs"
+            peering.unreadable = True
+            await asyncio.sleep(0.05)
+            peering.unreadable = False
+            peering.acting.add("team-a")
+            await asyncio.sleep(0.05)
+            assert sorted(passed) == [("team-a", "bert"), ("team-a", "gpt")]
+            passed.clear()
+            await asyncio.sleep(0.05)
+            assert passed == [], "acting on, no job is passed again for it"
 
     asyncio.run(scenario())
 
@@ -105,14 +121,12 @@ def test_a_peering_the_replica_may_not_read_is_warned_about_once_per_streak(
     queue.known.add(("team-a", "bert"))
 
     async def scenario() -> None:
-        takeover = asyncio.create_task(wiring._wake_on_takeover(gate, queue))
-        await asyncio.sleep(0.1)
-        peering.unreadable = False
-        await asyncio.sleep(0.05)
-        peering.unreadable = True
-        await asyncio.sleep(0.1)
-        takeover.cancel()
-        await asyncio.gather(takeover, return_exceptions=True)
+        async with _running(gate, queue):
+            await asyncio.sleep(0.1)
+            peering.unreadable = False
+            await asyncio.sleep(0.05)
+            peering.unreadable = True
+            await asyncio.sleep(0.1)
 
     with caplog.at_level(logging.WARNING, logger=wiring.log.name):
         asyncio.run(scenario())
@@ -138,12 +152,8 @@ def test_a_replica_acting_from_its_start_passes_each_job_once(
     async def scenario() -> None:
         for key in jobs:
             queue.add(key)
-        worker = asyncio.create_task(queue.run_worker(process))
-        takeover = asyncio.create_task(wiring._wake_on_takeover(gate, queue))
-        await asyncio.sleep(0.1)
-        takeover.cancel()
-        worker.cancel()
-        await asyncio.gather(takeover, worker, return_exceptions=True)
+        async with _running(gate, queue, process):
+            await asyncio.sleep(0.1)
 
     asyncio.run(scenario())
     assert sorted(passed) == sorted(jobs), "no second pass for a takeover that never happened"
